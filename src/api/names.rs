@@ -1,0 +1,328 @@
+//! Every name that is a contract (SPEC section 2): group, finalizers, annotations, labels,
+//! and the derived names of the Secrets, Leases and Jobs that belong to an object.
+//! Nothing else in the crate spells these strings.
+
+use sha2::{Digest, Sha256};
+
+/// The API group of the three kinds.
+pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+/// The served version of the three kinds.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of the three kinds.
+pub const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
+
+/// Prefix `A` of SPEC section 2.
+pub const PREFIX: &str = "terraform.infrastructure.cluster.x-k8s.io";
+
+/// Protection finalizer on the inputs, state and backup Secrets.
+pub const PROTECT_FINALIZER: &str = "terraform.infrastructure.cluster.x-k8s.io/protect";
+
+pub const ABANDON: &str = "terraform.infrastructure.cluster.x-k8s.io/abandon";
+pub const ABANDONED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/abandoned-at";
+pub const APPLIED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/applied-at";
+pub const STATE_LINEAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/state-lineage";
+pub const STATE_SERIAL: &str = "terraform.infrastructure.cluster.x-k8s.io/state-serial";
+pub const APPLY_INTERRUPTED: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-interrupted";
+pub const DESTROY_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/destroy-attempt";
+pub const DESTROY_FAILED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/destroy-failed-at";
+pub const CLEANUP_STARTED: &str = "terraform.infrastructure.cluster.x-k8s.io/cleanup-started";
+pub const ADOPT: &str = "terraform.infrastructure.cluster.x-k8s.io/adopt";
+pub const INPUTS_SHA256: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-sha256";
+
+/// Values of [`CLEANUP_STARTED`].
+pub const CLEANUP_DESTROYED: &str = "destroyed";
+pub const CLEANUP_ABANDONED: &str = "abandoned";
+
+/// Labels on Jobs, their Pod templates, and the Secrets CAPTF writes.
+pub const LABEL_OWNER_KIND: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-kind";
+pub const LABEL_OWNER_NAME: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-name";
+pub const LABEL_OWNER_UID: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-uid";
+pub const LABEL_OPERATION: &str = "terraform.infrastructure.cluster.x-k8s.io/operation";
+pub const LABEL_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/attempt";
+pub const OPERATION_APPLY: &str = "apply";
+pub const OPERATION_DESTROY: &str = "destroy";
+
+/// Cluster API names.
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+pub const CAPI_PAUSED: &str = "cluster.x-k8s.io/paused";
+pub const CAPI_CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+pub const CAPI_WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+pub const CAPI_CONTRACT_LABEL: &str = "cluster.x-k8s.io/v1beta2";
+pub const CAPI_CONTRACT_VERSION: &str = "v1alpha1";
+pub const CLUSTERCTL_DELETE_FOR_MOVE: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+pub const CLUSTERCTL_BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
+pub const CLUSTERCTL_MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+
+/// Terraform's kubernetes backend (workspace `default`).
+pub const TF_WORKSPACE: &str = "default";
+pub const TF_STATE_KEY: &str = "tfstate";
+pub const TF_LABEL_STATE: &str = "tfstate";
+pub const TF_LABEL_SUFFIX: &str = "tfstateSecretSuffix";
+pub const TF_LABEL_WORKSPACE: &str = "tfstateWorkspace";
+/// Terraform cuts a state whose gzip exceeds this many bytes into part Secrets.
+pub const TF_CHUNK_SIZE: usize = 1_048_576;
+/// Annotation on Terraform's lock Lease with the lock's JSON.
+pub const TF_LOCK_INFO: &str = "app.terraform.io/lock-info";
+
+/// The key of the inputs Secret.
+pub const INPUTS_KEY: &str = "inputs.json";
+/// The runner's ServiceAccount, Role and RoleBinding name, one per namespace.
+pub const RUNNER_NAME: &str = "captf-runner";
+
+const LABEL_VALUE_MAX: usize = 63;
+const CUT_LEN: usize = 49;
+
+/// The three kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    TerraformCluster,
+    TerraformMachine,
+    TerraformMachinePool,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::TerraformCluster, Kind::TerraformMachine, Kind::TerraformMachinePool];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::TerraformCluster => "TerraformCluster",
+            Kind::TerraformMachine => "TerraformMachine",
+            Kind::TerraformMachinePool => "TerraformMachinePool",
+        }
+    }
+
+    pub fn short_name(self) -> &'static str {
+        match self {
+            Kind::TerraformCluster => "tfc",
+            Kind::TerraformMachine => "tfm",
+            Kind::TerraformMachinePool => "tfmp",
+        }
+    }
+
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::TerraformCluster => "terraformclusters",
+            Kind::TerraformMachine => "terraformmachines",
+            Kind::TerraformMachinePool => "terraformmachinepools",
+        }
+    }
+
+    /// The object finalizer, e.g. `terraformmachine.infrastructure.cluster.x-k8s.io`.
+    pub fn finalizer(self) -> &'static str {
+        match self {
+            Kind::TerraformCluster => "terraformcluster.infrastructure.cluster.x-k8s.io",
+            Kind::TerraformMachine => "terraformmachine.infrastructure.cluster.x-k8s.io",
+            Kind::TerraformMachinePool => "terraformmachinepool.infrastructure.cluster.x-k8s.io",
+        }
+    }
+
+    /// The CRD name, `<plural>.<group>`.
+    pub fn crd_name(self) -> String {
+        format!("{}.{GROUP}", self.plural())
+    }
+
+    /// Parses a kind as a person or a file writes it: the kind, its plural or singular
+    /// resource name, or its short name, case-insensitively.
+    pub fn parse(text: &str) -> Option<Kind> {
+        let lower = text.to_ascii_lowercase();
+        let lower = lower.split('.').next().unwrap_or_default();
+        Kind::ALL.into_iter().find(|k| {
+            lower == k.as_str().to_ascii_lowercase() || lower == k.plural() || lower == k.short_name()
+        })
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// First 8 characters of the lowercase RFC 4648 base32 of the SHA-256 of `text`.
+pub fn short_hash(text: &str) -> String {
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let digest = Sha256::digest(text.as_bytes());
+    // 8 base32 characters are exactly the first 40 bits (5 bytes).
+    let bits = digest[..5].iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+    (0..8)
+        .map(|i| ALPHABET[((bits >> (35 - 5 * i)) & 31) as usize] as char)
+        .collect()
+}
+
+/// The state suffix of an object: `<name>.<short>`, or, when that would exceed 63
+/// characters, the name cut to 49 characters, `-`, the short hash of the full name, and
+/// `.<short>`. It never ends in `-<number>` because it always ends in `.<short>`.
+pub fn state_suffix(kind: Kind, name: &str) -> String {
+    let short = kind.short_name();
+    if name.len() + 1 + short.len() <= LABEL_VALUE_MAX {
+        format!("{name}.{short}")
+    } else {
+        // Object names are ASCII (DNS subdomain), so byte slicing is safe; guard anyway.
+        let cut: String = name.chars().take(CUT_LEN).collect();
+        format!("{cut}-{}.{short}", short_hash(name))
+    }
+}
+
+/// Terraform's base state Secret: `tfstate-default-<suffix>`.
+pub fn state_secret_name(suffix: &str) -> String {
+    format!("tfstate-{TF_WORKSPACE}-{suffix}")
+}
+
+/// Part N (N >= 1) of a chunked Secret (state or backup): `<base>-part-<N>`.
+pub fn part_secret_name(base: &str, n: u32) -> String {
+    format!("{base}-part-{n}")
+}
+
+/// Parses `<base>-part-<N>` back into N, for a given base name.
+pub fn part_index(base: &str, name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(base)?.strip_prefix("-part-")?;
+    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) || rest.starts_with('0') {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+/// Terraform's lock Lease: `lock-tfstate-default-<suffix>`.
+pub fn lock_lease_name(suffix: &str) -> String {
+    format!("lock-tfstate-{TF_WORKSPACE}-{suffix}")
+}
+
+/// The durable inputs Secret: `captf-inputs-<suffix>`.
+pub fn inputs_secret_name(suffix: &str) -> String {
+    format!("captf-inputs-{suffix}")
+}
+
+/// The backup of the state taken before the first destroy attempt: `captf-backup-<suffix>`.
+pub fn backup_secret_name(suffix: &str) -> String {
+    format!("captf-backup-{suffix}")
+}
+
+/// Where the runner saves `errored.tfstate`: `captf-errored-<suffix>`.
+pub fn errored_secret_name(suffix: &str) -> String {
+    format!("captf-errored-{suffix}")
+}
+
+/// The copy an abandon makes in the manager's namespace when the object's namespace is
+/// terminating: `captf-abandoned-<namespace>-<suffix>`.
+pub fn abandoned_copy_name(namespace: &str, suffix: &str) -> String {
+    format!("captf-abandoned-{namespace}-{suffix}")
+}
+
+/// The Job of one attempt: `captf-<suffix with dots as dashes>-<operation>-<attempt>`, cut
+/// and hashed like the suffix so that it stays a valid label value (63 characters).
+pub fn job_name(suffix: &str, operation: &str, attempt: u32) -> String {
+    let base = suffix.replace('.', "-");
+    let tail = format!("-{operation}-{attempt}");
+    let plain = format!("captf-{base}{tail}");
+    if plain.len() <= LABEL_VALUE_MAX {
+        return plain;
+    }
+    let hash = short_hash(suffix);
+    let room = LABEL_VALUE_MAX - "captf-".len() - 1 - hash.len() - tail.len();
+    let cut = base[..room.min(base.len())].trim_end_matches('-');
+    format!("captf-{cut}-{hash}{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_label_value(v: &str) -> bool {
+        v.len() <= 63
+            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    }
+
+    fn ends_in_dash_number(v: &str) -> bool {
+        match v.rsplit_once('-') {
+            Some((_, n)) => !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()),
+            None => false,
+        }
+    }
+
+    #[test]
+    fn short_names_give_plain_suffixes() {
+        assert_eq!(state_suffix(Kind::TerraformMachine, "web-1"), "web-1.tfm");
+        assert_eq!(state_suffix(Kind::TerraformCluster, "prod"), "prod.tfc");
+        assert_eq!(state_suffix(Kind::TerraformMachinePool, "pool-7"), "pool-7.tfmp");
+        assert_eq!(state_secret_name("web-1.tfm"), "tfstate-default-web-1.tfm");
+        assert_eq!(lock_lease_name("web-1.tfm"), "lock-tfstate-default-web-1.tfm");
+        assert_eq!(inputs_secret_name("web-1.tfm"), "captf-inputs-web-1.tfm");
+        assert_eq!(backup_secret_name("web-1.tfm"), "captf-backup-web-1.tfm");
+    }
+
+    #[test]
+    fn names_ending_in_a_number_never_give_a_suffix_ending_in_dash_number() {
+        for name in ["web-1", "a-0", "node-123456", &format!("{}-9", "x".repeat(70))] {
+            for kind in Kind::ALL {
+                let s = state_suffix(kind, name);
+                assert!(!ends_in_dash_number(&s), "{s}");
+                assert!(is_label_value(&s), "{s}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_suffix_at_the_limit_is_kept_and_one_over_is_cut_and_hashed() {
+        let at_limit = "a".repeat(63 - 4); // + ".tfm" = 63
+        assert_eq!(state_suffix(Kind::TerraformMachine, &at_limit), format!("{at_limit}.tfm"));
+        let over = "a".repeat(60);
+        let s = state_suffix(Kind::TerraformMachine, &over);
+        assert_eq!(s.len(), 49 + 1 + 8 + 4);
+        assert!(s.starts_with(&"a".repeat(49)));
+        assert!(s.ends_with(".tfm"));
+        let s = state_suffix(Kind::TerraformMachinePool, &"b".repeat(253));
+        assert_eq!(s.len(), 63);
+        assert!(is_label_value(&s));
+    }
+
+    #[test]
+    fn long_names_that_share_a_prefix_get_different_suffixes() {
+        let a = format!("{}-one", "p".repeat(60));
+        let b = format!("{}-two", "p".repeat(60));
+        assert_ne!(state_suffix(Kind::TerraformMachine, &a), state_suffix(Kind::TerraformMachine, &b));
+    }
+
+    #[test]
+    fn short_hash_is_lowercase_base32_of_sha256() {
+        // SHA-256("") starts e3 b0 c4 42 98: base32 of those 40 bits is "4oymiquy".
+        assert_eq!(short_hash(""), "4oymiquy");
+        let h = short_hash("some-name");
+        assert_eq!(h.len(), 8);
+        assert!(h.bytes().all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)));
+    }
+
+    #[test]
+    fn job_names_stay_valid_label_values() {
+        assert_eq!(job_name("web-1.tfm", OPERATION_DESTROY, 3), "captf-web-1-tfm-destroy-3");
+        let long = state_suffix(Kind::TerraformMachinePool, &"z".repeat(200));
+        let j = job_name(&long, OPERATION_DESTROY, 12345);
+        assert!(j.len() <= 63, "{j}");
+        assert!(is_label_value(&j), "{j}");
+        assert!(j.ends_with("-destroy-12345"));
+        // Different attempts give different names; the same attempt the same name.
+        assert_ne!(job_name(&long, OPERATION_DESTROY, 1), job_name(&long, OPERATION_DESTROY, 2));
+        assert_eq!(job_name(&long, OPERATION_APPLY, 1), job_name(&long, OPERATION_APPLY, 1));
+    }
+
+    #[test]
+    fn part_indexes_parse_only_exact_part_names() {
+        let base = state_secret_name("web-1.tfm");
+        assert_eq!(part_index(&base, &part_secret_name(&base, 1)), Some(1));
+        assert_eq!(part_index(&base, &part_secret_name(&base, 12)), Some(12));
+        assert_eq!(part_index(&base, &base), None);
+        assert_eq!(part_index(&base, &format!("{base}-part-")), None);
+        assert_eq!(part_index(&base, &format!("{base}-part-x")), None);
+        assert_eq!(part_index(&base, &format!("{base}-part-01")), None);
+    }
+
+    #[test]
+    fn kinds_parse_from_what_people_type() {
+        assert_eq!(Kind::parse("tfm"), Some(Kind::TerraformMachine));
+        assert_eq!(Kind::parse("TerraformMachinePool"), Some(Kind::TerraformMachinePool));
+        assert_eq!(Kind::parse("terraformclusters"), Some(Kind::TerraformCluster));
+        assert_eq!(Kind::parse("terraformclusters.infrastructure.cluster.x-k8s.io"), Some(Kind::TerraformCluster));
+        assert_eq!(Kind::parse("Machine"), None);
+    }
+}

@@ -1,0 +1,230 @@
+//! The three custom resources and the spec and status parts they share.
+//! The spec carries what a destroy needs when there is no inputs Secret yet (section 3);
+//! the status is a cache of conditions, never the record (clusterctl move drops it).
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::conditions::Condition;
+
+/// The runner image used when the spec names none.
+pub const DEFAULT_RUNNER_IMAGE: &str = "hashicorp/terraform:1.11.4";
+/// The per-attempt timeout used when the spec names none.
+pub const DEFAULT_TIMEOUT_SECONDS: i64 = 3600;
+
+/// What Terraform runs and with which values; shared by the three kinds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TerraformSpec {
+    /// The Terraform module: a pinned source address, or the module's files inline.
+    pub module: ModuleSpec,
+    /// Input variables of the module, as values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub variables: Option<serde_json::Map<String, serde_json::Value>>,
+    /// More input variables, each read from a key of a ConfigMap or Secret whose value is a
+    /// JSON object of variables. Later entries and `variables` win over earlier ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variables_from: Vec<VariablesFrom>,
+    /// Environment variables taken from Secrets (credentials). Only the names are recorded
+    /// in the inputs Secret, never the values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvFromSecret>,
+    /// How the runner Job runs.
+    #[serde(default)]
+    pub runner: RunnerSpec,
+    /// The provider lock file (`.terraform.lock.hcl`) to use, if pinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_file: Option<String>,
+}
+
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Either `source` or `files`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleSpec {
+    /// A pinned module source address, e.g. `git::https://example.com/infra.git//vm?ref=v1.4.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The module's files, by file name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<BTreeMap<String, String>>,
+}
+
+/// A ConfigMap or Secret key holding a JSON object of variables.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VariablesFrom {
+    /// `ConfigMap` or `Secret`.
+    pub kind: VariablesSourceKind,
+    /// The object's name, in the object's namespace.
+    pub name: String,
+    /// The key whose value is a JSON object of variables.
+    pub key: String,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum VariablesSourceKind {
+    ConfigMap,
+    Secret,
+}
+
+/// An environment variable from a Secret key, as in a container's `env`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvFromSecret {
+    pub name: String,
+    pub secret_key_ref: SecretKeyRef,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// The runner Job's settings.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerSpec {
+    /// The runner image; it must contain `terraform` and a POSIX shell.
+    #[serde(default = "default_image")]
+    pub image: String,
+    /// The deadline of one attempt, in seconds (the Job's `activeDeadlineSeconds`).
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: i64,
+}
+
+fn default_image() -> String {
+    DEFAULT_RUNNER_IMAGE.to_string()
+}
+
+fn default_timeout() -> i64 {
+    DEFAULT_TIMEOUT_SECONDS
+}
+
+impl Default for RunnerSpec {
+    fn default() -> Self {
+        RunnerSpec { image: default_image(), timeout_seconds: default_timeout() }
+    }
+}
+
+/// The control plane endpoint (CAPI contract).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub struct ApiEndpoint {
+    pub host: String,
+    pub port: i32,
+}
+
+/// The status shared by the three kinds. A cache: the deletion never depends on it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TerraformStatus {
+    /// Conditions of CAPI v1beta2 style: Ready, Paused, Deleting, DeletionBlocked, StateReadable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The generation the conditions were computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// CAPI v1beta2 initialization status, set by the apply path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<Initialization>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub struct Initialization {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioned: Option<bool>,
+}
+
+/// Infrastructure of a whole cluster (network, load balancer, …) made by a Terraform module.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1alpha1",
+    kind = "TerraformCluster",
+    namespaced,
+    status = "TerraformStatus",
+    shortname = "tfc",
+    category = "cluster-api",
+    label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    doc = "Infrastructure of a Cluster API Cluster, made and destroyed by a Terraform module.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Deleting", type_ = "string", json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".spec.controlPlaneEndpoint.host", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TerraformClusterSpec {
+    /// The endpoint of the control plane (CAPI contract).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<ApiEndpoint>,
+    #[serde(flatten)]
+    pub terraform: TerraformSpec,
+}
+
+/// Infrastructure of one Machine made by a Terraform module.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1alpha1",
+    kind = "TerraformMachine",
+    namespaced,
+    status = "TerraformStatus",
+    shortname = "tfm",
+    category = "cluster-api",
+    label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    doc = "Infrastructure of a Cluster API Machine, made and destroyed by a Terraform module.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Deleting", type_ = "string", json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"),
+    printcolumn(name = "ProviderID", type_ = "string", json_path = ".spec.providerID", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TerraformMachineSpec {
+    /// The provider ID of the machine (CAPI contract).
+    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    #[serde(flatten)]
+    pub terraform: TerraformSpec,
+}
+
+/// Infrastructure of a MachinePool made by a Terraform module.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1alpha1",
+    kind = "TerraformMachinePool",
+    namespaced,
+    status = "TerraformStatus",
+    shortname = "tfmp",
+    category = "cluster-api",
+    label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    doc = "Infrastructure of a Cluster API MachinePool, made and destroyed by a Terraform module.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Deleting", type_ = "string", json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TerraformMachinePoolSpec {
+    /// The provider IDs of the pool's instances (CAPI contract).
+    #[serde(default, rename = "providerIDList", skip_serializing_if = "Vec::is_empty")]
+    pub provider_id_list: Vec<String>,
+    #[serde(flatten)]
+    pub terraform: TerraformSpec,
+}

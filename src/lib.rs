@@ -1,0 +1,6 @@
+//! CAPTF: a Cluster API infrastructure provider whose infrastructure is whatever a
+//! Terraform module creates. The deletion side: the rule table, state reading, the destroy
+//! Job, and the controllers that tie them together.
+
+pub mod api;
+pub mod cli;

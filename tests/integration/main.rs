@@ -1,0 +1,1 @@
+//! The one integration-test binary (each test binary links kube again, so there is one).

@@ -1,0 +1,1 @@
+//! Placeholder: the test API server and the local Job runner.
