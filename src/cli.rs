@@ -1,11 +1,23 @@
-//! The `captf` command line (SPEC section 9).
+//! The `captf` command line (SPEC section 9). Misuse (bad flags, unreadable or malformed
+//! files, unknown kinds) exits with status 2 and a message naming the file and object;
+//! a verdict, whatever it is, exits 0.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Secret;
+
+use crate::api::names;
+use crate::api::object::AnyObject;
+use crate::explain::{self, inventory::Inventory, load};
+use crate::facts::Settings;
+use crate::rules::Backoff;
+use crate::state::{self, Fingerprint, StateSecrets};
 
 #[derive(Parser, Debug)]
-#[command(name = "captf", version, about = "CAPTF: Cluster API infrastructure from Terraform modules")]
+#[command(name = "captf", version, about = "CAPTF: Cluster API infrastructure made and destroyed by Terraform modules")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -15,6 +27,81 @@ pub struct Cli {
 pub enum Command {
     /// Print the three CustomResourceDefinitions as YAML.
     Crds,
+    /// Show, for each CAPTF object, the rule that decides its next deletion pass.
+    Explain(ExplainArgs),
+    /// Work with Terraform state Secrets.
+    #[command(subcommand)]
+    State(StateCommand),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    /// Files or directories of objects as `kubectl get -o yaml|json` writes them.
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: Output,
+    /// The time to decide at (RFC 3339); now by default. Makes retry times reproducible.
+    #[arg(long)]
+    pub now: Option<Timestamp>,
+    /// Base of the destroy retry backoff, as the manager's flag.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub destroy_backoff_base: std::time::Duration,
+    /// Cap of the destroy retry backoff, as the manager's flag.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub destroy_backoff_max: std::time::Duration,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StateCommand {
+    /// The readability verdict of one state (its Secret and part Secrets).
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The state Secret and its part Secrets (YAML or JSON, single objects or a List).
+    #[arg(long = "secret-file", required = true)]
+    pub secret_files: Vec<PathBuf>,
+    /// The object whose state this is: its fingerprint annotations are checked.
+    #[arg(long = "object")]
+    pub object: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+/// Parses `30s`, `5m`, `2h`, `250ms`, or plain seconds.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 250ms"))?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n * 1000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m or h")),
+    };
+    Ok(std::time::Duration::from_millis(ms))
+}
+
+/// A failure of the command itself: printed on stderr, exit status 2.
+#[derive(Debug)]
+pub struct Misuse(pub String);
+
+impl<E: std::error::Error> From<E> for Misuse {
+    fn from(e: E) -> Self {
+        Misuse(e.to_string())
+    }
 }
 
 pub fn main() -> ExitCode {
@@ -25,10 +112,19 @@ pub fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
-    match cli.command {
+    let result = match cli.command {
         Command::Crds => {
             print!("{}", crds_yaml());
-            ExitCode::SUCCESS
+            Ok(())
+        }
+        Command::Explain(args) => run_explain(&args),
+        Command::State(StateCommand::Inspect(args)) => run_inspect(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Misuse(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
         }
     }
 }
@@ -38,7 +134,133 @@ pub fn crds_yaml() -> String {
     let mut out = String::new();
     for crd in crate::api::crds() {
         out.push_str("---\n");
-        out.push_str(&serde_saphyr::to_string(&crd).expect("a CRD always serializes"));
+        match serde_saphyr::to_string(&crd) {
+            Ok(yaml) => out.push_str(&yaml),
+            Err(e) => out.push_str(&format!("# cannot serialize {:?}: {e}\n", crd.metadata.name)),
+        }
     }
     out
+}
+
+fn run_explain(args: &ExplainArgs) -> Result<(), Misuse> {
+    let loaded = load::load_paths(&args.files)?;
+    let inv = Inventory::from_loaded(loaded)?;
+    let settings = Settings {
+        backoff: Backoff { base: args.destroy_backoff_base, max: args.destroy_backoff_max },
+        ..Settings::default()
+    };
+    let now = args.now.unwrap_or_else(Timestamp::now);
+    let items = explain::explain(&inv, now, &settings);
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&items)?),
+        Output::Text => print!("{}", explain::render_text(&items)),
+    }
+    Ok(())
+}
+
+fn run_inspect(args: &InspectArgs) -> Result<(), Misuse> {
+    let mut secrets: Vec<(String, Secret)> = Vec::new();
+    for loaded in load::load_paths(&args.secret_files)? {
+        let kind = loaded.value["kind"].as_str().unwrap_or_default().to_string();
+        let name = loaded.value["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        if kind != "Secret" {
+            return Err(Misuse(format!(
+                "{}: {kind} {name} is not a Secret; --secret-file takes the state Secret and its part Secrets",
+                loaded.source
+            )));
+        }
+        let secret: Secret = serde_json::from_value(loaded.value)
+            .map_err(|e| Misuse(format!("{}: Secret {name} is not a valid Secret: {e}", loaded.source)))?;
+        secrets.push((loaded.source, secret));
+    }
+    let object = match &args.object {
+        Some(path) => Some(load_object(path)?),
+        None => None,
+    };
+    let base_name = match &object {
+        Some(o) => names::state_secret_name(&names::state_suffix(o.kind(), o.meta().name.as_deref().unwrap_or_default())),
+        None => base_of(&secrets)?,
+    };
+    let annotations = object.as_ref().and_then(|o| o.meta().annotations.clone()).unwrap_or_default();
+    let recorded = Fingerprint::from_annotations(&annotations)
+        .map_err(|e| Misuse(format!("{}: {e}", args.object.as_ref().map(|p| p.display().to_string()).unwrap_or_default())))?;
+    let interrupted = annotations.contains_key(names::APPLY_INTERRUPTED);
+    let only: Vec<Secret> = secrets.into_iter().map(|(_, s)| s).collect();
+    let content = state::read(&StateSecrets::from_secrets(&base_name, &only), state::DEFAULT_DECOMPRESSION_CAP);
+    let verdict = state::classify(&content, recorded.as_ref(), interrupted);
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&verdict)?),
+        Output::Text => {
+            println!("{}: {}", verdict.reason.as_str(), verdict.message);
+            if let Some(n) = verdict.managed_instances {
+                println!("managed resource instances: {n}");
+            }
+            if let (Some(l), Some(s)) = (&verdict.lineage, verdict.serial) {
+                println!("lineage {l}, serial {s}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The one state the given Secrets belong to: every name is the base or `<base>-part-N`.
+fn base_of(secrets: &[(String, Secret)]) -> Result<String, Misuse> {
+    let mut bases: Vec<String> = Vec::new();
+    for (source, s) in secrets {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        let is_state = name.starts_with("tfstate-")
+            || s.metadata.labels.as_ref().is_some_and(|l| l.contains_key(names::TF_LABEL_STATE));
+        let is_backup = name.starts_with("captf-backup-");
+        if !is_state && !is_backup {
+            return Err(Misuse(format!(
+                "{source}: Secret {name} is not a Terraform state Secret (no tfstate label, and its name does not start with tfstate-); give the state Secret tfstate-default-<suffix> and its parts"
+            )));
+        }
+        let base = match name.rsplit_once("-part-") {
+            Some((b, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => b.to_string(),
+            _ => name,
+        };
+        if !bases.contains(&base) {
+            bases.push(base);
+        }
+    }
+    match bases.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(Misuse("no Secret given".into())),
+        many => Err(Misuse(format!(
+            "the Secrets belong to {} different states ({}); give the Secrets of one state, or --object to pick one",
+            many.len(),
+            many.join(", ")
+        ))),
+    }
+}
+
+/// Reads exactly one CAPTF object from a file.
+fn load_object(path: &PathBuf) -> Result<AnyObject, Misuse> {
+    let loaded = load::load_file(path)?;
+    let inv = Inventory::from_loaded(loaded)?;
+    let mut objects = inv.objects.into_iter();
+    match (objects.next(), objects.next()) {
+        (Some((_, o)), None) => Ok(o),
+        (None, _) => Err(Misuse(format!(
+            "{}: no TerraformCluster, TerraformMachine or TerraformMachinePool in this file",
+            path.display()
+        ))),
+        (Some(_), Some(_)) => Err(Misuse(format!("{}: more than one CAPTF object; --object takes one", path.display()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(std::time::Duration::from_secs(30)));
+        assert_eq!(parse_duration("30m"), Ok(std::time::Duration::from_secs(1800)));
+        assert_eq!(parse_duration("250ms"), Ok(std::time::Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Ok(std::time::Duration::from_secs(7)));
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
 }

@@ -1,1 +1,5 @@
 //! The one integration-test binary (each test binary links kube again, so there is one).
+//! Modules read like the situations they prove.
+
+mod cli;
+mod crds;

@@ -1,0 +1,201 @@
+//! `captf explain`: for each CAPTF object in a set of objects, the row that decides its
+//! next pass, the action, the conditions and the runbook. The objects come from files
+//! (`-f`) or from the cluster; either way they become an [`Observed`] and go through the
+//! same facts gathering and rule table as the controllers.
+
+pub mod inventory;
+pub mod load;
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::Serialize;
+
+use crate::api::Kind;
+use crate::api::names;
+use crate::api::object::AnyObject;
+use crate::facts::{self, ClusterView, Observed, Settings};
+use crate::rules::{Action, Decision};
+use crate::state::StateSecrets;
+use inventory::Inventory;
+
+/// One element of `captf explain -o json` (SPEC section 9).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Explained {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub row: Option<u8>,
+    pub action: Action,
+    pub conditions: Vec<ExplainedCondition>,
+    pub runbook: Option<String>,
+    pub next_retry_at: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ExplainedCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Explained {
+    pub fn new(kind: Kind, namespace: &str, name: &str, d: &Decision) -> Explained {
+        Explained {
+            kind: kind.as_str().to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            row: d.row,
+            action: d.action,
+            conditions: d
+                .conditions
+                .iter()
+                .map(|c| ExplainedCondition {
+                    type_: c.type_.to_string(),
+                    status: c.status.as_str().to_string(),
+                    reason: c.reason.to_string(),
+                    message: c.message.clone(),
+                })
+                .collect(),
+            runbook: d.runbook.map(str::to_string),
+            next_retry_at: d.next_retry_at.map(|t| t.to_string()),
+        }
+    }
+}
+
+/// Builds what a pass over `object` would observe, from the inventory.
+pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed {
+    let kind = object.kind();
+    let meta = object.meta().clone();
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let suffix = names::state_suffix(kind, &name);
+    let in_ns = |ns: Option<&String>| ns.map(String::as_str) == Some(namespace.as_str());
+
+    let cluster_name = facts::owning_cluster(&meta);
+    let cluster = cluster_name.as_ref().and_then(|c| {
+        inv.clusters
+            .iter()
+            .find(|v| v["metadata"]["name"].as_str() == Some(c) && v["metadata"]["namespace"].as_str() == Some(&namespace))
+            .map(ClusterView::from_value)
+    });
+    let crd_deleting = inv
+        .crds
+        .iter()
+        .any(|c| c.metadata.name.as_deref() == Some(kind.crd_name().as_str()) && c.metadata.deletion_timestamp.is_some());
+    let namespace_terminating = inv.namespaces.iter().any(|n| {
+        n.metadata.name.as_deref() == Some(namespace.as_str())
+            && (n.metadata.deletion_timestamp.is_some()
+                || n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating"))
+    });
+    let jobs = inv
+        .jobs
+        .iter()
+        .filter(|j| in_ns(j.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &j.metadata))
+        .cloned()
+        .collect();
+    let pods = inv
+        .pods
+        .iter()
+        .filter(|p| in_ns(p.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &p.metadata))
+        .cloned()
+        .collect();
+    let dependents = match (kind, &cluster_name) {
+        (Kind::TerraformCluster, Some(c)) => inv
+            .objects
+            .iter()
+            .map(|(_, o)| o)
+            .filter(|o| o.kind() != Kind::TerraformCluster && in_ns(o.meta().namespace.as_ref()))
+            .filter(|o| o.meta().labels.as_ref().and_then(|l| l.get(names::CAPI_CLUSTER_NAME_LABEL)) == Some(c))
+            .map(|o| format!("{}/{}", o.kind(), o.meta().name.clone().unwrap_or_default()))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let secrets: Vec<_> = inv.secrets.iter().filter(|s| in_ns(s.metadata.namespace.as_ref())).cloned().collect();
+    let state = Some(StateSecrets::from_secrets(&names::state_secret_name(&suffix), &secrets));
+    let inputs_name = names::inputs_secret_name(&suffix);
+    let inputs_secret = secrets.iter().find(|s| s.metadata.name.as_deref() == Some(inputs_name.as_str())).cloned();
+    let referenced_secrets: BTreeMap<_, _> =
+        secrets.iter().map(|s| (s.metadata.name.clone().unwrap_or_default(), s.clone())).collect();
+    let referenced_config_maps = inv
+        .config_maps
+        .iter()
+        .filter(|c| in_ns(c.metadata.namespace.as_ref()))
+        .map(|c| (c.metadata.name.clone().unwrap_or_default(), c.clone()))
+        .collect();
+    let lock_name = names::lock_lease_name(&suffix);
+    let lock = inv
+        .leases
+        .iter()
+        .find(|l| in_ns(l.metadata.namespace.as_ref()) && l.metadata.name.as_deref() == Some(lock_name.as_str()))
+        .cloned();
+    Observed {
+        kind,
+        meta,
+        spec: object.terraform().clone(),
+        cluster,
+        crd_deleting,
+        namespace_terminating,
+        jobs,
+        pods,
+        dependents,
+        state,
+        inputs_secret,
+        referenced_secrets,
+        referenced_config_maps,
+        lock,
+        now,
+    }
+}
+
+/// Explains every CAPTF object of the inventory, in the order they were read.
+pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Explained> {
+    inv.objects
+        .iter()
+        .map(|(_, object)| {
+            let observed = observe(inv, object, now);
+            let (decision, _, _) = facts::decide(&observed, settings);
+            let meta = object.meta();
+            Explained::new(
+                object.kind(),
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+                &decision,
+            )
+        })
+        .collect()
+}
+
+/// The human-readable form.
+pub fn render_text(items: &[Explained]) -> String {
+    let mut out = String::new();
+    if items.is_empty() {
+        out.push_str("no TerraformCluster, TerraformMachine or TerraformMachinePool in the input\n");
+    }
+    for e in items {
+        out.push_str(&format!("{} {}/{}\n", e.kind, e.namespace, e.name));
+        match e.row {
+            Some(row) => {
+                let situation = crate::rules::ROWS.get(usize::from(row).saturating_sub(1)).map(|r| r.1).unwrap_or("");
+                out.push_str(&format!("  row {row}: {situation}\n"));
+            }
+            None => out.push_str("  not being deleted\n"),
+        }
+        out.push_str(&format!("  action: {:?}\n", e.action));
+        for c in &e.conditions {
+            if c.message.is_empty() {
+                out.push_str(&format!("  {}={} {}\n", c.type_, c.status, c.reason));
+            } else {
+                out.push_str(&format!("  {}={} {}: {}\n", c.type_, c.status, c.reason, c.message));
+            }
+        }
+        if let Some(at) = &e.next_retry_at {
+            out.push_str(&format!("  next retry: {at}\n"));
+        }
+        out.push_str(&format!("  runbook: {}\n\n", e.runbook.as_deref().unwrap_or("none needed")));
+    }
+    out
+}

@@ -1,0 +1,420 @@
+//! Gathering the facts of a pass from what was observed. The controllers fill an
+//! [`Observed`] from the API server, `captf explain -f` from files; both then call
+//! [`gather`], so that the rule table sees the same facts either way.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::ObjectMeta;
+use serde_json::Value;
+
+use crate::api::names::{self, Kind};
+use crate::api::{TerraformSpec, VariablesSourceKind};
+use crate::inputs::{self, Inputs};
+use crate::job::{self, JobOutcome};
+use crate::rules::{self, Backoff, Blocker, CleanupMarker, Facts, LastAttempt, PauseCause, StateFacts, Unreadable, UnfinishedJob};
+use crate::state::{self, Fingerprint, StateReason, StateSecrets, Verdict};
+
+/// The owning Cluster, as far as pausing goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    pub name: String,
+    pub spec_paused: bool,
+    pub annotation_paused: bool,
+}
+
+impl ClusterView {
+    /// Reads a `cluster.x-k8s.io` Cluster of any version.
+    pub fn from_value(value: &Value) -> ClusterView {
+        ClusterView {
+            name: value["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            spec_paused: value["spec"]["paused"].as_bool().unwrap_or(false),
+            annotation_paused: value["metadata"]["annotations"].get(names::CAPI_PAUSED).is_some(),
+        }
+    }
+}
+
+/// Everything a pass looked at, whichever way it was read.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub kind: Kind,
+    pub meta: ObjectMeta,
+    pub spec: TerraformSpec,
+    /// The owning Cluster when it exists.
+    pub cluster: Option<ClusterView>,
+    pub crd_deleting: bool,
+    pub namespace_terminating: bool,
+    /// The object's Jobs and Pods (found by the owner labels).
+    pub jobs: Vec<Job>,
+    pub pods: Vec<Pod>,
+    /// For a TerraformCluster: its machines and pools, as `Kind/name`.
+    pub dependents: Vec<String>,
+    /// The state Secret and its parts; `None` when not read in this pass.
+    pub state: Option<StateSecrets>,
+    pub inputs_secret: Option<Secret>,
+    /// Secrets and ConfigMaps the inputs or the spec reference (credentials, variablesFrom).
+    pub referenced_secrets: BTreeMap<String, Secret>,
+    pub referenced_config_maps: BTreeMap<String, ConfigMap>,
+    /// Terraform's lock Lease, when it exists.
+    pub lock: Option<Lease>,
+    pub now: Timestamp,
+}
+
+/// What the act step needs beside the decision.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    /// The usable inputs, when they are.
+    pub inputs: Option<Inputs>,
+    /// The state verdict, when the state was read.
+    pub verdict: Option<Verdict>,
+    /// The lock Lease is held by a gone Pod of this object: clear it before an attempt.
+    pub stale_lock: bool,
+    /// The state Secret belongs to an earlier object of this name that this one did not
+    /// adopt: it is left alone.
+    pub foreign_state: bool,
+}
+
+/// Settings that are facts of a pass but not of the object.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub backoff: Backoff,
+    pub decompression_cap: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { backoff: Backoff::default(), decompression_cap: state::DEFAULT_DECOMPRESSION_CAP }
+    }
+}
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+}
+
+fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+}
+
+/// The name of the owning Cluster: the ownerReference of kind Cluster (group
+/// cluster.x-k8s.io), else the cluster-name label.
+pub fn owning_cluster(meta: &ObjectMeta) -> Option<String> {
+    let by_ref = meta.owner_references.iter().flatten().find(|r| {
+        r.kind == "Cluster" && r.api_version.split('/').next() == Some(names::CAPI_GROUP)
+    });
+    by_ref.map(|r| r.name.clone()).or_else(|| label(meta, names::CAPI_CLUSTER_NAME_LABEL).map(str::to_string))
+}
+
+/// Whether a Job or Pod carries this object's owner labels: the uid when both sides have
+/// one, else kind and name.
+pub fn owned_by(kind: Kind, meta: &ObjectMeta, candidate: &ObjectMeta) -> bool {
+    let uid = label(candidate, names::LABEL_OWNER_UID);
+    match (uid, meta.uid.as_deref()) {
+        (Some(a), Some(b)) => a == b,
+        _ => {
+            label(candidate, names::LABEL_OWNER_KIND) == Some(kind.as_str())
+                && label(candidate, names::LABEL_OWNER_NAME) == meta.name.as_deref()
+        }
+    }
+}
+
+/// Gathers the facts of a pass. Pure: everything comes from `o`.
+pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
+    let name = o.meta.name.clone().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, &name);
+    let namespace = o.meta.namespace.clone().unwrap_or_default();
+    let mut extras = Extras::default();
+
+    let paused = pause_cause(o);
+    let unfinished_jobs = unfinished(o);
+    let cleanup = match annotation(&o.meta, names::CLEANUP_STARTED) {
+        Some(names::CLEANUP_DESTROYED) => Some(CleanupMarker::Destroyed),
+        Some(names::CLEANUP_ABANDONED) => Some(CleanupMarker::Abandoned),
+        _ => None,
+    };
+    let adopt = annotation(&o.meta, names::ADOPT) == Some("true");
+    let own_lineage = annotation(&o.meta, names::STATE_LINEAGE).is_some();
+    let applied = annotation(&o.meta, names::APPLIED_AT).is_some() || adopt;
+
+    let state = match &o.state {
+        None => StateFacts::NotRead,
+        Some(secrets) => {
+            let content = state::read(secrets, settings.decompression_cap);
+            if !matches!(content, state::StateContent::Missing) && !applied && !own_lineage {
+                // An orphaned state of an earlier object with this name, not adopted:
+                // this object never applied, so it has no state of its own.
+                extras.foreign_state = true;
+                StateFacts::Missing
+            } else {
+                let interrupted = annotation(&o.meta, names::APPLY_INTERRUPTED).is_some();
+                let verdict = match (adopt, Fingerprint::from_annotations(o.meta.annotations.as_ref().unwrap_or(&BTreeMap::new()))) {
+                    (true, _) => state::classify(&content, None, interrupted),
+                    (false, Ok(recorded)) => state::classify(&content, recorded.as_ref(), interrupted),
+                    (false, Err(problem)) => bad_fingerprint(&content, problem),
+                };
+                let facts = state_facts(&verdict, &names::state_secret_name(&suffix));
+                extras.verdict = Some(verdict);
+                facts
+            }
+        }
+    };
+
+    let (attempt, last_attempt) = destroy_history(o, &suffix);
+    let blocker = blocker(o, &suffix, &namespace, &mut extras);
+
+    let facts = Facts {
+        kind: o.kind,
+        uid: o.meta.uid.clone().unwrap_or_default(),
+        state_secret: names::state_secret_name(&suffix),
+        deleting: o.meta.deletion_timestamp.is_some(),
+        paused,
+        unfinished_jobs,
+        dependents: o.dependents.clone(),
+        cleanup,
+        applied,
+        state,
+        abandon: annotation(&o.meta, names::ABANDON) == Some("true"),
+        attempt,
+        last_attempt,
+        blocker,
+        now: o.now,
+        backoff: settings.backoff,
+    };
+    (facts, extras)
+}
+
+/// Whether rows 1 to 3 or the cleanup marker decide the pass before the state matters;
+/// the controller reads the state Secrets only when this is false.
+pub fn state_needed(facts: &Facts) -> bool {
+    facts.deleting
+        && facts.paused.is_none()
+        && facts.unfinished_jobs.is_empty()
+        && !(facts.kind == Kind::TerraformCluster && !facts.dependents.is_empty())
+        && facts.cleanup.is_none()
+}
+
+fn pause_cause(o: &Observed) -> Option<PauseCause> {
+    if o.crd_deleting {
+        return Some(PauseCause::CrdDeleting);
+    }
+    if annotation(&o.meta, names::CLUSTERCTL_DELETE_FOR_MOVE).is_some() {
+        return Some(PauseCause::DeleteForMove);
+    }
+    if annotation(&o.meta, names::CAPI_PAUSED).is_some() {
+        return Some(PauseCause::ObjectAnnotation);
+    }
+    match &o.cluster {
+        Some(c) if c.spec_paused => Some(PauseCause::ClusterSpec(c.name.clone())),
+        Some(c) if c.annotation_paused => Some(PauseCause::ClusterAnnotation(c.name.clone())),
+        _ => None,
+    }
+}
+
+fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
+    let mut out = Vec::new();
+    for j in &o.jobs {
+        if let JobOutcome::Unfinished { waiting_reason } = job::outcome(j, &o.pods) {
+            out.push(UnfinishedJob {
+                name: j.metadata.name.clone().unwrap_or_default(),
+                operation: job::operation_of(j).unwrap_or("unknown").to_string(),
+                waiting_reason,
+            });
+        }
+    }
+    // A Pod whose Job is gone still runs Terraform until it ends.
+    for p in &o.pods {
+        let job_name = label(&p.metadata, "job-name").or_else(|| label(&p.metadata, "batch.kubernetes.io/job-name"));
+        let has_job = job_name.is_some_and(|n| o.jobs.iter().any(|j| j.metadata.name.as_deref() == Some(n)));
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+        if !has_job && !matches!(phase, "Succeeded" | "Failed") {
+            out.push(UnfinishedJob {
+                name: p.metadata.name.clone().unwrap_or_default(),
+                operation: format!("{} Pod of a deleted", label(&p.metadata, names::LABEL_OPERATION).unwrap_or("unknown")),
+                waiting_reason: None,
+            });
+        }
+    }
+    out
+}
+
+fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
+    let attempt: u32 = annotation(&o.meta, names::DESTROY_ATTEMPT).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    if attempt == 0 {
+        return (0, LastAttempt::NoneFinished);
+    }
+    let failed_at: Option<Timestamp> = annotation(&o.meta, names::DESTROY_FAILED_AT).and_then(|v| v.parse().ok());
+    let job_name = names::job_name(suffix, names::OPERATION_DESTROY, attempt);
+    let job = o.jobs.iter().find(|j| {
+        j.metadata.name.as_deref() == Some(job_name.as_str())
+            || (job::operation_of(j) == Some(names::OPERATION_DESTROY) && job::attempt_of(j) == Some(attempt))
+    });
+    let last = match job.map(|j| job::outcome(j, &o.pods)) {
+        Some(JobOutcome::Succeeded) => LastAttempt::Succeeded,
+        Some(JobOutcome::Failed { reason, error_tail, .. }) => LastAttempt::Failed {
+            at: failed_at.or(Some(o.now)),
+            error: error_tail.filter(|t| !t.trim().is_empty()).unwrap_or(reason),
+        },
+        // An unfinished Job is row 2's business.
+        Some(JobOutcome::Unfinished { .. }) => LastAttempt::NoneFinished,
+        None => match failed_at {
+            // A failure recorded before this deletion began belongs to an earlier object
+            // of this name (recreated from saved YAML): it does not count for this one.
+            Some(at) if deletion_time(&o.meta).is_some_and(|d| at < d) => LastAttempt::NoneFinished,
+            Some(at) => LastAttempt::Failed {
+                at: Some(at),
+                error: format!("its Job {job_name} is gone; read the earlier condition message or the errored-state Secret"),
+            },
+            None => LastAttempt::NoneFinished,
+        },
+    };
+    (attempt, last)
+}
+
+fn deletion_time(meta: &ObjectMeta) -> Option<Timestamp> {
+    meta.deletion_timestamp.as_ref().map(|t| t.0)
+}
+
+fn blocker(o: &Observed, suffix: &str, namespace: &str, extras: &mut Extras) -> Option<Blocker> {
+    if o.namespace_terminating {
+        return Some(Blocker::NamespaceTerminating(namespace.to_string()));
+    }
+    let inputs = match usable_inputs(o, suffix, namespace) {
+        Ok(i) => i,
+        Err(message) => return Some(Blocker::Inputs(message)),
+    };
+    for env in &inputs.env {
+        let r = &env.secret_key_ref;
+        let present = o.referenced_secrets.get(&r.name).is_some_and(|s| has_key(s, &r.key));
+        if !present {
+            extras.inputs = Some(inputs);
+            return Some(Blocker::Credentials { secret: r.name.clone(), key: r.key.clone() });
+        }
+    }
+    extras.inputs = Some(inputs);
+    lock_blocker(o, suffix, extras)
+}
+
+fn has_key(secret: &Secret, key: &str) -> bool {
+    secret.data.as_ref().is_some_and(|d| d.contains_key(key)) || secret.string_data.as_ref().is_some_and(|d| d.contains_key(key))
+}
+
+/// The inputs a destroy renders from: the inputs Secret, or for a cluster or pool without
+/// one, the current spec when every reference resolves and the result hashes to the
+/// recorded `inputs-sha256`.
+fn usable_inputs(o: &Observed, suffix: &str, namespace: &str) -> Result<Inputs, String> {
+    let secret_name = names::inputs_secret_name(suffix);
+    if let Some(secret) = &o.inputs_secret {
+        return inputs::from_secret(secret, namespace, suffix)
+            .map_err(|e| format!("the inputs Secret {secret_name} is unusable: {e}; restore it from a backup of the apply"));
+    }
+    if o.kind == Kind::TerraformMachine {
+        return Err(format!(
+            "the inputs Secret {secret_name} is missing, and a TerraformMachine never rebuilds its inputs at deletion (its bootstrap data is gone by then); restore the Secret"
+        ));
+    }
+    let lookup = |kind: VariablesSourceKind, name: &str, key: &str| -> Option<Vec<u8>> {
+        match kind {
+            VariablesSourceKind::ConfigMap => {
+                let cm = o.referenced_config_maps.get(name)?;
+                cm.data.as_ref().and_then(|d| d.get(key)).map(|v| v.as_bytes().to_vec())
+            }
+            VariablesSourceKind::Secret => {
+                let s = o.referenced_secrets.get(name)?;
+                s.data.as_ref().and_then(|d| d.get(key)).map(|v| v.0.clone())
+            }
+        }
+    };
+    let rebuilt = inputs::build_from_spec(&o.spec, namespace, suffix, &lookup).map_err(|e| {
+        format!("the inputs Secret {secret_name} is missing and the inputs cannot be rebuilt from the current spec: {e}")
+    })?;
+    let recorded = annotation(&o.meta, names::INPUTS_SHA256);
+    if !inputs::rebuilt_matches(&rebuilt, recorded) {
+        return Err(format!(
+            "the inputs Secret {secret_name} is missing and the inputs rebuilt from the current spec do not hash to the recorded {} (the spec or a referenced object changed since the apply, and Terraform would forget what it created); restore the inputs Secret",
+            names::INPUTS_SHA256
+        ));
+    }
+    Ok(rebuilt)
+}
+
+/// Terraform's lock: free, stale (held by a gone Pod of this object: cleared before the
+/// attempt), or held by someone else (never broken).
+fn lock_blocker(o: &Observed, suffix: &str, extras: &mut Extras) -> Option<Blocker> {
+    let lease = o.lock.as_ref()?;
+    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty())?;
+    let info: Value = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::TF_LOCK_INFO))
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or(Value::Null);
+    let who = info["Who"].as_str().unwrap_or_default().to_string();
+    let host = who.rsplit_once('@').map(|(_, h)| h.to_string()).unwrap_or_default();
+    let own_prefix = format!("captf-{}-", suffix.replace('.', "-"));
+    let pod_gone = !o.pods.iter().any(|p| p.metadata.name.as_deref() == Some(host.as_str()));
+    let own_pod = host.starts_with(&own_prefix) || short_job_prefix_matches(&host, suffix);
+    if own_pod && pod_gone {
+        extras.stale_lock = true;
+        return None;
+    }
+    let age = info["Created"]
+        .as_str()
+        .and_then(|c| c.parse::<Timestamp>().ok())
+        .map(|c| format!("{c} ({} ago)", human_age(o.now.as_second() - c.as_second())));
+    let holder = if who.is_empty() { format!("lock {holder}") } else { format!("{who} (lock {holder})") };
+    Some(Blocker::LockHeld { holder, age })
+}
+
+/// Long suffixes are cut and hashed in Job names; a Pod of such a Job starts with the cut
+/// Job name prefix.
+fn short_job_prefix_matches(host: &str, suffix: &str) -> bool {
+    [names::OPERATION_APPLY, names::OPERATION_DESTROY].iter().any(|op| {
+        let j = names::job_name(suffix, op, 1);
+        let prefix = j.trim_end_matches(&format!("-{op}-1")[..]);
+        host.starts_with(prefix) && host.contains(&format!("-{op}-"))
+    })
+}
+
+fn human_age(seconds: i64) -> String {
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn bad_fingerprint(content: &state::StateContent, problem: String) -> Verdict {
+    let mut v = state::classify(content, None, false);
+    if v.readable {
+        v.readable = false;
+        v.reason = StateReason::StateInconsistent;
+        v.message = format!("{problem}: the state cannot be checked against the object's fingerprint; see runbooks/StateInconsistent.md");
+    }
+    v
+}
+
+fn state_facts(v: &Verdict, secret: &str) -> StateFacts {
+    let unreadable = |why| StateFacts::Unreadable { why, message: v.message.clone() };
+    match v.reason {
+        StateReason::Readable => StateFacts::Readable {
+            managed_instances: v.managed_instances.unwrap_or(0),
+            lineage: v.lineage.clone().unwrap_or_default(),
+            serial: v.serial.unwrap_or(0),
+            secret: secret.to_string(),
+        },
+        StateReason::StateLost => StateFacts::Missing,
+        StateReason::StateCorrupt => unreadable(Unreadable::Corrupt),
+        StateReason::StateEncrypted => unreadable(Unreadable::Encrypted),
+        StateReason::StateInconsistent => unreadable(Unreadable::Inconsistent),
+    }
+}
+
+/// Gathers the facts and decides, in one call.
+pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Extras) {
+    let (facts, extras) = gather(o, settings);
+    (rules::decide(&facts), facts, extras)
+}
