@@ -25,6 +25,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the controllers for the three kinds.
+    Manager(ManagerArgs),
     /// Print the three CustomResourceDefinitions as YAML.
     Crds,
     /// Show, for each CAPTF object, the rule that decides its next deletion pass.
@@ -32,6 +34,43 @@ pub enum Command {
     /// Work with Terraform state Secrets.
     #[command(subcommand)]
     State(StateCommand),
+}
+
+#[derive(Args, Debug)]
+pub struct ManagerArgs {
+    /// Watch one namespace (all by default).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only objects whose cluster.x-k8s.io/watch-filter label has this value.
+    #[arg(long)]
+    pub watch_filter: Option<String>,
+    /// Parallel reconciles per kind.
+    #[arg(long, default_value_t = 10)]
+    pub concurrency: u16,
+    /// Base of the destroy retry backoff.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub destroy_backoff_base: std::time::Duration,
+    /// Cap of the destroy retry backoff.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub destroy_backoff_max: std::time::Duration,
+    /// A directory with job.yaml and runner.sh replacing the embedded templates.
+    #[arg(long)]
+    pub templates_dir: Option<PathBuf>,
+    /// Elect a leader on a Lease so that several replicas are safe.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Where /metrics is served (e.g. 0.0.0.0:8080); off when empty.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: String,
+    /// Where /healthz and /readyz are served; off when empty.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: String,
+    /// The manager's own namespace (leader Lease, abandoned copies); from POD_NAMESPACE.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "captf-system")]
+    pub manager_namespace: String,
+    /// How often runner RBAC is swept from namespaces without CAPTF objects.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub rbac_sweep_interval: std::time::Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -113,6 +152,7 @@ pub fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Manager(args) => run_manager(&args),
         Command::Crds => {
             print!("{}", crds_yaml());
             Ok(())
@@ -127,6 +167,44 @@ pub fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn bind(flag: &str, text: &str) -> Result<Option<std::net::SocketAddr>, Misuse> {
+    if text.is_empty() || text == "0" {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|e| Misuse(format!("{flag} {text:?}: {e}; use HOST:PORT, or an empty value to turn it off")))
+}
+
+fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
+    crate::telemetry::init();
+    let cfg = crate::controller::ManagerConfig {
+        namespace: args.namespace.clone(),
+        watch_filter: args.watch_filter.clone(),
+        concurrency: args.concurrency.max(1),
+        settings: Settings {
+            backoff: Backoff { base: args.destroy_backoff_base, max: args.destroy_backoff_max },
+            ..Settings::default()
+        },
+        templates_dir: args.templates_dir.clone(),
+        leader_elect: args.leader_elect,
+        metrics_addr: bind("--metrics-bind-address", &args.metrics_bind_address)?,
+        health_addr: bind("--health-probe-bind-address", &args.health_probe_bind_address)?,
+        manager_namespace: args.manager_namespace.clone(),
+        identity: std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "captf-manager".into()),
+        rbac_sweep_every: args.rbac_sweep_interval,
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| Misuse(format!("no Kubernetes configuration (in-cluster or KUBECONFIG): {e}")))?;
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        crate::controller::run(client, cfg, shutdown).await.map_err(|e| Misuse(e.to_string()))
+    })
 }
 
 /// The CRDs as one multi-document YAML stream.

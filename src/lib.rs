@@ -4,5 +4,12 @@
 
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod explain;
+pub mod facts;
+pub mod inputs;
+pub mod job;
+pub mod metrics;
 pub mod rules;
+pub mod state;
+pub mod telemetry;

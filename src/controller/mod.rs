@@ -1,0 +1,303 @@
+//! `captf manager`: one controller per kind, all running the same generic reconcile.
+//! Each watches its kind, its Jobs and Pods (by owner labels: Jobs carry no
+//! ownerReference), the metadata of its Secrets, the owning Clusters, its CRD, and for
+//! TerraformClusters the machines and pools.
+
+pub mod leader;
+pub mod observe;
+pub mod rbac;
+pub mod reconcile;
+pub mod server;
+pub mod writes;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, metadata_watcher, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{info, warn};
+
+use crate::api::names::{self, Kind};
+use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
+use crate::facts::{self, Settings};
+use crate::job::Templates;
+use crate::metrics::Metrics;
+
+/// Failures to talk to the API server (expected outcomes are data, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl Error {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 404)
+    }
+
+    /// A short label for metrics and logs.
+    pub fn label(&self) -> String {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => format!("api_{}", s.code),
+            Error::Kube(_) => "api_transport".into(),
+            Error::Setup(_) => "setup".into(),
+        }
+    }
+}
+
+/// The manager's settings (SPEC section 10).
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    pub namespace: Option<String>,
+    pub watch_filter: Option<String>,
+    pub concurrency: u16,
+    pub settings: Settings,
+    pub templates_dir: Option<PathBuf>,
+    pub leader_elect: bool,
+    pub metrics_addr: Option<SocketAddr>,
+    pub health_addr: Option<SocketAddr>,
+    /// Where the leader Lease and abandoned copies live.
+    pub manager_namespace: String,
+    /// This replica's identity for leader election and Events.
+    pub identity: String,
+    pub rbac_sweep_every: Duration,
+    pub lease_duration: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            namespace: None,
+            watch_filter: None,
+            concurrency: 4,
+            settings: Settings::default(),
+            templates_dir: None,
+            leader_elect: false,
+            metrics_addr: None,
+            health_addr: None,
+            manager_namespace: "captf-system".into(),
+            identity: "captf-manager".into(),
+            rbac_sweep_every: Duration::from_secs(300),
+            lease_duration: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub templates: Templates,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub manager_namespace: String,
+    pub watch_namespace: Option<String>,
+    /// The `cluster.x-k8s.io` Cluster resource served by the API server, if any.
+    pub cluster_api: Option<ApiResource>,
+    /// Namespaces where the runner RBAC is known to exist.
+    pub rbac_ready: Mutex<BTreeSet<String>>,
+}
+
+/// Finds the served version of the CAPI Cluster (any version of the group).
+async fn discover_cluster(client: &Client) -> Option<ApiResource> {
+    let discovery = kube::discovery::Discovery::new(client.clone()).filter(&[names::CAPI_GROUP]).run().await.ok()?;
+    for group in discovery.groups() {
+        for (ar, _) in group.recommended_resources() {
+            if ar.kind == "Cluster" {
+                return Some(ar);
+            }
+        }
+    }
+    None
+}
+
+fn scoped<T>(client: &Client, ns: &Option<String>) -> Api<T>
+where
+    T: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    T: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The object a Job, Pod or Secret belongs to, from its owner labels.
+fn owner_of<K: TerraformObject>(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<K>> {
+    let labels = meta.labels.as_ref()?;
+    if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
+        return None;
+    }
+    let name = labels.get(names::LABEL_OWNER_NAME)?;
+    Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
+}
+
+/// The object a state Secret belongs to, from Terraform's suffix label.
+fn state_owner<K: TerraformObject>(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<K>> {
+    if let Some(r) = owner_of::<K>(meta) {
+        return Some(r);
+    }
+    let suffix = meta.labels.as_ref()?.get(names::TF_LABEL_SUFFIX)?;
+    let name = suffix.strip_suffix(&format!(".{}", K::KIND.short_name()))?;
+    Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
+}
+
+fn objects_of_cluster<K: TerraformObject>(store: &Store<K>, ns: &str, cluster: &str) -> Vec<ObjectRef<K>> {
+    store
+        .state()
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns) && facts::owning_cluster(o.meta()).as_deref() == Some(cluster))
+        .map(|o| ObjectRef::from_obj(o.as_ref()))
+        .collect()
+}
+
+fn error_policy<K: TerraformObject>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    warn!(kind = %K::KIND, name = %obj.name_any(), namespace = obj.namespace().unwrap_or_default(), error = %err, "reconcile failed; retrying");
+    ctx.metrics.reconcile_errors.inc(&[K::KIND.as_str(), &err.label()]);
+    Requeue::requeue(ctx.settings.backoff.base.clamp(Duration::from_millis(50), Duration::from_secs(5)))
+}
+
+/// One controller for kind `K`.
+fn controller<K: TerraformObject>(ctx: Arc<Context>, cfg: &ManagerConfig) -> impl Future<Output = ()> + Send + 'static
+where
+    K::DynamicType: Default,
+{
+    let client = ctx.client.clone();
+    let ns = cfg.namespace.clone();
+    let mut main_cfg = watcher::Config::default().any_semantic();
+    if let Some(f) = &cfg.watch_filter {
+        main_cfg = main_cfg.labels(&format!("{}={f}", names::CAPI_WATCH_FILTER_LABEL));
+    }
+    let owned = watcher::Config::default().labels(&format!("{}={}", names::LABEL_OWNER_KIND, K::KIND.as_str()));
+    let c = Controller::new(scoped::<K>(&client, &ns), main_cfg);
+    let store = c.store();
+    let mut c = c
+        .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
+        .watches(scoped::<Job>(&client, &ns), owned.clone(), |j: Job| owner_of::<K>(&j.metadata))
+        .watches(scoped::<Pod>(&client, &ns), owned.clone(), |p: Pod| owner_of::<K>(&p.metadata))
+        .watches_stream(
+            metadata_watcher(scoped::<Secret>(&client, &ns), owned).touched_objects(),
+            |s: PartialObjectMeta<Secret>| owner_of::<K>(&s.metadata),
+        )
+        .watches_stream(
+            metadata_watcher(scoped::<Secret>(&client, &ns), watcher::Config::default().labels(&format!("{}=true", names::TF_LABEL_STATE)))
+                .touched_objects(),
+            |s: PartialObjectMeta<Secret>| state_owner::<K>(&s.metadata),
+        );
+    let crd_store = store.clone();
+    c = c.watches(
+        Api::<CustomResourceDefinition>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={}", K::KIND.crd_name())),
+        move |_crd| crd_store.state().iter().map(|o| ObjectRef::from_obj(o.as_ref())).collect::<Vec<_>>(),
+    );
+    if let Some(ar) = ctx.cluster_api.clone() {
+        let cluster_store = store.clone();
+        let api: Api<DynamicObject> = match &ns {
+            Some(n) => Api::namespaced_with(client.clone(), n, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        c = c.watches_with(api, ar, watcher::Config::default(), move |cl: DynamicObject| {
+            objects_of_cluster(&cluster_store, &cl.namespace().unwrap_or_default(), &cl.name_any())
+        });
+    }
+    if K::KIND == Kind::TerraformCluster {
+        let s1 = store.clone();
+        let s2 = store.clone();
+        c = c
+            .watches(scoped::<TerraformMachine>(&client, &ns), watcher::Config::default(), move |m: TerraformMachine| {
+                match facts::owning_cluster(&m.metadata) {
+                    Some(cl) => objects_of_cluster(&s1, &m.namespace().unwrap_or_default(), &cl),
+                    None => Vec::new(),
+                }
+            })
+            .watches(scoped::<TerraformMachinePool>(&client, &ns), watcher::Config::default(), move |p: TerraformMachinePool| {
+                match facts::owning_cluster(&p.metadata) {
+                    Some(cl) => objects_of_cluster(&s2, &p.namespace().unwrap_or_default(), &cl),
+                    None => Vec::new(),
+                }
+            });
+    }
+    c.run(reconcile::reconcile::<K>, error_policy::<K>, ctx).for_each(|_| futures::future::ready(()))
+}
+
+/// Runs the manager until `shutdown` resolves (or leadership is lost).
+pub async fn run(client: Client, cfg: ManagerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+    let templates = match &cfg.templates_dir {
+        Some(dir) => Templates::load_dir(dir).map_err(|e| Error::Setup(format!("--templates-dir {}: {e}", dir.display())))?,
+        None => Templates::embedded(),
+    };
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(server::Ready::default());
+    if let Some(addr) = cfg.health_addr {
+        server::serve(addr, metrics.clone(), ready.clone()).await.map_err(|e| Error::Setup(format!("health probe address {addr}: {e}")))?;
+    }
+    if let Some(addr) = cfg.metrics_addr.filter(|a| Some(*a) != cfg.health_addr) {
+        server::serve(addr, metrics.clone(), ready.clone()).await.map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
+    }
+    let mut leadership = None;
+    if cfg.leader_elect {
+        let lc = leader::LeaderConfig {
+            namespace: cfg.manager_namespace.clone(),
+            name: "captf-manager-leader".into(),
+            identity: cfg.identity.clone(),
+            lease_duration: cfg.lease_duration,
+            renew_every: cfg.lease_duration / 3,
+        };
+        leadership = Some(leader::lead(client.clone(), lc).await);
+    }
+    let cluster_api = discover_cluster(&client).await;
+    if cluster_api.is_none() {
+        warn!("no cluster.x-k8s.io Cluster resource is served: only the objects' own pause annotations count");
+    }
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        settings: cfg.settings,
+        templates,
+        recorder: Recorder::new(client.clone(), Reporter { controller: "captf-manager".into(), instance: Some(cfg.identity.clone()) }),
+        metrics,
+        manager_namespace: cfg.manager_namespace.clone(),
+        watch_namespace: cfg.namespace.clone(),
+        cluster_api,
+        rbac_ready: Mutex::new(BTreeSet::new()),
+    });
+    ready.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
+    let sweep = tokio::spawn(rbac::sweep_forever(ctx.clone(), cfg.rbac_sweep_every));
+    let lost = async move {
+        match leadership {
+            Some(mut rx) => {
+                while *rx.borrow() {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+                warn!("lost leadership: stopping");
+            }
+            None => futures::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = controller::<TerraformCluster>(ctx.clone(), &cfg) => {},
+        _ = controller::<TerraformMachine>(ctx.clone(), &cfg) => {},
+        _ = controller::<TerraformMachinePool>(ctx.clone(), &cfg) => {},
+        _ = shutdown => info!("shutting down"),
+        _ = lost => {},
+    }
+    sweep.abort();
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! Guarded writes: JSON patches that carry a `test` of the resourceVersion (and of the
+//! value they remove), so that a write made from a stale view fails with 409/422 and the
+//! pass is retried on fresh facts. Every delete tolerates "already gone".
+
+use json_patch::{AddOperation, Patch as JsonPatch, PatchOperation, RemoveOperation, TestOperation};
+use json_patch::jsonptr::PointerBuf;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::core::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::Error;
+
+/// The field manager of every write.
+pub const MANAGER: &str = "captf";
+
+fn pointer(parts: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(parts.iter().copied())
+}
+
+fn test_rv(meta: &ObjectMeta) -> PatchOperation {
+    PatchOperation::Test(TestOperation {
+        path: pointer(&["metadata", "resourceVersion"]),
+        value: json!(meta.resource_version.clone().unwrap_or_default()),
+    })
+}
+
+/// Annotation edits: `Some(v)` sets, `None` removes.
+pub fn annotation_ops(meta: &ObjectMeta, edits: &[(&str, Option<String>)]) -> Vec<PatchOperation> {
+    let current = meta.annotations.clone().unwrap_or_default();
+    let mut ops = Vec::new();
+    let mut map_exists = meta.annotations.is_some();
+    for (key, value) in edits {
+        match value {
+            Some(v) if current.get(*key) == Some(v) => {}
+            Some(v) => {
+                if !map_exists {
+                    ops.push(PatchOperation::Add(AddOperation { path: pointer(&["metadata", "annotations"]), value: json!({}) }));
+                    map_exists = true;
+                }
+                ops.push(PatchOperation::Add(AddOperation {
+                    path: pointer(&["metadata", "annotations", key]),
+                    value: json!(v),
+                }));
+            }
+            None if current.contains_key(*key) => {
+                ops.push(PatchOperation::Remove(RemoveOperation { path: pointer(&["metadata", "annotations", key]) }));
+            }
+            None => {}
+        }
+    }
+    ops
+}
+
+/// Adds a finalizer if absent.
+pub fn add_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<PatchOperation> {
+    match &meta.finalizers {
+        Some(f) if f.iter().any(|x| x == finalizer) => vec![],
+        Some(_) => vec![PatchOperation::Add(AddOperation { path: pointer(&["metadata", "finalizers", "-"]), value: json!(finalizer) })],
+        None => vec![PatchOperation::Add(AddOperation { path: pointer(&["metadata", "finalizers"]), value: json!([finalizer]) })],
+    }
+}
+
+/// Removes a finalizer if present, testing its position first.
+pub fn remove_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<PatchOperation> {
+    let Some(index) = meta.finalizers.iter().flatten().position(|x| x == finalizer) else {
+        return vec![];
+    };
+    let idx = index.to_string();
+    vec![
+        PatchOperation::Test(TestOperation { path: pointer(&["metadata", "finalizers", &idx]), value: json!(finalizer) }),
+        PatchOperation::Remove(RemoveOperation { path: pointer(&["metadata", "finalizers", &idx]) }),
+    ]
+}
+
+/// Applies `ops` (if any) with a resourceVersion test. Returns the updated object, or
+/// `None` when there was nothing to write.
+pub async fn guarded_patch<K>(api: &Api<K>, obj_meta: &ObjectMeta, ops: Vec<PatchOperation>) -> Result<Option<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    if ops.is_empty() {
+        return Ok(None);
+    }
+    let name = obj_meta.name.clone().unwrap_or_default();
+    let mut all = vec![test_rv(obj_meta)];
+    all.extend(ops);
+    let patch: Patch<()> = Patch::Json(JsonPatch(all));
+    let out = api.patch(&name, &PatchParams::default(), &patch).await?;
+    Ok(Some(out))
+}
+
+/// Removes a finalizer from an object that may be gone; a gone object is fine.
+pub async fn remove_finalizer_if_present<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let Some(obj) = api.get_opt(name).await? else { return Ok(()) };
+    match guarded_patch(api, obj.meta(), remove_finalizer_ops(obj.meta(), finalizer)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes with background propagation; "already gone" is success.
+pub async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creates an object; an existing one of that name is left as it is.
+pub async fn create_if_absent<K>(api: &Api<K>, obj: &K) -> Result<bool, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    match api.create(&kube::api::PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, obj).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A merge patch of the status subresource.
+pub async fn patch_status<K>(api: &Api<K>, name: &str, status: Value) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await?;
+    Ok(())
+}
+
+/// Name of an object for messages.
+pub fn display<K: ResourceExt>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
