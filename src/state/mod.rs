@@ -1,3 +1,337 @@
 //! Reading a Terraform state from its Secret(s) in the kubernetes-backend format: joining
 //! part Secrets, streaming gunzip under a decompression cap, and classifying the result
-//! (SPEC section 4, "State readability"). Placeholder: filled in by the state-reading work.
+//! (SPEC section 4, "State readability").
+//!
+//! The state is never built in memory: [`read`] streams the base and part values through
+//! gunzip into a scanner that keeps only what the rule table needs (lineage, serial and
+//! whether managed resource instances exist).
+
+mod classify;
+mod scan;
+
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+
+use k8s_openapi::api::core::v1::Secret;
+
+use crate::api::names::{TF_CHUNK_SIZE, TF_STATE_KEY, part_index, part_secret_name};
+
+pub use classify::{Fingerprint, StateReason, Verdict, classify, classify_named};
+use scan::{Field, GzipFailure, Scanned, Summary};
+
+/// Default decompression cap: more decompressed JSON than this is a corrupt state.
+pub const DEFAULT_DECOMPRESSION_CAP: u64 = 256 * 1024 * 1024;
+
+/// The Secrets of one state (or of a backup, which has the same chunking): the base and
+/// its parts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateSecrets {
+    pub base_name: String,
+    /// Value of key `tfstate` of the base Secret; None = key missing (or no base Secret).
+    pub base: Option<Vec<u8>>,
+    /// Whether the base Secret exists.
+    pub base_present: bool,
+    /// Part N → value of its key `tfstate` (None = key missing).
+    pub parts: BTreeMap<u32, Option<Vec<u8>>>,
+}
+
+fn state_value(secret: &Secret) -> Option<Vec<u8>> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(TF_STATE_KEY))
+        .map(|v| v.0.clone())
+}
+
+impl StateSecrets {
+    /// Picks the base Secret (named `base_name`) and its `-part-N` Secrets out of any set
+    /// of Secrets (others ignored).
+    pub fn from_secrets(base_name: &str, secrets: &[Secret]) -> StateSecrets {
+        let mut out = StateSecrets {
+            base_name: base_name.to_string(),
+            ..StateSecrets::default()
+        };
+        for secret in secrets {
+            let Some(name) = secret.metadata.name.as_deref() else {
+                continue;
+            };
+            if name == base_name {
+                out.base_present = true;
+                out.base = state_value(secret);
+            } else if let Some(n) = part_index(base_name, name) {
+                out.parts.insert(n, state_value(secret));
+            }
+        }
+        out
+    }
+
+    /// The first problem with the set of Secrets before any byte is read, as the message
+    /// of a corrupt state (None = the chunks are all there).
+    fn structural_problem(&self) -> Option<String> {
+        let base = &self.base_name;
+        let fix = "restore the state (see runbooks/StateCorrupt.md)";
+        match &self.base {
+            None => {
+                return Some(format!(
+                    "state Secret {base} has no key {TF_STATE_KEY}: {fix}"
+                ));
+            }
+            Some(v) if v.is_empty() => {
+                return Some(format!(
+                    "state Secret {base} has an empty key {TF_STATE_KEY}: {fix}"
+                ));
+            }
+            Some(_) => {}
+        }
+        let last = self.parts.keys().next_back().copied().unwrap_or(0);
+        for n in 1..=last {
+            match self.parts.get(&n) {
+                None => {
+                    let have: Vec<u32> = self.parts.keys().copied().collect();
+                    let have = if have.len() == 1 {
+                        format!("part {}", have[0])
+                    } else {
+                        format!("parts {}", list(&have))
+                    };
+                    return Some(format!(
+                        "state Secret {} is missing: the state has {have}; {fix}",
+                        part_secret_name(base, n)
+                    ));
+                }
+                Some(None) => {
+                    return Some(format!(
+                        "state Secret {} has no key {TF_STATE_KEY}: {fix}",
+                        part_secret_name(base, n)
+                    ));
+                }
+                Some(Some(_)) => {}
+            }
+        }
+        None
+    }
+
+    /// The chunks in order (base, then parts 1..N), when all are there.
+    fn chunks(&self) -> Option<Vec<&[u8]>> {
+        if !self.base_present {
+            return None;
+        }
+        let mut out = vec![self.base.as_deref()?];
+        for (i, (n, part)) in self.parts.iter().enumerate() {
+            if *n as usize != i + 1 {
+                return None;
+            }
+            out.push(part.as_deref()?);
+        }
+        Some(out)
+    }
+
+    /// The joined gzip bytes (base then parts 1..N), or None when absent/incomplete.
+    /// (Used for the backup.)
+    pub fn joined(&self) -> Option<Vec<u8>> {
+        self.chunks().map(|c| c.concat())
+    }
+}
+
+/// "1, 3 and 4".
+fn list(items: &[u32]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., last] => {
+            let init: Vec<String> = init.iter().map(u32::to_string).collect();
+            format!("{} and {last}", init.join(", "))
+        }
+    }
+}
+
+/// What a state's bytes turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateContent {
+    /// No base Secret.
+    Missing,
+    /// Unreadable; the message says why and what to do.
+    Corrupt { message: String },
+    /// An OpenTofu encrypted state.
+    Encrypted {
+        lineage: Option<String>,
+        serial: Option<u64>,
+        message: String,
+    },
+    /// A version-4 Terraform state.
+    Parsed {
+        lineage: String,
+        serial: u64,
+        managed_instances: u64,
+    },
+}
+
+/// A reader over several byte slices in turn, without joining them.
+struct Chain<'a> {
+    chunks: Vec<&'a [u8]>,
+    index: usize,
+}
+
+impl Read for Chain<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while let Some(chunk) = self.chunks.get_mut(self.index) {
+            if chunk.is_empty() {
+                self.index += 1;
+                continue;
+            }
+            let n = chunk.len().min(buf.len());
+            buf[..n].copy_from_slice(&chunk[..n]);
+            *chunk = &chunk[n..];
+            return Ok(n);
+        }
+        Ok(0)
+    }
+}
+
+/// Streams gunzip over base+parts (without concatenating), under the decompression cap,
+/// and scans the JSON.
+pub fn read(secrets: &StateSecrets, cap: u64) -> StateContent {
+    if !secrets.base_present {
+        return StateContent::Missing;
+    }
+    if let Some(message) = secrets.structural_problem() {
+        return StateContent::Corrupt { message };
+    }
+    let chunks = secrets.chunks().expect("checked just above");
+    let subject = match chunks.len() - 1 {
+        0 => format!("state Secret {}", secrets.base_name),
+        1 => format!("state Secret {} (with its part 1)", secrets.base_name),
+        n => format!(
+            "state Secret {} (with its parts 1 to {n})",
+            secrets.base_name
+        ),
+    };
+    content(&subject, scan::scan(Chain { chunks, index: 0 }, cap))
+}
+
+/// Streams gunzip over `gzip` under the decompression cap and scans the JSON: the core of
+/// [`read`], also used by the benchmark.
+pub fn read_bytes(gzip: impl Read, cap: u64) -> StateContent {
+    content("the state", scan::scan(gzip, cap))
+}
+
+/// "256 MiB" or "1000 bytes".
+fn size(bytes: u64) -> String {
+    const MIB: u64 = 1024 * 1024;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+fn content(subject: &str, scanned: Scanned) -> StateContent {
+    let fix = "restore the state (see runbooks/StateCorrupt.md)";
+    let corrupt = |message: String| StateContent::Corrupt { message };
+    match scanned {
+        Scanned::Gzip(failure) => corrupt(match failure {
+            GzipFailure::NotGzip { head } => {
+                let start = if head.is_empty() {
+                    "it is empty".to_string()
+                } else {
+                    let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+                    let json = if head.first() == Some(&b'{') {
+                        ", which looks like plain JSON"
+                    } else {
+                        ""
+                    };
+                    format!(
+                        "it starts with bytes {} instead of 1f 8b{json}",
+                        hex.join(" ")
+                    )
+                };
+                format!("{subject} does not hold gzip data ({start}): {fix}")
+            }
+            GzipFailure::Truncated { compressed } => format!(
+                "{subject} holds truncated gzip data: it ends after {compressed} bytes, before the end of the \
+                 compressed stream (a part may be missing or cut short): {fix}"
+            ),
+            GzipFailure::Damaged { detail } => {
+                format!("{subject} holds damaged gzip data ({detail}): {fix}")
+            }
+            GzipFailure::TrailingData { compressed } => format!(
+                "{subject} holds unexpected data after the end of the gzip stream (from byte {compressed} of the \
+                 compressed data): {fix}"
+            ),
+            GzipFailure::OverCap { cap } => format!(
+                "{subject} decompresses to more than {} (the decompression cap), so reading stopped there: it is \
+                 damaged or not a state CAPTF can read; {fix}",
+                size(cap)
+            ),
+            GzipFailure::Io { detail } => format!("{subject} could not be read ({detail}): {fix}"),
+        }),
+        Scanned::Json(e) => corrupt(format!(
+            "{subject} is not valid JSON: {} at byte {} of the decompressed state: {fix}",
+            e.what, e.offset
+        )),
+        Scanned::Ok(summary) => summary_content(subject, summary),
+    }
+}
+
+fn summary_content(subject: &str, s: Summary) -> StateContent {
+    let not_state = |why: String| StateContent::Corrupt {
+        message: format!(
+            "{subject} is not a Terraform state: {why}; restore the state (see runbooks/StateCorrupt.md)"
+        ),
+    };
+    if !s.top_is_object {
+        return not_state("the document is not a JSON object".into());
+    }
+    if s.encrypted {
+        return StateContent::Encrypted {
+            lineage: s.lineage.value().cloned(),
+            serial: s.serial.value().copied(),
+            message: format!(
+                "{subject} is an OpenTofu encrypted state (it has encryption_version or encrypted_data): CAPTF cannot \
+                 tell which resources it describes; store the decrypted state in its place (see \
+                 runbooks/StateEncrypted.md)"
+            ),
+        };
+    }
+    match s.version {
+        Field::Value(4) => {}
+        Field::Value(v) => {
+            return not_state(format!(
+                "its version is {v}, and CAPTF reads version 4 (written by Terraform 0.12 and later)"
+            ));
+        }
+        Field::Invalid(why) => return not_state(why),
+        Field::Absent => return not_state("it has no version".into()),
+    }
+    let lineage = match s.lineage {
+        Field::Value(l) => l,
+        Field::Invalid(why) => return not_state(why),
+        Field::Absent => return not_state("it has no lineage".into()),
+    };
+    let serial = match s.serial {
+        Field::Value(n) => n,
+        Field::Invalid(why) => return not_state(why),
+        Field::Absent => return not_state("it has no serial".into()),
+    };
+    let managed_instances = match s.resources {
+        Field::Value(n) => n,
+        Field::Invalid(why) => return not_state(why),
+        Field::Absent => return not_state("it has no resources array".into()),
+    };
+    StateContent::Parsed {
+        lineage,
+        serial,
+        managed_instances,
+    }
+}
+
+/// Splits gzip bytes into chunks of TF_CHUNK_SIZE exactly as Terraform does (first chunk
+/// in the base Secret, chunk N in part N): used to write backups and `captf state restore`.
+pub fn chunk(gzip: &[u8]) -> Vec<&[u8]> {
+    if gzip.is_empty() {
+        return vec![gzip];
+    }
+    gzip.chunks(TF_CHUNK_SIZE).collect()
+}
+
+#[cfg(test)]
+mod tests;
