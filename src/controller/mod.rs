@@ -26,7 +26,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, metadata_watcher, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{info, warn};
 
@@ -190,13 +190,13 @@ where
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
         .watches(scoped::<Job>(&client, &ns), owned.clone(), |j: Job| owner_of::<K>(&j.metadata))
         .watches(scoped::<Pod>(&client, &ns), owned.clone(), |p: Pod| owner_of::<K>(&p.metadata))
-        .watches_stream(
-            metadata_watcher(scoped::<Secret>(&client, &ns), owned).touched_objects(),
-            |s: PartialObjectMeta<Secret>| owner_of::<K>(&s.metadata),
-        )
-        .watches_stream(
-            metadata_watcher(scoped::<Secret>(&client, &ns), watcher::Config::default().labels(&format!("{}=true", names::TF_LABEL_STATE)))
-                .touched_objects(),
+        // Secrets by metadata only: state Secrets can be megabytes.
+        .watches(scoped::<PartialObjectMeta<Secret>>(&client, &ns), owned, |s: PartialObjectMeta<Secret>| {
+            owner_of::<K>(&s.metadata)
+        })
+        .watches(
+            scoped::<PartialObjectMeta<Secret>>(&client, &ns),
+            watcher::Config::default().labels(&format!("{}=true", names::TF_LABEL_STATE)),
             |s: PartialObjectMeta<Secret>| state_owner::<K>(&s.metadata),
         );
     let crd_store = store.clone();

@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams};
-use kube::{Resource, ResourceExt};
+use kube::{Resource as _, ResourceExt};
 
 use super::{Context, Error};
 use crate::api::names::{self, Kind};
