@@ -12,7 +12,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Resource as _, ResourceExt};
 
-use super::{Context, Error};
+use kube::api::ApiResource;
+use kube::Client;
+
+use super::Error;
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
 use crate::facts::{self, ClusterView, Observed};
@@ -25,17 +28,17 @@ pub fn owner_selector(uid: &str) -> String {
 }
 
 /// Observes everything but the Secrets and the lock.
-pub async fn observe<K: TerraformObject>(ctx: &Context, obj: &K) -> Result<Observed, Error> {
+pub async fn observe<K: TerraformObject>(client: &Client, cluster_api: Option<&ApiResource>, obj: &K) -> Result<Observed, Error> {
     let meta = obj.meta().clone();
     let ns = obj.namespace().unwrap_or_default();
     let uid = meta.uid.clone().unwrap_or_default();
-    let client = ctx.client.clone();
+    let client = client.clone();
     let lp = ListParams::default().labels(&owner_selector(&uid));
     let jobs = Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items;
     let pods = Api::<Pod>::namespaced(client.clone(), &ns).list(&lp).await?.items;
 
     let cluster_name = facts::owning_cluster(&meta);
-    let cluster = match (&cluster_name, &ctx.cluster_api) {
+    let cluster = match (&cluster_name, cluster_api) {
         (Some(name), Some(ar)) => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
             .get_opt(name)
             .await?
@@ -53,7 +56,7 @@ pub async fn observe<K: TerraformObject>(ctx: &Context, obj: &K) -> Result<Obser
     });
     let dependents = if K::KIND == Kind::TerraformCluster && meta.deletion_timestamp.is_some() {
         match &cluster_name {
-            Some(c) => dependents(ctx, &ns, c).await?,
+            Some(c) => dependents(&client, &ns, c).await?,
             None => Vec::new(),
         }
     } else {
@@ -79,24 +82,24 @@ pub async fn observe<K: TerraformObject>(ctx: &Context, obj: &K) -> Result<Obser
 }
 
 /// The machines and pools of a cluster, listed live whatever `--watch-filter` says.
-async fn dependents(ctx: &Context, ns: &str, cluster: &str) -> Result<Vec<String>, Error> {
+async fn dependents(client: &Client, ns: &str, cluster: &str) -> Result<Vec<String>, Error> {
     let lp = ListParams::default().labels(&format!("{}={cluster}", names::CAPI_CLUSTER_NAME_LABEL));
     let mut out = Vec::new();
-    for m in Api::<TerraformMachine>::namespaced(ctx.client.clone(), ns).list(&lp).await?.items {
+    for m in Api::<TerraformMachine>::namespaced(client.clone(), ns).list(&lp).await?.items {
         out.push(format!("TerraformMachine/{}", m.name_any()));
     }
-    for p in Api::<TerraformMachinePool>::namespaced(ctx.client.clone(), ns).list(&lp).await?.items {
+    for p in Api::<TerraformMachinePool>::namespaced(client.clone(), ns).list(&lp).await?.items {
         out.push(format!("TerraformMachinePool/{}", p.name_any()));
     }
     Ok(out)
 }
 
 /// Reads the state Secrets, the inputs Secret, what they reference, and the lock.
-pub async fn observe_secrets(ctx: &Context, o: &mut Observed) -> Result<(), Error> {
+pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Error> {
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let name = o.meta.name.clone().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, &name);
-    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     o.state = Some(read_chunked(&secrets, &names::state_secret_name(&suffix), Some(&suffix)).await?);
     o.inputs_secret = secrets.get_opt(&names::inputs_secret_name(&suffix)).await?;
 
@@ -119,13 +122,13 @@ pub async fn observe_secrets(ctx: &Context, o: &mut Observed) -> Result<(), Erro
             o.referenced_secrets.insert(s, secret);
         }
     }
-    let cms = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns);
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
     for c in config_maps {
         if let Some(cm) = cms.get_opt(&c).await? {
             o.referenced_config_maps.insert(c, cm);
         }
     }
-    o.lock = Api::<Lease>::namespaced(ctx.client.clone(), &ns).get_opt(&names::lock_lease_name(&suffix)).await?;
+    o.lock = Api::<Lease>::namespaced(client.clone(), &ns).get_opt(&names::lock_lease_name(&suffix)).await?;
     o.now = Timestamp::now();
     Ok(())
 }

@@ -51,10 +51,10 @@ pub async fn reconcile<K: TerraformObject>(obj: Arc<K>, ctx: Arc<Context>) -> Re
         return Ok(Requeue::await_change());
     }
 
-    let mut observed = observe::observe(&ctx, obj.as_ref()).await?;
+    let mut observed = observe::observe(&ctx.client, ctx.cluster_api.as_ref(), obj.as_ref()).await?;
     let (pre, _) = facts::gather(&observed, &ctx.settings);
     if facts::state_needed(&pre) {
-        observe::observe_secrets(&ctx, &mut observed).await?;
+        observe::observe_secrets(&ctx.client, &mut observed).await?;
     }
     let (decision, facts, extras) = facts::decide(&observed, &ctx.settings);
     info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, "decision");
