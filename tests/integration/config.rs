@@ -1,0 +1,135 @@
+//! The install manifests under config/ build with kustomize (`kubectl kustomize`, offline),
+//! and carry the CRDs `captf crds` prints.
+
+use std::process::Command;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+#[test]
+fn kustomize_builds_the_install_manifests() {
+    // kubectl is required: a missing kubectl fails this test, it does not skip it.
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
+    let out = Command::new(&kubectl)
+        .args(["kustomize", "config/default"])
+        .current_dir(ROOT)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `{kubectl} kustomize config/default` ({e}): this test needs kubectl on PATH (or KUBECTL set to it)")
+        });
+    assert!(
+        out.status.success(),
+        "`kubectl kustomize config/default` failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
+
+    // The three CRDs.
+    for name in [
+        "terraformclusters.infrastructure.cluster.x-k8s.io",
+        "terraformmachines.infrastructure.cluster.x-k8s.io",
+        "terraformmachinepools.infrastructure.cluster.x-k8s.io",
+    ] {
+        assert!(
+            built.contains(&format!("  name: {name}\n")),
+            "CRD {name} missing from the install manifests"
+        );
+    }
+    assert_eq!(
+        built.matches("\nkind: CustomResourceDefinition\n").count(),
+        3,
+        "three CRDs"
+    );
+
+    // The manager Deployment, its probes and its arguments.
+    let deployment = document(&built, "Deployment", "captf-manager");
+    for needle in [
+        "namespace: captf-system\n",
+        "- manager\n",
+        "- --leader-elect\n",
+        "- --metrics-bind-address=0.0.0.0:8080\n",
+        "- --health-probe-bind-address=0.0.0.0:8081\n",
+        "livenessProbe:\n",
+        "path: /healthz\n",
+        "readinessProbe:\n",
+        "path: /readyz\n",
+        "port: healthz\n",
+        "containerPort: 8081\n",
+        "serviceAccountName: captf-manager\n",
+        "readOnlyRootFilesystem: true\n",
+        "runAsNonRoot: true\n",
+    ] {
+        assert!(
+            deployment.contains(needle),
+            "the Deployment lacks {needle:?}:\n{deployment}"
+        );
+    }
+
+    // The manager's ClusterRole and its binding; the CAPI aggregation role.
+    let role = document(&built, "ClusterRole", "captf-manager");
+    for needle in [
+        "- terraformclusters\n",
+        "- terraformclusters/status\n",
+        "- secrets\n",
+        "- leases\n",
+        "- roles\n",
+        "- rolebindings\n",
+    ] {
+        assert!(
+            role.contains(needle),
+            "the ClusterRole lacks {needle:?}:\n{role}"
+        );
+    }
+    assert!(
+        !role.contains("- escalate\n") && !role.contains("- bind\n") && !role.contains("- '*'\n"),
+        "the ClusterRole must stay least-privilege:\n{role}"
+    );
+    document(&built, "ClusterRoleBinding", "captf-manager");
+    let aggregate = document(&built, "ClusterRole", "captf-capi-aggregate");
+    assert!(
+        aggregate.contains("cluster.x-k8s.io/aggregate-to-manager: \"true\"\n"),
+        "aggregation label:\n{aggregate}"
+    );
+
+    // Every object carries the provider label.
+    let objects = built.matches("\nkind: ").count() + usize::from(built.starts_with("kind: "));
+    assert_eq!(
+        built
+            .matches("cluster.x-k8s.io/provider: infrastructure-terraform\n")
+            .count(),
+        objects + 1, // + the Deployment's Pod template
+        "the provider label on every object"
+    );
+
+    // The CRDs kustomize reads are the committed output of `captf crds`.
+    let read = |p: &str| {
+        std::fs::read(format!("{ROOT}/{p}")).unwrap_or_else(|e| panic!("cannot read {p}: {e}"))
+    };
+    assert!(
+        read("config/crd/bases/captf-crds.yaml") == read("crds/captf-crds.yaml"),
+        "config/crd/bases/captf-crds.yaml differs from crds/captf-crds.yaml; regenerate both with \
+         `cargo run -q -- crds > crds/captf-crds.yaml && cp crds/captf-crds.yaml config/crd/bases/captf-crds.yaml`"
+    );
+}
+
+/// The one YAML document of `kind` named `name` in a `---`-separated stream.
+fn document<'a>(stream: &'a str, kind: &str, name: &str) -> &'a str {
+    let found: Vec<&str> = stream
+        .split("\n---\n")
+        .filter(|d| {
+            d.lines().any(|l| l == format!("kind: {kind}"))
+                && d.split("\nmetadata:\n").nth(1).is_some_and(|m| {
+                    m.lines()
+                        .take_while(|l| l.starts_with(' ') || l.is_empty())
+                        .any(|l| l == format!("  name: {name}"))
+                })
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {kind} {name} in the install manifests, found {}",
+        found.len()
+    );
+    found[0]
+}
