@@ -4,3 +4,5 @@
 
 pub mod api;
 pub mod cli;
+pub mod inputs;
+pub mod job;
