@@ -13,3 +13,4 @@ pub mod metrics;
 pub mod rules;
 pub mod state;
 pub mod telemetry;
+pub mod tools;

@@ -1,0 +1,929 @@
+//! The durable inputs Secret (SPEC section 3): everything a destroy needs, written by the
+//! apply path before its Job and read back at deletion time, so that a destroy never depends
+//! on a live source, template, `variablesFrom` object or bootstrap Secret that may be gone.
+//!
+//! The bytes of `inputs.json` are untrusted (anyone who can write Secrets in the namespace
+//! can change them): they have a size limit, a version, required fields, and a backend that
+//! must be the object's own. Anything else makes the inputs unusable, with a message that
+//! says what is wrong and names the Secret and field.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::ObjectMeta;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::api::names::{self, Kind};
+use crate::api::types::{EnvFromSecret, TerraformSpec, VariablesSourceKind};
+
+/// `inputs.json` larger than this is refused before it is parsed.
+pub const INPUTS_MAX_BYTES: usize = 1024 * 1024;
+/// The only version this controller reads and writes.
+pub const INPUTS_VERSION: u32 = 1;
+
+/// Version 1 of `inputs.json` (SPEC section 3).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Inputs {
+    pub version: u32,
+    pub runner: Runner,
+    pub module: Module,
+    /// The variables, fully resolved to values.
+    #[serde(default)]
+    pub variables: Map<String, Value>,
+    /// Environment variables from Secrets: names of the Secrets and keys, never values.
+    #[serde(default)]
+    pub env: Vec<EnvFromSecret>,
+    pub backend: Backend,
+    /// The deadline of one attempt (the Job's `activeDeadlineSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i64>,
+    /// The provider lock file (`.terraform.lock.hcl`) captured at apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_file: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Runner {
+    pub image: String,
+}
+
+/// Exactly one of a pinned source address or the module's files inline.
+/// On the wire: `{"source": "…"}` or `{"files": {"main.tf": "…"}}`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(try_from = "ModuleRepr", into = "ModuleRepr")]
+pub enum Module {
+    Source(String),
+    Files(BTreeMap<String, String>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct ModuleRepr {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    files: Option<BTreeMap<String, String>>,
+}
+
+impl TryFrom<ModuleRepr> for Module {
+    type Error = String;
+    fn try_from(r: ModuleRepr) -> Result<Self, String> {
+        match (r.source, r.files) {
+            (Some(s), None) => Ok(Module::Source(s)),
+            (None, Some(f)) => Ok(Module::Files(f)),
+            (Some(_), Some(_)) => Err("`module` has both `source` and `files`".into()),
+            (None, None) => Err("`module` has neither `source` nor `files`".into()),
+        }
+    }
+}
+
+impl From<Module> for ModuleRepr {
+    fn from(m: Module) -> Self {
+        match m {
+            Module::Source(s) => ModuleRepr {
+                source: Some(s),
+                files: None,
+            },
+            Module::Files(f) => ModuleRepr {
+                source: None,
+                files: Some(f),
+            },
+        }
+    }
+}
+
+/// Terraform's kubernetes backend settings: always the object's own namespace and suffix.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Backend {
+    pub namespace: String,
+    pub secret_suffix: String,
+}
+
+/// Why inputs are unusable. `origin` names where they came from: the inputs Secret
+/// (`inputs Secret <ns>/<name> key inputs.json`) or the object's spec.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum InputsError {
+    #[error("{origin}: key `{key}` is missing or empty", key = names::INPUTS_KEY)]
+    MissingKey { origin: String },
+    #[error("{origin}: {size} bytes, larger than the limit of {limit} bytes", limit = INPUTS_MAX_BYTES)]
+    TooLarge { origin: String, size: usize },
+    #[error("{origin}: not JSON: {message}")]
+    NotJson { origin: String, message: String },
+    #[error("{origin}: not a JSON object")]
+    NotObject { origin: String },
+    #[error("{origin}: unsupported version {found} (this CAPTF reads version {INPUTS_VERSION})")]
+    UnsupportedVersion { origin: String, found: String },
+    #[error("{origin}: missing required field `{field}`")]
+    MissingField { origin: String, field: &'static str },
+    #[error("{origin}: field `{field}` is invalid: {message}")]
+    InvalidField {
+        origin: String,
+        field: String,
+        message: String,
+    },
+    #[error(
+        "{origin}: `backend` points at namespace {namespace:?} / secretSuffix {suffix:?} instead of the object's own {expected_namespace:?} / {expected_suffix:?}"
+    )]
+    ForeignBackend {
+        origin: String,
+        namespace: String,
+        suffix: String,
+        expected_namespace: String,
+        expected_suffix: String,
+    },
+    #[error("{origin}: `module` has both `source` and `files`; exactly one is allowed")]
+    ModuleBoth { origin: String },
+    #[error("{origin}: `module` has neither `source` nor `files`; exactly one is required")]
+    ModuleNeither { origin: String },
+    #[error("{origin}: `module.source` is empty")]
+    EmptySource { origin: String },
+    #[error("{origin}: module file name {name:?} is not allowed: {why}")]
+    BadFileName {
+        origin: String,
+        name: String,
+        why: &'static str,
+    },
+    #[error(
+        "{origin}: variablesFrom {kind:?} {name:?} key {key:?} does not exist (the object or the key is missing)"
+    )]
+    VariablesSourceMissing {
+        origin: String,
+        kind: VariablesSourceKind,
+        name: String,
+        key: String,
+    },
+    #[error(
+        "{origin}: variablesFrom {kind:?} {name:?} key {key:?} is not a JSON object of variables: {message}"
+    )]
+    VariablesNotObject {
+        origin: String,
+        kind: VariablesSourceKind,
+        name: String,
+        key: String,
+        message: String,
+    },
+}
+
+/// How the inputs Secret is named in messages.
+fn secret_origin(namespace: &str, suffix: &str) -> String {
+    format!(
+        "inputs Secret {namespace}/{} key {}",
+        names::inputs_secret_name(suffix),
+        names::INPUTS_KEY
+    )
+}
+
+/// Parses and checks `inputs.json` for the object whose namespace and state suffix are
+/// given. Unknown fields are ignored; another version, a missing required field (`runner`,
+/// `module`, `backend`), a module with both or neither of `source` and `files`, a bad
+/// module file name, or a backend that is not the object's own make the inputs unusable.
+pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, InputsError> {
+    let origin = secret_origin(namespace, suffix);
+    if bytes.len() > INPUTS_MAX_BYTES {
+        return Err(InputsError::TooLarge {
+            origin,
+            size: bytes.len(),
+        });
+    }
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| InputsError::NotJson {
+        origin: origin.clone(),
+        message: e.to_string(),
+    })?;
+    let Value::Object(obj) = &value else {
+        return Err(InputsError::NotObject { origin });
+    };
+    // The version first: a future version may have any other shape.
+    match obj.get("version") {
+        None => {
+            return Err(InputsError::MissingField {
+                origin,
+                field: "version",
+            });
+        }
+        Some(v) if v.as_u64() == Some(u64::from(INPUTS_VERSION)) => {}
+        Some(v) => {
+            return Err(InputsError::UnsupportedVersion {
+                origin,
+                found: v.to_string(),
+            });
+        }
+    }
+    for field in ["runner", "module", "backend"] {
+        if obj.get(field).is_none_or(Value::is_null) {
+            return Err(InputsError::MissingField { origin, field });
+        }
+    }
+    if let Some(Value::Object(m)) = obj.get("module") {
+        let has = |k: &str| m.get(k).is_some_and(|v| !v.is_null());
+        match (has("source"), has("files")) {
+            (true, true) => return Err(InputsError::ModuleBoth { origin }),
+            (false, false) => return Err(InputsError::ModuleNeither { origin }),
+            _ => {}
+        }
+    }
+    // Each field on its own, so that a wrong type names its field.
+    fn field<T: serde::de::DeserializeOwned>(
+        obj: &Map<String, Value>,
+        name: &str,
+        origin: &str,
+    ) -> Result<Option<T>, InputsError> {
+        match obj.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => T::deserialize(v)
+                .map(Some)
+                .map_err(|e| InputsError::InvalidField {
+                    origin: origin.to_string(),
+                    field: name.to_string(),
+                    message: e.to_string(),
+                }),
+        }
+    }
+    let runner: Runner = field(obj, "runner", &origin)?.expect("checked above");
+    let module: Module = field(obj, "module", &origin)?.expect("checked above");
+    let backend: Backend = field(obj, "backend", &origin)?.expect("checked above");
+    let inputs = Inputs {
+        version: INPUTS_VERSION,
+        runner,
+        module,
+        variables: field(obj, "variables", &origin)?.unwrap_or_default(),
+        env: field(obj, "env", &origin)?.unwrap_or_default(),
+        backend,
+        timeout_seconds: field(obj, "timeoutSeconds", &origin)?,
+        lock_file: field(obj, "lockFile", &origin)?,
+    };
+    check(&inputs, namespace, suffix, &origin)?;
+    Ok(inputs)
+}
+
+/// The checks shared by [`parse`] and [`build_from_spec`].
+fn check(inputs: &Inputs, namespace: &str, suffix: &str, origin: &str) -> Result<(), InputsError> {
+    if inputs.backend.namespace != namespace || inputs.backend.secret_suffix != suffix {
+        return Err(InputsError::ForeignBackend {
+            origin: origin.to_string(),
+            namespace: inputs.backend.namespace.clone(),
+            suffix: inputs.backend.secret_suffix.clone(),
+            expected_namespace: namespace.to_string(),
+            expected_suffix: suffix.to_string(),
+        });
+    }
+    if inputs.runner.image.trim().is_empty() {
+        return Err(InputsError::InvalidField {
+            origin: origin.to_string(),
+            field: "runner.image".into(),
+            message: "empty".into(),
+        });
+    }
+    if let Some(t) = inputs.timeout_seconds
+        && t <= 0
+    {
+        return Err(InputsError::InvalidField {
+            origin: origin.to_string(),
+            field: "timeoutSeconds".into(),
+            message: format!("{t} is not a positive number of seconds"),
+        });
+    }
+    match &inputs.module {
+        Module::Source(s) if s.trim().is_empty() => Err(InputsError::EmptySource {
+            origin: origin.to_string(),
+        }),
+        Module::Source(_) => Ok(()),
+        Module::Files(files) => {
+            for name in files.keys() {
+                if let Some(why) = bad_file_name(name) {
+                    return Err(InputsError::BadFileName {
+                        origin: origin.to_string(),
+                        name: name.clone(),
+                        why,
+                    });
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Why a module file name cannot be materialised under the module directory, if it cannot.
+pub fn bad_file_name(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return Some("it is empty");
+    }
+    if name.starts_with('/') || name.starts_with('\\') {
+        return Some("it is absolute");
+    }
+    if name.split(['/', '\\']).any(|c| c == "..") {
+        return Some("it contains `..`");
+    }
+    if name.split('/').any(|c| c.is_empty() || c == ".") {
+        return Some("it has an empty or `.` path element");
+    }
+    if name.chars().any(char::is_control) {
+        return Some("it contains a control character");
+    }
+    None
+}
+
+/// Reads `inputs.json` from the inputs Secret and parses it (see [`parse`]).
+pub fn from_secret(secret: &Secret, namespace: &str, suffix: &str) -> Result<Inputs, InputsError> {
+    let origin = secret_origin(namespace, suffix);
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::INPUTS_KEY))
+        .map(|b| b.0.as_slice())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(names::INPUTS_KEY))
+                .map(|s| s.as_bytes())
+        })
+        .filter(|b| !b.is_empty())
+        .ok_or(InputsError::MissingKey { origin })?;
+    parse(bytes, namespace, suffix)
+}
+
+/// Reads one `variablesFrom` value: `(kind, name, key)` to the key's bytes, `None` when
+/// the object or the key does not exist.
+pub type VariablesLookup<'a> = dyn Fn(VariablesSourceKind, &str, &str) -> Option<Vec<u8>> + 'a;
+
+/// "The current inputs when they build" (SPEC section 3): builds the inputs from an object's
+/// spec. `variablesFrom` entries are resolved in order through `lookup(kind, name, key)`
+/// (each value must be a JSON object; a missing object or key is an error naming it), later
+/// entries win, and `variables` wins over all of them. Only the names of credentials
+/// Secrets are copied. The backend is the object's own namespace and suffix.
+pub fn build_from_spec(
+    spec: &TerraformSpec,
+    namespace: &str,
+    suffix: &str,
+    lookup: &VariablesLookup,
+) -> Result<Inputs, InputsError> {
+    let origin = "spec".to_string();
+    let module = match (&spec.module.source, &spec.module.files) {
+        (Some(_), Some(_)) => return Err(InputsError::ModuleBoth { origin }),
+        (None, None) => return Err(InputsError::ModuleNeither { origin }),
+        (Some(s), None) => Module::Source(s.clone()),
+        (None, Some(f)) => Module::Files(f.clone()),
+    };
+    let mut variables = Map::new();
+    for from in &spec.variables_from {
+        let missing = || InputsError::VariablesSourceMissing {
+            origin: origin.clone(),
+            kind: from.kind,
+            name: from.name.clone(),
+            key: from.key.clone(),
+        };
+        let bytes = lookup(from.kind, &from.name, &from.key).ok_or_else(missing)?;
+        let not_object = |message: String| InputsError::VariablesNotObject {
+            origin: origin.clone(),
+            kind: from.kind,
+            name: from.name.clone(),
+            key: from.key.clone(),
+            message,
+        };
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(m)) => variables.extend(m),
+            Ok(other) => return Err(not_object(format!("found {}", json_type(&other)))),
+            Err(e) => return Err(not_object(e.to_string())),
+        }
+    }
+    if let Some(v) = &spec.variables {
+        variables.extend(v.clone());
+    }
+    let inputs = Inputs {
+        version: INPUTS_VERSION,
+        runner: Runner {
+            image: spec.runner.image.clone(),
+        },
+        module,
+        variables,
+        env: spec.env.clone(),
+        backend: Backend {
+            namespace: namespace.to_string(),
+            secret_suffix: suffix.to_string(),
+        },
+        timeout_seconds: Some(spec.runner.timeout_seconds),
+        lock_file: spec.lock_file.clone(),
+    };
+    check(&inputs, namespace, suffix, "spec")?;
+    let bytes = inputs.to_json_bytes();
+    if bytes.len() > INPUTS_MAX_BYTES {
+        return Err(InputsError::TooLarge {
+            origin: "spec".into(),
+            size: bytes.len(),
+        });
+    }
+    Ok(inputs)
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl Inputs {
+    /// The canonical bytes: struct fields in declaration order, every map with sorted keys
+    /// (serde_json's `Map` is a `BTreeMap` here: the crate does not enable `preserve_order`;
+    /// a test guards that), no whitespace. What the apply path writes and hashes.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("inputs always serialize")
+    }
+
+    /// Lowercase hex SHA-256 of `bytes` (the `A/inputs-sha256` annotation).
+    pub fn sha256_hex(bytes: &[u8]) -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The hash of [`Inputs::to_json_bytes`].
+    pub fn sha256(&self) -> String {
+        Self::sha256_hex(&self.to_json_bytes())
+    }
+
+    /// The per-attempt deadline, with the default when the inputs name none.
+    pub fn timeout_or_default(&self) -> i64 {
+        self.timeout_seconds
+            .unwrap_or(crate::api::types::DEFAULT_TIMEOUT_SECONDS)
+    }
+}
+
+/// Whether rebuilt inputs may be used: true when the object records no hash, else when the
+/// hash of the rebuilt inputs' canonical bytes equals the recorded one (a changed region or
+/// credential would make Terraform's refresh forget every resource and "succeed").
+pub fn rebuilt_matches(inputs: &Inputs, recorded_sha: Option<&str>) -> bool {
+    match recorded_sha {
+        None => true,
+        Some(sha) => inputs.sha256().eq_ignore_ascii_case(sha.trim()),
+    }
+}
+
+/// The object that owns a Secret or Job, as its labels name it.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnerRef<'a> {
+    pub kind: Kind,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub namespace: &'a str,
+    pub suffix: &'a str,
+}
+
+/// A label value for an object name: the name itself when it fits in 63 characters,
+/// otherwise cut and hashed like the state suffix (object names may have 253 characters;
+/// label values may not). The uid label is what identifies the owner exactly.
+pub fn name_label_value(name: &str) -> String {
+    if name.len() <= 63 {
+        name.to_string()
+    } else {
+        let cut: String = name.chars().take(49).collect();
+        format!(
+            "{}-{}",
+            cut.trim_end_matches(['-', '.', '_']),
+            names::short_hash(name)
+        )
+    }
+}
+
+/// The owner labels (`A/owner-kind`, `A/owner-name`, `A/owner-uid`).
+pub fn owner_labels(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            names::LABEL_OWNER_KIND.to_string(),
+            kind.as_str().to_string(),
+        ),
+        (names::LABEL_OWNER_NAME.to_string(), name_label_value(name)),
+        (names::LABEL_OWNER_UID.to_string(), uid.to_string()),
+    ])
+}
+
+/// The inputs Secret as the apply path writes it: `captf-inputs-<suffix>` with key
+/// `inputs.json` (canonical bytes), the protection finalizer, the move label and the owner
+/// labels, and no ownerReference (garbage collection must not take it while the object is
+/// held). The caller records [`Inputs::sha256`] in `A/inputs-sha256`.
+pub fn inputs_secret(inputs: &Inputs, owner: &OwnerRef) -> Secret {
+    let mut labels = owner_labels(owner.kind, owner.name, owner.uid);
+    labels.insert(names::CLUSTERCTL_MOVE_LABEL.to_string(), String::new());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(names::inputs_secret_name(owner.suffix)),
+            namespace: Some(owner.namespace.to_string()),
+            labels: Some(labels),
+            finalizers: Some(vec![names::PROTECT_FINALIZER.to_string()]),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            names::INPUTS_KEY.to_string(),
+            ByteString(inputs.to_json_bytes()),
+        )])),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::types::{ModuleSpec, RunnerSpec, SecretKeyRef, VariablesFrom};
+    use serde_json::json;
+
+    const NS: &str = "team-a";
+    const SUFFIX: &str = "web-1.tfm";
+
+    fn example() -> Value {
+        json!({
+          "version": 1,
+          "runner": { "image": "hashicorp/terraform:1.11.4" },
+          "module": { "source": "git::https://example.com/infra.git//vm?ref=v1.4.0" },
+          "variables": { "name": "web-1", "replicas": 3 },
+          "env": [ { "name": "AWS_ACCESS_KEY_ID", "secretKeyRef": { "name": "aws-creds", "key": "id" } } ],
+          "backend": { "namespace": "team-a", "secretSuffix": "web-1.tfm" },
+          "timeoutSeconds": 3600,
+          "lockFile": "# optional: the .terraform.lock.hcl the apply used"
+        })
+    }
+
+    fn parse_value(v: &Value) -> Result<Inputs, InputsError> {
+        parse(&serde_json::to_vec(v).unwrap(), NS, SUFFIX)
+    }
+
+    #[test]
+    fn the_spec_example_parses() {
+        let i = parse_value(&example()).unwrap();
+        assert_eq!(i.version, 1);
+        assert_eq!(i.runner.image, "hashicorp/terraform:1.11.4");
+        assert_eq!(
+            i.module,
+            Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into())
+        );
+        assert_eq!(i.variables["replicas"], json!(3));
+        assert_eq!(
+            i.env[0].secret_key_ref,
+            SecretKeyRef {
+                name: "aws-creds".into(),
+                key: "id".into()
+            }
+        );
+        assert_eq!(
+            i.backend,
+            Backend {
+                namespace: NS.into(),
+                secret_suffix: SUFFIX.into()
+            }
+        );
+        assert_eq!(i.timeout_seconds, Some(3600));
+        assert!(i.lock_file.is_some());
+        // What it serializes back to parses to the same inputs.
+        assert_eq!(parse(&i.to_json_bytes(), NS, SUFFIX).unwrap(), i);
+    }
+
+    #[test]
+    fn optional_fields_may_be_absent_and_unknown_fields_are_ignored() {
+        let mut v = example();
+        let o = v.as_object_mut().unwrap();
+        for k in ["variables", "env", "timeoutSeconds", "lockFile"] {
+            o.remove(k);
+        }
+        o.insert("futureField".into(), json!({"x": 1}));
+        o["runner"]["pullPolicy"] = json!("Always");
+        o["module"]["checksum"] = json!("abc");
+        let i = parse_value(&v).unwrap();
+        assert!(i.variables.is_empty() && i.env.is_empty());
+        assert_eq!(i.timeout_seconds, None);
+        assert_eq!(i.timeout_or_default(), 3600);
+    }
+
+    fn unusable(v: Value) -> String {
+        parse_value(&v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn another_version_is_unusable() {
+        let mut v = example();
+        v["version"] = json!(2);
+        let msg = unusable(v);
+        assert!(msg.contains("unsupported version 2"), "{msg}");
+        assert!(msg.contains("captf-inputs-web-1.tfm"), "{msg}");
+        let mut v = example();
+        v["version"] = json!("1");
+        assert!(unusable(v).contains("unsupported version \"1\""));
+        let mut v = example();
+        v.as_object_mut().unwrap().remove("version");
+        assert!(unusable(v).contains("missing required field `version`"));
+    }
+
+    #[test]
+    fn a_missing_required_field_is_unusable() {
+        for field in ["runner", "module", "backend"] {
+            let mut v = example();
+            v.as_object_mut().unwrap().remove(field);
+            let msg = unusable(v);
+            assert!(
+                msg.contains(&format!("missing required field `{field}`")),
+                "{msg}"
+            );
+            assert!(msg.contains("team-a/captf-inputs-web-1.tfm"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_foreign_backend_is_unusable() {
+        let mut v = example();
+        v["backend"]["namespace"] = json!("team-b");
+        let msg = unusable(v);
+        assert!(
+            msg.contains("\"team-b\"") && msg.contains("instead of the object's own \"team-a\""),
+            "{msg}"
+        );
+        let mut v = example();
+        v["backend"]["secretSuffix"] = json!("web-2.tfm");
+        let msg = unusable(v);
+        assert!(
+            msg.contains("\"web-2.tfm\"") && msg.contains("\"web-1.tfm\""),
+            "{msg}"
+        );
+        let mut v = example();
+        v["backend"] = json!({ "namespace": "team-a" });
+        let msg = unusable(v);
+        assert!(
+            msg.contains("field `backend`") && msg.contains("secretSuffix"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_module_needs_exactly_one_of_source_and_files() {
+        let mut v = example();
+        v["module"]["files"] = json!({"main.tf": ""});
+        assert!(unusable(v).contains("both `source` and `files`"));
+        let mut v = example();
+        v["module"] = json!({});
+        assert!(unusable(v).contains("neither `source` nor `files`"));
+        let mut v = example();
+        v["module"] = json!({"source": ""});
+        assert!(unusable(v).contains("`module.source` is empty"));
+    }
+
+    #[test]
+    fn too_large_and_not_json_are_unusable() {
+        let big = vec![b' '; INPUTS_MAX_BYTES + 1];
+        let msg = parse(&big, NS, SUFFIX).unwrap_err().to_string();
+        assert!(msg.contains("larger than the limit"), "{msg}");
+        let msg = parse(b"{not json", NS, SUFFIX).unwrap_err().to_string();
+        assert!(msg.contains("not JSON"), "{msg}");
+        let msg = parse(b"[1]", NS, SUFFIX).unwrap_err().to_string();
+        assert!(msg.contains("not a JSON object"), "{msg}");
+        let mut v = example();
+        v["variables"] = json!([1, 2]);
+        assert!(unusable(v).contains("field `variables` is invalid"));
+    }
+
+    #[test]
+    fn bad_module_file_names_are_unusable() {
+        for (name, why) in [
+            ("", "empty"),
+            ("/etc/passwd", "absolute"),
+            ("../x.tf", "`..`"),
+            ("a/../../x.tf", "`..`"),
+            ("a//b.tf", "empty or `.`"),
+            ("./a.tf", "empty or `.`"),
+        ] {
+            let mut v = example();
+            v["module"] = json!({ "files": { name: "x" } });
+            let msg = unusable(v);
+            assert!(
+                msg.contains("module file name") && msg.contains(why),
+                "{name}: {msg}"
+            );
+        }
+        let mut v = example();
+        v["module"] = json!({ "files": { "main.tf": "", "sub/vars.tf": "", "a..b.tf": "" } });
+        assert!(parse_value(&v).is_ok());
+    }
+
+    #[test]
+    fn from_secret_reads_the_inputs_key() {
+        let i = parse_value(&example()).unwrap();
+        let owner = OwnerRef {
+            kind: Kind::TerraformMachine,
+            name: "web-1",
+            uid: "u-1",
+            namespace: NS,
+            suffix: SUFFIX,
+        };
+        let s = inputs_secret(&i, &owner);
+        assert_eq!(from_secret(&s, NS, SUFFIX).unwrap(), i);
+        let empty = Secret::default();
+        assert!(
+            from_secret(&empty, NS, SUFFIX)
+                .unwrap_err()
+                .to_string()
+                .contains("`inputs.json` is missing")
+        );
+    }
+
+    #[test]
+    fn the_inputs_secret_carries_finalizer_move_and_owner_labels_and_no_owner_reference() {
+        let i = parse_value(&example()).unwrap();
+        let owner = OwnerRef {
+            kind: Kind::TerraformMachine,
+            name: "web-1",
+            uid: "u-1",
+            namespace: NS,
+            suffix: SUFFIX,
+        };
+        let s = inputs_secret(&i, &owner);
+        assert_eq!(s.metadata.name.as_deref(), Some("captf-inputs-web-1.tfm"));
+        assert_eq!(s.metadata.namespace.as_deref(), Some(NS));
+        assert_eq!(
+            s.metadata.finalizers,
+            Some(vec![names::PROTECT_FINALIZER.to_string()])
+        );
+        assert!(s.metadata.owner_references.is_none());
+        let labels = s.metadata.labels.unwrap();
+        assert_eq!(labels[names::CLUSTERCTL_MOVE_LABEL], "");
+        assert_eq!(labels[names::LABEL_OWNER_KIND], "TerraformMachine");
+        assert_eq!(labels[names::LABEL_OWNER_NAME], "web-1");
+        assert_eq!(labels[names::LABEL_OWNER_UID], "u-1");
+    }
+
+    fn spec() -> TerraformSpec {
+        TerraformSpec {
+            module: ModuleSpec {
+                source: None,
+                files: Some(BTreeMap::from([("main.tf".into(), "# main".into())])),
+            },
+            variables: Some(
+                json!({"b": "spec", "d": "spec"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+            variables_from: vec![
+                VariablesFrom {
+                    kind: VariablesSourceKind::ConfigMap,
+                    name: "base".into(),
+                    key: "vars.json".into(),
+                },
+                VariablesFrom {
+                    kind: VariablesSourceKind::Secret,
+                    name: "secret-vars".into(),
+                    key: "v".into(),
+                },
+            ],
+            env: vec![EnvFromSecret {
+                name: "TOKEN".into(),
+                secret_key_ref: SecretKeyRef {
+                    name: "creds".into(),
+                    key: "token".into(),
+                },
+            }],
+            runner: RunnerSpec {
+                image: "example/terraform:1".into(),
+                timeout_seconds: 120,
+            },
+            lock_file: Some("# lock".into()),
+        }
+    }
+
+    fn lookup(kind: VariablesSourceKind, name: &str, key: &str) -> Option<Vec<u8>> {
+        match (kind, name, key) {
+            (VariablesSourceKind::ConfigMap, "base", "vars.json") => {
+                Some(br#"{"a":"cm","b":"cm","c":"cm"}"#.to_vec())
+            }
+            (VariablesSourceKind::Secret, "secret-vars", "v") => {
+                Some(br#"{"c":"secret","d":"secret"}"#.to_vec())
+            }
+            (VariablesSourceKind::ConfigMap, "list", "v") => Some(b"[1]".to_vec()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn build_from_spec_merges_variables_from_in_order_then_variables() {
+        let i = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
+        assert_eq!(
+            Value::Object(i.variables.clone()),
+            json!({"a": "cm", "b": "spec", "c": "secret", "d": "spec"})
+        );
+        assert_eq!(i.runner.image, "example/terraform:1");
+        assert_eq!(i.timeout_seconds, Some(120));
+        assert_eq!(i.lock_file.as_deref(), Some("# lock"));
+        assert_eq!(i.env, spec().env);
+        assert_eq!(
+            i.backend,
+            Backend {
+                namespace: NS.into(),
+                secret_suffix: SUFFIX.into()
+            }
+        );
+        assert_eq!(
+            i.module,
+            Module::Files(BTreeMap::from([("main.tf".into(), "# main".into())]))
+        );
+        // And what it builds is usable as parsed inputs.
+        assert_eq!(parse(&i.to_json_bytes(), NS, SUFFIX).unwrap(), i);
+    }
+
+    #[test]
+    fn build_from_spec_names_a_missing_source_or_a_non_object_value() {
+        let mut s = spec();
+        s.variables_from[1].key = "other".into();
+        let msg = build_from_spec(&s, NS, SUFFIX, &lookup)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("Secret") && msg.contains("\"secret-vars\"") && msg.contains("\"other\""),
+            "{msg}"
+        );
+        let mut s = spec();
+        s.variables_from[0].name = "gone".into();
+        let msg = build_from_spec(&s, NS, SUFFIX, &lookup)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("ConfigMap") && msg.contains("\"gone\"") && msg.contains("does not exist"),
+            "{msg}"
+        );
+        let mut s = spec();
+        s.variables_from[0] = VariablesFrom {
+            kind: VariablesSourceKind::ConfigMap,
+            name: "list".into(),
+            key: "v".into(),
+        };
+        let msg = build_from_spec(&s, NS, SUFFIX, &lookup)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("not a JSON object") && msg.contains("an array"),
+            "{msg}"
+        );
+        let mut s = spec();
+        s.module.source = Some("x".into());
+        assert!(matches!(
+            build_from_spec(&s, NS, SUFFIX, &lookup),
+            Err(InputsError::ModuleBoth { .. })
+        ));
+    }
+
+    #[test]
+    fn the_rebuilt_hash_matches_what_the_inputs_secret_holds_and_a_changed_variable_does_not() {
+        let i = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
+        let owner = OwnerRef {
+            kind: Kind::TerraformCluster,
+            name: "c",
+            uid: "u",
+            namespace: NS,
+            suffix: SUFFIX,
+        };
+        let written = inputs_secret(&i, &owner);
+        let recorded = Inputs::sha256_hex(&written.data.unwrap()[names::INPUTS_KEY].0);
+        let rebuilt = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
+        assert!(rebuilt_matches(&rebuilt, Some(&recorded)));
+        assert!(rebuilt_matches(&rebuilt, None));
+        let mut changed = spec();
+        changed
+            .variables
+            .as_mut()
+            .unwrap()
+            .insert("region".into(), json!("eu-west-1"));
+        let changed = build_from_spec(&changed, NS, SUFFIX, &lookup).unwrap();
+        assert!(!rebuilt_matches(&changed, Some(&recorded)));
+        assert_eq!(recorded.len(), 64);
+    }
+
+    #[test]
+    fn canonical_bytes_sort_map_keys_whatever_the_insertion_order() {
+        let mut a = parse_value(&example()).unwrap();
+        let mut b = a.clone();
+        a.variables = Map::new();
+        b.variables = Map::new();
+        for k in ["z", "a", "m"] {
+            a.variables.insert(k.into(), json!({"y": 1, "b": 2}));
+        }
+        for k in ["m", "a", "z"] {
+            b.variables.insert(k.into(), json!({"b": 2, "y": 1}));
+        }
+        assert_eq!(a.to_json_bytes(), b.to_json_bytes());
+        let text = String::from_utf8(a.to_json_bytes()).unwrap();
+        assert!(text.find("\"a\"").unwrap() < text.find("\"m\"").unwrap());
+        assert!(text.find("\"m\"").unwrap() < text.find("\"z\"").unwrap());
+    }
+
+    #[test]
+    fn long_owner_names_give_valid_label_values() {
+        let long = "n".repeat(200);
+        let v = name_label_value(&long);
+        assert!(v.len() <= 63, "{v}");
+        assert_eq!(name_label_value("web-1"), "web-1");
+    }
+}

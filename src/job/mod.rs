@@ -1,0 +1,57 @@
+//! The runner Job: rendering one attempt's Job from the durable inputs and the templates,
+//! the runner's RBAC, and reading what became of a Job.
+
+pub mod outcome;
+pub mod rbac;
+pub mod render;
+pub mod template;
+
+#[cfg(test)]
+mod render_tests;
+#[cfg(test)]
+mod runner_tests;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub use outcome::{JobOutcome, attempt_of, operation_of, outcome, pod_of_job};
+pub use rbac::{runner_role, runner_role_binding, runner_service_account};
+pub use render::render;
+pub use template::Templates;
+
+use crate::api::names::Kind;
+use crate::inputs::Inputs;
+
+/// What one attempt's Job is rendered from.
+#[derive(Clone, Copy, Debug)]
+pub struct JobRequest<'a> {
+    pub kind: Kind,
+    /// The object's name and uid.
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub namespace: &'a str,
+    /// The object's state suffix.
+    pub suffix: &'a str,
+    /// The owning Cluster's name, when the object has one.
+    pub cluster_name: Option<&'a str>,
+    /// `names::OPERATION_DESTROY` or `names::OPERATION_APPLY`.
+    pub operation: &'a str,
+    pub attempt: u32,
+    pub inputs: &'a Inputs,
+}
+
+/// Why a Job could not be rendered, or the templates not loaded.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum RenderError {
+    #[error("templates: {path}: {message}")]
+    Io { path: String, message: String },
+    #[error("Job template line {line}: {message}")]
+    Template { line: usize, message: String },
+    #[error("Job template: the rendered manifest is not a batch/v1 Job: {message}")]
+    Yaml { message: String },
+    #[error(
+        "the files the runner needs take {size} bytes of Pod annotations, more than Kubernetes' limit of {limit}: give the module as `module.source` (a pinned source address) instead of inline `module.files`"
+    )]
+    TooLarge { size: usize, limit: usize },
+    #[error("module file name {name:?} is not allowed: {why}")]
+    BadFileName { name: String, why: &'static str },
+}

@@ -1,0 +1,517 @@
+//! Reading what became of one attempt's Job (and its Pod).
+//!
+//! A Job is finished only when it has the condition `Complete` or `Failed` with status
+//! `True`. Since Kubernetes 1.31 the Job controller first adds `SuccessCriteriaMet` or
+//! `FailureTarget` while the Pods terminate: those alone mean "unfinished" (Terraform may
+//! still be writing its state).
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
+
+use crate::api::names;
+
+use super::render::CONTAINER_NAME;
+
+/// What one attempt's Job came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Not finished. `waiting_reason` is the Pod's reason for not running when it has one
+    /// (`ImagePullBackOff`, `CreateContainerConfigError`, `Unschedulable`, …).
+    Unfinished {
+        waiting_reason: Option<String>,
+    },
+    Succeeded,
+    /// `reason`: the Job's failure reason (`BackoffLimitExceeded`, `DeadlineExceeded`, …),
+    /// or the Pod's. `error_tail`: the container's termination message (the tail of
+    /// Terraform's error output). `interrupted`: Terraform did not exit by itself (deadline
+    /// exceeded, Pod killed or evicted, exit code 137 or 143, the Job deleted while it ran,
+    /// or no exit code known at all).
+    Failed {
+        reason: String,
+        error_tail: Option<String>,
+        exit_code: Option<i32>,
+        interrupted: bool,
+    },
+}
+
+/// Waiting reasons that are an ordinary start, not worth reporting.
+const ORDINARY_WAITING: &[&str] = &["ContainerCreating", "PodInitializing"];
+
+/// The attempt number from the Job's labels.
+pub fn attempt_of(job: &Job) -> Option<u32> {
+    job.metadata
+        .labels
+        .as_ref()?
+        .get(names::LABEL_ATTEMPT)?
+        .parse()
+        .ok()
+}
+
+/// The operation (`apply` or `destroy`) from the Job's labels.
+pub fn operation_of(job: &Job) -> Option<&str> {
+    job.metadata
+        .labels
+        .as_ref()?
+        .get(names::LABEL_OPERATION)
+        .map(String::as_str)
+}
+
+/// Whether `pod` belongs to `job`: by the Job controller's labels (`job-name`,
+/// `controller-uid`, with or without the `batch.kubernetes.io/` prefix) or by an
+/// ownerReference to the Job's uid.
+pub fn pod_of_job(job: &Job, pod: &Pod) -> bool {
+    if pod.metadata.namespace.is_some()
+        && job.metadata.namespace.is_some()
+        && pod.metadata.namespace != job.metadata.namespace
+    {
+        return false;
+    }
+    let labels = pod.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    if let Some(uid) = job.metadata.uid.as_deref() {
+        if label("batch.kubernetes.io/controller-uid").or(label("controller-uid")) == Some(uid) {
+            return true;
+        }
+        if pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == uid)
+        {
+            return true;
+        }
+        // A Pod of another Job of the same name (deleted and created again) is not this Job's.
+        if label("batch.kubernetes.io/controller-uid")
+            .or(label("controller-uid"))
+            .is_some()
+        {
+            return false;
+        }
+    }
+    let name = job.metadata.name.as_deref();
+    name.is_some() && label("batch.kubernetes.io/job-name").or(label("job-name")) == name
+}
+
+fn condition_true<'a>(
+    job: &'a Job,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::batch::v1::JobCondition> {
+    job.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+}
+
+fn pod_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The runner container's terminated state.
+fn terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let status = statuses
+        .iter()
+        .find(|s| s.name == CONTAINER_NAME)
+        .or(statuses.first())?;
+    status.state.as_ref()?.terminated.as_ref()
+}
+
+/// Why a Pod that has not finished does not run, if there is a reason worth reporting.
+fn waiting_reason(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    for s in status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+    {
+        if let Some(reason) = s
+            .state
+            .as_ref()
+            .and_then(|st| st.waiting.as_ref())
+            .and_then(|w| w.reason.as_deref())
+            && !ORDINARY_WAITING.contains(&reason)
+        {
+            return Some(reason.to_string());
+        }
+    }
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    Some(
+        unscheduled
+            .reason
+            .clone()
+            .unwrap_or_else(|| "Unschedulable".to_string()),
+    )
+}
+
+/// Whether the Pod was stopped from outside rather than Terraform exiting by itself.
+fn pod_interrupted(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    let reason = status.and_then(|s| s.reason.as_deref());
+    if matches!(
+        reason,
+        Some(
+            "DeadlineExceeded" | "Evicted" | "Preempting" | "Terminated" | "Shutdown" | "NodeLost"
+        )
+    ) {
+        return true;
+    }
+    if status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+    {
+        return true;
+    }
+    match terminated(pod) {
+        Some(t) => matches!(t.exit_code, 137 | 143) || t.reason.as_deref() == Some("OOMKilled"),
+        None => true,
+    }
+}
+
+/// The Pod that tells the most: the newest finished one, else the newest.
+fn main_pod<'a>(pods: &[&'a Pod]) -> Option<&'a Pod> {
+    let newest = |it: &mut dyn Iterator<Item = &'a Pod>| {
+        it.max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))
+    };
+    newest(&mut pods.iter().copied().filter(|p| pod_finished(p)))
+        .or_else(|| newest(&mut pods.iter().copied()))
+}
+
+/// What became of `job`; `pods` may contain any Pods, this Job's are picked out.
+pub fn outcome(job: &Job, pods: &[Pod]) -> JobOutcome {
+    let pods: Vec<&Pod> = pods.iter().filter(|p| pod_of_job(job, p)).collect();
+    let deleting = job.metadata.deletion_timestamp.is_some();
+    let pod = main_pod(&pods);
+
+    if condition_true(job, "Complete").is_some() {
+        return JobOutcome::Succeeded;
+    }
+    if let Some(failed) = condition_true(job, "Failed") {
+        let t = pod.and_then(terminated);
+        let job_reason = failed.reason.clone().filter(|r| !r.is_empty());
+        let pod_reason = pod.and_then(|p| p.status.as_ref()?.reason.clone());
+        let interrupted = job_reason.as_deref() == Some("DeadlineExceeded")
+            || deleting
+            || pod.is_none_or(pod_interrupted);
+        return JobOutcome::Failed {
+            reason: job_reason
+                .or(pod_reason)
+                .unwrap_or_else(|| "Failed".to_string()),
+            error_tail: t
+                .and_then(|t| t.message.clone())
+                .filter(|m| !m.trim().is_empty()),
+            exit_code: t.map(|t| t.exit_code),
+            interrupted,
+        };
+    }
+    if deleting {
+        // Deleted before the Job controller marked it finished: unfinished while any Pod
+        // has not terminated; afterwards, what its Pod says.
+        if pods.iter().any(|p| !pod_finished(p)) {
+            return JobOutcome::Unfinished {
+                waiting_reason: pods.iter().find_map(|p| waiting_reason(p)),
+            };
+        }
+        let t = pod.and_then(terminated);
+        if pod.is_some_and(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+        }) && t.is_some_and(|t| t.exit_code == 0)
+        {
+            return JobOutcome::Succeeded;
+        }
+        return JobOutcome::Failed {
+            reason: "JobDeleted".to_string(),
+            error_tail: t
+                .and_then(|t| t.message.clone())
+                .filter(|m| !m.trim().is_empty()),
+            exit_code: t.map(|t| t.exit_code),
+            interrupted: true,
+        };
+    }
+    let waiting = pods
+        .iter()
+        .filter(|p| !pod_finished(p))
+        .find_map(|p| waiting_reason(p));
+    JobOutcome::Unfinished {
+        waiting_reason: waiting,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    const JOB_UID: &str = "job-uid-1";
+
+    /// A Job of attempt 3 with the given conditions (type, status, reason).
+    fn job(conditions: &[(&str, &str, &str)]) -> Job {
+        let conditions: Vec<Value> = conditions
+            .iter()
+            .map(|(t, s, r)| json!({"type": t, "status": s, "reason": r}))
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "captf-web-1-tfm-destroy-3", "namespace": "team-a", "uid": JOB_UID,
+                "labels": {names::LABEL_ATTEMPT: "3", names::LABEL_OPERATION: "destroy"}},
+            "spec": {"template": {"spec": {"containers": []}}},
+            "status": {"conditions": conditions}
+        }))
+        .unwrap()
+    }
+
+    fn deleting(mut job: Job) -> Job {
+        job.metadata.deletion_timestamp =
+            Some(serde_json::from_value(json!("2026-12-01T10:00:00Z")).unwrap());
+        job
+    }
+
+    /// A Pod of that Job with the given status.
+    fn pod(status: Value) -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "captf-web-1-tfm-destroy-3-abcde", "namespace": "team-a",
+                "creationTimestamp": "2026-12-01T09:00:00Z",
+                "labels": {"batch.kubernetes.io/job-name": "captf-web-1-tfm-destroy-3",
+                    "batch.kubernetes.io/controller-uid": JOB_UID}},
+            "spec": {"containers": [{"name": "terraform"}]},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    fn waiting(reason: &str) -> Pod {
+        pod(
+            json!({"phase": "Pending", "containerStatuses": [{"name": "terraform", "image": "x", "imageID": "",
+            "ready": false, "restartCount": 0, "state": {"waiting": {"reason": reason, "message": "m"}}}]}),
+        )
+    }
+
+    fn running() -> Pod {
+        pod(
+            json!({"phase": "Running", "containerStatuses": [{"name": "terraform", "image": "x", "imageID": "",
+            "ready": true, "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T09:00:01Z"}}}]}),
+        )
+    }
+
+    fn exited(phase: &str, code: i32, message: Option<&str>, pod_reason: Option<&str>) -> Pod {
+        let mut terminated =
+            json!({"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }});
+        if let Some(m) = message {
+            terminated["message"] = json!(m);
+        }
+        let mut status = json!({"phase": phase, "containerStatuses": [{"name": "terraform", "image": "x",
+            "imageID": "", "ready": false, "restartCount": 0, "state": {"terminated": terminated}}]});
+        if let Some(r) = pod_reason {
+            status["reason"] = json!(r);
+        }
+        pod(status)
+    }
+
+    fn unfinished(reason: Option<&str>) -> JobOutcome {
+        JobOutcome::Unfinished {
+            waiting_reason: reason.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_running_job_reports_its_pods_waiting_reason() {
+        for reason in [
+            "ImagePullBackOff",
+            "ErrImagePull",
+            "CreateContainerConfigError",
+        ] {
+            assert_eq!(
+                outcome(&job(&[]), &[waiting(reason)]),
+                unfinished(Some(reason))
+            );
+        }
+        assert_eq!(
+            outcome(&job(&[]), &[waiting("ContainerCreating")]),
+            unfinished(None)
+        );
+        assert_eq!(outcome(&job(&[]), &[running()]), unfinished(None));
+        assert_eq!(outcome(&job(&[]), &[]), unfinished(None));
+        let unschedulable = pod(json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}));
+        assert_eq!(
+            outcome(&job(&[]), &[unschedulable]),
+            unfinished(Some("Unschedulable"))
+        );
+    }
+
+    #[test]
+    fn pods_of_other_jobs_are_ignored() {
+        let mut other = waiting("ImagePullBackOff");
+        let labels = other.metadata.labels.as_mut().unwrap();
+        labels.insert(
+            "batch.kubernetes.io/controller-uid".into(),
+            "another-uid".into(),
+        );
+        assert_eq!(outcome(&job(&[]), &[other]), unfinished(None));
+    }
+
+    #[test]
+    fn failure_target_or_success_criteria_alone_is_unfinished() {
+        let j = job(&[("FailureTarget", "True", "BackoffLimitExceeded")]);
+        assert_eq!(outcome(&j, &[running()]), unfinished(None));
+        let j = job(&[("SuccessCriteriaMet", "True", "CompletionsReached")]);
+        assert_eq!(
+            outcome(&j, &[exited("Succeeded", 0, None, None)]),
+            unfinished(None)
+        );
+        let j = job(&[("Failed", "False", "")]);
+        assert_eq!(outcome(&j, &[running()]), unfinished(None));
+    }
+
+    #[test]
+    fn a_complete_job_succeeded() {
+        let j = job(&[
+            ("SuccessCriteriaMet", "True", "CompletionsReached"),
+            ("Complete", "True", "CompletionsReached"),
+        ]);
+        assert_eq!(
+            outcome(&j, &[exited("Succeeded", 0, None, None)]),
+            JobOutcome::Succeeded
+        );
+    }
+
+    #[test]
+    fn a_failed_job_carries_the_termination_message() {
+        let j = job(&[
+            ("FailureTarget", "True", "BackoffLimitExceeded"),
+            ("Failed", "True", "BackoffLimitExceeded"),
+        ]);
+        let p = exited(
+            "Failed",
+            1,
+            Some("terraform destroy failed (exit 1)\nError: boom"),
+            None,
+        );
+        assert_eq!(
+            outcome(&j, &[p]),
+            JobOutcome::Failed {
+                reason: "BackoffLimitExceeded".into(),
+                error_tail: Some("terraform destroy failed (exit 1)\nError: boom".into()),
+                exit_code: Some(1),
+                interrupted: false,
+            }
+        );
+    }
+
+    #[test]
+    fn a_deadline_exceeded_job_was_interrupted() {
+        let j = job(&[("Failed", "True", "DeadlineExceeded")]);
+        let out = outcome(
+            &j,
+            &[exited(
+                "Failed",
+                1,
+                Some("interrupted"),
+                Some("DeadlineExceeded"),
+            )],
+        );
+        let JobOutcome::Failed {
+            reason,
+            interrupted,
+            exit_code,
+            ..
+        } = out
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(reason, "DeadlineExceeded");
+        assert!(interrupted);
+        assert_eq!(exit_code, Some(1));
+    }
+
+    #[test]
+    fn exit_143_or_137_or_an_eviction_or_no_pod_means_interrupted() {
+        let j = job(&[("Failed", "True", "BackoffLimitExceeded")]);
+        for p in [
+            exited(
+                "Failed",
+                143,
+                Some("terraform destroy interrupted by SIGTERM"),
+                None,
+            ),
+            exited("Failed", 137, None, None),
+            exited("Failed", 1, None, Some("Evicted")),
+        ] {
+            let out = outcome(&j, &[p]);
+            assert!(
+                matches!(
+                    out,
+                    JobOutcome::Failed {
+                        interrupted: true,
+                        ..
+                    }
+                ),
+                "{out:?}"
+            );
+        }
+        let out = outcome(&j, &[]);
+        assert_eq!(
+            out,
+            JobOutcome::Failed {
+                reason: "BackoffLimitExceeded".into(),
+                error_tail: None,
+                exit_code: None,
+                interrupted: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_deleted_job_is_unfinished_while_its_pod_runs_then_interrupted() {
+        let j = deleting(job(&[]));
+        assert_eq!(outcome(&j, &[running()]), unfinished(None));
+        let out = outcome(&j, &[exited("Failed", 143, Some("SIGTERM"), None)]);
+        let JobOutcome::Failed {
+            reason,
+            interrupted,
+            exit_code,
+            error_tail,
+        } = out
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(
+            (reason.as_str(), interrupted, exit_code),
+            ("JobDeleted", true, Some(143))
+        );
+        assert_eq!(error_tail.as_deref(), Some("SIGTERM"));
+        assert_eq!(
+            outcome(&j, &[exited("Succeeded", 0, None, None)]),
+            JobOutcome::Succeeded
+        );
+        assert!(matches!(
+            outcome(&j, &[]),
+            JobOutcome::Failed {
+                interrupted: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn attempt_and_operation_come_from_the_labels() {
+        let j = job(&[]);
+        assert_eq!(attempt_of(&j), Some(3));
+        assert_eq!(operation_of(&j), Some("destroy"));
+        assert_eq!(attempt_of(&Job::default()), None);
+        assert_eq!(operation_of(&Job::default()), None);
+    }
+}

@@ -1,0 +1,440 @@
+//! Rendering one attempt's Job from the inputs and the templates.
+//!
+//! The template gives the shape (resources, scheduling, extra volumes, …); code then sets
+//! every field the deletion's correctness depends on, so that no template can remove it.
+//!
+//! How the runner gets its files: the stock `hashicorp/terraform` image has no `jq`, so
+//! the runner parses no JSON. The controller renders every file the runner needs into
+//! Pod-template annotations `A/file-<index>`, and a `downwardAPI` volume projects each
+//! annotation to its path under `/captf/render` (read-only). Annotations total at most
+//! 256 KiB (Kubernetes' limit), which bounds inline modules; a larger module must be
+//! given as `module.source`.
+//!
+//! The script itself is one of those files, and the container runs
+//! `/bin/sh /captf/render/runner.sh` rather than `sh -c <script>`: the Pod's command stays
+//! short and readable in `kubectl get pod -o yaml` and in `ps`, the script is a file that
+//! `kubectl exec` and the local test runner can look at, and the script, like every other
+//! file, is covered by the one annotation size check.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, SeccompProfile,
+    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+};
+
+use super::template::{Templates, substitute};
+use super::{JobRequest, RenderError};
+use crate::api::names;
+use crate::api::types::DEFAULT_TIMEOUT_SECONDS;
+use crate::inputs::{self, Module};
+
+/// Kubernetes' limit on the total size of an object's annotations (keys and values).
+pub const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
+/// Where the rendered files are mounted (read-only).
+pub const RENDER_DIR: &str = "/captf/render";
+/// The emptyDir holding HOME, TF_DATA_DIR, TMPDIR and the working copy.
+pub const WORKSPACE_DIR: &str = "/workspace";
+pub const RENDER_VOLUME: &str = "captf-render";
+pub const WORKSPACE_VOLUME: &str = "captf-workspace";
+/// The runner container's name (the template's container of that name, else its first).
+pub const CONTAINER_NAME: &str = "terraform";
+/// The non-root user and group the runner runs as.
+pub const RUNNER_UID: i64 = 65532;
+/// `terminationGracePeriodSeconds` when the template sets none, and the floor under the
+/// template's value: Terraform needs time to write its state when interrupted.
+pub const DEFAULT_GRACE_SECONDS: i64 = 300;
+pub const MIN_GRACE_SECONDS: i64 = 120;
+pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
+/// Files under the render directory.
+pub const FILE_RUNNER: &str = "runner.sh";
+pub const FILE_BACKEND: &str = "backend.hcl";
+pub const FILE_VARIABLES: &str = "terraform.tfvars.json";
+pub const FILE_SECRET_LABELS: &str = "secret-labels.json";
+pub const FILE_LOCK: &str = "terraform.lock.hcl";
+pub const FILE_MODULE_SOURCE: &str = "module-source";
+pub const DIR_MODULE: &str = "module";
+
+/// Environment variables the runner's container gets from code; an inputs `env` entry or a
+/// template env var of one of these names is dropped.
+pub const RESERVED_ENV: &[&str] = &[
+    "HOME",
+    "TF_DATA_DIR",
+    "TMPDIR",
+    "TF_IN_AUTOMATION",
+    "TF_INPUT",
+    "CAPTF_RENDER_DIR",
+    "CAPTF_WORKSPACE",
+    "CAPTF_NAMESPACE",
+    "CAPTF_SUFFIX",
+    "CAPTF_OPERATION",
+    "CAPTF_ERRORED_SECRET",
+];
+
+/// Labels the Job controller owns on the Pod template; a template must not set them.
+const JOB_CONTROLLER_LABELS: &[&str] = &[
+    "job-name",
+    "controller-uid",
+    "batch.kubernetes.io/job-name",
+    "batch.kubernetes.io/controller-uid",
+];
+
+/// The annotation key of the file with this index.
+pub fn file_annotation(index: usize) -> String {
+    format!("{}/file-{index}", names::PREFIX)
+}
+
+fn file_annotation_prefix() -> String {
+    format!("{}/file-", names::PREFIX)
+}
+
+/// Parses a rendered manifest into a Job.
+pub(crate) fn parse_job(text: &str) -> Result<Job, RenderError> {
+    let job: Job = serde_saphyr::from_str(text).map_err(|e| RenderError::Yaml {
+        message: e.to_string(),
+    })?;
+    Ok(job)
+}
+
+/// Quotes a string for HCL (JSON escaping, plus HCL's template sequences).
+fn hcl_string(s: &str) -> String {
+    serde_json::to_string(s)
+        .expect("a string serializes")
+        .replace("${", "$${")
+        .replace("%{", "%%{")
+}
+
+/// The labels the runner's backend puts on the state Secrets and the runner on the
+/// errored-state Secret: the owner labels and the move label.
+fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
+    let mut labels = inputs::owner_labels(req.kind, req.name, req.uid);
+    labels.insert(names::CLUSTERCTL_MOVE_LABEL.to_string(), String::new());
+    labels
+}
+
+/// `backend.hcl`: the backend's namespace and suffix, set explicitly (the backend does not
+/// default to the Pod's namespace), and its `labels`. The runner appends
+/// `in_cluster_config = true` unless it runs with a kubeconfig.
+fn backend_hcl(req: &JobRequest) -> String {
+    let b = &req.inputs.backend;
+    let mut out = format!(
+        "namespace     = {}\nsecret_suffix = {}\nlabels = {{\n",
+        hcl_string(&b.namespace),
+        hcl_string(&b.secret_suffix)
+    );
+    for (k, v) in secret_labels(req) {
+        out.push_str(&format!("  {} = {}\n", hcl_string(&k), hcl_string(&v)));
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// Every file the runner needs, by path under the render directory, in a fixed order.
+pub fn runner_files(
+    templates: &Templates,
+    req: &JobRequest,
+) -> Result<Vec<(String, String)>, RenderError> {
+    let inputs = req.inputs;
+    let mut files = vec![
+        (FILE_RUNNER.to_string(), templates.runner.clone()),
+        (FILE_BACKEND.to_string(), backend_hcl(req)),
+        (
+            FILE_VARIABLES.to_string(),
+            serde_json::to_string_pretty(&inputs.variables).expect("variables serialize") + "\n",
+        ),
+        (
+            FILE_SECRET_LABELS.to_string(),
+            serde_json::to_string(&secret_labels(req)).expect("labels serialize"),
+        ),
+    ];
+    if let Some(lock) = &inputs.lock_file {
+        files.push((FILE_LOCK.to_string(), lock.clone()));
+    }
+    match &inputs.module {
+        Module::Source(source) => files.push((FILE_MODULE_SOURCE.to_string(), source.clone())),
+        Module::Files(module_files) => {
+            for (name, content) in module_files {
+                if let Some(why) = inputs::bad_file_name(name) {
+                    return Err(RenderError::BadFileName {
+                        name: name.clone(),
+                        why,
+                    });
+                }
+                // A file cannot also be a directory of another file.
+                let dir = format!("{name}/");
+                if module_files.keys().any(|other| other.starts_with(&dir)) {
+                    return Err(RenderError::BadFileName {
+                        name: name.clone(),
+                        why: "it is both a file and the directory of another file",
+                    });
+                }
+                files.push((format!("{DIR_MODULE}/{name}"), content.clone()));
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Renders the Job of one attempt (see the module documentation).
+pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderError> {
+    let job_name = names::job_name(req.suffix, req.operation, req.attempt);
+    let owner_name_label = inputs::name_label_value(req.name);
+    let values: BTreeMap<&str, String> = BTreeMap::from([
+        ("name", job_name.clone()),
+        ("namespace", req.namespace.to_string()),
+        ("image", req.inputs.runner.image.clone()),
+        ("operation", req.operation.to_string()),
+        ("attempt", req.attempt.to_string()),
+        ("suffix", req.suffix.to_string()),
+        ("ownerKind", req.kind.as_str().to_string()),
+        ("ownerName", req.name.to_string()),
+        ("ownerUid", req.uid.to_string()),
+        (
+            "clusterName",
+            req.cluster_name.unwrap_or_default().to_string(),
+        ),
+        ("serviceAccountName", names::RUNNER_NAME.to_string()),
+    ]);
+    let mut job = parse_job(&substitute(&templates.job, &values)?)?;
+
+    // The labels of the Job and of its Pods.
+    let mut labels = inputs::owner_labels(req.kind, req.name, req.uid);
+    debug_assert_eq!(labels[names::LABEL_OWNER_NAME], owner_name_label);
+    labels.insert(
+        names::LABEL_OPERATION.to_string(),
+        req.operation.to_string(),
+    );
+    labels.insert(names::LABEL_ATTEMPT.to_string(), req.attempt.to_string());
+    if let Some(cluster) = req.cluster_name {
+        labels.insert(
+            names::CAPI_CLUSTER_NAME_LABEL.to_string(),
+            cluster.to_string(),
+        );
+    }
+
+    // Job metadata.
+    let meta = &mut job.metadata;
+    meta.name = Some(job_name);
+    meta.generate_name = None;
+    meta.namespace = Some(req.namespace.to_string());
+    meta.owner_references = None;
+    meta.finalizers = None;
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .extend(labels.clone());
+    meta.resource_version = None;
+    meta.uid = None;
+
+    // Job spec: one Job is one attempt; the controller counts attempts.
+    let spec = job.spec.get_or_insert_with(Default::default);
+    spec.backoff_limit = Some(0);
+    spec.pod_replacement_policy = Some("Failed".to_string());
+    spec.active_deadline_seconds = Some(
+        req.inputs
+            .timeout_seconds
+            .unwrap_or(DEFAULT_TIMEOUT_SECONDS),
+    );
+    spec.ttl_seconds_after_finished = None;
+    spec.completions = Some(1);
+    spec.parallelism = Some(1);
+    spec.suspend = None;
+    spec.selector = None;
+    spec.manual_selector = None;
+    spec.pod_failure_policy = None;
+    spec.success_policy = None;
+    spec.completion_mode = None;
+    spec.backoff_limit_per_index = None;
+    spec.max_failed_indexes = None;
+    spec.managed_by = None;
+
+    // Pod template metadata: labels, and the files as annotations.
+    let pod_meta = spec.template.metadata.get_or_insert_with(Default::default);
+    let pod_labels = pod_meta.labels.get_or_insert_with(BTreeMap::new);
+    pod_labels.retain(|k, _| !JOB_CONTROLLER_LABELS.contains(&k.as_str()));
+    pod_labels.extend(labels);
+    pod_meta.owner_references = None;
+    let annotations = pod_meta.annotations.get_or_insert_with(BTreeMap::new);
+    let prefix = file_annotation_prefix();
+    annotations.retain(|k, _| !k.starts_with(&prefix));
+    let files = runner_files(templates, req)?;
+    let mut items = Vec::with_capacity(files.len());
+    for (index, (path, content)) in files.into_iter().enumerate() {
+        let key = file_annotation(index);
+        items.push(DownwardAPIVolumeFile {
+            path: path.clone(),
+            field_ref: Some(ObjectFieldSelector {
+                field_path: format!("metadata.annotations['{key}']"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        annotations.insert(key, content);
+    }
+    let size: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > ANNOTATIONS_MAX_BYTES {
+        return Err(RenderError::TooLarge {
+            size,
+            limit: ANNOTATIONS_MAX_BYTES,
+        });
+    }
+
+    // Pod spec.
+    let pod = spec.template.spec.get_or_insert_with(Default::default);
+    pod.restart_policy = Some("Never".to_string());
+    pod.termination_grace_period_seconds = Some(
+        pod.termination_grace_period_seconds
+            .unwrap_or(DEFAULT_GRACE_SECONDS)
+            .max(MIN_GRACE_SECONDS),
+    );
+    pod.service_account_name = Some(names::RUNNER_NAME.to_string());
+    pod.service_account = None;
+    pod.automount_service_account_token = Some(true);
+    // Terraform's lock names its holder by hostname; the controller matches it to a Pod
+    // name, which is the hostname only when the template sets none.
+    pod.hostname = None;
+    pod.subdomain = None;
+    pod.set_hostname_as_fqdn = None;
+    let psc = pod
+        .security_context
+        .get_or_insert_with(PodSecurityContext::default);
+    psc.run_as_non_root = Some(true);
+    psc.run_as_user = Some(RUNNER_UID);
+    psc.run_as_group = Some(RUNNER_UID);
+    psc.fs_group = Some(RUNNER_UID);
+    psc.seccomp_profile = Some(runtime_default());
+
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    volumes.retain(|v| v.name != RENDER_VOLUME && v.name != WORKSPACE_VOLUME);
+    volumes.push(Volume {
+        name: RENDER_VOLUME.to_string(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(items),
+            default_mode: Some(0o444),
+        }),
+        ..Default::default()
+    });
+    volumes.push(Volume {
+        name: WORKSPACE_VOLUME.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    });
+
+    if pod.containers.is_empty() {
+        pod.containers.push(Container {
+            name: CONTAINER_NAME.to_string(),
+            ..Default::default()
+        });
+    }
+    let index = pod
+        .containers
+        .iter()
+        .position(|c| c.name == CONTAINER_NAME)
+        .unwrap_or(0);
+    let c = &mut pod.containers[index];
+    c.image = Some(req.inputs.runner.image.clone());
+    c.command = Some(vec![
+        "/bin/sh".to_string(),
+        format!("{RENDER_DIR}/{FILE_RUNNER}"),
+    ]);
+    c.args = None;
+    c.termination_message_path = Some(TERMINATION_MESSAGE_PATH.to_string());
+    c.termination_message_policy = Some("FallbackToLogsOnError".to_string());
+    if c.working_dir.is_none() {
+        c.working_dir = Some(WORKSPACE_DIR.to_string());
+    }
+    let sc = c
+        .security_context
+        .get_or_insert_with(SecurityContext::default);
+    sc.read_only_root_filesystem = Some(true);
+    sc.allow_privilege_escalation = Some(false);
+    sc.privileged = Some(false);
+    sc.run_as_non_root = Some(true);
+    sc.capabilities = Some(Capabilities {
+        add: None,
+        drop: Some(vec!["ALL".to_string()]),
+    });
+    sc.seccomp_profile = Some(runtime_default());
+
+    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    mounts.retain(|m| {
+        m.name != RENDER_VOLUME
+            && m.name != WORKSPACE_VOLUME
+            && m.mount_path != RENDER_DIR
+            && m.mount_path != WORKSPACE_DIR
+    });
+    mounts.push(VolumeMount {
+        name: RENDER_VOLUME.to_string(),
+        mount_path: RENDER_DIR.to_string(),
+        read_only: Some(true),
+        ..Default::default()
+    });
+    mounts.push(VolumeMount {
+        name: WORKSPACE_VOLUME.to_string(),
+        mount_path: WORKSPACE_DIR.to_string(),
+        ..Default::default()
+    });
+
+    c.env = Some(env(c.env.take().unwrap_or_default(), req));
+    Ok(job)
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".to_string(),
+        localhost_profile: None,
+    }
+}
+
+/// The container's env: the template's own (proxies, …), the credentials from the inputs
+/// (by Secret name and key), then the runner's settings. Reserved names come from code only.
+fn env(template: Vec<EnvVar>, req: &JobRequest) -> Vec<EnvVar> {
+    let from_inputs: Vec<&str> = req.inputs.env.iter().map(|e| e.name.as_str()).collect();
+    let mut out: Vec<EnvVar> = template
+        .into_iter()
+        .filter(|e| {
+            !RESERVED_ENV.contains(&e.name.as_str()) && !from_inputs.contains(&e.name.as_str())
+        })
+        .collect();
+    for e in &req.inputs.env {
+        if RESERVED_ENV.contains(&e.name.as_str()) || out.iter().any(|o| o.name == e.name) {
+            continue;
+        }
+        out.push(EnvVar {
+            name: e.name.clone(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: e.secret_key_ref.name.clone(),
+                    key: e.secret_key_ref.key.clone(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+        });
+    }
+    let plain = |name: &str, value: String| EnvVar {
+        name: name.to_string(),
+        value: Some(value),
+        value_from: None,
+    };
+    out.extend([
+        plain("HOME", format!("{WORKSPACE_DIR}/home")),
+        plain("TF_DATA_DIR", format!("{WORKSPACE_DIR}/.terraform-data")),
+        plain("TMPDIR", format!("{WORKSPACE_DIR}/tmp")),
+        plain("TF_IN_AUTOMATION", "1".to_string()),
+        plain("TF_INPUT", "0".to_string()),
+        plain("CAPTF_RENDER_DIR", RENDER_DIR.to_string()),
+        plain("CAPTF_WORKSPACE", WORKSPACE_DIR.to_string()),
+        plain("CAPTF_NAMESPACE", req.namespace.to_string()),
+        plain("CAPTF_SUFFIX", req.suffix.to_string()),
+        plain("CAPTF_OPERATION", req.operation.to_string()),
+        plain(
+            "CAPTF_ERRORED_SECRET",
+            names::errored_secret_name(req.suffix),
+        ),
+    ]);
+    out
+}

@@ -1,0 +1,510 @@
+//! Tests of the Job rendering: the golden Job, the fields a template cannot change, the
+//! size limit and the placeholders.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Container;
+use serde_json::json;
+
+use super::render::*;
+use super::*;
+use crate::api::names;
+use crate::api::types::{EnvFromSecret, SecretKeyRef};
+use crate::inputs::{Backend, Inputs, Module, Runner};
+
+pub(crate) const NS: &str = "team-a";
+pub(crate) const SUFFIX: &str = "web-1.tfm";
+
+/// Inputs with an inline module, variables, credentials and a lock file.
+pub(crate) fn inline_inputs() -> Inputs {
+    Inputs {
+        version: 1,
+        runner: Runner {
+            image: "hashicorp/terraform:1.11.4".into(),
+        },
+        module: Module::Files(BTreeMap::from([
+            (
+                "main.tf".into(),
+                "resource \"terraform_data\" \"vm\" {\n  input = var.name\n}\n".into(),
+            ),
+            (
+                "variables.tf".into(),
+                "variable \"name\" {\n  type = string\n}\n".into(),
+            ),
+            ("modules/net/main.tf".into(), "# a nested file\n".into()),
+        ])),
+        variables: json!({"name": "web-1", "replicas": 3, "quote": "a \"b\" ${c}"})
+            .as_object()
+            .unwrap()
+            .clone(),
+        env: vec![EnvFromSecret {
+            name: "AWS_ACCESS_KEY_ID".into(),
+            secret_key_ref: SecretKeyRef {
+                name: "aws-creds".into(),
+                key: "id".into(),
+            },
+        }],
+        backend: Backend {
+            namespace: NS.into(),
+            secret_suffix: SUFFIX.into(),
+        },
+        timeout_seconds: Some(1800),
+        lock_file: Some("# lock file\n".into()),
+    }
+}
+
+pub(crate) fn request(inputs: &Inputs) -> JobRequest<'_> {
+    JobRequest {
+        kind: Kind::TerraformMachine,
+        name: "web-1",
+        uid: "0a1b2c3d-0000-4000-8000-000000000001",
+        namespace: NS,
+        suffix: SUFFIX,
+        cluster_name: Some("prod"),
+        operation: names::OPERATION_DESTROY,
+        attempt: 2,
+        inputs,
+    }
+}
+
+/// The value of each projected file, by path, as the kubelet would write it.
+pub(crate) fn projected_files(job: &Job) -> BTreeMap<String, String> {
+    let pod = &job.spec.as_ref().unwrap().template;
+    let annotations = pod.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
+    let volume = pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == RENDER_VOLUME)
+        .unwrap();
+    let mut files = BTreeMap::new();
+    for item in volume
+        .downward_api
+        .as_ref()
+        .unwrap()
+        .items
+        .as_ref()
+        .unwrap()
+    {
+        let path = &item.field_ref.as_ref().unwrap().field_path;
+        let key = path
+            .strip_prefix("metadata.annotations['")
+            .unwrap()
+            .strip_suffix("']")
+            .unwrap();
+        files.insert(item.path.clone(), annotations[key].clone());
+    }
+    files
+}
+
+fn container(job: &Job) -> &Container {
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    pod.containers
+        .iter()
+        .find(|c| c.name == CONTAINER_NAME)
+        .unwrap()
+}
+
+fn golden_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/job/testdata/destroy-job.yaml")
+}
+
+#[test]
+fn the_destroy_job_matches_the_golden_file() {
+    let inputs = inline_inputs();
+    let job = render(&Templates::embedded(), &request(&inputs)).unwrap();
+    let yaml = serde_saphyr::to_string(&job).unwrap();
+    let path = golden_path();
+    if std::env::var_os("CAPTF_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &yaml).unwrap();
+    }
+    let golden = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        yaml == golden,
+        "the rendered Job differs from {} (run with CAPTF_UPDATE_GOLDEN=1 to rewrite it after checking the change):\n{yaml}",
+        path.display()
+    );
+    // The golden file is a Job that parses back to the same object.
+    let back: Job = serde_saphyr::from_str(&golden).unwrap();
+    assert_eq!(back, job);
+}
+
+#[test]
+fn the_job_carries_the_safety_fields_labels_and_files() {
+    let inputs = inline_inputs();
+    let job = render(&Templates::embedded(), &request(&inputs)).unwrap();
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some("captf-web-1-tfm-destroy-2")
+    );
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some(names::job_name(SUFFIX, names::OPERATION_DESTROY, 2).as_str())
+    );
+    assert_eq!(job.metadata.namespace.as_deref(), Some(NS));
+    assert!(job.metadata.owner_references.is_none());
+    let spec = job.spec.as_ref().unwrap();
+    assert_eq!(spec.backoff_limit, Some(0));
+    assert_eq!(spec.pod_replacement_policy.as_deref(), Some("Failed"));
+    assert_eq!(spec.active_deadline_seconds, Some(1800));
+    assert_eq!(spec.ttl_seconds_after_finished, None);
+    for labels in [
+        job.metadata.labels.as_ref().unwrap(),
+        spec.template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap(),
+    ] {
+        assert_eq!(labels[names::LABEL_OWNER_KIND], "TerraformMachine");
+        assert_eq!(labels[names::LABEL_OWNER_NAME], "web-1");
+        assert_eq!(
+            labels[names::LABEL_OWNER_UID],
+            "0a1b2c3d-0000-4000-8000-000000000001"
+        );
+        assert_eq!(labels[names::LABEL_OPERATION], "destroy");
+        assert_eq!(labels[names::LABEL_ATTEMPT], "2");
+        assert_eq!(labels[names::CAPI_CLUSTER_NAME_LABEL], "prod");
+    }
+    assert_eq!(attempt_of(&job), Some(2));
+    assert_eq!(operation_of(&job), Some("destroy"));
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some(names::RUNNER_NAME)
+    );
+    assert_eq!(pod.termination_grace_period_seconds, Some(300));
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(
+        (psc.run_as_non_root, psc.run_as_user, psc.fs_group),
+        (Some(true), Some(65532), Some(65532))
+    );
+    let c = container(&job);
+    assert_eq!(c.image.as_deref(), Some("hashicorp/terraform:1.11.4"));
+    assert_eq!(
+        c.command,
+        Some(vec![
+            "/bin/sh".to_string(),
+            "/captf/render/runner.sh".to_string()
+        ])
+    );
+    assert_eq!(
+        c.termination_message_path.as_deref(),
+        Some("/dev/termination-log")
+    );
+    assert_eq!(
+        c.termination_message_policy.as_deref(),
+        Some("FallbackToLogsOnError")
+    );
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop,
+        Some(vec!["ALL".to_string()])
+    );
+    assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    let env: BTreeMap<_, _> = c
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| (e.name.as_str(), e))
+        .collect();
+    let cred = env["AWS_ACCESS_KEY_ID"]
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!((cred.name.as_str(), cred.key.as_str()), ("aws-creds", "id"));
+    assert_eq!(env["HOME"].value.as_deref(), Some("/workspace/home"));
+    assert_eq!(
+        env["TF_DATA_DIR"].value.as_deref(),
+        Some("/workspace/.terraform-data")
+    );
+    assert_eq!(
+        env["CAPTF_ERRORED_SECRET"].value.as_deref(),
+        Some("captf-errored-web-1.tfm")
+    );
+    assert_eq!(env["CAPTF_OPERATION"].value.as_deref(), Some("destroy"));
+    assert_eq!(env["TF_INPUT"].value.as_deref(), Some("0"));
+
+    let files = projected_files(&job);
+    assert_eq!(files["runner.sh"], template::EMBEDDED_RUNNER);
+    assert_eq!(
+        files["module/main.tf"],
+        "resource \"terraform_data\" \"vm\" {\n  input = var.name\n}\n"
+    );
+    assert!(files.contains_key("module/modules/net/main.tf"));
+    assert_eq!(files["terraform.lock.hcl"], "# lock file\n");
+    assert!(!files.contains_key("module-source"));
+    let vars: serde_json::Value = serde_json::from_str(&files["terraform.tfvars.json"]).unwrap();
+    assert_eq!(
+        vars,
+        json!({"name": "web-1", "replicas": 3, "quote": "a \"b\" ${c}"})
+    );
+    let backend = &files["backend.hcl"];
+    assert!(backend.contains("namespace     = \"team-a\""), "{backend}");
+    assert!(
+        backend.contains("secret_suffix = \"web-1.tfm\""),
+        "{backend}"
+    );
+    assert!(
+        backend.contains("\"clusterctl.cluster.x-k8s.io/move\" = \"\""),
+        "{backend}"
+    );
+    assert!(
+        backend.contains("\"terraform.infrastructure.cluster.x-k8s.io/owner-uid\" = \"0a1b2c3d"),
+        "{backend}"
+    );
+    let labels: BTreeMap<String, String> =
+        serde_json::from_str(&files["secret-labels.json"]).unwrap();
+    assert_eq!(labels[names::LABEL_OWNER_NAME], "web-1");
+}
+
+#[test]
+fn a_template_cannot_remove_the_safety_fields() {
+    let hostile = r#"
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: other
+  namespace: elsewhere
+  labels:
+    terraform.infrastructure.cluster.x-k8s.io/operation: apply
+    team: blue
+  ownerReferences:
+    - apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+      kind: TerraformMachine
+      name: web-1
+      uid: abc
+spec:
+  backoffLimit: 6
+  ttlSecondsAfterFinished: 60
+  activeDeadlineSeconds: 5
+  parallelism: 3
+  suspend: true
+  podReplacementPolicy: TerminatingOrFailed
+  template:
+    metadata:
+      labels:
+        job-name: fake
+        terraform.infrastructure.cluster.x-k8s.io/attempt: "99"
+      annotations:
+        terraform.infrastructure.cluster.x-k8s.io/file-0: "echo pwned"
+        keep: me
+    spec:
+      restartPolicy: OnFailure
+      terminationGracePeriodSeconds: 5
+      serviceAccountName: default
+      hostname: fixed
+      securityContext:
+        runAsUser: 0
+        runAsNonRoot: false
+      volumes:
+        - name: captf-workspace
+          hostPath:
+            path: /
+      containers:
+        - name: sidecar
+          image: busybox
+        - name: terraform
+          image: evil
+          args: ["-c", "true"]
+          env:
+            - name: HOME
+              value: /root
+            - name: HTTPS_PROXY
+              value: http://proxy:3128
+          securityContext:
+            privileged: true
+            readOnlyRootFilesystem: false
+            capabilities:
+              add: ["SYS_ADMIN"]
+"#;
+    let templates = Templates {
+        job: hostile.to_string(),
+        runner: "#!/bin/sh\n".to_string(),
+    };
+    let inputs = inline_inputs();
+    let job = render(&templates, &request(&inputs)).unwrap();
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some("captf-web-1-tfm-destroy-2")
+    );
+    assert_eq!(job.metadata.namespace.as_deref(), Some(NS));
+    assert!(job.metadata.owner_references.is_none());
+    let labels = job.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels[names::LABEL_OPERATION], "destroy");
+    assert_eq!(labels["team"], "blue");
+    let spec = job.spec.as_ref().unwrap();
+    assert_eq!(spec.backoff_limit, Some(0));
+    assert_eq!(spec.ttl_seconds_after_finished, None);
+    assert_eq!(spec.active_deadline_seconds, Some(1800));
+    assert_eq!(spec.parallelism, Some(1));
+    assert_eq!(spec.suspend, None);
+    assert_eq!(spec.pod_replacement_policy.as_deref(), Some("Failed"));
+    let meta = spec.template.metadata.as_ref().unwrap();
+    let pod_labels = meta.labels.as_ref().unwrap();
+    assert_eq!(pod_labels[names::LABEL_ATTEMPT], "2");
+    assert!(!pod_labels.contains_key("job-name"));
+    let annotations = meta.annotations.as_ref().unwrap();
+    assert_eq!(annotations["keep"], "me");
+    assert_eq!(annotations[&file_annotation(0)], "#!/bin/sh\n");
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(
+        pod.termination_grace_period_seconds,
+        Some(MIN_GRACE_SECONDS)
+    );
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some(names::RUNNER_NAME)
+    );
+    assert_eq!(pod.hostname, None);
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(
+        (psc.run_as_user, psc.run_as_non_root),
+        (Some(65532), Some(true))
+    );
+    let ws: Vec<_> = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|v| v.name == WORKSPACE_VOLUME)
+        .collect();
+    assert_eq!(ws.len(), 1);
+    assert!(ws[0].host_path.is_none() && ws[0].empty_dir.is_some());
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("busybox"),
+        "other containers are the template's"
+    );
+    let c = container(&job);
+    assert_eq!(c.image.as_deref(), Some("hashicorp/terraform:1.11.4"));
+    assert_eq!(c.args, None);
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(
+        (sc.privileged, sc.read_only_root_filesystem),
+        (Some(false), Some(true))
+    );
+    assert_eq!(sc.capabilities.as_ref().unwrap().add, None);
+    let env = c.env.as_ref().unwrap();
+    assert_eq!(env.iter().filter(|e| e.name == "HOME").count(), 1);
+    assert_eq!(
+        env.iter()
+            .find(|e| e.name == "HOME")
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("/workspace/home")
+    );
+    assert!(env.iter().any(|e| e.name == "HTTPS_PROXY"));
+}
+
+#[test]
+fn a_longer_grace_period_in_the_template_is_kept() {
+    let job = Templates::embedded().job.replace(
+        "terminationGracePeriodSeconds: 300",
+        "terminationGracePeriodSeconds: 900",
+    );
+    let templates = Templates {
+        job,
+        runner: String::new(),
+    };
+    let inputs = inline_inputs();
+    let job = render(&templates, &request(&inputs)).unwrap();
+    assert_eq!(
+        job.spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .termination_grace_period_seconds,
+        Some(900)
+    );
+}
+
+#[test]
+fn a_too_large_inline_module_is_refused() {
+    let mut inputs = inline_inputs();
+    let Module::Files(files) = &mut inputs.module else {
+        unreachable!()
+    };
+    files.insert("big.tf".into(), "#".repeat(ANNOTATIONS_MAX_BYTES));
+    let err = render(&Templates::embedded(), &request(&inputs)).unwrap_err();
+    assert!(matches!(err, RenderError::TooLarge { .. }));
+    assert!(err.to_string().contains("module.source"), "{err}");
+}
+
+#[test]
+fn a_template_with_an_unknown_placeholder_is_refused() {
+    let templates = Templates {
+        job: Templates::embedded()
+            .job
+            .replace("{{ image }}", "{{ imag }}"),
+        runner: String::new(),
+    };
+    let inputs = inline_inputs();
+    let err = render(&templates, &request(&inputs)).unwrap_err();
+    assert!(
+        err.to_string().contains("unknown placeholder \"imag\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_source_module_renders_module_source_and_no_module_files() {
+    let mut inputs = inline_inputs();
+    inputs.module = Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into());
+    inputs.lock_file = None;
+    inputs.timeout_seconds = None;
+    let mut req = request(&inputs);
+    req.cluster_name = None;
+    req.operation = names::OPERATION_APPLY;
+    let job = render(&Templates::embedded(), &req).unwrap();
+    let files = projected_files(&job);
+    assert_eq!(
+        files["module-source"],
+        "git::https://example.com/infra.git//vm?ref=v1.4.0"
+    );
+    assert!(files.keys().all(|k| !k.starts_with("module/")));
+    assert!(!files.contains_key("terraform.lock.hcl"));
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some("captf-web-1-tfm-apply-2")
+    );
+    assert!(
+        !job.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key(names::CAPI_CLUSTER_NAME_LABEL)
+    );
+    assert_eq!(job.spec.unwrap().active_deadline_seconds, Some(3600));
+}
+
+#[test]
+fn module_files_that_clash_as_file_and_directory_are_refused() {
+    let mut inputs = inline_inputs();
+    let Module::Files(files) = &mut inputs.module else {
+        unreachable!()
+    };
+    files.insert("modules".into(), "x".into());
+    assert!(matches!(
+        render(&Templates::embedded(), &request(&inputs)),
+        Err(RenderError::BadFileName { .. })
+    ));
+}

@@ -1,0 +1,556 @@
+//! Tests of `templates/runner.sh`, run for real with `sh` and a fake `terraform` on PATH.
+//!
+//! The render directory is materialised from the rendered Job's annotations, as the
+//! kubelet projects them, and the container's env is used with its paths moved into a
+//! temp directory. The fake records its arguments, working directory and environment, and
+//! can be told through env vars to fail with a given stderr, to write `errored.tfstate`,
+//! or to sleep while trapping TERM and recording each TERM it gets.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+
+use super::render::CONTAINER_NAME;
+use super::render_tests::{NS, inline_inputs, projected_files, request};
+use super::testutil::TempDir;
+use super::*;
+use crate::api::names;
+use crate::inputs::Module;
+
+const FAKE_TERRAFORM: &str = r#"#!/bin/sh
+rec="$FAKE_TF_RECORD"
+echo "ARGS $*" >> "$rec"
+echo "CWD $(pwd)" >> "$rec"
+echo "ENV HOME=${HOME:-} TF_DATA_DIR=${TF_DATA_DIR:-} TF_IN_AUTOMATION=${TF_IN_AUTOMATION:-} TF_INPUT=${TF_INPUT:-} AWS=${AWS_ACCESS_KEY_ID:-}" >> "$rec"
+case "$1" in
+init)
+    for a in "$@"; do
+        case "$a" in
+            -from-module=*)
+                echo "FROM_MODULE ${a#-from-module=} [$(ls -A)]" >> "$rec"
+                printf 'resource "terraform_data" "x" {}\n' > main.tf
+                ;;
+            -backend-config=*)
+                echo "BACKEND_CONFIG_BEGIN" >> "$rec"
+                cat "${a#-backend-config=}" >> "$rec"
+                echo "BACKEND_CONFIG_END" >> "$rec"
+                ;;
+        esac
+    done
+    if [ -f captf_backend_override.tf ]; then
+        echo "OVERRIDE $(tr '\n' ' ' < captf_backend_override.tf)" >> "$rec"
+    fi
+    echo "FILES $(find . -type f | sort | tr '\n' ' ')" >> "$rec"
+    if [ -n "${FAKE_TF_FAIL_INIT:-}" ]; then
+        printf '%s\n' "$FAKE_TF_FAIL_INIT" >&2
+        exit 1
+    fi
+    exit 0
+    ;;
+destroy | apply)
+    for a in "$@"; do
+        case "$a" in
+            -var-file=*) echo "VARS $(cat "${a#-var-file=}" | tr -d ' \n')" >> "$rec" ;;
+        esac
+    done
+    if [ -n "${FAKE_TF_ERRORED:-}" ]; then
+        printf '%s' "$FAKE_TF_ERRORED" > errored.tfstate
+    fi
+    if [ -n "${FAKE_TF_SLEEP:-}" ]; then
+        got=""
+        trap 'echo "SIGNAL TERM" >> "$rec"; got=1' TERM
+        echo "SLEEPING $$" >> "$rec"
+        i=0
+        while [ -z "$got" ] && [ "$i" -lt "$FAKE_TF_SLEEP" ]; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        # Like Terraform: stop gracefully, taking a moment (a second signal would be
+        # recorded too).
+        sleep 0.5
+        printf 'Error: interrupted\n' >&2
+        exit 1
+    fi
+    if [ -n "${FAKE_TF_STDERR:-}" ]; then
+        printf '%s' "$FAKE_TF_STDERR" >&2
+    fi
+    exit "${FAKE_TF_EXIT:-0}"
+    ;;
+esac
+exit 3
+"#;
+
+/// One run's directories: the render dir (from the Job), the workspace, the fake's bin.
+struct Runner {
+    _dir: TempDir,
+    root: PathBuf,
+    job: Job,
+}
+
+impl Runner {
+    fn new(job: Job) -> Runner {
+        let dir = TempDir::new("runner");
+        let root = dir.path().to_path_buf();
+        for (path, content) in projected_files(&job) {
+            let target = root.join("render").join(&path);
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            std::fs::write(&target, content).unwrap();
+        }
+        std::fs::create_dir_all(root.join("workspace")).unwrap();
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let fake = root.join("bin/terraform");
+        std::fs::write(&fake, FAKE_TERRAFORM).unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Runner {
+            _dir: dir,
+            root,
+            job,
+        }
+    }
+
+    fn destroy() -> Runner {
+        let inputs = inline_inputs();
+        Runner::new(render(&Templates::embedded(), &request(&inputs)).unwrap())
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.root.join(p)
+    }
+
+    /// `sh runner.sh` with the container's env, its paths moved under the temp dir.
+    fn command(&self) -> Command {
+        let pod = self
+            .job
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        let c = pod
+            .containers
+            .iter()
+            .find(|c| c.name == CONTAINER_NAME)
+            .unwrap();
+        let cmd = c.command.as_ref().unwrap();
+        assert_eq!(cmd[0], "/bin/sh");
+        let script = cmd[1].replace(
+            render::RENDER_DIR,
+            &self.path("render").display().to_string(),
+        );
+        let mut command = Command::new("sh");
+        command.arg(script).env_clear();
+        for e in c.env.iter().flatten() {
+            let value = match (&e.value, &e.value_from) {
+                (Some(v), _) => v
+                    .replace(
+                        render::RENDER_DIR,
+                        &self.path("render").display().to_string(),
+                    )
+                    .replace(
+                        render::WORKSPACE_DIR,
+                        &self.path("workspace").display().to_string(),
+                    ),
+                (None, Some(_)) => format!("from-secret-{}", e.name),
+                (None, None) => String::new(),
+            };
+            command.env(&e.name, value);
+        }
+        command
+            .env(
+                "PATH",
+                format!(
+                    "{}:/usr/local/bin:/usr/bin:/bin",
+                    self.path("bin").display()
+                ),
+            )
+            .env("CAPTF_TERMINATION_LOG", self.path("termination-log"))
+            .env("CAPTF_SERVICEACCOUNT_DIR", self.path("serviceaccount"))
+            .env("FAKE_TF_RECORD", self.path("record"))
+            .env("CAPTF_API_SERVER", "http://127.0.0.1:9")
+            .current_dir(self.path("workspace"));
+        command
+    }
+
+    fn run(&self, mut command: Command) -> (ExitStatus, String) {
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        (output.status, stderr)
+    }
+
+    fn record(&self) -> String {
+        std::fs::read_to_string(self.path("record")).unwrap_or_default()
+    }
+
+    fn termination_log(&self) -> String {
+        std::fs::read_to_string(self.path("termination-log")).unwrap_or_default()
+    }
+
+    /// Waits until the fake terraform sleeps.
+    fn wait_for_sleep(&self) {
+        let start = Instant::now();
+        while !self.record().contains("SLEEPING") {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the fake terraform never started: {}",
+                self.record()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the runner did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill(signal: &str, target: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), "--".to_string(), target.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {target}");
+}
+
+#[test]
+fn a_destroy_runs_init_with_the_backend_config_then_destroy() {
+    let r = Runner::destroy();
+    let (status, stderr) = r.run(r.command());
+    let record = r.record();
+    assert!(status.success(), "{status:?}\n{stderr}\n{record}");
+    let ws = r.path("workspace").display().to_string();
+    let args: Vec<&str> = record.lines().filter(|l| l.starts_with("ARGS ")).collect();
+    assert_eq!(
+        args,
+        [
+            format!("ARGS init -input=false -no-color -backend-config={ws}/backend.hcl"),
+            format!(
+                "ARGS destroy -auto-approve -input=false -no-color -var-file={ws}/captf.tfvars.json"
+            ),
+        ]
+    );
+    assert!(record.contains(&format!("CWD {ws}/work")), "{record}");
+    assert!(
+        record.contains("OVERRIDE terraform {   backend \"kubernetes\" {} }"),
+        "{record}"
+    );
+    assert!(record.contains("namespace     = \"team-a\""), "{record}");
+    assert!(record.contains("secret_suffix = \"web-1.tfm\""), "{record}");
+    assert!(record.contains("in_cluster_config = true"), "{record}");
+    assert!(
+        record.contains("FILES ./.terraform.lock.hcl ./captf_backend_override.tf ./main.tf ./modules/net/main.tf ./variables.tf"),
+        "{record}"
+    );
+    assert!(record.contains(&format!("ENV HOME={ws}/home TF_DATA_DIR={ws}/.terraform-data TF_IN_AUTOMATION=1 TF_INPUT=0 AWS=from-secret-AWS_ACCESS_KEY_ID")), "{record}");
+    assert!(
+        record.contains(r#"VARS {"name":"web-1","quote":"a\"b\"${c}","replicas":3}"#),
+        "{record}"
+    );
+    assert!(r.path("workspace/home").is_dir() && r.path("workspace/tmp").is_dir());
+    assert_eq!(r.termination_log(), "");
+}
+
+#[test]
+fn with_a_kubeconfig_the_backend_is_not_in_cluster() {
+    let r = Runner::destroy();
+    let mut command = r.command();
+    command.env("KUBE_CONFIG_PATH", r.path("kubeconfig"));
+    let (status, stderr) = r.run(command);
+    assert!(status.success(), "{stderr}");
+    assert!(!r.record().contains("in_cluster_config"), "{}", r.record());
+}
+
+#[test]
+fn a_source_module_is_fetched_into_an_empty_directory_first() {
+    let mut inputs = inline_inputs();
+    inputs.module = Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into());
+    inputs.lock_file = None;
+    let mut req = request(&inputs);
+    req.operation = names::OPERATION_APPLY;
+    let r = Runner::new(render(&Templates::embedded(), &req).unwrap());
+    let (status, stderr) = r.run(r.command());
+    let record = r.record();
+    assert!(status.success(), "{stderr}\n{record}");
+    let args: Vec<&str> = record.lines().filter(|l| l.starts_with("ARGS ")).collect();
+    assert_eq!(args.len(), 3, "{record}");
+    assert_eq!(
+        args[0],
+        "ARGS init -input=false -no-color -backend=false -from-module=git::https://example.com/infra.git//vm?ref=v1.4.0"
+    );
+    assert!(
+        record.contains("FROM_MODULE git::https://example.com/infra.git//vm?ref=v1.4.0 []"),
+        "{record}"
+    );
+    assert!(
+        args[1].starts_with("ARGS init -input=false -no-color -backend-config="),
+        "{record}"
+    );
+    assert!(
+        args[2].starts_with("ARGS apply -auto-approve -input=false -no-color -var-file="),
+        "{record}"
+    );
+}
+
+#[test]
+fn a_failure_writes_the_stderr_tail_without_colours_to_the_termination_log() {
+    let r = Runner::destroy();
+    let mut command = r.command();
+    let filler: String = (0..200)
+        .map(|i| format!("\x1b[33mWarning\x1b[0m: line {i} of noise\n"))
+        .collect();
+    command.env(
+        "FAKE_TF_STDERR",
+        format!("{filler}\x1b[31m\x1b[1mError:\x1b[0m deleting vm-1: boom\n"),
+    );
+    command.env("FAKE_TF_EXIT", "1");
+    let (status, stderr) = r.run(command);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let log = r.termination_log();
+    assert!(log.len() <= 3000, "{}", log.len());
+    assert!(
+        log.starts_with("terraform destroy failed (exit 1)\n"),
+        "{log}"
+    );
+    assert!(log.ends_with("Error: deleting vm-1: boom\n"), "{log}");
+    assert!(!log.contains('\x1b'), "{log:?}");
+    // The log (Pod logs) got Terraform's stderr too.
+    assert!(stderr.contains("deleting vm-1: boom"), "{stderr}");
+}
+
+#[test]
+fn a_failed_init_stops_before_the_destroy() {
+    let r = Runner::destroy();
+    let mut command = r.command();
+    command.env(
+        "FAKE_TF_FAIL_INIT",
+        "Error: Failed to get existing workspaces: forbidden",
+    );
+    let (status, _) = r.run(command);
+    assert_eq!(status.code(), Some(1));
+    assert!(!r.record().contains("ARGS destroy"), "{}", r.record());
+    let log = r.termination_log();
+    assert!(
+        log.starts_with("terraform init failed (exit 1)\n") && log.contains("forbidden"),
+        "{log}"
+    );
+}
+
+#[test]
+fn sigterm_to_the_shell_alone_reaches_terraform_and_the_runner_exits_143() {
+    let r = Runner::destroy();
+    let mut command = r.command();
+    command.env("FAKE_TF_SLEEP", "300").stderr(Stdio::null());
+    let mut child = command.spawn().unwrap();
+    r.wait_for_sleep();
+    kill("TERM", &child.id().to_string());
+    let status = wait_timeout(&mut child, Duration::from_secs(20));
+    let record = r.record();
+    assert_eq!(status.code(), Some(143), "{record}");
+    assert_eq!(record.matches("SIGNAL TERM").count(), 1, "{record}");
+    let log = r.termination_log();
+    assert!(
+        log.starts_with("terraform destroy interrupted by SIGTERM (terraform exited 1)"),
+        "{log}"
+    );
+    assert!(log.contains("Error: interrupted"), "{log}");
+}
+
+#[test]
+fn sigterm_to_the_whole_process_group_reaches_terraform_once() {
+    let r = Runner::destroy();
+    let mut command = r.command();
+    command
+        .env("FAKE_TF_SLEEP", "300")
+        .stderr(Stdio::null())
+        .process_group(0);
+    let mut child = command.spawn().unwrap();
+    r.wait_for_sleep();
+    kill("TERM", &format!("-{}", child.id()));
+    let status = wait_timeout(&mut child, Duration::from_secs(20));
+    let record = r.record();
+    assert_eq!(status.code(), Some(143), "{record}");
+    // Twice would make real Terraform exit at once without saving its state.
+    assert_eq!(record.matches("SIGNAL TERM").count(), 1, "{record}");
+    // tee survived: Terraform's last words reached the termination log.
+    assert!(
+        r.termination_log().contains("Error: interrupted"),
+        "{}",
+        r.termination_log()
+    );
+}
+
+/// A tiny HTTP server answering each request with the next status; the requests come back
+/// through the channel as (request line, body).
+fn api_server(statuses: Vec<u16>) -> (String, mpsc::Receiver<(String, Vec<u8>)>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut statuses = VecDeque::from(statuses);
+        while let Some(code) = statuses.pop_front() {
+            let Ok((stream, _)) = listener.accept() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream);
+            let mut request_line = String::new();
+            reader.read_line(&mut request_line).unwrap();
+            let mut length = 0;
+            let mut expect_continue = false;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                if lower.starts_with("expect:") && lower.contains("100-continue") {
+                    expect_continue = true;
+                }
+                if line == "\r\n" || line.is_empty() {
+                    break;
+                }
+            }
+            if expect_continue {
+                reader
+                    .get_mut()
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .unwrap();
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let text = match code {
+                201 => "Created",
+                200 => "OK",
+                409 => "Conflict",
+                _ => "Error",
+            };
+            let response = format!(
+                "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+            );
+            reader.get_mut().write_all(response.as_bytes()).unwrap();
+            tx.send((request_line.trim().to_string(), body)).unwrap();
+        }
+    });
+    (url, rx)
+}
+
+fn errored_run(client: &str, statuses: Vec<u16>) -> (Runner, ExitStatus, Vec<(String, Vec<u8>)>) {
+    let r = Runner::destroy();
+    let (url, rx) = api_server(statuses.clone());
+    std::fs::create_dir_all(r.path("serviceaccount")).unwrap();
+    std::fs::write(r.path("serviceaccount/token"), "test-token").unwrap();
+    let mut command = r.command();
+    command
+        .env("CAPTF_API_SERVER", &url)
+        .env("CAPTF_HTTP_CLIENT", client)
+        .env(
+            "FAKE_TF_ERRORED",
+            "{\"version\":4,\"lineage\":\"l-1\",\"serial\":7}",
+        )
+        .env(
+            "FAKE_TF_STDERR",
+            "Error: Failed to persist state to backend\n",
+        );
+    let (status, stderr) = r.run(command);
+    let requests: Vec<_> = rx.try_iter().collect();
+    assert_eq!(requests.len(), statuses.len(), "{stderr}");
+    (r, status, requests)
+}
+
+fn check_errored_secret(body: &[u8]) {
+    let secret: Secret = serde_json::from_slice(body).unwrap();
+    assert_eq!(
+        secret.metadata.name.as_deref(),
+        Some("captf-errored-web-1.tfm")
+    );
+    assert_eq!(secret.metadata.namespace.as_deref(), Some(NS));
+    let labels = secret.metadata.labels.unwrap();
+    assert_eq!(
+        labels[names::LABEL_OWNER_UID],
+        "0a1b2c3d-0000-4000-8000-000000000001"
+    );
+    assert_eq!(labels[names::CLUSTERCTL_MOVE_LABEL], "");
+    let data = secret.data.unwrap();
+    assert_eq!(
+        data["errored.tfstate"].0,
+        b"{\"version\":4,\"lineage\":\"l-1\",\"serial\":7}"
+    );
+}
+
+#[test]
+fn an_errored_state_is_uploaded_and_the_runner_fails_loudly() {
+    for client in ["curl", "wget"] {
+        let (r, status, requests) = errored_run(client, vec![201]);
+        // Terraform exited 0 here, but an errored state is a failure.
+        assert_eq!(status.code(), Some(1), "{client}");
+        assert_eq!(
+            requests[0].0, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
+            "{client}"
+        );
+        check_errored_secret(&requests[0].1);
+        let log = r.termination_log();
+        assert!(
+            log.starts_with("terraform could not save its state: errored.tfstate saved in Secret team-a/captf-errored-web-1.tfm"),
+            "{client}: {log}"
+        );
+        assert!(log.contains("Failed to persist state"), "{client}: {log}");
+    }
+}
+
+#[test]
+fn an_existing_errored_state_secret_is_replaced() {
+    for client in ["curl", "wget"] {
+        let (_r, status, requests) = errored_run(client, vec![409, 200]);
+        assert_eq!(status.code(), Some(1));
+        assert_eq!(
+            requests[0].0, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
+            "{client}"
+        );
+        assert_eq!(
+            requests[1].0, "PUT /api/v1/namespaces/team-a/secrets/captf-errored-web-1.tfm HTTP/1.1",
+            "{client}"
+        );
+        check_errored_secret(&requests[1].1);
+    }
+}
+
+#[test]
+fn an_unknown_operation_is_refused() {
+    let r = Runner::destroy();
+    let mut command = r.command();
+    command.env("CAPTF_OPERATION", "plan");
+    let (status, _) = r.run(command);
+    assert_eq!(status.code(), Some(2));
+    assert!(r.termination_log().contains("must be apply or destroy"));
+    assert_eq!(r.record(), "");
+}
+
+#[test]
+fn the_script_is_valid_posix_sh() {
+    // `sh -n` parses without running (dash here: stricter than busybox ash).
+    let dir = TempDir::new("syntax");
+    let path: &Path = &dir.path().join("runner.sh");
+    std::fs::write(path, template::EMBEDDED_RUNNER).unwrap();
+    let status = Command::new("sh").arg("-n").arg(path).status().unwrap();
+    assert!(status.success());
+}

@@ -1,0 +1,313 @@
+#!/bin/sh
+# CAPTF runner: `terraform init`, then `terraform $CAPTF_OPERATION` (destroy or apply)
+# against the object's state Secret through Terraform's kubernetes backend.
+#
+# POSIX sh, busybox compatible: the stock hashicorp/terraform image has busybox sh,
+# wget, base64 and tee, and no jq, so the controller renders every file this script
+# needs (no JSON parsing here) into the read-only directory $CAPTF_RENDER_DIR:
+#   runner.sh              this script
+#   backend.hcl            namespace, secret_suffix and labels of the kubernetes backend
+#   terraform.tfvars.json  the variables (passed with -var-file, so they win)
+#   secret-labels.json     the labels of the errored-state Secret, a JSON object
+#   module/...             the module's inline files, or
+#   module-source          the module's source address (terraform init -from-module)
+#   terraform.lock.hcl     the provider lock file, when the inputs carry one
+# Environment: CAPTF_OPERATION, CAPTF_NAMESPACE, CAPTF_SUFFIX, CAPTF_ERRORED_SECRET,
+# CAPTF_RENDER_DIR, CAPTF_WORKSPACE (an emptyDir: HOME, TF_DATA_DIR, TMPDIR and the
+# working copy live there, the root filesystem is read-only), and optionally
+# CAPTF_TERMINATION_LOG (default /dev/termination-log), CAPTF_API_SERVER (default
+# https://kubernetes.default.svc), CAPTF_SERVICEACCOUNT_DIR, CAPTF_HTTP_CLIENT (curl or
+# wget), KUBE_CONFIG_PATH (a local runner: no in_cluster_config then).
+#
+# Signals: a shell as PID 1 has no default signal handling, so Terraform runs as a child
+# (in its own session when `setsid` exists, so that a signal sent to the whole process
+# group reaches it once, not twice: two interrupts make Terraform exit at once without
+# saving its state). TERM and INT are trapped and forwarded to Terraform, then the
+# script waits for Terraform to save its state and exit.
+#
+# Exit status: Terraform's; 143 after SIGTERM (130 after SIGINT), whatever Terraform
+# returned, so that the controller sees an interrupted run; never 0 when Terraform left
+# an errored.tfstate. On failure the tail of Terraform's error output (ANSI codes
+# stripped) is written to the termination log, which the controller copies into the
+# Deleting condition.
+set -u
+
+RENDER="${CAPTF_RENDER_DIR:-/captf/render}"
+WS="${CAPTF_WORKSPACE:-/workspace}"
+WORK="$WS/work"
+OP="${CAPTF_OPERATION:-}"
+TERMLOG="${CAPTF_TERMINATION_LOG:-/dev/termination-log}"
+SA_DIR="${CAPTF_SERVICEACCOUNT_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}"
+API="${CAPTF_API_SERVER:-https://kubernetes.default.svc}"
+STDERR_LOG="$WS/terraform-stderr.log"
+FIFO="$WS/terraform-stderr.fifo"
+VARS="$WS/captf.tfvars.json"
+BACKEND="$WS/backend.hcl"
+ESC=$(printf '\033')
+# Kubelet keeps 4096 bytes of the termination message; keep well below.
+TAIL_BYTES=2800
+
+TF_PID=""
+SIGNALLED=""
+WAITED=0
+
+log() { printf 'captf-runner: %s\n' "$*" >&2; }
+
+# message HEADER: writes HEADER and the tail of the last Terraform command's stderr,
+# without ANSI escape sequences, to the termination log.
+message() {
+    {
+        printf '%s\n' "$1"
+        if [ -s "$STDERR_LOG" ]; then
+            sed "s/${ESC}\[[0-9;?]*[A-Za-z]//g" "$STDERR_LOG" | tail -c "$TAIL_BYTES"
+        fi
+    } > "$TERMLOG" 2>/dev/null || log "cannot write the termination log $TERMLOG"
+}
+
+# fail STATUS TEXT: the runner itself failed (not Terraform).
+fail() {
+    fail_status=$1
+    shift
+    log "$*"
+    : > "$STDERR_LOG" 2>/dev/null
+    message "captf-runner: $*"
+    exit "$fail_status"
+}
+
+on_signal() {
+    SIGNALLED=$1
+    if [ -n "$TF_PID" ]; then
+        log "received SIG$1: forwarding it to terraform (pid $TF_PID) and waiting for it to save its state"
+        kill -s "$1" "$TF_PID" 2>/dev/null || true
+    else
+        log "received SIG$1"
+    fi
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
+
+# wait_for PID: waits until PID has exited and leaves its status in WAITED. A trapped
+# signal interrupts `wait` with a status above 128 while the child runs on (a zombie
+# still answers `kill -0` until it is reaped): wait again for its real status.
+wait_for() {
+    while :; do
+        wait "$1"
+        WAITED=$?
+        if [ "$WAITED" -gt 128 ] && kill -0 "$1" 2>/dev/null; then
+            continue
+        fi
+        return 0
+    done
+}
+
+SETSID=""
+if command -v setsid > /dev/null 2>&1; then
+    SETSID=setsid
+fi
+
+# run_tf ARGS...: runs terraform as a child, its stderr both to the log and to
+# $STDERR_LOG; returns Terraform's exit status.
+run_tf() {
+    log "running: terraform $*"
+    rm -f "$FIFO"
+    mkfifo "$FIFO" || fail 1 "cannot create the fifo $FIFO"
+    # tee ignores TERM and INT: were it killed by a signal sent to the whole process
+    # group, Terraform would die of SIGPIPE at its next write to stderr.
+    (
+        trap '' TERM INT
+        exec tee "$STDERR_LOG" < "$FIFO" >&2
+    ) &
+    tee_pid=$!
+    if [ -n "$SETSID" ]; then
+        $SETSID terraform "$@" 2> "$FIFO" &
+    else
+        terraform "$@" 2> "$FIFO" &
+    fi
+    TF_PID=$!
+    # A signal that came before TF_PID was known has not been forwarded yet.
+    if [ -n "$SIGNALLED" ]; then
+        kill -s "$SIGNALLED" "$TF_PID" 2>/dev/null || true
+    fi
+    wait_for "$TF_PID"
+    run_status=$WAITED
+    TF_PID=""
+    wait_for "$tee_pid"
+    rm -f "$FIFO"
+    return "$run_status"
+}
+
+# The exit status after a signal, else $1.
+final_status() {
+    case "$SIGNALLED" in
+        TERM) echo 143 ;;
+        INT) echo 130 ;;
+        *) echo "$1" ;;
+    esac
+}
+
+# stop_if_signalled: no further step once a signal came.
+stop_if_signalled() {
+    if [ -n "$SIGNALLED" ]; then
+        message "captf-runner: interrupted by SIG$SIGNALLED before terraform $OP ran"
+        exit "$(final_status 1)"
+    fi
+}
+
+# http METHOD URL BODY_FILE: prints the HTTP status code (000 when there is none).
+http() {
+    h_method=$1
+    h_url=$2
+    h_body=$3
+    h_token=""
+    if [ -r "$SA_DIR/token" ]; then
+        h_token=$(cat "$SA_DIR/token")
+    fi
+    h_client="${CAPTF_HTTP_CLIENT:-}"
+    if [ -z "$h_client" ]; then
+        if command -v curl > /dev/null 2>&1; then h_client=curl; else h_client=wget; fi
+    fi
+    if [ "$h_client" = curl ]; then
+        set -- -sS -o "$WS/http-response" -w '%{http_code}' -X "$h_method" \
+            -H 'Content-Type: application/json' --data-binary "@$h_body"
+        if [ -n "$h_token" ]; then set -- "$@" -H "Authorization: Bearer $h_token"; fi
+        if [ -r "$SA_DIR/ca.crt" ]; then set -- "$@" --cacert "$SA_DIR/ca.crt"; fi
+        curl "$@" "$h_url" || true
+        return 0
+    fi
+    # wget: busybox wget can only POST; GNU wget has --method.
+    set -- -q -O "$WS/http-response" --header 'Content-Type: application/json'
+    if [ -n "$h_token" ]; then set -- "$@" --header "Authorization: Bearer $h_token"; fi
+    h_help=$(wget --help 2>&1)
+    case "$h_help" in
+        *--ca-certificate*) if [ -r "$SA_DIR/ca.crt" ]; then set -- "$@" --ca-certificate="$SA_DIR/ca.crt"; fi ;;
+    esac
+    case "$h_help" in *--server-response*) set -- "$@" --server-response ;; esac
+    if [ "$h_method" = POST ]; then
+        set -- "$@" --post-file="$h_body"
+    else
+        case "$h_help" in
+            *--method*) set -- "$@" --method="$h_method" --body-file="$h_body" ;;
+            *)
+                log "this wget cannot send $h_method"
+                echo 000
+                return 0
+                ;;
+        esac
+    fi
+    if h_out=$(wget "$@" "$h_url" 2>&1); then
+        h_code=$(printf '%s\n' "$h_out" | sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' | tail -n 1)
+        echo "${h_code:-200}"
+    else
+        h_code=$(printf '%s\n' "$h_out" | sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' | tail -n 1)
+        log "wget: $h_out"
+        echo "${h_code:-000}"
+    fi
+}
+
+# save_errored: uploads errored.tfstate as the Secret $CAPTF_ERRORED_SECRET; replaces an
+# existing one. Returns non-zero when it could not.
+save_errored() {
+    e_name="${CAPTF_ERRORED_SECRET:-captf-errored-${CAPTF_SUFFIX:-}}"
+    e_ns="${CAPTF_NAMESPACE:-}"
+    e_labels='{}'
+    if [ -s "$RENDER/secret-labels.json" ]; then
+        e_labels=$(cat "$RENDER/secret-labels.json")
+    fi
+    e_body="$WS/errored-secret.json"
+    {
+        printf '{"apiVersion":"v1","kind":"Secret","type":"Opaque","metadata":{"name":"%s","namespace":"%s","labels":%s},"data":{"errored.tfstate":"' \
+            "$e_name" "$e_ns" "$e_labels"
+        base64 < "$WORK/errored.tfstate" | tr -d '\n'
+        printf '"}}\n'
+    } > "$e_body" || return 1
+    e_url="$API/api/v1/namespaces/$e_ns/secrets"
+    e_code=$(http POST "$e_url" "$e_body")
+    if [ "$e_code" = 409 ]; then
+        log "Secret $e_ns/$e_name exists: replacing it"
+        e_code=$(http PUT "$e_url/$e_name" "$e_body")
+    fi
+    case "$e_code" in
+        2??)
+            log "saved errored.tfstate in Secret $e_ns/$e_name"
+            return 0
+            ;;
+    esac
+    log "could not save errored.tfstate in Secret $e_ns/$e_name (HTTP status $e_code)"
+    return 1
+}
+
+# tf_failed STEP STATUS: Terraform failed; report and exit.
+tf_failed() {
+    tf_status=$(final_status "$2")
+    if [ -n "$SIGNALLED" ]; then
+        message "terraform $1 interrupted by SIG$SIGNALLED (terraform exited $2)"
+    else
+        message "terraform $1 failed (exit $2)"
+    fi
+    exit "$tf_status"
+}
+
+case "$OP" in
+    apply | destroy) ;;
+    *) fail 2 "CAPTF_OPERATION must be apply or destroy, not '$OP'" ;;
+esac
+command -v terraform > /dev/null 2>&1 || fail 127 "terraform is not on PATH in the runner image"
+
+mkdir -p "$WORK" "${HOME:-$WS/home}" "${TF_DATA_DIR:-$WS/.terraform-data}" "${TMPDIR:-$WS/tmp}" ||
+    fail 1 "cannot create the working directories under $WS"
+cd "$WORK" || fail 1 "cannot enter $WORK"
+stop_if_signalled
+
+# 1. The module. `init -from-module` needs an empty directory: it runs first, without
+# the backend, and the second init below configures the backend.
+if [ -f "$RENDER/module-source" ]; then
+    run_tf init -input=false -no-color -backend=false -from-module="$(cat "$RENDER/module-source")" ||
+        tf_failed init $?
+elif [ -d "$RENDER/module" ]; then
+    cp -R "$RENDER/module/." "$WORK/" || fail 1 "cannot copy the module files from $RENDER/module"
+else
+    fail 1 "$RENDER has neither module-source nor module/"
+fi
+stop_if_signalled
+
+# 2. CAPTF's files. An `_override.tf` file merges into the module's terraform block, so
+# the backend is the kubernetes backend whatever the module says.
+printf 'terraform {\n  backend "kubernetes" {}\n}\n' > "$WORK/captf_backend_override.tf" ||
+    fail 1 "cannot write the backend override"
+cp "$RENDER/terraform.tfvars.json" "$VARS" || fail 1 "cannot copy the variables"
+if [ -f "$RENDER/terraform.lock.hcl" ]; then
+    cp "$RENDER/terraform.lock.hcl" "$WORK/.terraform.lock.hcl" || fail 1 "cannot copy the lock file"
+fi
+cp "$RENDER/backend.hcl" "$BACKEND" || fail 1 "cannot copy backend.hcl"
+if [ -z "${KUBE_CONFIG_PATH:-}" ]; then
+    printf 'in_cluster_config = true\n' >> "$BACKEND"
+fi
+
+# 3. init, then the operation.
+run_tf init -input=false -no-color -backend-config="$BACKEND" || tf_failed init $?
+stop_if_signalled
+run_tf "$OP" -auto-approve -input=false -no-color -var-file="$VARS"
+status=$?
+
+# 4. A state Terraform could not save.
+if [ -f "$WORK/errored.tfstate" ]; then
+    log "=================================================================="
+    log "TERRAFORM COULD NOT SAVE ITS STATE: it wrote errored.tfstate."
+    log "The resources it describes are not in the state Secret."
+    if save_errored; then
+        where="saved in Secret ${CAPTF_NAMESPACE:-}/${CAPTF_ERRORED_SECRET:-}"
+    else
+        where="NOT saved (see the log)"
+    fi
+    log "errored.tfstate $where; follow the runbook before retrying."
+    log "=================================================================="
+    if [ "$status" -eq 0 ]; then status=1; fi
+    message "terraform could not save its state: errored.tfstate $where (terraform $OP exited $status)"
+    exit "$(final_status "$status")"
+fi
+
+if [ "$status" -ne 0 ] || [ -n "$SIGNALLED" ]; then
+    tf_failed "$OP" "$status"
+fi
+log "terraform $OP succeeded"
+exit 0
