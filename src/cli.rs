@@ -17,7 +17,11 @@ use crate::rules::Backoff;
 use crate::state::{self, Fingerprint, StateSecrets};
 
 #[derive(Parser, Debug)]
-#[command(name = "captf", version, about = "CAPTF: Cluster API infrastructure made and destroyed by Terraform modules")]
+#[command(
+    name = "captf",
+    version,
+    about = "CAPTF: Cluster API infrastructure made and destroyed by Terraform modules"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -34,6 +38,40 @@ pub enum Command {
     /// Work with Terraform state Secrets.
     #[command(subcommand)]
     State(StateCommand),
+    /// List state, inputs and backup Secrets whose object is gone.
+    Orphans(OrphansArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct OrphansArgs {
+    /// Look in one namespace (all by default).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// The object whose state to restore, as KIND/NAME (e.g. terraformmachine/web-1).
+    pub target: String,
+    /// The object's namespace (the kubeconfig's namespace by default).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Restore from the backup Secret taken before the first destroy attempt.
+    #[arg(
+        long,
+        conflicts_with = "from_file",
+        required_unless_present = "from_file"
+    )]
+    pub from_backup: bool,
+    /// Restore from a state file (JSON as `terraform state pull` prints it, or gzip).
+    #[arg(long)]
+    pub from_file: Option<PathBuf>,
+    /// Overwrite a state that is readable.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -82,8 +120,12 @@ pub enum Output {
 #[derive(Args, Debug)]
 pub struct ExplainArgs {
     /// Files or directories of objects as `kubectl get -o yaml|json` writes them.
-    #[arg(short = 'f', long = "filename", required = true)]
+    /// Without it, the objects are read from the cluster of the current kubeconfig.
+    #[arg(short = 'f', long = "filename")]
     pub files: Vec<PathBuf>,
+    /// With the cluster: one namespace (all by default).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: Output,
@@ -102,6 +144,8 @@ pub struct ExplainArgs {
 pub enum StateCommand {
     /// The readability verdict of one state (its Secret and part Secrets).
     Inspect(InspectArgs),
+    /// Write a state back in Terraform's format (parts included).
+    Restore(RestoreArgs),
 }
 
 #[derive(Args, Debug)]
@@ -120,15 +164,23 @@ pub struct InspectArgs {
 /// Parses `30s`, `5m`, `2h`, `250ms`, or plain seconds.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (num, unit) = text.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 250ms"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 250ms"))?;
     let ms = match unit {
         "ms" => n,
         "" | "s" => n * 1000,
         "m" => n * 60_000,
         "h" => n * 3_600_000,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?}; use ms, s, m or h"
+            ));
+        }
     };
     Ok(std::time::Duration::from_millis(ms))
 }
@@ -148,7 +200,11 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     let result = match cli.command {
@@ -159,6 +215,8 @@ pub fn main() -> ExitCode {
         }
         Command::Explain(args) => run_explain(&args),
         Command::State(StateCommand::Inspect(args)) => run_inspect(&args),
+        Command::State(StateCommand::Restore(args)) => run_restore(&args),
+        Command::Orphans(args) => run_orphans(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -173,7 +231,11 @@ fn bind(flag: &str, text: &str) -> Result<Option<std::net::SocketAddr>, Misuse> 
     if text.is_empty() || text == "0" {
         return Ok(None);
     }
-    text.parse().map(Some).map_err(|e| Misuse(format!("{flag} {text:?}: {e}; use HOST:PORT, or an empty value to turn it off")))
+    text.parse().map(Some).map_err(|e| {
+        Misuse(format!(
+            "{flag} {text:?}: {e}; use HOST:PORT, or an empty value to turn it off"
+        ))
+    })
 }
 
 fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
@@ -183,27 +245,40 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
         watch_filter: args.watch_filter.clone(),
         concurrency: args.concurrency.max(1),
         settings: Settings {
-            backoff: Backoff { base: args.destroy_backoff_base, max: args.destroy_backoff_max },
+            backoff: Backoff {
+                base: args.destroy_backoff_base,
+                max: args.destroy_backoff_max,
+            },
             ..Settings::default()
         },
         templates_dir: args.templates_dir.clone(),
         leader_elect: args.leader_elect,
         metrics_addr: bind("--metrics-bind-address", &args.metrics_bind_address)?,
-        health_addr: bind("--health-probe-bind-address", &args.health_probe_bind_address)?,
+        health_addr: bind(
+            "--health-probe-bind-address",
+            &args.health_probe_bind_address,
+        )?,
         manager_namespace: args.manager_namespace.clone(),
-        identity: std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "captf-manager".into()),
+        identity: std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "captf-manager".into()),
         rbac_sweep_every: args.rbac_sweep_interval,
         ..Default::default()
     };
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default()
-            .await
-            .map_err(|e| Misuse(format!("no Kubernetes configuration (in-cluster or KUBECONFIG): {e}")))?;
+        let client = kube::Client::try_default().await.map_err(|e| {
+            Misuse(format!(
+                "no Kubernetes configuration (in-cluster or KUBECONFIG): {e}"
+            ))
+        })?;
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        crate::controller::run(client, cfg, shutdown).await.map_err(|e| Misuse(e.to_string()))
+        crate::controller::run(client, cfg, shutdown)
+            .await
+            .map_err(|e| Misuse(e.to_string()))
     })
 }
 
@@ -214,21 +289,99 @@ pub fn crds_yaml() -> String {
         out.push_str("---\n");
         match serde_saphyr::to_string(&crd) {
             Ok(yaml) => out.push_str(&yaml),
-            Err(e) => out.push_str(&format!("# cannot serialize {:?}: {e}\n", crd.metadata.name)),
+            Err(e) => out.push_str(&format!(
+                "# cannot serialize {:?}: {e}\n",
+                crd.metadata.name
+            )),
         }
     }
     out
 }
 
+/// Runs `f` with a client from the current kubeconfig (or in-cluster).
+fn with_client<T>(
+    f: impl AsyncFnOnce(kube::Client, String) -> Result<T, Misuse>,
+) -> Result<T, Misuse> {
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        let config = kube::Config::infer().await.map_err(|e| {
+            Misuse(format!(
+                "no Kubernetes configuration (KUBECONFIG or in-cluster): {e}"
+            ))
+        })?;
+        let ns = config.default_namespace.clone();
+        let client = kube::Client::try_from(config)
+            .map_err(|e| Misuse(format!("cannot build a Kubernetes client: {e}")))?;
+        f(client, ns).await
+    })
+}
+
+fn run_restore(args: &RestoreArgs) -> Result<(), Misuse> {
+    let source = match &args.from_file {
+        Some(p) => crate::tools::RestoreSource::File(p.clone()),
+        None => crate::tools::RestoreSource::Backup,
+    };
+    let out = with_client(async |client, default_ns| {
+        let ns = args.namespace.clone().unwrap_or(default_ns);
+        crate::tools::restore(&client, &ns, &args.target, source, args.force)
+            .await
+            .map_err(|e| Misuse(e.to_string()))
+    })?;
+    println!("{out}");
+    Ok(())
+}
+
+fn run_orphans(args: &OrphansArgs) -> Result<(), Misuse> {
+    let list = with_client(async |client, _| {
+        crate::tools::orphans(&client, args.namespace.as_deref())
+            .await
+            .map_err(|e| Misuse(e.to_string()))
+    })?;
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&list)?),
+        Output::Text if list.is_empty() => println!("no orphaned CAPTF Secrets"),
+        Output::Text => {
+            println!(
+                "{:<20} {:<50} {:<10} {:<22} {:<20} ABANDONED-AT",
+                "NAMESPACE", "SECRET", "ROLE", "KIND", "NAME"
+            );
+            for o in &list {
+                println!(
+                    "{:<20} {:<50} {:<10} {:<22} {:<20} {}",
+                    o.namespace,
+                    o.secret,
+                    o.role,
+                    o.kind,
+                    o.name,
+                    o.abandoned_at.as_deref().unwrap_or("-")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn run_explain(args: &ExplainArgs) -> Result<(), Misuse> {
-    let loaded = load::load_paths(&args.files)?;
-    let inv = Inventory::from_loaded(loaded)?;
     let settings = Settings {
-        backoff: Backoff { base: args.destroy_backoff_base, max: args.destroy_backoff_max },
+        backoff: Backoff {
+            base: args.destroy_backoff_base,
+            max: args.destroy_backoff_max,
+        },
         ..Settings::default()
     };
-    let now = args.now.unwrap_or_else(Timestamp::now);
-    let items = explain::explain(&inv, now, &settings);
+    let items = if args.files.is_empty() {
+        with_client(async |client, _| {
+            crate::tools::explain_live(&client, args.namespace.as_deref(), &settings)
+                .await
+                .map_err(|e| Misuse(e.to_string()))
+        })?
+    } else {
+        let loaded = load::load_paths(&args.files)?;
+        let inv = Inventory::from_loaded(loaded)?;
+        let now = args.now.unwrap_or_else(Timestamp::now);
+        explain::explain(&inv, now, &settings)
+    };
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&items)?),
         Output::Text => print!("{}", explain::render_text(&items)),
@@ -239,16 +392,26 @@ fn run_explain(args: &ExplainArgs) -> Result<(), Misuse> {
 fn run_inspect(args: &InspectArgs) -> Result<(), Misuse> {
     let mut secrets: Vec<(String, Secret)> = Vec::new();
     for loaded in load::load_paths(&args.secret_files)? {
-        let kind = loaded.value["kind"].as_str().unwrap_or_default().to_string();
-        let name = loaded.value["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let kind = loaded.value["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = loaded.value["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         if kind != "Secret" {
             return Err(Misuse(format!(
                 "{}: {kind} {name} is not a Secret; --secret-file takes the state Secret and its part Secrets",
                 loaded.source
             )));
         }
-        let secret: Secret = serde_json::from_value(loaded.value)
-            .map_err(|e| Misuse(format!("{}: Secret {name} is not a valid Secret: {e}", loaded.source)))?;
+        let secret: Secret = serde_json::from_value(loaded.value).map_err(|e| {
+            Misuse(format!(
+                "{}: Secret {name} is not a valid Secret: {e}",
+                loaded.source
+            ))
+        })?;
         secrets.push((loaded.source, secret));
     }
     let object = match &args.object {
@@ -256,15 +419,31 @@ fn run_inspect(args: &InspectArgs) -> Result<(), Misuse> {
         None => None,
     };
     let base_name = match &object {
-        Some(o) => names::state_secret_name(&names::state_suffix(o.kind(), o.meta().name.as_deref().unwrap_or_default())),
+        Some(o) => names::state_secret_name(&names::state_suffix(
+            o.kind(),
+            o.meta().name.as_deref().unwrap_or_default(),
+        )),
         None => base_of(&secrets)?,
     };
-    let annotations = object.as_ref().and_then(|o| o.meta().annotations.clone()).unwrap_or_default();
-    let recorded = Fingerprint::from_annotations(&annotations)
-        .map_err(|e| Misuse(format!("{}: {e}", args.object.as_ref().map(|p| p.display().to_string()).unwrap_or_default())))?;
+    let annotations = object
+        .as_ref()
+        .and_then(|o| o.meta().annotations.clone())
+        .unwrap_or_default();
+    let recorded = Fingerprint::from_annotations(&annotations).map_err(|e| {
+        Misuse(format!(
+            "{}: {e}",
+            args.object
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ))
+    })?;
     let interrupted = annotations.contains_key(names::APPLY_INTERRUPTED);
     let only: Vec<Secret> = secrets.into_iter().map(|(_, s)| s).collect();
-    let content = state::read(&StateSecrets::from_secrets(&base_name, &only), state::DEFAULT_DECOMPRESSION_CAP);
+    let content = state::read(
+        &StateSecrets::from_secrets(&base_name, &only),
+        state::DEFAULT_DECOMPRESSION_CAP,
+    );
     let verdict = state::classify(&content, recorded.as_ref(), interrupted);
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&verdict)?),
@@ -287,7 +466,10 @@ fn base_of(secrets: &[(String, Secret)]) -> Result<String, Misuse> {
     for (source, s) in secrets {
         let name = s.metadata.name.clone().unwrap_or_default();
         let is_state = name.starts_with("tfstate-")
-            || s.metadata.labels.as_ref().is_some_and(|l| l.contains_key(names::TF_LABEL_STATE));
+            || s.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(names::TF_LABEL_STATE));
         let is_backup = name.starts_with("captf-backup-");
         if !is_state && !is_backup {
             return Err(Misuse(format!(
@@ -324,7 +506,10 @@ fn load_object(path: &PathBuf) -> Result<AnyObject, Misuse> {
             "{}: no TerraformCluster, TerraformMachine or TerraformMachinePool in this file",
             path.display()
         ))),
-        (Some(_), Some(_)) => Err(Misuse(format!("{}: more than one CAPTF object; --object takes one", path.display()))),
+        (Some(_), Some(_)) => Err(Misuse(format!(
+            "{}: more than one CAPTF object; --object takes one",
+            path.display()
+        ))),
     }
 }
 
@@ -334,9 +519,18 @@ mod tests {
 
     #[test]
     fn durations_parse() {
-        assert_eq!(parse_duration("30s"), Ok(std::time::Duration::from_secs(30)));
-        assert_eq!(parse_duration("30m"), Ok(std::time::Duration::from_secs(1800)));
-        assert_eq!(parse_duration("250ms"), Ok(std::time::Duration::from_millis(250)));
+        assert_eq!(
+            parse_duration("30s"),
+            Ok(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_duration("30m"),
+            Ok(std::time::Duration::from_secs(1800))
+        );
+        assert_eq!(
+            parse_duration("250ms"),
+            Ok(std::time::Duration::from_millis(250))
+        );
         assert_eq!(parse_duration("7"), Ok(std::time::Duration::from_secs(7)));
         assert!(parse_duration("x").is_err());
         assert!(parse_duration("5d").is_err());

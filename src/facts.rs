@@ -15,7 +15,10 @@ use crate::api::names::{self, Kind};
 use crate::api::{TerraformSpec, VariablesSourceKind};
 use crate::inputs::{self, Inputs};
 use crate::job::{self, JobOutcome};
-use crate::rules::{self, Backoff, Blocker, CleanupMarker, Facts, LastAttempt, PauseCause, StateFacts, Unreadable, UnfinishedJob};
+use crate::rules::{
+    self, Backoff, Blocker, CleanupMarker, Facts, LastAttempt, PauseCause, StateFacts,
+    UnfinishedJob, Unreadable,
+};
 use crate::state::{self, Fingerprint, StateReason, StateSecrets, Verdict};
 
 /// The owning Cluster, as far as pausing goes.
@@ -30,9 +33,14 @@ impl ClusterView {
     /// Reads a `cluster.x-k8s.io` Cluster of any version.
     pub fn from_value(value: &Value) -> ClusterView {
         ClusterView {
-            name: value["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            name: value["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
             spec_paused: value["spec"]["paused"].as_bool().unwrap_or(false),
-            annotation_paused: value["metadata"]["annotations"].get(names::CAPI_PAUSED).is_some(),
+            annotation_paused: value["metadata"]["annotations"]
+                .get(names::CAPI_PAUSED)
+                .is_some(),
         }
     }
 }
@@ -86,16 +94,25 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { backoff: Backoff::default(), decompression_cap: state::DEFAULT_DECOMPRESSION_CAP }
+        Settings {
+            backoff: Backoff::default(),
+            decompression_cap: state::DEFAULT_DECOMPRESSION_CAP,
+        }
     }
 }
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
-    meta.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
 }
 
 fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
-    meta.labels.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+    meta.labels
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
 }
 
 /// The name of the owning Cluster: the ownerReference of kind Cluster (group
@@ -104,7 +121,9 @@ pub fn owning_cluster(meta: &ObjectMeta) -> Option<String> {
     let by_ref = meta.owner_references.iter().flatten().find(|r| {
         r.kind == "Cluster" && r.api_version.split('/').next() == Some(names::CAPI_GROUP)
     });
-    by_ref.map(|r| r.name.clone()).or_else(|| label(meta, names::CAPI_CLUSTER_NAME_LABEL).map(str::to_string))
+    by_ref
+        .map(|r| r.name.clone())
+        .or_else(|| label(meta, names::CAPI_CLUSTER_NAME_LABEL).map(str::to_string))
 }
 
 /// Whether a Job or Pod carries this object's owner labels: the uid when both sides have
@@ -149,9 +168,16 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
                 StateFacts::Missing
             } else {
                 let interrupted = annotation(&o.meta, names::APPLY_INTERRUPTED).is_some();
-                let verdict = match (adopt, Fingerprint::from_annotations(o.meta.annotations.as_ref().unwrap_or(&BTreeMap::new()))) {
+                let verdict = match (
+                    adopt,
+                    Fingerprint::from_annotations(
+                        o.meta.annotations.as_ref().unwrap_or(&BTreeMap::new()),
+                    ),
+                ) {
                     (true, _) => state::classify(&content, None, interrupted),
-                    (false, Ok(recorded)) => state::classify(&content, recorded.as_ref(), interrupted),
+                    (false, Ok(recorded)) => {
+                        state::classify(&content, recorded.as_ref(), interrupted)
+                    }
                     (false, Err(problem)) => bad_fingerprint(&content, problem),
                 };
                 let facts = state_facts(&verdict, &names::state_secret_name(&suffix));
@@ -225,13 +251,22 @@ fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
     }
     // A Pod whose Job is gone still runs Terraform until it ends.
     for p in &o.pods {
-        let job_name = label(&p.metadata, "job-name").or_else(|| label(&p.metadata, "batch.kubernetes.io/job-name"));
-        let has_job = job_name.is_some_and(|n| o.jobs.iter().any(|j| j.metadata.name.as_deref() == Some(n)));
-        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+        let job_name = label(&p.metadata, "job-name")
+            .or_else(|| label(&p.metadata, "batch.kubernetes.io/job-name"));
+        let has_job =
+            job_name.is_some_and(|n| o.jobs.iter().any(|j| j.metadata.name.as_deref() == Some(n)));
+        let phase = p
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending");
         if !has_job && !matches!(phase, "Succeeded" | "Failed") {
             out.push(UnfinishedJob {
                 name: p.metadata.name.clone().unwrap_or_default(),
-                operation: format!("{} Pod of a deleted", label(&p.metadata, names::LABEL_OPERATION).unwrap_or("unknown")),
+                operation: format!(
+                    "{} Pod of a deleted",
+                    label(&p.metadata, names::LABEL_OPERATION).unwrap_or("unknown")
+                ),
                 waiting_reason: None,
             });
         }
@@ -240,21 +275,29 @@ fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
 }
 
 fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
-    let attempt: u32 = annotation(&o.meta, names::DESTROY_ATTEMPT).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let attempt: u32 = annotation(&o.meta, names::DESTROY_ATTEMPT)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
     if attempt == 0 {
         return (0, LastAttempt::NoneFinished);
     }
-    let failed_at: Option<Timestamp> = annotation(&o.meta, names::DESTROY_FAILED_AT).and_then(|v| v.parse().ok());
+    let failed_at: Option<Timestamp> =
+        annotation(&o.meta, names::DESTROY_FAILED_AT).and_then(|v| v.parse().ok());
     let job_name = names::job_name(suffix, names::OPERATION_DESTROY, attempt);
     let job = o.jobs.iter().find(|j| {
         j.metadata.name.as_deref() == Some(job_name.as_str())
-            || (job::operation_of(j) == Some(names::OPERATION_DESTROY) && job::attempt_of(j) == Some(attempt))
+            || (job::operation_of(j) == Some(names::OPERATION_DESTROY)
+                && job::attempt_of(j) == Some(attempt))
     });
     let last = match job.map(|j| job::outcome(j, &o.pods)) {
         Some(JobOutcome::Succeeded) => LastAttempt::Succeeded,
-        Some(JobOutcome::Failed { reason, error_tail, .. }) => LastAttempt::Failed {
+        Some(JobOutcome::Failed {
+            reason, error_tail, ..
+        }) => LastAttempt::Failed {
             at: failed_at.or(Some(o.now)),
-            error: error_tail.filter(|t| !t.trim().is_empty()).unwrap_or(reason),
+            error: error_tail
+                .filter(|t| !t.trim().is_empty())
+                .unwrap_or(reason),
         },
         // An unfinished Job is row 2's business.
         Some(JobOutcome::Unfinished { .. }) => LastAttempt::NoneFinished,
@@ -264,7 +307,9 @@ fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
             Some(at) if deletion_time(&o.meta).is_some_and(|d| at < d) => LastAttempt::NoneFinished,
             Some(at) => LastAttempt::Failed {
                 at: Some(at),
-                error: format!("its Job {job_name} is gone; read the earlier condition message or the errored-state Secret"),
+                error: format!(
+                    "its Job {job_name} is gone; read the earlier condition message or the errored-state Secret"
+                ),
             },
             None => LastAttempt::NoneFinished,
         },
@@ -284,20 +329,29 @@ fn blocker(o: &Observed, suffix: &str, namespace: &str, extras: &mut Extras) -> 
         Ok(i) => i,
         Err(message) => return Some(Blocker::Inputs(message)),
     };
-    for env in &inputs.env {
-        let r = &env.secret_key_ref;
-        let present = o.referenced_secrets.get(&r.name).is_some_and(|s| has_key(s, &r.key));
-        if !present {
-            extras.inputs = Some(inputs);
-            return Some(Blocker::Credentials { secret: r.name.clone(), key: r.key.clone() });
-        }
-    }
+    let missing = inputs
+        .env
+        .iter()
+        .map(|e| &e.secret_key_ref)
+        .find(|r| {
+            !o.referenced_secrets
+                .get(&r.name)
+                .is_some_and(|s| has_key(s, &r.key))
+        })
+        .map(|r| Blocker::Credentials {
+            secret: r.name.clone(),
+            key: r.key.clone(),
+        });
     extras.inputs = Some(inputs);
-    lock_blocker(o, suffix, extras)
+    missing.or_else(|| lock_blocker(o, suffix, extras))
 }
 
 fn has_key(secret: &Secret, key: &str) -> bool {
-    secret.data.as_ref().is_some_and(|d| d.contains_key(key)) || secret.string_data.as_ref().is_some_and(|d| d.contains_key(key))
+    secret.data.as_ref().is_some_and(|d| d.contains_key(key))
+        || secret
+            .string_data
+            .as_ref()
+            .is_some_and(|d| d.contains_key(key))
 }
 
 /// The inputs a destroy renders from: the inputs Secret, or for a cluster or pool without
@@ -318,11 +372,17 @@ fn usable_inputs(o: &Observed, suffix: &str, namespace: &str) -> Result<Inputs, 
         match kind {
             VariablesSourceKind::ConfigMap => {
                 let cm = o.referenced_config_maps.get(name)?;
-                cm.data.as_ref().and_then(|d| d.get(key)).map(|v| v.as_bytes().to_vec())
+                cm.data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .map(|v| v.as_bytes().to_vec())
             }
             VariablesSourceKind::Secret => {
                 let s = o.referenced_secrets.get(name)?;
-                s.data.as_ref().and_then(|d| d.get(key)).map(|v| v.0.clone())
+                s.data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .map(|v| v.0.clone())
             }
         }
     };
@@ -343,7 +403,11 @@ fn usable_inputs(o: &Observed, suffix: &str, namespace: &str) -> Result<Inputs, 
 /// attempt), or held by someone else (never broken).
 fn lock_blocker(o: &Observed, suffix: &str, extras: &mut Extras) -> Option<Blocker> {
     let lease = o.lock.as_ref()?;
-    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty())?;
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|h| !h.is_empty())?;
     let info: Value = lease
         .metadata
         .annotations
@@ -352,9 +416,15 @@ fn lock_blocker(o: &Observed, suffix: &str, extras: &mut Extras) -> Option<Block
         .and_then(|v| serde_json::from_str(v).ok())
         .unwrap_or(Value::Null);
     let who = info["Who"].as_str().unwrap_or_default().to_string();
-    let host = who.rsplit_once('@').map(|(_, h)| h.to_string()).unwrap_or_default();
+    let host = who
+        .rsplit_once('@')
+        .map(|(_, h)| h.to_string())
+        .unwrap_or_default();
     let own_prefix = format!("captf-{}-", suffix.replace('.', "-"));
-    let pod_gone = !o.pods.iter().any(|p| p.metadata.name.as_deref() == Some(host.as_str()));
+    let pod_gone = !o
+        .pods
+        .iter()
+        .any(|p| p.metadata.name.as_deref() == Some(host.as_str()));
     let own_pod = host.starts_with(&own_prefix) || short_job_prefix_matches(&host, suffix);
     if own_pod && pod_gone {
         extras.stale_lock = true;
@@ -364,18 +434,24 @@ fn lock_blocker(o: &Observed, suffix: &str, extras: &mut Extras) -> Option<Block
         .as_str()
         .and_then(|c| c.parse::<Timestamp>().ok())
         .map(|c| format!("{c} ({} ago)", human_age(o.now.as_second() - c.as_second())));
-    let holder = if who.is_empty() { format!("lock {holder}") } else { format!("{who} (lock {holder})") };
+    let holder = if who.is_empty() {
+        format!("lock {holder}")
+    } else {
+        format!("{who} (lock {holder})")
+    };
     Some(Blocker::LockHeld { holder, age })
 }
 
 /// Long suffixes are cut and hashed in Job names; a Pod of such a Job starts with the cut
 /// Job name prefix.
 fn short_job_prefix_matches(host: &str, suffix: &str) -> bool {
-    [names::OPERATION_APPLY, names::OPERATION_DESTROY].iter().any(|op| {
-        let j = names::job_name(suffix, op, 1);
-        let prefix = j.trim_end_matches(&format!("-{op}-1")[..]);
-        host.starts_with(prefix) && host.contains(&format!("-{op}-"))
-    })
+    [names::OPERATION_APPLY, names::OPERATION_DESTROY]
+        .iter()
+        .any(|op| {
+            let j = names::job_name(suffix, op, 1);
+            let prefix = j.trim_end_matches(&format!("-{op}-1")[..]);
+            host.starts_with(prefix) && host.contains(&format!("-{op}-"))
+        })
 }
 
 fn human_age(seconds: i64) -> String {
@@ -392,13 +468,18 @@ fn bad_fingerprint(content: &state::StateContent, problem: String) -> Verdict {
     if v.readable {
         v.readable = false;
         v.reason = StateReason::StateInconsistent;
-        v.message = format!("{problem}: the state cannot be checked against the object's fingerprint; see runbooks/StateInconsistent.md");
+        v.message = format!(
+            "{problem}: the state cannot be checked against the object's fingerprint; see runbooks/StateInconsistent.md"
+        );
     }
     v
 }
 
 fn state_facts(v: &Verdict, secret: &str) -> StateFacts {
-    let unreadable = |why| StateFacts::Unreadable { why, message: v.message.clone() };
+    let unreadable = |why| StateFacts::Unreadable {
+        why,
+        message: v.message.clone(),
+    };
     match v.reason {
         StateReason::Readable => StateFacts::Readable {
             managed_instances: v.managed_instances.unwrap_or(0),

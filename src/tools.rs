@@ -8,8 +8,8 @@ use std::io::Read;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
@@ -42,7 +42,13 @@ pub enum RestoreSource {
 
 /// `captf state restore KIND/NAME`: writes a state back in Terraform's format (parts
 /// included). A readable current state is never overwritten without `force`.
-pub async fn restore(client: &Client, ns: &str, target: &str, source: RestoreSource, force: bool) -> Result<String, ToolError> {
+pub async fn restore(
+    client: &Client,
+    ns: &str,
+    target: &str,
+    source: RestoreSource,
+    force: bool,
+) -> Result<String, ToolError> {
     let (kind, name) = parse_target(target)?;
     let obj_meta = object_meta(client, ns, kind, &name).await?;
     let suffix = names::state_suffix(kind, &name);
@@ -51,7 +57,8 @@ pub async fn restore(client: &Client, ns: &str, target: &str, source: RestoreSou
 
     let gzip = match &source {
         RestoreSource::Backup => {
-            let backup = observe::read_chunked(&secrets, &names::backup_secret_name(&suffix), None).await?;
+            let backup =
+                observe::read_chunked(&secrets, &names::backup_secret_name(&suffix), None).await?;
             backup.joined().ok_or_else(|| {
                 ToolError::Refused(format!(
                     "no complete backup Secret {} (with its parts) in namespace {ns}; restore --from-file instead",
@@ -65,16 +72,26 @@ pub async fn restore(client: &Client, ns: &str, target: &str, source: RestoreSou
     match state::read_bytes(&gzip[..], state::DEFAULT_DECOMPRESSION_CAP) {
         StateContent::Parsed { .. } => {}
         StateContent::Encrypted { message, .. } | StateContent::Corrupt { message } => {
-            return Err(ToolError::Refused(format!("the state to restore is not usable: {message}")));
+            return Err(ToolError::Refused(format!(
+                "the state to restore is not usable: {message}"
+            )));
         }
-        StateContent::Missing => return Err(ToolError::Refused("the state to restore is empty".into())),
+        StateContent::Missing => {
+            return Err(ToolError::Refused("the state to restore is empty".into()));
+        }
     }
 
     let current = observe::read_chunked(&secrets, &state_name, Some(&suffix)).await?;
-    let recorded = obj_meta
-        .as_ref()
-        .and_then(|m| Fingerprint::from_annotations(m.annotations.as_ref().unwrap_or(&BTreeMap::new())).ok().flatten());
-    let verdict = state::classify(&state::read(&current, state::DEFAULT_DECOMPRESSION_CAP), recorded.as_ref(), false);
+    let recorded = obj_meta.as_ref().and_then(|m| {
+        Fingerprint::from_annotations(m.annotations.as_ref().unwrap_or(&BTreeMap::new()))
+            .ok()
+            .flatten()
+    });
+    let verdict = state::classify(
+        &state::read(&current, state::DEFAULT_DECOMPRESSION_CAP),
+        recorded.as_ref(),
+        false,
+    );
     if verdict.readable && !force {
         return Err(ToolError::Refused(format!(
             "the current state {state_name} is readable ({}); restoring would overwrite it: pass --force if that is what you want",
@@ -101,16 +118,51 @@ pub async fn restore(client: &Client, ns: &str, target: &str, source: RestoreSou
     // Parts first, then the base, then parts the new state no longer has: a reader never
     // sees a base that points past the parts written.
     for (i, chunk) in chunks.iter().enumerate().skip(1) {
-        write_chunk(&secrets, ns, &names::part_secret_name(&state_name, i as u32), chunk, &labels, false).await?;
+        write_chunk(
+            &secrets,
+            ns,
+            &names::part_secret_name(&state_name, i as u32),
+            chunk,
+            &labels,
+            false,
+        )
+        .await?;
     }
-    write_chunk(&secrets, ns, &state_name, chunks.first().copied().unwrap_or_default(), &labels, true).await?;
+    write_chunk(
+        &secrets,
+        ns,
+        &state_name,
+        chunks.first().copied().unwrap_or_default(),
+        &labels,
+        true,
+    )
+    .await?;
     let mut n = chunks.len().max(1) as u32;
-    while secrets.get_metadata_opt(&names::part_secret_name(&state_name, n)).await?.is_some() {
-        crate::controller::writes::delete_if_present(&secrets, &names::part_secret_name(&state_name, n)).await?;
+    while secrets
+        .get_metadata_opt(&names::part_secret_name(&state_name, n))
+        .await?
+        .is_some()
+    {
+        crate::controller::writes::delete_if_present(
+            &secrets,
+            &names::part_secret_name(&state_name, n),
+        )
+        .await?;
         n += 1;
     }
-    let after = state::classify(&state::read(&observe::read_chunked(&secrets, &state_name, Some(&suffix)).await?, state::DEFAULT_DECOMPRESSION_CAP), recorded.as_ref(), false);
-    let mut out = format!("restored {state_name} in {ns} ({} part Secret(s)): {}", chunks.len().saturating_sub(1), after.message);
+    let after = state::classify(
+        &state::read(
+            &observe::read_chunked(&secrets, &state_name, Some(&suffix)).await?,
+            state::DEFAULT_DECOMPRESSION_CAP,
+        ),
+        recorded.as_ref(),
+        false,
+    );
+    let mut out = format!(
+        "restored {state_name} in {ns} ({} part Secret(s)): {}",
+        chunks.len().saturating_sub(1),
+        after.message
+    );
     if after.reason == state::StateReason::StateInconsistent {
         out.push_str(&format!(
             "\nthe restored state does not match the object's fingerprint; once you have checked it, accept it with:\n  kubectl annotate -n {ns} {}/{name} --overwrite {}={} {}={}",
@@ -124,15 +176,25 @@ pub async fn restore(client: &Client, ns: &str, target: &str, source: RestoreSou
     Ok(out)
 }
 
-async fn write_chunk(secrets: &Api<Secret>, ns: &str, name: &str, chunk: &[u8], labels: &BTreeMap<String, String>, base: bool) -> Result<(), ToolError> {
-    let data: BTreeMap<String, ByteString> = [(names::TF_STATE_KEY.to_string(), ByteString(chunk.to_vec()))].into();
+async fn write_chunk(
+    secrets: &Api<Secret>,
+    ns: &str,
+    name: &str,
+    chunk: &[u8],
+    labels: &BTreeMap<String, String>,
+    base: bool,
+) -> Result<(), ToolError> {
+    let data: BTreeMap<String, ByteString> =
+        [(names::TF_STATE_KEY.to_string(), ByteString(chunk.to_vec()))].into();
     match secrets.get_opt(name).await? {
         Some(mut existing) => {
             existing.data = Some(data);
             existing.string_data = None;
             let l = existing.metadata.labels.get_or_insert_with(BTreeMap::new);
             l.extend(labels.clone());
-            secrets.replace(name, &PostParams::default(), &existing).await?;
+            secrets
+                .replace(name, &PostParams::default(), &existing)
+                .await?;
         }
         None => {
             let secret = Secret {
@@ -158,22 +220,29 @@ fn read_state_file(path: &std::path::Path) -> Result<Vec<u8>, ToolError> {
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| ToolError::Refused(format!("{shown}: {e}")))?;
     if meta.len() > MAX_STATE_FILE_BYTES {
-        return Err(ToolError::Refused(format!("{shown}: {} bytes, more than the limit of {MAX_STATE_FILE_BYTES}", meta.len())));
+        return Err(ToolError::Refused(format!(
+            "{shown}: {} bytes, more than the limit of {MAX_STATE_FILE_BYTES}",
+            meta.len()
+        )));
     }
     let bytes = std::fs::read(path).map_err(|e| ToolError::Refused(format!("{shown}: {e}")))?;
     if bytes.starts_with(&[0x1f, 0x8b]) {
         return Ok(bytes);
     }
     let mut enc = GzEncoder::new(Vec::new(), Compression::default());
-    std::io::copy(&mut &bytes[..], &mut enc).map_err(|e| ToolError::Refused(format!("{shown}: {e}")))?;
-    enc.finish().map_err(|e| ToolError::Refused(format!("{shown}: {e}")))
+    std::io::copy(&mut &bytes[..], &mut enc)
+        .map_err(|e| ToolError::Refused(format!("{shown}: {e}")))?;
+    enc.finish()
+        .map_err(|e| ToolError::Refused(format!("{shown}: {e}")))
 }
 
 /// `KIND/NAME` as kubectl writes it (`tfm/web-1`, `terraformmachine/web-1`, …).
 pub fn parse_target(target: &str) -> Result<(Kind, String), ToolError> {
-    let (kind, name) = target
-        .split_once('/')
-        .ok_or_else(|| ToolError::Refused(format!("{target:?}: expected KIND/NAME, e.g. terraformmachine/web-1")))?;
+    let (kind, name) = target.split_once('/').ok_or_else(|| {
+        ToolError::Refused(format!(
+            "{target:?}: expected KIND/NAME, e.g. terraformmachine/web-1"
+        ))
+    })?;
     let kind = Kind::parse(kind).ok_or_else(|| {
         ToolError::Refused(format!("{kind:?} is not a CAPTF kind: use terraformcluster (tfc), terraformmachine (tfm) or terraformmachinepool (tfmp)"))
     })?;
@@ -183,11 +252,25 @@ pub fn parse_target(target: &str) -> Result<(Kind, String), ToolError> {
     Ok((kind, name.to_string()))
 }
 
-async fn object_meta(client: &Client, ns: &str, kind: Kind, name: &str) -> Result<Option<ObjectMeta>, ToolError> {
+async fn object_meta(
+    client: &Client,
+    ns: &str,
+    kind: Kind,
+    name: &str,
+) -> Result<Option<ObjectMeta>, ToolError> {
     Ok(match kind {
-        Kind::TerraformCluster => Api::<TerraformCluster>::namespaced(client.clone(), ns).get_opt(name).await?.map(|o| o.metadata),
-        Kind::TerraformMachine => Api::<TerraformMachine>::namespaced(client.clone(), ns).get_opt(name).await?.map(|o| o.metadata),
-        Kind::TerraformMachinePool => Api::<TerraformMachinePool>::namespaced(client.clone(), ns).get_opt(name).await?.map(|o| o.metadata),
+        Kind::TerraformCluster => Api::<TerraformCluster>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        Kind::TerraformMachine => Api::<TerraformMachine>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        Kind::TerraformMachinePool => Api::<TerraformMachinePool>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
     })
 }
 
@@ -211,10 +294,23 @@ pub async fn orphans(client: &Client, ns: Option<&str>) -> Result<Vec<Orphan>, T
         None => Api::all(client.clone()),
     };
     let mut candidates: BTreeMap<String, Secret> = BTreeMap::new();
-    for selector in [format!("{}=true", names::TF_LABEL_STATE), names::LABEL_OWNER_KIND.to_string()] {
-        for s in secrets.list_metadata(&ListParams::default().labels(&selector)).await?.items {
+    for selector in [
+        format!("{}=true", names::TF_LABEL_STATE),
+        names::LABEL_OWNER_KIND.to_string(),
+    ] {
+        for s in secrets
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await?
+            .items
+        {
             let key = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
-            candidates.insert(key, Secret { metadata: s.metadata, ..Default::default() });
+            candidates.insert(
+                key,
+                Secret {
+                    metadata: s.metadata,
+                    ..Default::default()
+                },
+            );
         }
     }
     let mut out = Vec::new();
@@ -222,12 +318,16 @@ pub async fn orphans(client: &Client, ns: Option<&str>) -> Result<Vec<Orphan>, T
     for s in candidates.values() {
         let namespace = s.namespace().unwrap_or_default();
         let secret = s.name_any();
-        let Some((role, kind, name)) = owner_of_secret(s) else { continue };
+        let Some((role, kind, name)) = owner_of_secret(s) else {
+            continue;
+        };
         let key = (namespace.clone(), kind, name.clone());
         let exists = match exists_cache.get(&key) {
             Some(e) => *e,
             None => {
-                let e = object_meta(client, &namespace, kind, &name).await?.is_some();
+                let e = object_meta(client, &namespace, kind, &name)
+                    .await?
+                    .is_some();
                 exists_cache.insert(key, e);
                 e
             }
@@ -262,7 +362,10 @@ fn owner_of_secret(s: &Secret) -> Option<(String, Kind, String)> {
     } else {
         return None;
     };
-    if let (Some(k), Some(n)) = (labels.get(names::LABEL_OWNER_KIND), labels.get(names::LABEL_OWNER_NAME)) {
+    if let (Some(k), Some(n)) = (
+        labels.get(names::LABEL_OWNER_KIND),
+        labels.get(names::LABEL_OWNER_NAME),
+    ) {
         return Some((role.to_string(), Kind::parse(k)?, n.clone()));
     }
     let suffix = labels.get(names::TF_LABEL_SUFFIX)?;
@@ -271,18 +374,31 @@ fn owner_of_secret(s: &Secret) -> Option<(String, Kind, String)> {
 }
 
 /// `captf explain` without `-f`: the same verdicts from the live objects.
-pub async fn explain_live(client: &Client, ns: Option<&str>, settings: &Settings) -> Result<Vec<Explained>, ToolError> {
+pub async fn explain_live(
+    client: &Client,
+    ns: Option<&str>,
+    settings: &Settings,
+) -> Result<Vec<Explained>, ToolError> {
     let cluster_api = discover_cluster_api(client).await;
     let mut out = Vec::new();
     explain_kind::<TerraformCluster>(client, ns, cluster_api.as_ref(), settings, &mut out).await?;
     explain_kind::<TerraformMachine>(client, ns, cluster_api.as_ref(), settings, &mut out).await?;
-    explain_kind::<TerraformMachinePool>(client, ns, cluster_api.as_ref(), settings, &mut out).await?;
+    explain_kind::<TerraformMachinePool>(client, ns, cluster_api.as_ref(), settings, &mut out)
+        .await?;
     Ok(out)
 }
 
 async fn discover_cluster_api(client: &Client) -> Option<kube::api::ApiResource> {
-    let discovery = kube::discovery::Discovery::new(client.clone()).filter(&[names::CAPI_GROUP]).run().await.ok()?;
-    discovery.groups().flat_map(|g| g.recommended_resources()).map(|(ar, _)| ar).find(|ar| ar.kind == "Cluster")
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .filter(&[names::CAPI_GROUP])
+        .run()
+        .await
+        .ok()?;
+    discovery
+        .groups()
+        .flat_map(|g| g.recommended_resources())
+        .map(|(ar, _)| ar)
+        .find(|ar| ar.kind == "Cluster")
 }
 
 async fn explain_kind<K: TerraformObject>(
@@ -301,7 +417,12 @@ async fn explain_kind<K: TerraformObject>(
         observe::observe_secrets(client, &mut observed).await?;
         observed.now = Timestamp::now();
         let (decision, _, _) = facts::decide(&observed, settings);
-        out.push(Explained::new(K::KIND, &obj.namespace().unwrap_or_default(), &obj.name_any(), &decision));
+        out.push(Explained::new(
+            K::KIND,
+            &obj.namespace().unwrap_or_default(),
+            &obj.name_any(),
+            &decision,
+        ));
     }
     Ok(())
 }

@@ -87,8 +87,18 @@ pub struct Desired {
 }
 
 impl Desired {
-    pub fn new(type_: &'static str, status: Status, reason: &'static str, message: impl Into<String>) -> Self {
-        Desired { type_, status, reason, message: message.into() }
+    pub fn new(
+        type_: &'static str,
+        status: Status,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Desired {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        }
     }
 }
 
@@ -96,7 +106,12 @@ impl Desired {
 /// `lastTransitionTime`; reason, message and observedGeneration follow the desired value.
 /// Conditions not named in `desired` are kept as they are. The result is ordered by type
 /// as first seen, new types appended.
-pub fn merge(existing: &[Condition], desired: &[Desired], generation: Option<i64>, now: Timestamp) -> Vec<Condition> {
+pub fn merge(
+    existing: &[Condition],
+    desired: &[Desired],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
     let mut out: Vec<Condition> = existing.to_vec();
     for d in desired {
         let status = d.status.as_str();
@@ -126,7 +141,15 @@ pub fn merge(existing: &[Condition], desired: &[Desired], generation: Option<i64
 /// Whether two condition lists differ in anything but timestamps; an unchanged status is
 /// not rewritten.
 pub fn differ_ignoring_time(a: &[Condition], b: &[Condition]) -> bool {
-    let key = |c: &Condition| (c.type_.clone(), c.status.clone(), c.reason.clone(), c.message.clone(), c.observed_generation);
+    let key = |c: &Condition| {
+        (
+            c.type_.clone(),
+            c.status.clone(),
+            c.reason.clone(),
+            c.message.clone(),
+            c.observed_generation,
+        )
+    };
     a.len() != b.len() || a.iter().zip(b).any(|(x, y)| key(x) != key(y))
 }
 
@@ -145,7 +168,12 @@ mod tests {
 
     #[test]
     fn a_new_condition_gets_the_current_time() {
-        let out = merge(&[], &[Desired::new(PAUSED, Status::False, reason::NOT_PAUSED, "")], Some(3), t("2026-01-01T00:00:00Z"));
+        let out = merge(
+            &[],
+            &[Desired::new(PAUSED, Status::False, reason::NOT_PAUSED, "")],
+            Some(3),
+            t("2026-01-01T00:00:00Z"),
+        );
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].last_transition_time, "2026-01-01T00:00:00Z");
         assert_eq!(out[0].observed_generation, Some(3));
@@ -154,27 +182,72 @@ mod tests {
 
     #[test]
     fn merging_keeps_last_transition_time_unless_the_status_flips() {
-        let first = merge(&[], &[Desired::new(DELETING, Status::True, reason::WAITING_FOR_JOB, "a")], Some(1), t("2026-01-01T00:00:00Z"));
-        let same_status = merge(&first, &[Desired::new(DELETING, Status::True, reason::DESTROY_RUNNING, "b")], Some(2), t("2026-01-02T00:00:00Z"));
+        let first = merge(
+            &[],
+            &[Desired::new(
+                DELETING,
+                Status::True,
+                reason::WAITING_FOR_JOB,
+                "a",
+            )],
+            Some(1),
+            t("2026-01-01T00:00:00Z"),
+        );
+        let same_status = merge(
+            &first,
+            &[Desired::new(
+                DELETING,
+                Status::True,
+                reason::DESTROY_RUNNING,
+                "b",
+            )],
+            Some(2),
+            t("2026-01-02T00:00:00Z"),
+        );
         assert_eq!(same_status[0].last_transition_time, "2026-01-01T00:00:00Z");
         assert_eq!(same_status[0].reason, "DestroyRunning");
         assert_eq!(same_status[0].message, "b");
         assert_eq!(same_status[0].observed_generation, Some(2));
-        let flipped = merge(&same_status, &[Desired::new(DELETING, Status::False, reason::NOT_DELETING, "")], Some(2), t("2026-01-03T00:00:00Z"));
+        let flipped = merge(
+            &same_status,
+            &[Desired::new(
+                DELETING,
+                Status::False,
+                reason::NOT_DELETING,
+                "",
+            )],
+            Some(2),
+            t("2026-01-03T00:00:00Z"),
+        );
         assert_eq!(flipped[0].last_transition_time, "2026-01-03T00:00:00Z");
     }
 
     #[test]
     fn conditions_not_named_are_kept() {
-        let first = merge(&[], &[Desired::new(READY, Status::True, "Provisioned", "")], None, t("2026-01-01T00:00:00Z"));
-        let out = merge(&first, &[Desired::new(PAUSED, Status::True, reason::PAUSED, "")], None, t("2026-01-02T00:00:00Z"));
+        let first = merge(
+            &[],
+            &[Desired::new(READY, Status::True, "Provisioned", "")],
+            None,
+            t("2026-01-01T00:00:00Z"),
+        );
+        let out = merge(
+            &first,
+            &[Desired::new(PAUSED, Status::True, reason::PAUSED, "")],
+            None,
+            t("2026-01-02T00:00:00Z"),
+        );
         assert_eq!(out.len(), 2);
         assert_eq!(out[0], first[0]);
     }
 
     #[test]
     fn differ_ignores_only_timestamps() {
-        let a = merge(&[], &[Desired::new(PAUSED, Status::True, reason::PAUSED, "x")], None, t("2026-01-01T00:00:00Z"));
+        let a = merge(
+            &[],
+            &[Desired::new(PAUSED, Status::True, reason::PAUSED, "x")],
+            None,
+            t("2026-01-01T00:00:00Z"),
+        );
         let mut b = a.clone();
         b[0].last_transition_time = "2027-01-01T00:00:00Z".into();
         assert!(!differ_ignoring_time(&a, &b));

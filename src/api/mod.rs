@@ -9,10 +9,14 @@ pub use names::Kind;
 pub use object::TerraformObject;
 pub use types::*;
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 /// The three CRDs, in the order `captf crds` prints them.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![TerraformCluster::crd(), TerraformMachine::crd(), TerraformMachinePool::crd()]
+    vec![
+        TerraformCluster::crd(),
+        TerraformMachine::crd(),
+        TerraformMachinePool::crd(),
+    ]
 }

@@ -81,7 +81,11 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::TerraformCluster, Kind::TerraformMachine, Kind::TerraformMachinePool];
+    pub const ALL: [Kind; 3] = [
+        Kind::TerraformCluster,
+        Kind::TerraformMachine,
+        Kind::TerraformMachinePool,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -127,7 +131,9 @@ impl Kind {
         let lower = text.to_ascii_lowercase();
         let lower = lower.split('.').next().unwrap_or_default();
         Kind::ALL.into_iter().find(|k| {
-            lower == k.as_str().to_ascii_lowercase() || lower == k.plural() || lower == k.short_name()
+            lower == k.as_str().to_ascii_lowercase()
+                || lower == k.plural()
+                || lower == k.short_name()
         })
     }
 }
@@ -143,7 +149,9 @@ pub fn short_hash(text: &str) -> String {
     const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
     let digest = Sha256::digest(text.as_bytes());
     // 8 base32 characters are exactly the first 40 bits (5 bytes).
-    let bits = digest[..5].iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+    let bits = digest[..5]
+        .iter()
+        .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
     (0..8)
         .map(|i| ALPHABET[((bits >> (35 - 5 * i)) & 31) as usize] as char)
         .collect()
@@ -229,7 +237,8 @@ mod tests {
 
     fn is_label_value(v: &str) -> bool {
         v.len() <= 63
-            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
             && v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
             && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
     }
@@ -245,16 +254,27 @@ mod tests {
     fn short_names_give_plain_suffixes() {
         assert_eq!(state_suffix(Kind::TerraformMachine, "web-1"), "web-1.tfm");
         assert_eq!(state_suffix(Kind::TerraformCluster, "prod"), "prod.tfc");
-        assert_eq!(state_suffix(Kind::TerraformMachinePool, "pool-7"), "pool-7.tfmp");
+        assert_eq!(
+            state_suffix(Kind::TerraformMachinePool, "pool-7"),
+            "pool-7.tfmp"
+        );
         assert_eq!(state_secret_name("web-1.tfm"), "tfstate-default-web-1.tfm");
-        assert_eq!(lock_lease_name("web-1.tfm"), "lock-tfstate-default-web-1.tfm");
+        assert_eq!(
+            lock_lease_name("web-1.tfm"),
+            "lock-tfstate-default-web-1.tfm"
+        );
         assert_eq!(inputs_secret_name("web-1.tfm"), "captf-inputs-web-1.tfm");
         assert_eq!(backup_secret_name("web-1.tfm"), "captf-backup-web-1.tfm");
     }
 
     #[test]
     fn names_ending_in_a_number_never_give_a_suffix_ending_in_dash_number() {
-        for name in ["web-1", "a-0", "node-123456", &format!("{}-9", "x".repeat(70))] {
+        for name in [
+            "web-1",
+            "a-0",
+            "node-123456",
+            &format!("{}-9", "x".repeat(70)),
+        ] {
             for kind in Kind::ALL {
                 let s = state_suffix(kind, name);
                 assert!(!ends_in_dash_number(&s), "{s}");
@@ -266,7 +286,10 @@ mod tests {
     #[test]
     fn a_suffix_at_the_limit_is_kept_and_one_over_is_cut_and_hashed() {
         let at_limit = "a".repeat(63 - 4); // + ".tfm" = 63
-        assert_eq!(state_suffix(Kind::TerraformMachine, &at_limit), format!("{at_limit}.tfm"));
+        assert_eq!(
+            state_suffix(Kind::TerraformMachine, &at_limit),
+            format!("{at_limit}.tfm")
+        );
         let over = "a".repeat(60);
         let s = state_suffix(Kind::TerraformMachine, &over);
         assert_eq!(s.len(), 49 + 1 + 8 + 4);
@@ -281,7 +304,10 @@ mod tests {
     fn long_names_that_share_a_prefix_get_different_suffixes() {
         let a = format!("{}-one", "p".repeat(60));
         let b = format!("{}-two", "p".repeat(60));
-        assert_ne!(state_suffix(Kind::TerraformMachine, &a), state_suffix(Kind::TerraformMachine, &b));
+        assert_ne!(
+            state_suffix(Kind::TerraformMachine, &a),
+            state_suffix(Kind::TerraformMachine, &b)
+        );
     }
 
     #[test]
@@ -290,20 +316,32 @@ mod tests {
         assert_eq!(short_hash(""), "4oymiquy");
         let h = short_hash("some-name");
         assert_eq!(h.len(), 8);
-        assert!(h.bytes().all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)));
+        assert!(
+            h.bytes()
+                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
+        );
     }
 
     #[test]
     fn job_names_stay_valid_label_values() {
-        assert_eq!(job_name("web-1.tfm", OPERATION_DESTROY, 3), "captf-web-1-tfm-destroy-3");
+        assert_eq!(
+            job_name("web-1.tfm", OPERATION_DESTROY, 3),
+            "captf-web-1-tfm-destroy-3"
+        );
         let long = state_suffix(Kind::TerraformMachinePool, &"z".repeat(200));
         let j = job_name(&long, OPERATION_DESTROY, 12345);
         assert!(j.len() <= 63, "{j}");
         assert!(is_label_value(&j), "{j}");
         assert!(j.ends_with("-destroy-12345"));
         // Different attempts give different names; the same attempt the same name.
-        assert_ne!(job_name(&long, OPERATION_DESTROY, 1), job_name(&long, OPERATION_DESTROY, 2));
-        assert_eq!(job_name(&long, OPERATION_APPLY, 1), job_name(&long, OPERATION_APPLY, 1));
+        assert_ne!(
+            job_name(&long, OPERATION_DESTROY, 1),
+            job_name(&long, OPERATION_DESTROY, 2)
+        );
+        assert_eq!(
+            job_name(&long, OPERATION_APPLY, 1),
+            job_name(&long, OPERATION_APPLY, 1)
+        );
     }
 
     #[test]
@@ -320,9 +358,18 @@ mod tests {
     #[test]
     fn kinds_parse_from_what_people_type() {
         assert_eq!(Kind::parse("tfm"), Some(Kind::TerraformMachine));
-        assert_eq!(Kind::parse("TerraformMachinePool"), Some(Kind::TerraformMachinePool));
-        assert_eq!(Kind::parse("terraformclusters"), Some(Kind::TerraformCluster));
-        assert_eq!(Kind::parse("terraformclusters.infrastructure.cluster.x-k8s.io"), Some(Kind::TerraformCluster));
+        assert_eq!(
+            Kind::parse("TerraformMachinePool"),
+            Some(Kind::TerraformMachinePool)
+        );
+        assert_eq!(
+            Kind::parse("terraformclusters"),
+            Some(Kind::TerraformCluster)
+        );
+        assert_eq!(
+            Kind::parse("terraformclusters.infrastructure.cluster.x-k8s.io"),
+            Some(Kind::TerraformCluster)
+        );
         assert_eq!(Kind::parse("Machine"), None);
     }
 }

@@ -98,7 +98,10 @@ impl AnyObject {
     }
 
     /// Builds the typed object from a JSON value whose `kind` is one of the three.
-    pub fn from_value(kind: Kind, value: serde_json::Value) -> Result<AnyObject, serde_json::Error> {
+    pub fn from_value(
+        kind: Kind,
+        value: serde_json::Value,
+    ) -> Result<AnyObject, serde_json::Error> {
         Ok(match kind {
             Kind::TerraformCluster => AnyObject::Cluster(serde_json::from_value(value)?),
             Kind::TerraformMachine => AnyObject::Machine(serde_json::from_value(value)?),

@@ -114,7 +114,10 @@ fn default_timeout() -> i64 {
 
 impl Default for RunnerSpec {
     fn default() -> Self {
-        RunnerSpec { image: default_image(), timeout_seconds: default_timeout() }
+        RunnerSpec {
+            image: default_image(),
+            timeout_seconds: default_timeout(),
+        }
     }
 }
 
@@ -158,12 +161,37 @@ pub struct Initialization {
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "Infrastructure of a Cluster API Cluster, made and destroyed by a Terraform module.",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Deleting", type_ = "string", json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"),
-    printcolumn(name = "State", type_ = "string", json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"),
-    printcolumn(name = "Endpoint", type_ = "string", json_path = ".spec.controlPlaneEndpoint.host", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Deleting",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"
+    ),
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".spec.controlPlaneEndpoint.host",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TerraformClusterSpec {
@@ -186,17 +214,46 @@ pub struct TerraformClusterSpec {
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "Infrastructure of a Cluster API Machine, made and destroyed by a Terraform module.",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Deleting", type_ = "string", json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"),
-    printcolumn(name = "State", type_ = "string", json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"),
-    printcolumn(name = "ProviderID", type_ = "string", json_path = ".spec.providerID", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Deleting",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"
+    ),
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"
+    ),
+    printcolumn(
+        name = "ProviderID",
+        type_ = "string",
+        json_path = ".spec.providerID",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TerraformMachineSpec {
     /// The provider ID of the machine (CAPI contract).
-    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub provider_id: Option<String>,
     #[serde(flatten)]
     pub terraform: TerraformSpec,
@@ -214,16 +271,40 @@ pub struct TerraformMachineSpec {
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "Infrastructure of a Cluster API MachinePool, made and destroyed by a Terraform module.",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Deleting", type_ = "string", json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"),
-    printcolumn(name = "State", type_ = "string", json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Deleting",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"
+    ),
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TerraformMachinePoolSpec {
     /// The provider IDs of the pool's instances (CAPI contract).
-    #[serde(default, rename = "providerIDList", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        rename = "providerIDList",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub provider_id_list: Vec<String>,
     #[serde(flatten)]
     pub terraform: TerraformSpec,

@@ -7,8 +7,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, ObjectMeta, PostParams};
 use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -27,7 +27,11 @@ pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bool, k
     match api.get_opt(&cfg.name).await? {
         None => {
             let lease = Lease {
-                metadata: ObjectMeta { name: Some(cfg.name.clone()), namespace: Some(cfg.namespace.clone()), ..Default::default() },
+                metadata: ObjectMeta {
+                    name: Some(cfg.name.clone()),
+                    namespace: Some(cfg.namespace.clone()),
+                    ..Default::default()
+                },
                 spec: Some(LeaseSpec {
                     holder_identity: Some(cfg.identity.clone()),
                     lease_duration_seconds: Some(secs),
@@ -46,7 +50,11 @@ pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bool, k
         Some(mut lease) => {
             let spec = lease.spec.clone().unwrap_or_default();
             let holder = spec.holder_identity.clone().unwrap_or_default();
-            let renewed = spec.renew_time.as_ref().map(|t| t.0).unwrap_or(Timestamp::UNIX_EPOCH);
+            let renewed = spec
+                .renew_time
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(Timestamp::UNIX_EPOCH);
             let duration = i64::from(spec.lease_duration_seconds.unwrap_or(secs));
             let expired = now.as_second() - renewed.as_second() > duration;
             if holder != cfg.identity && !holder.is_empty() && !expired {

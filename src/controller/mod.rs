@@ -115,7 +115,11 @@ pub struct Context {
 
 /// Finds the served version of the CAPI Cluster (any version of the group).
 async fn discover_cluster(client: &Client) -> Option<ApiResource> {
-    let discovery = kube::discovery::Discovery::new(client.clone()).filter(&[names::CAPI_GROUP]).run().await.ok()?;
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .filter(&[names::CAPI_GROUP])
+        .run()
+        .await
+        .ok()?;
     for group in discovery.groups() {
         for (ar, _) in group.recommended_resources() {
             if ar.kind == "Cluster" {
@@ -157,23 +161,40 @@ fn state_owner<K: TerraformObject>(meta: &kube::api::ObjectMeta) -> Option<Objec
     Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
 }
 
-fn objects_of_cluster<K: TerraformObject>(store: &Store<K>, ns: &str, cluster: &str) -> Vec<ObjectRef<K>> {
+fn objects_of_cluster<K: TerraformObject>(
+    store: &Store<K>,
+    ns: &str,
+    cluster: &str,
+) -> Vec<ObjectRef<K>> {
     store
         .state()
         .iter()
-        .filter(|o| o.namespace().as_deref() == Some(ns) && facts::owning_cluster(o.meta()).as_deref() == Some(cluster))
+        .filter(|o| {
+            o.namespace().as_deref() == Some(ns)
+                && facts::owning_cluster(o.meta()).as_deref() == Some(cluster)
+        })
         .map(|o| ObjectRef::from_obj(o.as_ref()))
         .collect()
 }
 
 fn error_policy<K: TerraformObject>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
     warn!(kind = %K::KIND, name = %obj.name_any(), namespace = obj.namespace().unwrap_or_default(), error = %err, "reconcile failed; retrying");
-    ctx.metrics.reconcile_errors.inc(&[K::KIND.as_str(), &err.label()]);
-    Requeue::requeue(ctx.settings.backoff.base.clamp(Duration::from_millis(50), Duration::from_secs(5)))
+    ctx.metrics
+        .reconcile_errors
+        .inc(&[K::KIND.as_str(), &err.label()]);
+    Requeue::requeue(
+        ctx.settings
+            .backoff
+            .base
+            .clamp(Duration::from_millis(50), Duration::from_secs(5)),
+    )
 }
 
 /// One controller for kind `K`.
-fn controller<K: TerraformObject>(ctx: Arc<Context>, cfg: &ManagerConfig) -> impl Future<Output = ()> + Send + 'static
+fn controller<K: TerraformObject>(
+    ctx: Arc<Context>,
+    cfg: &ManagerConfig,
+) -> impl Future<Output = ()> + Send + 'static
 where
     K::DynamicType: Default,
 {
@@ -183,17 +204,27 @@ where
     if let Some(f) = &cfg.watch_filter {
         main_cfg = main_cfg.labels(&format!("{}={f}", names::CAPI_WATCH_FILTER_LABEL));
     }
-    let owned = watcher::Config::default().labels(&format!("{}={}", names::LABEL_OWNER_KIND, K::KIND.as_str()));
+    let owned = watcher::Config::default().labels(&format!(
+        "{}={}",
+        names::LABEL_OWNER_KIND,
+        K::KIND.as_str()
+    ));
     let c = Controller::new(scoped::<K>(&client, &ns), main_cfg);
     let store = c.store();
     let mut c = c
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
-        .watches(scoped::<Job>(&client, &ns), owned.clone(), |j: Job| owner_of::<K>(&j.metadata))
-        .watches(scoped::<Pod>(&client, &ns), owned.clone(), |p: Pod| owner_of::<K>(&p.metadata))
-        // Secrets by metadata only: state Secrets can be megabytes.
-        .watches(scoped::<PartialObjectMeta<Secret>>(&client, &ns), owned, |s: PartialObjectMeta<Secret>| {
-            owner_of::<K>(&s.metadata)
+        .watches(scoped::<Job>(&client, &ns), owned.clone(), |j: Job| {
+            owner_of::<K>(&j.metadata)
         })
+        .watches(scoped::<Pod>(&client, &ns), owned.clone(), |p: Pod| {
+            owner_of::<K>(&p.metadata)
+        })
+        // Secrets by metadata only: state Secrets can be megabytes.
+        .watches(
+            scoped::<PartialObjectMeta<Secret>>(&client, &ns),
+            owned,
+            |s: PartialObjectMeta<Secret>| owner_of::<K>(&s.metadata),
+        )
         .watches(
             scoped::<PartialObjectMeta<Secret>>(&client, &ns),
             watcher::Config::default().labels(&format!("{}=true", names::TF_LABEL_STATE)),
@@ -203,7 +234,13 @@ where
     c = c.watches(
         Api::<CustomResourceDefinition>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={}", K::KIND.crd_name())),
-        move |_crd| crd_store.state().iter().map(|o| ObjectRef::from_obj(o.as_ref())).collect::<Vec<_>>(),
+        move |_crd| {
+            crd_store
+                .state()
+                .iter()
+                .map(|o| ObjectRef::from_obj(o.as_ref()))
+                .collect::<Vec<_>>()
+        },
     );
     if let Some(ar) = ctx.cluster_api.clone() {
         let cluster_store = store.clone();
@@ -211,43 +248,66 @@ where
             Some(n) => Api::namespaced_with(client.clone(), n, &ar),
             None => Api::all_with(client.clone(), &ar),
         };
-        c = c.watches_with(api, ar, watcher::Config::default(), move |cl: DynamicObject| {
-            objects_of_cluster(&cluster_store, &cl.namespace().unwrap_or_default(), &cl.name_any())
-        });
+        c = c.watches_with(
+            api,
+            ar,
+            watcher::Config::default(),
+            move |cl: DynamicObject| {
+                objects_of_cluster(
+                    &cluster_store,
+                    &cl.namespace().unwrap_or_default(),
+                    &cl.name_any(),
+                )
+            },
+        );
     }
     if K::KIND == Kind::TerraformCluster {
         let s1 = store.clone();
         let s2 = store.clone();
         c = c
-            .watches(scoped::<TerraformMachine>(&client, &ns), watcher::Config::default(), move |m: TerraformMachine| {
-                match facts::owning_cluster(&m.metadata) {
+            .watches(
+                scoped::<TerraformMachine>(&client, &ns),
+                watcher::Config::default(),
+                move |m: TerraformMachine| match facts::owning_cluster(&m.metadata) {
                     Some(cl) => objects_of_cluster(&s1, &m.namespace().unwrap_or_default(), &cl),
                     None => Vec::new(),
-                }
-            })
-            .watches(scoped::<TerraformMachinePool>(&client, &ns), watcher::Config::default(), move |p: TerraformMachinePool| {
-                match facts::owning_cluster(&p.metadata) {
+                },
+            )
+            .watches(
+                scoped::<TerraformMachinePool>(&client, &ns),
+                watcher::Config::default(),
+                move |p: TerraformMachinePool| match facts::owning_cluster(&p.metadata) {
                     Some(cl) => objects_of_cluster(&s2, &p.namespace().unwrap_or_default(), &cl),
                     None => Vec::new(),
-                }
-            });
+                },
+            );
     }
-    c.run(reconcile::reconcile::<K>, error_policy::<K>, ctx).for_each(|_| futures::future::ready(()))
+    c.run(reconcile::reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|_| futures::future::ready(()))
 }
 
 /// Runs the manager until `shutdown` resolves (or leadership is lost).
-pub async fn run(client: Client, cfg: ManagerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+pub async fn run(
+    client: Client,
+    cfg: ManagerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     let templates = match &cfg.templates_dir {
-        Some(dir) => Templates::load_dir(dir).map_err(|e| Error::Setup(format!("--templates-dir {}: {e}", dir.display())))?,
+        Some(dir) => Templates::load_dir(dir)
+            .map_err(|e| Error::Setup(format!("--templates-dir {}: {e}", dir.display())))?,
         None => Templates::embedded(),
     };
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(server::Ready::default());
     if let Some(addr) = cfg.health_addr {
-        server::serve(addr, metrics.clone(), ready.clone()).await.map_err(|e| Error::Setup(format!("health probe address {addr}: {e}")))?;
+        server::serve(addr, metrics.clone(), ready.clone())
+            .await
+            .map_err(|e| Error::Setup(format!("health probe address {addr}: {e}")))?;
     }
     if let Some(addr) = cfg.metrics_addr.filter(|a| Some(*a) != cfg.health_addr) {
-        server::serve(addr, metrics.clone(), ready.clone()).await.map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
+        server::serve(addr, metrics.clone(), ready.clone())
+            .await
+            .map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
     }
     let mut leadership = None;
     if cfg.leader_elect {
@@ -262,13 +322,21 @@ pub async fn run(client: Client, cfg: ManagerConfig, shutdown: impl Future<Outpu
     }
     let cluster_api = discover_cluster(&client).await;
     if cluster_api.is_none() {
-        warn!("no cluster.x-k8s.io Cluster resource is served: only the objects' own pause annotations count");
+        warn!(
+            "no cluster.x-k8s.io Cluster resource is served: only the objects' own pause annotations count"
+        );
     }
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings: cfg.settings,
         templates,
-        recorder: Recorder::new(client.clone(), Reporter { controller: "captf-manager".into(), instance: Some(cfg.identity.clone()) }),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "captf-manager".into(),
+                instance: Some(cfg.identity.clone()),
+            },
+        ),
         metrics,
         manager_namespace: cfg.manager_namespace.clone(),
         watch_namespace: cfg.namespace.clone(),

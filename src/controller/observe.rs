@@ -9,11 +9,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams};
-use kube::{Resource as _, ResourceExt};
 
-use kube::api::ApiResource;
 use kube::Client;
+use kube::api::ApiResource;
 
 use super::Error;
 use crate::api::names::{self, Kind};
@@ -28,14 +28,24 @@ pub fn owner_selector(uid: &str) -> String {
 }
 
 /// Observes everything but the Secrets and the lock.
-pub async fn observe<K: TerraformObject>(client: &Client, cluster_api: Option<&ApiResource>, obj: &K) -> Result<Observed, Error> {
+pub async fn observe<K: TerraformObject>(
+    client: &Client,
+    cluster_api: Option<&ApiResource>,
+    obj: &K,
+) -> Result<Observed, Error> {
     let meta = obj.meta().clone();
     let ns = obj.namespace().unwrap_or_default();
     let uid = meta.uid.clone().unwrap_or_default();
     let client = client.clone();
     let lp = ListParams::default().labels(&owner_selector(&uid));
-    let jobs = Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items;
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns).list(&lp).await?.items;
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns)
+        .list(&lp)
+        .await?
+        .items;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&lp)
+        .await?
+        .items;
 
     let cluster_name = facts::owning_cluster(&meta);
     let cluster = match (&cluster_name, cluster_api) {
@@ -51,9 +61,13 @@ pub async fn observe<K: TerraformObject>(client: &Client, cluster_api: Option<&A
         .ok()
         .flatten()
         .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
-    let namespace_terminating = Api::<Namespace>::all(client.clone()).get_opt(&ns).await?.is_some_and(|n| {
-        n.metadata.deletion_timestamp.is_some() || n.status.and_then(|s| s.phase).as_deref() == Some("Terminating")
-    });
+    let namespace_terminating = Api::<Namespace>::all(client.clone())
+        .get_opt(&ns)
+        .await?
+        .is_some_and(|n| {
+            n.metadata.deletion_timestamp.is_some()
+                || n.status.and_then(|s| s.phase).as_deref() == Some("Terminating")
+        });
     let dependents = if K::KIND == Kind::TerraformCluster && meta.deletion_timestamp.is_some() {
         match &cluster_name {
             Some(c) => dependents(&client, &ns, c).await?,
@@ -85,10 +99,18 @@ pub async fn observe<K: TerraformObject>(client: &Client, cluster_api: Option<&A
 async fn dependents(client: &Client, ns: &str, cluster: &str) -> Result<Vec<String>, Error> {
     let lp = ListParams::default().labels(&format!("{}={cluster}", names::CAPI_CLUSTER_NAME_LABEL));
     let mut out = Vec::new();
-    for m in Api::<TerraformMachine>::namespaced(client.clone(), ns).list(&lp).await?.items {
+    for m in Api::<TerraformMachine>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await?
+        .items
+    {
         out.push(format!("TerraformMachine/{}", m.name_any()));
     }
-    for p in Api::<TerraformMachinePool>::namespaced(client.clone(), ns).list(&lp).await?.items {
+    for p in Api::<TerraformMachinePool>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await?
+        .items
+    {
         out.push(format!("TerraformMachinePool/{}", p.name_any()));
     }
     Ok(out)
@@ -100,11 +122,17 @@ pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Er
     let name = o.meta.name.clone().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, &name);
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
-    o.state = Some(read_chunked(&secrets, &names::state_secret_name(&suffix), Some(&suffix)).await?);
+    o.state =
+        Some(read_chunked(&secrets, &names::state_secret_name(&suffix), Some(&suffix)).await?);
     o.inputs_secret = secrets.get_opt(&names::inputs_secret_name(&suffix)).await?;
 
     // Names the inputs (or, without them, the spec) reference.
-    let mut secret_names: Vec<String> = o.spec.env.iter().map(|e| e.secret_key_ref.name.clone()).collect();
+    let mut secret_names: Vec<String> = o
+        .spec
+        .env
+        .iter()
+        .map(|e| e.secret_key_ref.name.clone())
+        .collect();
     let mut config_maps = Vec::new();
     for v in &o.spec.variables_from {
         match v.kind {
@@ -112,7 +140,11 @@ pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Er
             VariablesSourceKind::ConfigMap => config_maps.push(v.name.clone()),
         }
     }
-    if let Some(Ok(i)) = o.inputs_secret.as_ref().map(|s| inputs::from_secret(s, &ns, &suffix)) {
+    if let Some(Ok(i)) = o
+        .inputs_secret
+        .as_ref()
+        .map(|s| inputs::from_secret(s, &ns, &suffix))
+    {
         secret_names.extend(i.env.iter().map(|e| e.secret_key_ref.name.clone()));
     }
     secret_names.sort();
@@ -128,14 +160,20 @@ pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Er
             o.referenced_config_maps.insert(c, cm);
         }
     }
-    o.lock = Api::<Lease>::namespaced(client.clone(), &ns).get_opt(&names::lock_lease_name(&suffix)).await?;
+    o.lock = Api::<Lease>::namespaced(client.clone(), &ns)
+        .get_opt(&names::lock_lease_name(&suffix))
+        .await?;
     o.now = Timestamp::now();
     Ok(())
 }
 
 /// Reads a chunked Secret (a state or a backup) and its parts. Parts are listed by
 /// Terraform's suffix label when there is one, and fetched by name up to the first gap.
-pub async fn read_chunked(secrets: &Api<Secret>, base: &str, tf_suffix: Option<&str>) -> Result<StateSecrets, Error> {
+pub async fn read_chunked(
+    secrets: &Api<Secret>,
+    base: &str,
+    tf_suffix: Option<&str>,
+) -> Result<StateSecrets, Error> {
     let mut found: Vec<Secret> = Vec::new();
     if let Some(s) = secrets.get_opt(base).await? {
         found.push(s);
@@ -145,7 +183,11 @@ pub async fn read_chunked(secrets: &Api<Secret>, base: &str, tf_suffix: Option<&
     if let Some(suffix) = tf_suffix {
         let lp = ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
         for s in secrets.list(&lp).await?.items {
-            if s.metadata.name.as_deref().is_some_and(|n| names::part_index(base, n).is_some()) {
+            if s.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| names::part_index(base, n).is_some())
+            {
                 found.push(s);
             }
         }

@@ -19,12 +19,29 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=captf";
 
 /// Makes sure the runner RBAC exists in `ns` (remembered per namespace).
 pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
-    if ctx.rbac_ready.lock().map(|s| s.contains(ns)).unwrap_or(false) {
+    if ctx
+        .rbac_ready
+        .lock()
+        .map(|s| s.contains(ns))
+        .unwrap_or(false)
+    {
         return Ok(());
     }
-    create_if_absent(&Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns), &job::runner_service_account(ns)).await?;
-    create_if_absent(&Api::<Role>::namespaced(ctx.client.clone(), ns), &job::runner_role(ns)).await?;
-    create_if_absent(&Api::<RoleBinding>::namespaced(ctx.client.clone(), ns), &job::runner_role_binding(ns)).await?;
+    create_if_absent(
+        &Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns),
+        &job::runner_service_account(ns),
+    )
+    .await?;
+    create_if_absent(
+        &Api::<Role>::namespaced(ctx.client.clone(), ns),
+        &job::runner_role(ns),
+    )
+    .await?;
+    create_if_absent(
+        &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
+        &job::runner_role_binding(ns),
+    )
+    .await?;
     if let Ok(mut s) = ctx.rbac_ready.lock() {
         s.insert(ns.to_string());
     }
@@ -38,24 +55,54 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
         None => Api::all(ctx.client.clone()),
     };
     let mut removed = 0;
-    for sa in sas.list(&ListParams::default().labels(MANAGED_BY)).await?.items {
-        let Some(ns) = sa.metadata.namespace.clone() else { continue };
+    for sa in sas
+        .list(&ListParams::default().labels(MANAGED_BY))
+        .await?
+        .items
+    {
+        let Some(ns) = sa.metadata.namespace.clone() else {
+            continue;
+        };
         if sa.metadata.name.as_deref() != Some(RUNNER_NAME) {
             continue;
         }
         let one = ListParams::default().limit(1);
-        let c = Api::<TerraformCluster>::namespaced(ctx.client.clone(), &ns).list(&one).await?.items.len();
-        let m = Api::<TerraformMachine>::namespaced(ctx.client.clone(), &ns).list(&one).await?.items.len();
-        let p = Api::<TerraformMachinePool>::namespaced(ctx.client.clone(), &ns).list(&one).await?.items.len();
+        let c = Api::<TerraformCluster>::namespaced(ctx.client.clone(), &ns)
+            .list(&one)
+            .await?
+            .items
+            .len();
+        let m = Api::<TerraformMachine>::namespaced(ctx.client.clone(), &ns)
+            .list(&one)
+            .await?
+            .items
+            .len();
+        let p = Api::<TerraformMachinePool>::namespaced(ctx.client.clone(), &ns)
+            .list(&one)
+            .await?
+            .items
+            .len();
         if c + m + p > 0 {
             continue;
         }
         if let Ok(mut s) = ctx.rbac_ready.lock() {
             s.remove(&ns);
         }
-        delete_if_present(&Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns), RUNNER_NAME).await?;
-        delete_if_present(&Api::<Role>::namespaced(ctx.client.clone(), &ns), RUNNER_NAME).await?;
-        delete_if_present(&Api::<ServiceAccount>::namespaced(ctx.client.clone(), &ns), RUNNER_NAME).await?;
+        delete_if_present(
+            &Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns),
+            RUNNER_NAME,
+        )
+        .await?;
+        delete_if_present(
+            &Api::<Role>::namespaced(ctx.client.clone(), &ns),
+            RUNNER_NAME,
+        )
+        .await?;
+        delete_if_present(
+            &Api::<ServiceAccount>::namespaced(ctx.client.clone(), &ns),
+            RUNNER_NAME,
+        )
+        .await?;
         info!(namespace = %ns, "removed the runner RBAC: no CAPTF object is left in the namespace");
         removed += 1;
     }

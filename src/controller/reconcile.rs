@@ -19,9 +19,9 @@ use tracing::{debug, info, instrument, warn};
 use super::observe::{self, owner_selector};
 use super::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use super::{Context, Error};
+use crate::api::TerraformObject;
 use crate::api::conditions::{self, Condition};
 use crate::api::names::{self, Kind};
-use crate::api::TerraformObject;
 use crate::facts::{self, Extras, Observed};
 use crate::job::{self, JobOutcome, JobRequest};
 use crate::rules::{Action, Decision, Facts};
@@ -35,7 +35,10 @@ fn annotation<'a, K: ResourceExt>(obj: &'a K, key: &str) -> Option<&'a str> {
 }
 
 #[instrument(skip(obj, ctx), fields(kind = %K::KIND, namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
-pub async fn reconcile<K: TerraformObject>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+pub async fn reconcile<K: TerraformObject>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, Error> {
     let ns = obj.namespace().unwrap_or_default();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let deleting = obj.meta().deletion_timestamp.is_some();
@@ -51,7 +54,8 @@ pub async fn reconcile<K: TerraformObject>(obj: Arc<K>, ctx: Arc<Context>) -> Re
         return Ok(Requeue::await_change());
     }
 
-    let mut observed = observe::observe(&ctx.client, ctx.cluster_api.as_ref(), obj.as_ref()).await?;
+    let mut observed =
+        observe::observe(&ctx.client, ctx.cluster_api.as_ref(), obj.as_ref()).await?;
     let (pre, _) = facts::gather(&observed, &ctx.settings);
     if facts::state_needed(&pre) {
         observe::observe_secrets(&ctx.client, &mut observed).await?;
@@ -66,26 +70,57 @@ pub async fn reconcile<K: TerraformObject>(obj: Arc<K>, ctx: Arc<Context>) -> Re
     }
     write_status(&api, obj.as_ref(), &decision).await?;
     if deleting {
-        ctx.metrics.decisions.inc(&[K::KIND.as_str(), &row_label(&decision)]);
+        ctx.metrics
+            .decisions
+            .inc(&[K::KIND.as_str(), &row_label(&decision)]);
     }
 
     match decision.action {
         Action::NotDeleting => Ok(Requeue::requeue(RESYNC)),
-        Action::BookkeepingOnly | Action::WaitForJob | Action::WaitForDependents => Ok(Requeue::requeue(RESYNC)),
+        Action::BookkeepingOnly | Action::WaitForJob | Action::WaitForDependents => {
+            Ok(Requeue::requeue(RESYNC))
+        }
         Action::Hold => {
-            ctx.metrics.held.inc(&[K::KIND.as_str(), decision.conditions.iter().find(|c| c.type_ == conditions::STATE_READABLE).map(|c| c.reason).unwrap_or("Held")]);
-            publish(&ctx, obj.as_ref(), EventType::Warning, decision.deleting().reason, "Hold", &decision.deleting().message).await;
+            ctx.metrics.held.inc(&[
+                K::KIND.as_str(),
+                decision
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == conditions::STATE_READABLE)
+                    .map(|c| c.reason)
+                    .unwrap_or("Held"),
+            ]);
+            publish(
+                &ctx,
+                obj.as_ref(),
+                EventType::Warning,
+                decision.deleting().reason,
+                "Hold",
+                &decision.deleting().message,
+            )
+            .await;
             Ok(Requeue::requeue(RESYNC))
         }
         Action::RemoveFinalizer => {
             release(&api, obj.as_ref()).await?;
-            publish(&ctx, obj.as_ref(), EventType::Normal, "Released", "RemoveFinalizer", "never applied and no state: released without a destroy").await;
+            publish(
+                &ctx,
+                obj.as_ref(),
+                EventType::Normal,
+                "Released",
+                "RemoveFinalizer",
+                "never applied and no state: released without a destroy",
+            )
+            .await;
             Ok(Requeue::await_change())
         }
         Action::StartDestroy | Action::RetryLater => match decision.start_attempt {
             Some(n) => start_attempt(&ctx, &api, obj.as_ref(), &observed, &extras, n).await,
             None => {
-                let wait = decision.next_retry_at.map(|at| until(at, facts.now)).unwrap_or(RESYNC);
+                let wait = decision
+                    .next_retry_at
+                    .map(|at| until(at, facts.now))
+                    .unwrap_or(RESYNC);
                 Ok(Requeue::requeue(wait.min(RESYNC)))
             }
         },
@@ -101,7 +136,9 @@ pub async fn reconcile<K: TerraformObject>(obj: Arc<K>, ctx: Arc<Context>) -> Re
 }
 
 fn row_label(d: &Decision) -> String {
-    d.row.map(|r| r.to_string()).unwrap_or_else(|| "none".into())
+    d.row
+        .map(|r| r.to_string())
+        .unwrap_or_else(|| "none".into())
 }
 
 fn until(at: Timestamp, now: Timestamp) -> Duration {
@@ -125,13 +162,30 @@ async fn bookkeeping<K: TerraformObject>(
     // The latest destroy attempt failed and that is not recorded yet.
     if facts.attempt > 0 && annotation(obj, names::DESTROY_FAILED_AT).is_none() {
         let name = names::job_name(&suffix, names::OPERATION_DESTROY, facts.attempt);
-        if let Some(j) = o.jobs.iter().find(|j| j.metadata.name.as_deref() == Some(name.as_str())) {
-            if let JobOutcome::Failed { reason, error_tail, .. } = job::outcome(j, &o.pods) {
+        if let Some(j) = o
+            .jobs
+            .iter()
+            .find(|j| j.metadata.name.as_deref() == Some(name.as_str()))
+        {
+            if let JobOutcome::Failed {
+                reason, error_tail, ..
+            } = job::outcome(j, &o.pods)
+            {
                 let at = job_finished_at(j).unwrap_or(o.now);
                 edits.push((names::DESTROY_FAILED_AT, Some(at.to_string())));
-                ctx.metrics.destroy_failures.inc(&[K::KIND.as_str(), &reason]);
+                ctx.metrics
+                    .destroy_failures
+                    .inc(&[K::KIND.as_str(), &reason]);
                 let text = error_tail.unwrap_or(reason);
-                publish(ctx, obj, EventType::Warning, "DestroyFailed", "Destroy", &format!("destroy attempt {} failed: {text}", facts.attempt)).await;
+                publish(
+                    ctx,
+                    obj,
+                    EventType::Warning,
+                    "DestroyFailed",
+                    "Destroy",
+                    &format!("destroy attempt {} failed: {text}", facts.attempt),
+                )
+                .await;
             }
         }
     }
@@ -144,8 +198,13 @@ async fn bookkeeping<K: TerraformObject>(
         .max_by_key(|j| job::attempt_of(j).unwrap_or(0));
     if let Some(j) = latest_apply {
         match job::outcome(j, &o.pods) {
-            JobOutcome::Failed { interrupted: true, .. } if annotation(obj, names::APPLY_INTERRUPTED).is_none() => {
-                edits.push((names::APPLY_INTERRUPTED, Some(job_finished_at(j).unwrap_or(o.now).to_string())));
+            JobOutcome::Failed {
+                interrupted: true, ..
+            } if annotation(obj, names::APPLY_INTERRUPTED).is_none() => {
+                edits.push((
+                    names::APPLY_INTERRUPTED,
+                    Some(job_finished_at(j).unwrap_or(o.now).to_string()),
+                ));
             }
             JobOutcome::Succeeded if annotation(obj, names::APPLY_INTERRUPTED).is_some() => {
                 edits.push((names::APPLY_INTERRUPTED, None));
@@ -156,7 +215,10 @@ async fn bookkeeping<K: TerraformObject>(
 
     // block-move: on while a Job is unfinished, and from deletion until the finalizer goes.
     let want_block = facts.deleting || !facts.unfinished_jobs.is_empty();
-    match (want_block, annotation(obj, names::CLUSTERCTL_BLOCK_MOVE).is_some()) {
+    match (
+        want_block,
+        annotation(obj, names::CLUSTERCTL_BLOCK_MOVE).is_some(),
+    ) {
         (true, false) => edits.push((names::CLUSTERCTL_BLOCK_MOVE, Some("true".into()))),
         (false, true) => edits.push((names::CLUSTERCTL_BLOCK_MOVE, None)),
         _ => {}
@@ -174,7 +236,10 @@ fn job_finished_at(j: &Job) -> Option<Timestamp> {
         .conditions
         .iter()
         .flatten()
-        .find(|c| (c.type_ == "Failed" || c.type_ == "FailureTarget" || c.type_ == "Complete") && c.status == "True")
+        .find(|c| {
+            (c.type_ == "Failed" || c.type_ == "FailureTarget" || c.type_ == "Complete")
+                && c.status == "True"
+        })
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0)
 }
@@ -187,7 +252,9 @@ async fn prune_destroy_jobs(ctx: &Context, o: &Observed, current: u32) -> Result
         .iter()
         .filter(|j| job::operation_of(j) == Some(names::OPERATION_DESTROY))
         .filter_map(|j| job::attempt_of(j).map(|a| (j, a)))
-        .filter(|(j, a)| *a < current && !matches!(job::outcome(j, &o.pods), JobOutcome::Unfinished { .. }))
+        .filter(|(j, a)| {
+            *a < current && !matches!(job::outcome(j, &o.pods), JobOutcome::Unfinished { .. })
+        })
         .collect();
     finished.sort_by_key(|(_, a)| *a);
     let keep_from = finished.len().saturating_sub(2); // plus the current attempt: three kept
@@ -200,10 +267,22 @@ async fn prune_destroy_jobs(ctx: &Context, o: &Observed, current: u32) -> Result
 }
 
 /// Merges the decision's conditions into the status; unchanged status is not rewritten.
-async fn write_status<K: TerraformObject>(api: &Api<K>, obj: &K, decision: &Decision) -> Result<(), Error> {
-    let existing: Vec<Condition> = obj.status().map(|s| s.conditions.clone()).unwrap_or_default();
+async fn write_status<K: TerraformObject>(
+    api: &Api<K>,
+    obj: &K,
+    decision: &Decision,
+) -> Result<(), Error> {
+    let existing: Vec<Condition> = obj
+        .status()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
     let generation = obj.meta().generation;
-    let merged = conditions::merge(&existing, &decision.conditions, generation, Timestamp::now());
+    let merged = conditions::merge(
+        &existing,
+        &decision.conditions,
+        generation,
+        Timestamp::now(),
+    );
     let same_generation = obj.status().and_then(|s| s.observed_generation) == generation;
     if !conditions::differ_ignoring_time(&existing, &merged) && same_generation {
         return Ok(());
@@ -227,7 +306,13 @@ async fn release<K: TerraformObject>(api: &Api<K>, obj: &K) -> Result<(), Error>
     }
 }
 
-fn owner_request<'a, K: TerraformObject>(obj: &'a K, suffix: &'a str, cluster: Option<&'a str>, attempt: u32, inputs: &'a crate::inputs::Inputs) -> JobRequest<'a> {
+fn owner_request<'a, K: TerraformObject>(
+    obj: &'a K,
+    suffix: &'a str,
+    cluster: Option<&'a str>,
+    attempt: u32,
+    inputs: &'a crate::inputs::Inputs,
+) -> JobRequest<'a> {
     JobRequest {
         kind: K::KIND,
         name: obj.meta().name.as_deref().unwrap_or_default(),
@@ -257,13 +342,28 @@ async fn start_attempt<K: TerraformObject>(
         return Ok(Requeue::requeue(ctx.settings.backoff.base));
     };
     let cluster = facts::owning_cluster(obj.meta());
-    let job = match job::render(&ctx.templates, &owner_request(obj, &suffix, cluster.as_deref(), n, inputs)) {
+    let job = match job::render(
+        &ctx.templates,
+        &owner_request(obj, &suffix, cluster.as_deref(), n, inputs),
+    ) {
         Ok(j) => j,
         Err(e) => {
-            let msg = format!("destroy attempt {n} cannot start: the Job does not render: {e}; see runbooks/DestroyCannotStart.md");
+            let msg = format!(
+                "destroy attempt {n} cannot start: the Job does not render: {e}; see runbooks/DestroyCannotStart.md"
+            );
             warn!(%msg);
-            publish(ctx, obj, EventType::Warning, "DestroyCannotStart", "RenderJob", &msg).await;
-            return Ok(Requeue::requeue(ctx.settings.backoff.base.max(Duration::from_secs(1))));
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "DestroyCannotStart",
+                "RenderJob",
+                &msg,
+            )
+            .await;
+            return Ok(Requeue::requeue(
+                ctx.settings.backoff.base.max(Duration::from_secs(1)),
+            ));
         }
     };
     if let Some(state) = &o.state {
@@ -286,19 +386,35 @@ async fn start_attempt<K: TerraformObject>(
     let created = writes::create_if_absent(&jobs, &job).await?;
     if created {
         ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
-        publish(ctx, obj, EventType::Normal, "DestroyStarted", "Destroy", &format!("destroy attempt {n} started in Job {}", job.name_any())).await;
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            "DestroyStarted",
+            "Destroy",
+            &format!("destroy attempt {n} started in Job {}", job.name_any()),
+        )
+        .await;
     }
     Ok(Requeue::requeue(RESYNC))
 }
 
 /// Copies the state it read into the backup Secret(s) before the first attempt.
-async fn ensure_backup<K: TerraformObject>(ctx: &Context, obj: &K, ns: &str, suffix: &str, state: &StateSecrets) -> Result<(), Error> {
+async fn ensure_backup<K: TerraformObject>(
+    ctx: &Context,
+    obj: &K,
+    ns: &str,
+    suffix: &str,
+    state: &StateSecrets,
+) -> Result<(), Error> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let base = names::backup_secret_name(suffix);
     if secrets.get_metadata_opt(&base).await?.is_some() {
         return Ok(());
     }
-    let Some(joined) = state.joined() else { return Ok(()) };
+    let Some(joined) = state.joined() else {
+        return Ok(());
+    };
     let chunks = state::chunk(&joined);
     // Parts first, the base last: a base present means the backup is complete.
     for (i, chunk) in chunks.iter().enumerate().skip(1).rev() {
@@ -323,22 +439,37 @@ fn backup_secret<K: TerraformObject>(obj: &K, ns: &str, name: &str, chunk: &[u8]
             annotations: Some([("encoding".to_string(), "gzip".to_string())].into()),
             ..Default::default()
         },
-        data: Some([(names::TF_STATE_KEY.to_string(), k8s_openapi::ByteString(chunk.to_vec()))].into()),
+        data: Some(
+            [(
+                names::TF_STATE_KEY.to_string(),
+                k8s_openapi::ByteString(chunk.to_vec()),
+            )]
+            .into(),
+        ),
         ..Default::default()
     }
 }
 
 fn owner_labels<K: TerraformObject>(obj: &K) -> std::collections::BTreeMap<String, String> {
     [
-        (names::LABEL_OWNER_KIND.to_string(), K::KIND.as_str().to_string()),
+        (
+            names::LABEL_OWNER_KIND.to_string(),
+            K::KIND.as_str().to_string(),
+        ),
         (names::LABEL_OWNER_NAME.to_string(), obj.name_any()),
-        (names::LABEL_OWNER_UID.to_string(), obj.meta().uid.clone().unwrap_or_default()),
+        (
+            names::LABEL_OWNER_UID.to_string(),
+            obj.meta().uid.clone().unwrap_or_default(),
+        ),
     ]
     .into()
 }
 
 /// The names of a chunked Secret set that exist (base and parts), from a read.
-fn chunk_names(secrets: &Api<Secret>, base: &str) -> impl std::future::Future<Output = Result<Vec<String>, Error>> {
+fn chunk_names(
+    secrets: &Api<Secret>,
+    base: &str,
+) -> impl std::future::Future<Output = Result<Vec<String>, Error>> {
     let secrets = secrets.clone();
     let base = base.to_string();
     async move {
@@ -347,7 +478,11 @@ fn chunk_names(secrets: &Api<Secret>, base: &str) -> impl std::future::Future<Ou
             out.push(base.clone());
         }
         let mut n = 1;
-        while secrets.get_metadata_opt(&names::part_secret_name(&base, n)).await?.is_some() {
+        while secrets
+            .get_metadata_opt(&names::part_secret_name(&base, n))
+            .await?
+            .is_some()
+        {
             out.push(names::part_secret_name(&base, n));
             n += 1;
         }
@@ -363,8 +498,15 @@ async fn delete_jobs(ctx: &Context, ns: &str, o: &Observed) -> Result<(), Error>
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let uid = o.meta.uid.clone().unwrap_or_default();
-    for p in pods.list(&ListParams::default().labels(&owner_selector(&uid))).await?.items {
-        let orphan = !o.jobs.iter().any(|j| p.labels().get("job-name") == j.metadata.name.as_ref());
+    for p in pods
+        .list(&ListParams::default().labels(&owner_selector(&uid)))
+        .await?
+        .items
+    {
+        let orphan = !o
+            .jobs
+            .iter()
+            .any(|j| p.labels().get("job-name") == j.metadata.name.as_ref());
         if orphan && p.metadata.deletion_timestamp.is_none() {
             writes::delete_if_present(&pods, &p.name_any()).await?;
         }
@@ -373,11 +515,22 @@ async fn delete_jobs(ctx: &Context, ns: &str, o: &Observed) -> Result<(), Error>
 }
 
 /// Deletes Terraform's lock Lease when it is free or its holder Pod is gone.
-async fn delete_lock_if_free(ctx: &Context, ns: &str, suffix: &str, o: &Observed) -> Result<(), Error> {
+async fn delete_lock_if_free(
+    ctx: &Context,
+    ns: &str,
+    suffix: &str,
+    o: &Observed,
+) -> Result<(), Error> {
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
     let name = names::lock_lease_name(suffix);
-    let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
-    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default();
+    let Some(lease) = leases.get_opt(&name).await? else {
+        return Ok(());
+    };
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .unwrap_or_default();
     let holder_pod_alive = {
         let info: serde_json::Value = lease
             .annotations()
@@ -386,9 +539,14 @@ async fn delete_lock_if_free(ctx: &Context, ns: &str, suffix: &str, o: &Observed
             .unwrap_or_default();
         let who = info["Who"].as_str().unwrap_or_default();
         let host = who.rsplit_once('@').map(|(_, h)| h).unwrap_or_default();
-        !host.is_empty() && o.pods.iter().any(|p| p.metadata.name.as_deref() == Some(host))
+        !host.is_empty()
+            && o.pods
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some(host))
     };
-    if holder.is_empty() || !holder_pod_alive && lease.annotations().contains_key(names::TF_LOCK_INFO) {
+    if holder.is_empty()
+        || !holder_pod_alive && lease.annotations().contains_key(names::TF_LOCK_INFO)
+    {
         writes::delete_if_present(&leases, &name).await?;
     } else {
         debug!(%holder, "lock Lease left in place: held");
@@ -397,42 +555,82 @@ async fn delete_lock_if_free(ctx: &Context, ns: &str, suffix: &str, o: &Observed
 }
 
 /// SPEC section 6: after a destroy that left no managed resource instance.
-async fn cleanup<K: TerraformObject>(ctx: &Context, api: &Api<K>, obj: &K, o: &Observed) -> Result<(), Error> {
+async fn cleanup<K: TerraformObject>(
+    ctx: &Context,
+    api: &Api<K>,
+    obj: &K,
+    o: &Observed,
+) -> Result<(), Error> {
     let ns = obj.namespace().unwrap_or_default();
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
     let mut current = obj.clone();
     if annotation(obj, names::CLEANUP_STARTED).is_none() {
-        let ops = annotation_ops(obj.meta(), &[(names::CLEANUP_STARTED, Some(names::CLEANUP_DESTROYED.into()))]);
+        let ops = annotation_ops(
+            obj.meta(),
+            &[(
+                names::CLEANUP_STARTED,
+                Some(names::CLEANUP_DESTROYED.into()),
+            )],
+        );
         if let Some(updated) = guarded_patch(api, obj.meta(), ops).await? {
             current = updated;
         }
     }
     delete_jobs(ctx, &ns, o).await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    for base in [names::inputs_secret_name(&suffix), names::state_secret_name(&suffix), names::backup_secret_name(&suffix), names::errored_secret_name(&suffix)] {
+    for base in [
+        names::inputs_secret_name(&suffix),
+        names::state_secret_name(&suffix),
+        names::backup_secret_name(&suffix),
+        names::errored_secret_name(&suffix),
+    ] {
         for name in chunk_names(&secrets, &base).await? {
             writes::delete_if_present(&secrets, &name).await?;
             writes::remove_finalizer_if_present(&secrets, &name, names::PROTECT_FINALIZER).await?;
         }
     }
     delete_lock_if_free(ctx, &ns, &suffix, o).await?;
-    publish(ctx, obj, EventType::Normal, "CleanedUp", "CleanUp", "destroy verified: Jobs, state, inputs and backup Secrets deleted; releasing").await;
+    publish(
+        ctx,
+        obj,
+        EventType::Normal,
+        "CleanedUp",
+        "CleanUp",
+        "destroy verified: Jobs, state, inputs and backup Secrets deleted; releasing",
+    )
+    .await;
     release(api, &current).await
 }
 
 /// SPEC section 7: releases without a destroy, keeping the Secrets.
-async fn abandon<K: TerraformObject>(ctx: &Context, api: &Api<K>, obj: &K, o: &Observed, extras: &Extras) -> Result<(), Error> {
+async fn abandon<K: TerraformObject>(
+    ctx: &Context,
+    api: &Api<K>,
+    obj: &K,
+    o: &Observed,
+    extras: &Extras,
+) -> Result<(), Error> {
     let ns = obj.namespace().unwrap_or_default();
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let described = extras.verdict.as_ref().map(|v| v.message.clone()).unwrap_or_else(|| "the state was not read".into());
+    let described = extras
+        .verdict
+        .as_ref()
+        .map(|v| v.message.clone())
+        .unwrap_or_else(|| "the state was not read".into());
 
     if o.namespace_terminating {
         copy_out(ctx, obj, &ns, &suffix, &described).await?;
     }
     let mut current = obj.clone();
     if annotation(obj, names::CLEANUP_STARTED).is_none() {
-        let ops = annotation_ops(obj.meta(), &[(names::CLEANUP_STARTED, Some(names::CLEANUP_ABANDONED.into()))]);
+        let ops = annotation_ops(
+            obj.meta(),
+            &[(
+                names::CLEANUP_STARTED,
+                Some(names::CLEANUP_ABANDONED.into()),
+            )],
+        );
         if let Some(updated) = guarded_patch(api, obj.meta(), ops).await? {
             current = updated;
         }
@@ -440,10 +638,21 @@ async fn abandon<K: TerraformObject>(ctx: &Context, api: &Api<K>, obj: &K, o: &O
     delete_jobs(ctx, &ns, o).await?;
     delete_lock_if_free(ctx, &ns, &suffix, o).await?;
     let now = Timestamp::now().to_string();
-    for base in [names::state_secret_name(&suffix), names::inputs_secret_name(&suffix), names::backup_secret_name(&suffix)] {
+    for base in [
+        names::state_secret_name(&suffix),
+        names::inputs_secret_name(&suffix),
+        names::backup_secret_name(&suffix),
+    ] {
         for name in chunk_names(&secrets, &base).await? {
-            let Some(s) = secrets.get_metadata_opt(&name).await? else { continue };
-            let mut ops = if s.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(names::ABANDONED_AT)) {
+            let Some(s) = secrets.get_metadata_opt(&name).await? else {
+                continue;
+            };
+            let mut ops = if s
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(names::ABANDONED_AT))
+            {
                 vec![]
             } else {
                 annotation_ops(&s.metadata, &[(names::ABANDONED_AT, Some(now.clone()))])
@@ -466,22 +675,43 @@ async fn abandon<K: TerraformObject>(ctx: &Context, api: &Api<K>, obj: &K, o: &O
 
 /// In a terminating namespace the kept Secrets would go with it: copy the joined state and
 /// the inputs into the manager's namespace first, and write the Event there.
-async fn copy_out<K: TerraformObject>(ctx: &Context, obj: &K, ns: &str, suffix: &str, described: &str) -> Result<(), Error> {
+async fn copy_out<K: TerraformObject>(
+    ctx: &Context,
+    obj: &K,
+    ns: &str,
+    suffix: &str,
+    described: &str,
+) -> Result<(), Error> {
     let here: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let there: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.manager_namespace);
     let base = names::abandoned_copy_name(ns, suffix);
-    let state = observe::read_chunked(&here, &names::state_secret_name(suffix), Some(suffix)).await?;
+    let state =
+        observe::read_chunked(&here, &names::state_secret_name(suffix), Some(suffix)).await?;
     let inputs = here.get_opt(&names::inputs_secret_name(suffix)).await?;
     let joined = state.joined().unwrap_or_default();
     let chunks = state::chunk(&joined);
     let mut labels = owner_labels(obj);
-    labels.insert("terraform.infrastructure.cluster.x-k8s.io/source-namespace".into(), ns.into());
+    labels.insert(
+        "terraform.infrastructure.cluster.x-k8s.io/source-namespace".into(),
+        ns.into(),
+    );
     for (i, chunk) in chunks.iter().enumerate() {
-        let name = if i == 0 { base.clone() } else { names::part_secret_name(&base, i as u32) };
-        let mut data: std::collections::BTreeMap<String, k8s_openapi::ByteString> =
-            [(names::TF_STATE_KEY.to_string(), k8s_openapi::ByteString(chunk.to_vec()))].into();
+        let name = if i == 0 {
+            base.clone()
+        } else {
+            names::part_secret_name(&base, i as u32)
+        };
+        let mut data: std::collections::BTreeMap<String, k8s_openapi::ByteString> = [(
+            names::TF_STATE_KEY.to_string(),
+            k8s_openapi::ByteString(chunk.to_vec()),
+        )]
+        .into();
         if i == 0 {
-            if let Some(input) = inputs.as_ref().and_then(|s| s.data.as_ref()).and_then(|d| d.get(names::INPUTS_KEY)) {
+            if let Some(input) = inputs
+                .as_ref()
+                .and_then(|s| s.data.as_ref())
+                .and_then(|d| d.get(names::INPUTS_KEY))
+            {
                 data.insert(names::INPUTS_KEY.into(), input.clone());
             }
         }
@@ -490,7 +720,13 @@ async fn copy_out<K: TerraformObject>(ctx: &Context, obj: &K, ns: &str, suffix: 
                 name: Some(name),
                 namespace: Some(ctx.manager_namespace.clone()),
                 labels: Some(labels.clone()),
-                annotations: Some([(names::ABANDONED_AT.to_string(), Timestamp::now().to_string())].into()),
+                annotations: Some(
+                    [(
+                        names::ABANDONED_AT.to_string(),
+                        Timestamp::now().to_string(),
+                    )]
+                    .into(),
+                ),
                 ..Default::default()
             },
             data: Some(data),
@@ -504,17 +740,39 @@ async fn copy_out<K: TerraformObject>(ctx: &Context, obj: &K, ns: &str, suffix: 
             K::KIND,
             obj.name_any()
         );
-        publish_ref(ctx, &copy.object_ref(&()), EventType::Warning, "Abandoned", "Abandon", &msg).await;
+        publish_ref(
+            ctx,
+            &copy.object_ref(&()),
+            EventType::Warning,
+            "Abandoned",
+            "Abandon",
+            &msg,
+        )
+        .await;
     }
     Ok(())
 }
 
 /// Publishes an Event about the object; a failure to publish is logged, never fatal.
-async fn publish<K: TerraformObject>(ctx: &Context, obj: &K, type_: EventType, reason: &str, action: &str, note: &str) {
+async fn publish<K: TerraformObject>(
+    ctx: &Context,
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+) {
     publish_ref(ctx, &obj.object_ref(&()), type_, reason, action, note).await;
 }
 
-async fn publish_ref(ctx: &Context, reference: &k8s_openapi::api::core::v1::ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) {
+async fn publish_ref(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+) {
     let mut note = note.to_string();
     if note.len() > 1000 {
         let mut cut = 997;
@@ -524,7 +782,13 @@ async fn publish_ref(ctx: &Context, reference: &k8s_openapi::api::core::v1::Obje
         note.truncate(cut);
         note.push_str("...");
     }
-    let ev = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
     if let Err(e) = ctx.recorder.publish(&ev, reference).await {
         debug!(error = %e, "could not publish an Event");
     }

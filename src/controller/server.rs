@@ -20,7 +20,11 @@ use crate::metrics::Metrics;
 #[derive(Default)]
 pub struct Ready(pub AtomicBool);
 
-async fn handle(req: Request<Incoming>, metrics: Arc<Metrics>, ready: Arc<Ready>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    req: Request<Incoming>,
+    metrics: Arc<Metrics>,
+    ready: Arc<Ready>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match req.uri().path() {
         "/healthz" | "/livez" => (StatusCode::OK, "ok".to_string()),
         "/readyz" if ready.0.load(Ordering::Relaxed) => (StatusCode::OK, "ok".to_string()),
@@ -34,15 +38,24 @@ async fn handle(req: Request<Incoming>, metrics: Arc<Metrics>, ready: Arc<Ready>
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until the process ends.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, ready: Arc<Ready>) -> std::io::Result<()> {
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    ready: Arc<Ready>,
+) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
             let (metrics, ready) = (metrics.clone(), ready.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |req| handle(req, metrics.clone(), ready.clone()));
-                if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
                     warn!(error = %e, "probe connection failed");
                 }
             });

@@ -2,8 +2,10 @@
 //! value they remove), so that a write made from a stale view fails with 409/422 and the
 //! pass is retried on fresh facts. Every delete tolerates "already gone".
 
-use json_patch::{AddOperation, Patch as JsonPatch, PatchOperation, RemoveOperation, TestOperation};
 use json_patch::jsonptr::PointerBuf;
+use json_patch::{
+    AddOperation, Patch as JsonPatch, PatchOperation, RemoveOperation, TestOperation,
+};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::core::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -37,7 +39,10 @@ pub fn annotation_ops(meta: &ObjectMeta, edits: &[(&str, Option<String>)]) -> Ve
             Some(v) if current.get(*key) == Some(v) => {}
             Some(v) => {
                 if !map_exists {
-                    ops.push(PatchOperation::Add(AddOperation { path: pointer(&["metadata", "annotations"]), value: json!({}) }));
+                    ops.push(PatchOperation::Add(AddOperation {
+                        path: pointer(&["metadata", "annotations"]),
+                        value: json!({}),
+                    }));
                     map_exists = true;
                 }
                 ops.push(PatchOperation::Add(AddOperation {
@@ -46,7 +51,9 @@ pub fn annotation_ops(meta: &ObjectMeta, edits: &[(&str, Option<String>)]) -> Ve
                 }));
             }
             None if current.contains_key(*key) => {
-                ops.push(PatchOperation::Remove(RemoveOperation { path: pointer(&["metadata", "annotations", key]) }));
+                ops.push(PatchOperation::Remove(RemoveOperation {
+                    path: pointer(&["metadata", "annotations", key]),
+                }));
             }
             None => {}
         }
@@ -58,26 +65,46 @@ pub fn annotation_ops(meta: &ObjectMeta, edits: &[(&str, Option<String>)]) -> Ve
 pub fn add_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<PatchOperation> {
     match &meta.finalizers {
         Some(f) if f.iter().any(|x| x == finalizer) => vec![],
-        Some(_) => vec![PatchOperation::Add(AddOperation { path: pointer(&["metadata", "finalizers", "-"]), value: json!(finalizer) })],
-        None => vec![PatchOperation::Add(AddOperation { path: pointer(&["metadata", "finalizers"]), value: json!([finalizer]) })],
+        Some(_) => vec![PatchOperation::Add(AddOperation {
+            path: pointer(&["metadata", "finalizers", "-"]),
+            value: json!(finalizer),
+        })],
+        None => vec![PatchOperation::Add(AddOperation {
+            path: pointer(&["metadata", "finalizers"]),
+            value: json!([finalizer]),
+        })],
     }
 }
 
 /// Removes a finalizer if present, testing its position first.
 pub fn remove_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<PatchOperation> {
-    let Some(index) = meta.finalizers.iter().flatten().position(|x| x == finalizer) else {
+    let Some(index) = meta
+        .finalizers
+        .iter()
+        .flatten()
+        .position(|x| x == finalizer)
+    else {
         return vec![];
     };
     let idx = index.to_string();
     vec![
-        PatchOperation::Test(TestOperation { path: pointer(&["metadata", "finalizers", &idx]), value: json!(finalizer) }),
-        PatchOperation::Remove(RemoveOperation { path: pointer(&["metadata", "finalizers", &idx]) }),
+        PatchOperation::Test(TestOperation {
+            path: pointer(&["metadata", "finalizers", &idx]),
+            value: json!(finalizer),
+        }),
+        PatchOperation::Remove(RemoveOperation {
+            path: pointer(&["metadata", "finalizers", &idx]),
+        }),
     ]
 }
 
 /// Applies `ops` (if any) with a resourceVersion test. Returns the updated object, or
 /// `None` when there was nothing to write.
-pub async fn guarded_patch<K>(api: &Api<K>, obj_meta: &ObjectMeta, ops: Vec<PatchOperation>) -> Result<Option<K>, Error>
+pub async fn guarded_patch<K>(
+    api: &Api<K>,
+    obj_meta: &ObjectMeta,
+    ops: Vec<PatchOperation>,
+) -> Result<Option<K>, Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
@@ -93,11 +120,17 @@ where
 }
 
 /// Removes a finalizer from an object that may be gone; a gone object is fine.
-pub async fn remove_finalizer_if_present<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<(), Error>
+pub async fn remove_finalizer_if_present<K>(
+    api: &Api<K>,
+    name: &str,
+    finalizer: &str,
+) -> Result<(), Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
-    let Some(obj) = api.get_opt(name).await? else { return Ok(()) };
+    let Some(obj) = api.get_opt(name).await? else {
+        return Ok(());
+    };
     match guarded_patch(api, obj.meta(), remove_finalizer_ops(obj.meta(), finalizer)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
@@ -122,7 +155,16 @@ pub async fn create_if_absent<K>(api: &Api<K>, obj: &K) -> Result<bool, Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
-    match api.create(&kube::api::PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, obj).await {
+    match api
+        .create(
+            &kube::api::PostParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            },
+            obj,
+        )
+        .await
+    {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(false),
         Err(e) => Err(e.into()),
@@ -134,7 +176,12 @@ pub async fn patch_status<K>(api: &Api<K>, name: &str, status: Value) -> Result<
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await?;
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await?;
     Ok(())
 }
 

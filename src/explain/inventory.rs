@@ -40,18 +40,30 @@ pub enum InventoryError {
     UnknownKind { source_file: String, what: String },
     #[error("{source_file}: {what} has no metadata.name")]
     NoName { source_file: String, what: String },
-    #[error("{source_file}: {what} has no metadata.namespace; kubectl get -o yaml writes it for namespaced objects: add it")]
+    #[error(
+        "{source_file}: {what} has no metadata.namespace; kubectl get -o yaml writes it for namespaced objects: add it"
+    )]
     NoNamespace { source_file: String, what: String },
     #[error("{source_file}: {what} is not a valid object of its kind: {message}")]
-    Invalid { source_file: String, what: String, message: String },
+    Invalid {
+        source_file: String,
+        what: String,
+        message: String,
+    },
     #[error("{source_file}: {what} appears twice (also in {first}); pass each object once")]
-    Duplicate { source_file: String, what: String, first: String },
+    Duplicate {
+        source_file: String,
+        what: String,
+        first: String,
+    },
 }
 
 /// Kinds that may appear in a dump of a namespace and do not matter to a deletion.
 fn skipped(group: &str, kind: &str) -> bool {
-    matches!((group, kind), ("" | "events.k8s.io", "Event") | ("", "ServiceAccount") | ("rbac.authorization.k8s.io", _))
-        || (group == CAPI_GROUP && kind != "Cluster")
+    matches!(
+        (group, kind),
+        ("" | "events.k8s.io", "Event") | ("", "ServiceAccount") | ("rbac.authorization.k8s.io", _)
+    ) || (group == CAPI_GROUP && kind != "Cluster")
         || (group == GROUP && kind.ends_with("Template"))
 }
 
@@ -61,24 +73,48 @@ impl Inventory {
         let mut seen: Vec<((String, String, String, String), String)> = Vec::new();
         for Loaded { source, value } in loaded {
             let api_version = value["apiVersion"].as_str().unwrap_or_default().to_string();
-            let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("").to_string();
+            let group = api_version
+                .rsplit_once('/')
+                .map(|(g, _)| g)
+                .unwrap_or("")
+                .to_string();
             let kind = value["kind"].as_str().unwrap_or_default().to_string();
-            let name = value["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            let namespace = value["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
-            let what = if name.is_empty() { format!("a {kind}") } else { format!("{kind} {name}") };
+            let name = value["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let namespace = value["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let what = if name.is_empty() {
+                format!("a {kind}")
+            } else {
+                format!("{kind} {name}")
+            };
             if skipped(&group, &kind) {
                 continue;
             }
             let cluster_scoped = matches!(kind.as_str(), "Namespace" | "CustomResourceDefinition");
             if name.is_empty() {
-                return Err(InventoryError::NoName { source_file: source, what });
+                return Err(InventoryError::NoName {
+                    source_file: source,
+                    what,
+                });
             }
             if !cluster_scoped && namespace.is_empty() {
-                return Err(InventoryError::NoNamespace { source_file: source, what });
+                return Err(InventoryError::NoNamespace {
+                    source_file: source,
+                    what,
+                });
             }
             let key = (group.clone(), kind.clone(), namespace.clone(), name.clone());
             if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
-                return Err(InventoryError::Duplicate { source_file: source, what, first: first.clone() });
+                return Err(InventoryError::Duplicate {
+                    source_file: source,
+                    what,
+                    first: first.clone(),
+                });
             }
             seen.push((key, source.clone()));
             let invalid = |e: serde_json::Error| InventoryError::Invalid {
@@ -99,10 +135,15 @@ impl Inventory {
                 ("", "ConfigMap") => inv.config_maps.push(typed(value).map_err(invalid)?),
                 ("", "Namespace") => inv.namespaces.push(typed(value).map_err(invalid)?),
                 ("coordination.k8s.io", "Lease") => inv.leases.push(typed(value).map_err(invalid)?),
-                ("apiextensions.k8s.io", "CustomResourceDefinition") => inv.crds.push(typed(value).map_err(invalid)?),
+                ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+                    inv.crds.push(typed(value).map_err(invalid)?)
+                }
                 _ => {
                     let what = format!("{what} ({api_version})");
-                    return Err(InventoryError::UnknownKind { source_file: source, what });
+                    return Err(InventoryError::UnknownKind {
+                        source_file: source,
+                        what,
+                    });
                 }
             }
         }
@@ -111,7 +152,10 @@ impl Inventory {
 
     /// The namespaces the objects live in.
     pub fn namespaces_of_objects(&self) -> BTreeSet<String> {
-        self.objects.iter().filter_map(|(_, o)| o.meta().namespace.clone()).collect()
+        self.objects
+            .iter()
+            .filter_map(|(_, o)| o.meta().namespace.clone())
+            .collect()
     }
 }
 

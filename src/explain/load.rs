@@ -25,7 +25,9 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: the file is {size} bytes, more than the limit of {MAX_FILE_BYTES}; split it or pass the objects as separate files")]
+    #[error(
+        "{path}: the file is {size} bytes, more than the limit of {MAX_FILE_BYTES}; split it or pass the objects as separate files"
+    )]
     TooLarge { path: String, size: u64 },
     #[error("{path}: not valid YAML or JSON: {message}")]
     Parse { path: String, message: String },
@@ -44,7 +46,9 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
             let mut files = Vec::new();
             collect_dir(path, &mut files)?;
             if files.is_empty() {
-                return Err(LoadError::EmptyDir { path: path.display().to_string() });
+                return Err(LoadError::EmptyDir {
+                    path: path.display().to_string(),
+                });
             }
             for file in files {
                 out.extend(load_file(&file)?);
@@ -57,7 +61,10 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
 }
 
 fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), LoadError> {
-    let read_err = |source| LoadError::Read { path: dir.display().to_string(), source };
+    let read_err = |source| LoadError::Read {
+        path: dir.display().to_string(),
+        source,
+    };
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(read_err)?
         .map(|e| e.map(|e| e.path()))
@@ -67,7 +74,10 @@ fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), LoadError> {
     for entry in entries {
         if entry.is_dir() {
             collect_dir(&entry, files)?;
-        } else if matches!(entry.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")) {
+        } else if matches!(
+            entry.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
             files.push(entry);
         }
     }
@@ -77,17 +87,27 @@ fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), LoadError> {
 /// Reads one file into its objects, `List`s flattened.
 pub fn load_file(path: &Path) -> Result<Vec<Loaded>, LoadError> {
     let shown = path.display().to_string();
-    let read_err = |source| LoadError::Read { path: shown.clone(), source };
+    let read_err = |source| LoadError::Read {
+        path: shown.clone(),
+        source,
+    };
     let size = std::fs::metadata(path).map_err(read_err)?.len();
     if size > MAX_FILE_BYTES {
         return Err(LoadError::TooLarge { path: shown, size });
     }
     let text = std::fs::read_to_string(path).map_err(read_err)?;
-    let docs = parse_documents(&text).map_err(|message| LoadError::Parse { path: shown.clone(), message })?;
+    let docs = parse_documents(&text).map_err(|message| LoadError::Parse {
+        path: shown.clone(),
+        message,
+    })?;
     let mut out = Vec::new();
     let numbered = docs.len() > 1;
     for (i, doc) in docs.into_iter().enumerate() {
-        let source = if numbered { format!("{shown}#{}", i + 1) } else { shown.clone() };
+        let source = if numbered {
+            format!("{shown}#{}", i + 1)
+        } else {
+            shown.clone()
+        };
         flatten(doc, &source, &mut out)?;
     }
     Ok(out)
@@ -110,24 +130,37 @@ pub fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
 
 fn flatten(doc: Value, source: &str, out: &mut Vec<Loaded>) -> Result<(), LoadError> {
     let Some(map) = doc.as_object() else {
-        return Err(LoadError::NotAnObject { origin: source.to_string() });
+        return Err(LoadError::NotAnObject {
+            origin: source.to_string(),
+        });
     };
     let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default();
-    let is_list = kind == "List" || (kind.ends_with("List") && map.get("items").is_some_and(Value::is_array));
+    let is_list =
+        kind == "List" || (kind.ends_with("List") && map.get("items").is_some_and(Value::is_array));
     if is_list {
         let items = match doc {
             Value::Object(mut m) => m.remove("items"),
             _ => None,
         };
-        for (i, item) in items.and_then(|v| v.as_array().cloned()).unwrap_or_default().into_iter().enumerate() {
+        for (i, item) in items
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+        {
             flatten(item, &format!("{source} item {}", i + 1), out)?;
         }
         return Ok(());
     }
     if kind.is_empty() || !map.get("apiVersion").is_some_and(Value::is_string) {
-        return Err(LoadError::NotAnObject { origin: source.to_string() });
+        return Err(LoadError::NotAnObject {
+            origin: source.to_string(),
+        });
     }
-    out.push(Loaded { source: source.to_string(), value: doc });
+    out.push(Loaded {
+        source: source.to_string(),
+        value: doc,
+    });
     Ok(())
 }
 
@@ -143,7 +176,10 @@ mod tests {
         for d in docs {
             flatten(d, "f", &mut out).expect("objects");
         }
-        let kinds: Vec<_> = out.iter().map(|l| l.value["kind"].as_str().unwrap_or_default().to_string()).collect();
+        let kinds: Vec<_> = out
+            .iter()
+            .map(|l| l.value["kind"].as_str().unwrap_or_default().to_string())
+            .collect();
         assert_eq!(kinds, ["Secret", "Namespace", "Secret"]);
     }
 
@@ -163,16 +199,36 @@ mod tests {
         assert!(parse_documents("{\"a\": ").is_err());
         let mut out = Vec::new();
         let docs = parse_documents("- just\n- a list\n").expect("valid yaml");
-        assert!(matches!(flatten(docs[0].clone(), "f", &mut out), Err(LoadError::NotAnObject { .. })));
+        assert!(matches!(
+            flatten(docs[0].clone(), "f", &mut out),
+            Err(LoadError::NotAnObject { .. })
+        ));
         let docs = parse_documents("kind: Secret\n").expect("valid yaml");
-        assert!(matches!(flatten(docs[0].clone(), "f", &mut out), Err(LoadError::NotAnObject { .. })));
+        assert!(matches!(
+            flatten(docs[0].clone(), "f", &mut out),
+            Err(LoadError::NotAnObject { .. })
+        ));
     }
 
     #[test]
     fn alias_bombs_are_refused() {
         let mut bomb = String::from("a: &a [x,x,x,x,x,x,x,x,x,x]\n");
         for i in 1..12 {
-            bomb.push_str(&format!("{}: &{} [*{},*{},*{},*{},*{},*{},*{},*{},*{},*{}]\n", (b'a' + i) as char, (b'a' + i) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char, (b'a' + i - 1) as char));
+            bomb.push_str(&format!(
+                "{}: &{} [*{},*{},*{},*{},*{},*{},*{},*{},*{},*{}]\n",
+                (b'a' + i) as char,
+                (b'a' + i) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char,
+                (b'a' + i - 1) as char
+            ));
         }
         assert!(parse_documents(&bomb).is_err());
     }

@@ -79,13 +79,16 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
     let cluster = cluster_name.as_ref().and_then(|c| {
         inv.clusters
             .iter()
-            .find(|v| v["metadata"]["name"].as_str() == Some(c) && v["metadata"]["namespace"].as_str() == Some(&namespace))
+            .find(|v| {
+                v["metadata"]["name"].as_str() == Some(c)
+                    && v["metadata"]["namespace"].as_str() == Some(&namespace)
+            })
             .map(ClusterView::from_value)
     });
-    let crd_deleting = inv
-        .crds
-        .iter()
-        .any(|c| c.metadata.name.as_deref() == Some(kind.crd_name().as_str()) && c.metadata.deletion_timestamp.is_some());
+    let crd_deleting = inv.crds.iter().any(|c| {
+        c.metadata.name.as_deref() == Some(kind.crd_name().as_str())
+            && c.metadata.deletion_timestamp.is_some()
+    });
     let namespace_terminating = inv.namespaces.iter().any(|n| {
         n.metadata.name.as_deref() == Some(namespace.as_str())
             && (n.metadata.deletion_timestamp.is_some()
@@ -94,13 +97,17 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
     let jobs = inv
         .jobs
         .iter()
-        .filter(|j| in_ns(j.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &j.metadata))
+        .filter(|j| {
+            in_ns(j.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &j.metadata)
+        })
         .cloned()
         .collect();
     let pods = inv
         .pods
         .iter()
-        .filter(|p| in_ns(p.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &p.metadata))
+        .filter(|p| {
+            in_ns(p.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &p.metadata)
+        })
         .cloned()
         .collect();
     let dependents = match (kind, &cluster_name) {
@@ -109,17 +116,36 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
             .iter()
             .map(|(_, o)| o)
             .filter(|o| o.kind() != Kind::TerraformCluster && in_ns(o.meta().namespace.as_ref()))
-            .filter(|o| o.meta().labels.as_ref().and_then(|l| l.get(names::CAPI_CLUSTER_NAME_LABEL)) == Some(c))
+            .filter(|o| {
+                o.meta()
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(names::CAPI_CLUSTER_NAME_LABEL))
+                    == Some(c)
+            })
             .map(|o| format!("{}/{}", o.kind(), o.meta().name.clone().unwrap_or_default()))
             .collect(),
         _ => Vec::new(),
     };
-    let secrets: Vec<_> = inv.secrets.iter().filter(|s| in_ns(s.metadata.namespace.as_ref())).cloned().collect();
-    let state = Some(StateSecrets::from_secrets(&names::state_secret_name(&suffix), &secrets));
+    let secrets: Vec<_> = inv
+        .secrets
+        .iter()
+        .filter(|s| in_ns(s.metadata.namespace.as_ref()))
+        .cloned()
+        .collect();
+    let state = Some(StateSecrets::from_secrets(
+        &names::state_secret_name(&suffix),
+        &secrets,
+    ));
     let inputs_name = names::inputs_secret_name(&suffix);
-    let inputs_secret = secrets.iter().find(|s| s.metadata.name.as_deref() == Some(inputs_name.as_str())).cloned();
-    let referenced_secrets: BTreeMap<_, _> =
-        secrets.iter().map(|s| (s.metadata.name.clone().unwrap_or_default(), s.clone())).collect();
+    let inputs_secret = secrets
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(inputs_name.as_str()))
+        .cloned();
+    let referenced_secrets: BTreeMap<_, _> = secrets
+        .iter()
+        .map(|s| (s.metadata.name.clone().unwrap_or_default(), s.clone()))
+        .collect();
     let referenced_config_maps = inv
         .config_maps
         .iter()
@@ -130,7 +156,10 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
     let lock = inv
         .leases
         .iter()
-        .find(|l| in_ns(l.metadata.namespace.as_ref()) && l.metadata.name.as_deref() == Some(lock_name.as_str()))
+        .find(|l| {
+            in_ns(l.metadata.namespace.as_ref())
+                && l.metadata.name.as_deref() == Some(lock_name.as_str())
+        })
         .cloned();
     Observed {
         kind,
@@ -173,13 +202,18 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
 pub fn render_text(items: &[Explained]) -> String {
     let mut out = String::new();
     if items.is_empty() {
-        out.push_str("no TerraformCluster, TerraformMachine or TerraformMachinePool in the input\n");
+        out.push_str(
+            "no TerraformCluster, TerraformMachine or TerraformMachinePool in the input\n",
+        );
     }
     for e in items {
         out.push_str(&format!("{} {}/{}\n", e.kind, e.namespace, e.name));
         match e.row {
             Some(row) => {
-                let situation = crate::rules::ROWS.get(usize::from(row).saturating_sub(1)).map(|r| r.1).unwrap_or("");
+                let situation = crate::rules::ROWS
+                    .get(usize::from(row).saturating_sub(1))
+                    .map(|r| r.1)
+                    .unwrap_or("");
                 out.push_str(&format!("  row {row}: {situation}\n"));
             }
             None => out.push_str("  not being deleted\n"),
@@ -189,13 +223,19 @@ pub fn render_text(items: &[Explained]) -> String {
             if c.message.is_empty() {
                 out.push_str(&format!("  {}={} {}\n", c.type_, c.status, c.reason));
             } else {
-                out.push_str(&format!("  {}={} {}: {}\n", c.type_, c.status, c.reason, c.message));
+                out.push_str(&format!(
+                    "  {}={} {}: {}\n",
+                    c.type_, c.status, c.reason, c.message
+                ));
             }
         }
         if let Some(at) = &e.next_retry_at {
             out.push_str(&format!("  next retry: {at}\n"));
         }
-        out.push_str(&format!("  runbook: {}\n\n", e.runbook.as_deref().unwrap_or("none needed")));
+        out.push_str(&format!(
+            "  runbook: {}\n\n",
+            e.runbook.as_deref().unwrap_or("none needed")
+        ));
     }
     out
 }

@@ -86,7 +86,12 @@ pub enum StateFacts {
     /// A state that cannot be read, or cannot be trusted; the message says why.
     Unreadable { why: Unreadable, message: String },
     /// A readable state.
-    Readable { managed_instances: u64, lineage: String, serial: u64, secret: String },
+    Readable {
+        managed_instances: u64,
+        lineage: String,
+        serial: u64,
+        secret: String,
+    },
 }
 
 /// The outcome of the latest destroy attempt of this deletion.
@@ -97,7 +102,10 @@ pub enum LastAttempt {
     /// The attempt's Job completed (whether the state agrees is checked against the state).
     Succeeded,
     /// The attempt failed at `at`; `error` is Terraform's error tail or the Job's reason.
-    Failed { at: Option<Timestamp>, error: String },
+    Failed {
+        at: Option<Timestamp>,
+        error: String,
+    },
 }
 
 /// Why a destroy Job cannot start now.
@@ -118,14 +126,20 @@ impl Blocker {
         match self {
             Blocker::Inputs(m) => m.clone(),
             Blocker::Credentials { secret, key } => {
-                format!("the credentials Secret {secret} (key {key}) that the inputs reference is missing; create it")
+                format!(
+                    "the credentials Secret {secret} (key {key}) that the inputs reference is missing; create it"
+                )
             }
             Blocker::NamespaceTerminating(ns) => format!(
                 "namespace {ns} is terminating and Kubernetes refuses new Jobs there; run the destroy from another namespace or abandon"
             ),
             Blocker::LockHeld { holder, age } => match age {
-                Some(age) => format!("Terraform's state lock is held by {holder} since {age}; it is never broken by CAPTF"),
-                None => format!("Terraform's state lock is held by {holder}; it is never broken by CAPTF"),
+                Some(age) => format!(
+                    "Terraform's state lock is held by {holder} since {age}; it is never broken by CAPTF"
+                ),
+                None => format!(
+                    "Terraform's state lock is held by {holder}; it is never broken by CAPTF"
+                ),
             },
         }
     }
@@ -140,7 +154,10 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { base: Duration::from_secs(30), max: Duration::from_secs(30 * 60) }
+        Backoff {
+            base: Duration::from_secs(30),
+            max: Duration::from_secs(30 * 60),
+        }
     }
 }
 
@@ -237,14 +254,46 @@ pub const RUNBOOK_ABANDON: &str = "runbooks/Abandon.md";
 /// checks that the overview page's table matches this list.
 pub const ROWS: [(u8, &str, &str); 9] = [
     (1, "the object or its Cluster is paused", reason::PAUSED),
-    (2, "a Job or Pod of the object has not finished", reason::WAITING_FOR_JOB),
-    (3, "a TerraformCluster whose machines or pools still exist", reason::WAITING_FOR_DEPENDENTS),
-    (4, "no state Secret, and the object never applied", reason::RELEASED),
-    (5, "no state Secret, and the object applied before", reason::HELD),
-    (6, "a state that cannot be read, or cannot be trusted", reason::HELD),
-    (7, "a readable state with managed resource instances, no finished destroy attempt, and a destroy can start", reason::DESTROY_RUNNING),
-    (8, "a readable state with no managed resource instance, or cleanup already started", reason::CLEANING_UP),
-    (9, "a finished destroy attempt left instances, or a destroy cannot start", "DestroyFailed or DestroyCannotStart"),
+    (
+        2,
+        "a Job or Pod of the object has not finished",
+        reason::WAITING_FOR_JOB,
+    ),
+    (
+        3,
+        "a TerraformCluster whose machines or pools still exist",
+        reason::WAITING_FOR_DEPENDENTS,
+    ),
+    (
+        4,
+        "no state Secret, and the object never applied",
+        reason::RELEASED,
+    ),
+    (
+        5,
+        "no state Secret, and the object applied before",
+        reason::HELD,
+    ),
+    (
+        6,
+        "a state that cannot be read, or cannot be trusted",
+        reason::HELD,
+    ),
+    (
+        7,
+        "a readable state with managed resource instances, no finished destroy attempt, and a destroy can start",
+        reason::DESTROY_RUNNING,
+    ),
+    (
+        8,
+        "a readable state with no managed resource instance, or cleanup already started",
+        reason::CLEANING_UP,
+    ),
+    (
+        9,
+        "a finished destroy attempt left instances, or a destroy cannot start",
+        "DestroyFailed or DestroyCannotStart",
+    ),
 ];
 
 /// The rule table. Rows are evaluated in order; the first that applies decides.
@@ -252,9 +301,22 @@ pub fn decide(f: &Facts) -> Decision {
     let paused = paused_condition(f);
     if !f.deleting {
         let d = Desired::new(cond::DELETING, Status::False, reason::NOT_DELETING, "");
-        return finish(None, Action::NotDeleting, d, vec![paused, not_blocked()], None, None, None);
+        return finish(
+            None,
+            Action::NotDeleting,
+            d,
+            vec![paused, not_blocked()],
+            None,
+            None,
+            None,
+        );
     }
-    let ready = Desired::new(cond::READY, Status::False, reason::DELETING, "the object is being deleted");
+    let ready = Desired::new(
+        cond::READY,
+        Status::False,
+        reason::DELETING,
+        "the object is being deleted",
+    );
 
     // Row 1: paused. Only Job bookkeeping.
     if let Some(cause) = &f.paused {
@@ -263,7 +325,15 @@ pub fn decide(f: &Facts) -> Decision {
             cause.describe()
         );
         let d = Desired::new(cond::DELETING, Status::True, reason::PAUSED, msg);
-        return finish(Some(1), Action::BookkeepingOnly, d, vec![paused, ready], Some(RUNBOOK_PAUSED), None, None);
+        return finish(
+            Some(1),
+            Action::BookkeepingOnly,
+            d,
+            vec![paused, ready],
+            Some(RUNBOOK_PAUSED),
+            None,
+            None,
+        );
     }
 
     // Row 2: a Job or Pod has not finished.
@@ -276,9 +346,20 @@ pub fn decide(f: &Facts) -> Decision {
                 None => format!("{} Job {}", j.operation, j.name),
             })
             .collect();
-        let msg = format!("waiting for {} to finish; see {RUNBOOK_WAITING_FOR_JOB}", list.join(", "));
+        let msg = format!(
+            "waiting for {} to finish; see {RUNBOOK_WAITING_FOR_JOB}",
+            list.join(", ")
+        );
         let d = Desired::new(cond::DELETING, Status::True, reason::WAITING_FOR_JOB, msg);
-        return finish(Some(2), Action::WaitForJob, d, vec![paused, not_blocked(), ready], Some(RUNBOOK_WAITING_FOR_JOB), None, None);
+        return finish(
+            Some(2),
+            Action::WaitForJob,
+            d,
+            vec![paused, not_blocked(), ready],
+            Some(RUNBOOK_WAITING_FOR_JOB),
+            None,
+            None,
+        );
     }
 
     // Row 3: a cluster with machines or pools left.
@@ -288,8 +369,18 @@ pub fn decide(f: &Facts) -> Decision {
             "waiting for {} machine(s) or pool(s) to be deleted first: {names}; see {RUNBOOK_DEPENDENTS_EXIST}",
             f.dependents.len()
         );
-        let blocked = Desired::new(cond::DELETION_BLOCKED, Status::True, reason::DEPENDENTS_EXIST, msg.clone());
-        let d = Desired::new(cond::DELETING, Status::True, reason::WAITING_FOR_DEPENDENTS, msg);
+        let blocked = Desired::new(
+            cond::DELETION_BLOCKED,
+            Status::True,
+            reason::DEPENDENTS_EXIST,
+            msg.clone(),
+        );
+        let d = Desired::new(
+            cond::DELETING,
+            Status::True,
+            reason::WAITING_FOR_DEPENDENTS,
+            msg,
+        );
         return finish(
             Some(3),
             Action::WaitForDependents,
@@ -315,7 +406,15 @@ pub fn decide(f: &Facts) -> Decision {
                 "the abandon release is under way: the state, inputs and backup Secrets are kept and marked abandoned; see {RUNBOOK_ABANDON}"
             );
             let d = Desired::new(cond::DELETING, Status::True, reason::ABANDONING, msg);
-            return finish(Some(8), Action::Abandon, d, others, Some(RUNBOOK_ABANDON), None, None);
+            return finish(
+                Some(8),
+                Action::Abandon,
+                d,
+                others,
+                Some(RUNBOOK_ABANDON),
+                None,
+                None,
+            );
         }
         None => {}
     }
@@ -329,16 +428,37 @@ pub fn decide(f: &Facts) -> Decision {
                     cond::STATE_READABLE,
                     Status::False,
                     reason::NO_STATE,
-                    format!("no state Secret {} and the object never applied: nothing to destroy", f.state_secret),
+                    format!(
+                        "no state Secret {} and the object never applied: nothing to destroy",
+                        f.state_secret
+                    ),
                 ));
-                let d = Desired::new(cond::DELETING, Status::True, reason::RELEASED, "never applied and no state: the finalizer comes off");
-                return finish(Some(4), Action::RemoveFinalizer, d, others, None, None, None);
+                let d = Desired::new(
+                    cond::DELETING,
+                    Status::True,
+                    reason::RELEASED,
+                    "never applied and no state: the finalizer comes off",
+                );
+                return finish(
+                    Some(4),
+                    Action::RemoveFinalizer,
+                    d,
+                    others,
+                    None,
+                    None,
+                    None,
+                );
             }
             let msg = format!(
                 "no state Secret {} although the object applied before: CAPTF cannot tell what exists; restore the state or abandon; see {RUNBOOK_STATE_LOST}",
                 f.state_secret
             );
-            others.push(Desired::new(cond::STATE_READABLE, Status::False, reason::STATE_LOST, msg.clone()));
+            others.push(Desired::new(
+                cond::STATE_READABLE,
+                Status::False,
+                reason::STATE_LOST,
+                msg.clone(),
+            ));
             held(5, f, msg, RUNBOOK_STATE_LOST, others)
         }
         StateFacts::Unreadable { why, message } => {
@@ -347,11 +467,25 @@ pub fn decide(f: &Facts) -> Decision {
                 Unreadable::Encrypted => RUNBOOK_STATE_ENCRYPTED,
                 Unreadable::Inconsistent => RUNBOOK_STATE_INCONSISTENT,
             };
-            let msg = if message.contains(runbook) { message.clone() } else { format!("{message}; see {runbook}") };
-            others.push(Desired::new(cond::STATE_READABLE, Status::False, why.reason(), msg.clone()));
+            let msg = if message.contains(runbook) {
+                message.clone()
+            } else {
+                format!("{message}; see {runbook}")
+            };
+            others.push(Desired::new(
+                cond::STATE_READABLE,
+                Status::False,
+                why.reason(),
+                msg.clone(),
+            ));
             held(6, f, msg, runbook, others)
         }
-        StateFacts::Readable { managed_instances, lineage, serial, secret } => {
+        StateFacts::Readable {
+            managed_instances,
+            lineage,
+            serial,
+            secret,
+        } => {
             others.push(Desired::new(
                 cond::STATE_READABLE,
                 Status::True,
@@ -376,16 +510,32 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
         LastAttempt::NoneFinished => None,
         LastAttempt::Succeeded => Some((
             None,
-            format!("destroy attempt {} reported success but the state still describes {managed} managed resource instance(s)", f.attempt),
+            format!(
+                "destroy attempt {} reported success but the state still describes {managed} managed resource instance(s)",
+                f.attempt
+            ),
         )),
-        LastAttempt::Failed { at, error } => Some((*at, format!("destroy attempt {} failed: {error}", f.attempt))),
+        LastAttempt::Failed { at, error } => Some((
+            *at,
+            format!("destroy attempt {} failed: {error}", f.attempt),
+        )),
     };
     match (failure, &f.blocker) {
         // Row 7: untried, and nothing keeps the Job from starting.
         (None, None) => {
-            let msg = format!("destroy attempt {next} is starting for {managed} managed resource instance(s)");
+            let msg = format!(
+                "destroy attempt {next} is starting for {managed} managed resource instance(s)"
+            );
             let d = Desired::new(cond::DELETING, Status::True, reason::DESTROY_RUNNING, msg);
-            finish(Some(7), Action::StartDestroy, d, others, None, None, Some(next))
+            finish(
+                Some(7),
+                Action::StartDestroy,
+                d,
+                others,
+                None,
+                None,
+                Some(next),
+            )
         }
         // Row 9: a destroy cannot start. Checked again on every change and at least at
         // the backoff schedule.
@@ -402,7 +552,15 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
                 "destroy attempt {next} cannot start: {}{history}; checked again when anything changes and at {retry_at}; see {RUNBOOK_DESTROY_CANNOT_START}",
                 blocker.describe()
             );
-            retry(f, reason::DESTROY_CANNOT_START, msg, RUNBOOK_DESTROY_CANNOT_START, others, retry_at, None)
+            retry(
+                f,
+                reason::DESTROY_CANNOT_START,
+                msg,
+                RUNBOOK_DESTROY_CANNOT_START,
+                others,
+                retry_at,
+                None,
+            )
         }
         // Row 9: a finished attempt left instances: retry with backoff, forever.
         (Some((at, text)), None) => {
@@ -414,7 +572,15 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
             } else {
                 format!("{text}; attempt {next} at {retry_at}; see {RUNBOOK_DESTROY_FAILED}")
             };
-            retry(f, reason::DESTROY_FAILED, msg, RUNBOOK_DESTROY_FAILED, others, retry_at, due.then_some(next))
+            retry(
+                f,
+                reason::DESTROY_FAILED,
+                msg,
+                RUNBOOK_DESTROY_FAILED,
+                others,
+                retry_at,
+                due.then_some(next),
+            )
         }
     }
 }
@@ -425,7 +591,15 @@ fn held(row: u8, f: &Facts, msg: String, runbook: &'static str, others: Vec<Desi
         return abandon(row, msg, others);
     }
     let d = Desired::new(cond::DELETING, Status::True, reason::HELD, msg);
-    finish(Some(row), Action::Hold, d, others, Some(runbook), None, None)
+    finish(
+        Some(row),
+        Action::Hold,
+        d,
+        others,
+        Some(runbook),
+        None,
+        None,
+    )
 }
 
 /// Row 9: retried later, unless the abandon annotation releases it.
@@ -442,7 +616,15 @@ fn retry(
         return abandon(9, msg, others);
     }
     let d = Desired::new(cond::DELETING, Status::True, why, msg);
-    finish(Some(9), Action::RetryLater, d, others, Some(runbook), Some(retry_at), start)
+    finish(
+        Some(9),
+        Action::RetryLater,
+        d,
+        others,
+        Some(runbook),
+        Some(retry_at),
+        start,
+    )
 }
 
 fn abandon(row: u8, why_held: String, others: Vec<Desired>) -> Decision {
@@ -451,7 +633,15 @@ fn abandon(row: u8, why_held: String, others: Vec<Desired>) -> Decision {
         crate::api::names::ABANDON
     );
     let d = Desired::new(cond::DELETING, Status::True, reason::ABANDONING, msg);
-    finish(Some(row), Action::Abandon, d, others, Some(RUNBOOK_ABANDON), None, None)
+    finish(
+        Some(row),
+        Action::Abandon,
+        d,
+        others,
+        Some(RUNBOOK_ABANDON),
+        None,
+        None,
+    )
 }
 
 fn finish(
@@ -465,18 +655,35 @@ fn finish(
 ) -> Decision {
     let mut conditions = vec![deleting];
     conditions.extend(others);
-    Decision { row, action, conditions, runbook, next_retry_at, start_attempt }
+    Decision {
+        row,
+        action,
+        conditions,
+        runbook,
+        next_retry_at,
+        start_attempt,
+    }
 }
 
 fn paused_condition(f: &Facts) -> Desired {
     match &f.paused {
-        Some(cause) => Desired::new(cond::PAUSED, Status::True, reason::PAUSED, format!("paused because {}", cause.describe())),
+        Some(cause) => Desired::new(
+            cond::PAUSED,
+            Status::True,
+            reason::PAUSED,
+            format!("paused because {}", cause.describe()),
+        ),
         None => Desired::new(cond::PAUSED, Status::False, reason::NOT_PAUSED, ""),
     }
 }
 
 fn not_blocked() -> Desired {
-    Desired::new(cond::DELETION_BLOCKED, Status::False, reason::NOT_BLOCKED, "")
+    Desired::new(
+        cond::DELETION_BLOCKED,
+        Status::False,
+        reason::NOT_BLOCKED,
+        "",
+    )
 }
 
 fn add(t: Timestamp, d: Duration) -> Timestamp {

@@ -30,28 +30,49 @@ fn facts() -> Facts {
 }
 
 fn readable(n: u64) -> StateFacts {
-    StateFacts::Readable { managed_instances: n, lineage: "l-1".into(), serial: 5, secret: "tfstate-default-web-1.tfm".into() }
+    StateFacts::Readable {
+        managed_instances: n,
+        lineage: "l-1".into(),
+        serial: 5,
+        secret: "tfstate-default-web-1.tfm".into(),
+    }
 }
 
 fn unreadable(why: Unreadable) -> StateFacts {
-    StateFacts::Unreadable { why, message: "the state says so".into() }
+    StateFacts::Unreadable {
+        why,
+        message: "the state says so".into(),
+    }
 }
 
 fn running_job() -> UnfinishedJob {
-    UnfinishedJob { name: "captf-web-1-tfm-apply-1".into(), operation: "apply".into(), waiting_reason: None }
+    UnfinishedJob {
+        name: "captf-web-1-tfm-apply-1".into(),
+        operation: "apply".into(),
+        waiting_reason: None,
+    }
 }
 
 fn failed(at: &str) -> LastAttempt {
-    LastAttempt::Failed { at: Some(t(at)), error: "Error: boom".into() }
+    LastAttempt::Failed {
+        at: Some(t(at)),
+        error: "Error: boom".into(),
+    }
 }
 
 fn cond<'a>(d: &'a Decision, type_: &str) -> &'a Desired {
-    d.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_} condition in {d:?}"))
+    d.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {d:?}"))
 }
 
 #[test]
 fn not_deleting_sets_no_row() {
-    let d = decide(&Facts { deleting: false, ..facts() });
+    let d = decide(&Facts {
+        deleting: false,
+        ..facts()
+    });
     assert_eq!(d.row, None);
     assert_eq!(d.action, Action::NotDeleting);
     assert_eq!(d.deleting().status, Status::False);
@@ -61,7 +82,10 @@ fn not_deleting_sets_no_row() {
 
 #[test]
 fn row1_paused_only_bookkeeping() {
-    let d = decide(&Facts { paused: Some(PauseCause::ClusterSpec("prod".into())), ..facts() });
+    let d = decide(&Facts {
+        paused: Some(PauseCause::ClusterSpec("prod".into())),
+        ..facts()
+    });
     assert_eq!(d.row, Some(1));
     assert_eq!(d.action, Action::BookkeepingOnly);
     assert_eq!(d.deleting().reason, "Paused");
@@ -73,8 +97,15 @@ fn row1_paused_only_bookkeeping() {
 
 #[test]
 fn row1_delete_for_move_and_crd_deletion_count_as_paused() {
-    for cause in [PauseCause::DeleteForMove, PauseCause::CrdDeleting, PauseCause::ObjectAnnotation] {
-        let d = decide(&Facts { paused: Some(cause), ..facts() });
+    for cause in [
+        PauseCause::DeleteForMove,
+        PauseCause::CrdDeleting,
+        PauseCause::ObjectAnnotation,
+    ] {
+        let d = decide(&Facts {
+            paused: Some(cause),
+            ..facts()
+        });
         assert_eq!(d.row, Some(1));
     }
 }
@@ -83,7 +114,10 @@ fn row1_delete_for_move_and_crd_deletion_count_as_paused() {
 fn row2_waits_for_an_unfinished_job() {
     let mut job = running_job();
     job.waiting_reason = Some("ImagePullBackOff".into());
-    let d = decide(&Facts { unfinished_jobs: vec![job], ..facts() });
+    let d = decide(&Facts {
+        unfinished_jobs: vec![job],
+        ..facts()
+    });
     assert_eq!(d.row, Some(2));
     assert_eq!(d.action, Action::WaitForJob);
     assert_eq!(d.deleting().reason, "WaitingForJob");
@@ -96,26 +130,42 @@ fn row2_waits_for_an_unfinished_job() {
 fn row3_cluster_waits_for_dependents_and_names_them() {
     let d = decide(&Facts {
         kind: Kind::TerraformCluster,
-        dependents: vec!["TerraformMachine/web-1".into(), "TerraformMachinePool/pool".into()],
+        dependents: vec![
+            "TerraformMachine/web-1".into(),
+            "TerraformMachinePool/pool".into(),
+        ],
         ..facts()
     });
     assert_eq!(d.row, Some(3));
     assert_eq!(d.action, Action::WaitForDependents);
     let blocked = cond(&d, "DeletionBlocked");
-    assert_eq!((blocked.status, blocked.reason), (Status::True, "DependentsExist"));
-    assert!(blocked.message.contains("TerraformMachine/web-1") && blocked.message.contains("TerraformMachinePool/pool"));
+    assert_eq!(
+        (blocked.status, blocked.reason),
+        (Status::True, "DependentsExist")
+    );
+    assert!(
+        blocked.message.contains("TerraformMachine/web-1")
+            && blocked.message.contains("TerraformMachinePool/pool")
+    );
     assert_eq!(d.runbook, Some("runbooks/DependentsExist.md"));
 }
 
 #[test]
 fn row3_applies_only_to_clusters() {
-    let d = decide(&Facts { dependents: vec!["TerraformMachine/x".into()], ..facts() });
+    let d = decide(&Facts {
+        dependents: vec!["TerraformMachine/x".into()],
+        ..facts()
+    });
     assert_eq!(d.row, Some(7));
 }
 
 #[test]
 fn row4_never_applied_and_no_state_releases_at_once() {
-    let d = decide(&Facts { applied: false, state: StateFacts::Missing, ..facts() });
+    let d = decide(&Facts {
+        applied: false,
+        state: StateFacts::Missing,
+        ..facts()
+    });
     assert_eq!(d.row, Some(4));
     assert_eq!(d.action, Action::RemoveFinalizer);
     assert_eq!(d.runbook, None);
@@ -124,7 +174,10 @@ fn row4_never_applied_and_no_state_releases_at_once() {
 
 #[test]
 fn row5_applied_without_state_is_held_as_state_lost() {
-    let d = decide(&Facts { state: StateFacts::Missing, ..facts() });
+    let d = decide(&Facts {
+        state: StateFacts::Missing,
+        ..facts()
+    });
     assert_eq!(d.row, Some(5));
     assert_eq!(d.action, Action::Hold);
     assert_eq!(d.deleting().reason, "Held");
@@ -135,18 +188,37 @@ fn row5_applied_without_state_is_held_as_state_lost() {
 
 #[test]
 fn a_state_not_read_is_never_taken_for_a_release() {
-    let d = decide(&Facts { applied: false, state: StateFacts::NotRead, ..facts() });
+    let d = decide(&Facts {
+        applied: false,
+        state: StateFacts::NotRead,
+        ..facts()
+    });
     assert_ne!(d.action, Action::RemoveFinalizer);
 }
 
 #[test]
 fn row6_unreadable_states_are_held_with_their_reason() {
     for (why, reason, runbook) in [
-        (Unreadable::Corrupt, "StateCorrupt", "runbooks/StateCorrupt.md"),
-        (Unreadable::Encrypted, "StateEncrypted", "runbooks/StateEncrypted.md"),
-        (Unreadable::Inconsistent, "StateInconsistent", "runbooks/StateInconsistent.md"),
+        (
+            Unreadable::Corrupt,
+            "StateCorrupt",
+            "runbooks/StateCorrupt.md",
+        ),
+        (
+            Unreadable::Encrypted,
+            "StateEncrypted",
+            "runbooks/StateEncrypted.md",
+        ),
+        (
+            Unreadable::Inconsistent,
+            "StateInconsistent",
+            "runbooks/StateInconsistent.md",
+        ),
     ] {
-        let d = decide(&Facts { state: unreadable(why), ..facts() });
+        let d = decide(&Facts {
+            state: unreadable(why),
+            ..facts()
+        });
         assert_eq!(d.row, Some(6), "{reason}");
         assert_eq!(d.action, Action::Hold);
         let s = cond(&d, "StateReadable");
@@ -170,13 +242,19 @@ fn row7_readable_state_with_instances_starts_attempt_one() {
 fn row7_numbers_the_attempt_after_the_recorded_one() {
     // An attempt recorded by an earlier deletion (a recreated object) that did not finish
     // in this deletion: the next number is used, never a repeat.
-    let d = decide(&Facts { attempt: 3, ..facts() });
+    let d = decide(&Facts {
+        attempt: 3,
+        ..facts()
+    });
     assert_eq!(d.start_attempt, Some(4));
 }
 
 #[test]
 fn row8_empty_readable_state_cleans_up_without_a_destroy() {
-    let d = decide(&Facts { state: readable(0), ..facts() });
+    let d = decide(&Facts {
+        state: readable(0),
+        ..facts()
+    });
     assert_eq!(d.row, Some(8));
     assert_eq!(d.action, Action::CleanUp);
     assert_eq!(d.start_attempt, None);
@@ -184,7 +262,12 @@ fn row8_empty_readable_state_cleans_up_without_a_destroy() {
 
 #[test]
 fn row8_after_a_successful_destroy() {
-    let d = decide(&Facts { state: readable(0), attempt: 1, last_attempt: LastAttempt::Succeeded, ..facts() });
+    let d = decide(&Facts {
+        state: readable(0),
+        attempt: 1,
+        last_attempt: LastAttempt::Succeeded,
+        ..facts()
+    });
     assert_eq!(d.row, Some(8));
     assert_eq!(d.action, Action::CleanUp);
 }
@@ -192,14 +275,22 @@ fn row8_after_a_successful_destroy() {
 #[test]
 fn row8_cleanup_marker_beats_a_missing_state() {
     // A crash after the state Secret was deleted but before the finalizer came off.
-    let d = decide(&Facts { state: StateFacts::Missing, cleanup: Some(CleanupMarker::Destroyed), ..facts() });
+    let d = decide(&Facts {
+        state: StateFacts::Missing,
+        cleanup: Some(CleanupMarker::Destroyed),
+        ..facts()
+    });
     assert_eq!(d.row, Some(8));
     assert_eq!(d.action, Action::CleanUp);
 }
 
 #[test]
 fn row8_abandoned_marker_continues_the_abandon_release() {
-    let d = decide(&Facts { state: StateFacts::Missing, cleanup: Some(CleanupMarker::Abandoned), ..facts() });
+    let d = decide(&Facts {
+        state: StateFacts::Missing,
+        cleanup: Some(CleanupMarker::Abandoned),
+        ..facts()
+    });
     assert_eq!(d.row, Some(8));
     assert_eq!(d.action, Action::Abandon);
     assert_eq!(d.runbook, Some("runbooks/Abandon.md"));
@@ -207,7 +298,11 @@ fn row8_abandoned_marker_continues_the_abandon_release() {
 
 #[test]
 fn row9_failed_attempt_retries_after_the_backoff() {
-    let f = Facts { attempt: 2, last_attempt: failed("2026-12-01T11:59:50Z"), ..facts() };
+    let f = Facts {
+        attempt: 2,
+        last_attempt: failed("2026-12-01T11:59:50Z"),
+        ..facts()
+    };
     let d = decide(&f);
     assert_eq!(d.row, Some(9));
     assert_eq!(d.action, Action::RetryLater);
@@ -216,14 +311,24 @@ fn row9_failed_attempt_retries_after_the_backoff() {
     assert_eq!(d.start_attempt, None, "the delay has not passed");
     let at = d.next_retry_at.expect("a retry time");
     let delay = f.backoff.delay(2, "uid-1");
-    assert_eq!(at.as_millisecond() - t("2026-12-01T11:59:50Z").as_millisecond(), delay.as_millis() as i64);
+    assert_eq!(
+        at.as_millisecond() - t("2026-12-01T11:59:50Z").as_millisecond(),
+        delay.as_millis() as i64
+    );
     let msg = &d.deleting().message;
-    assert!(msg.contains("attempt 2 failed: Error: boom") && msg.contains("attempt 3 at"), "{msg}");
+    assert!(
+        msg.contains("attempt 2 failed: Error: boom") && msg.contains("attempt 3 at"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn row9_starts_the_next_attempt_once_the_delay_has_passed() {
-    let d = decide(&Facts { attempt: 2, last_attempt: failed("2026-12-01T10:00:00Z"), ..facts() });
+    let d = decide(&Facts {
+        attempt: 2,
+        last_attempt: failed("2026-12-01T10:00:00Z"),
+        ..facts()
+    });
     assert_eq!(d.row, Some(9));
     assert_eq!(d.action, Action::RetryLater);
     assert_eq!(d.start_attempt, Some(3));
@@ -231,25 +336,58 @@ fn row9_starts_the_next_attempt_once_the_delay_has_passed() {
 
 #[test]
 fn row9_success_that_left_instances_counts_as_failed() {
-    let d = decide(&Facts { attempt: 1, last_attempt: LastAttempt::Succeeded, ..facts() });
+    let d = decide(&Facts {
+        attempt: 1,
+        last_attempt: LastAttempt::Succeeded,
+        ..facts()
+    });
     assert_eq!(d.row, Some(9));
     assert_eq!(d.deleting().reason, "DestroyFailed");
-    assert!(d.deleting().message.contains("reported success but the state still describes 2"));
+    assert!(
+        d.deleting()
+            .message
+            .contains("reported success but the state still describes 2")
+    );
 }
 
 #[test]
 fn row9_cannot_start_names_what_keeps_it() {
     for (blocker, needle) in [
-        (Blocker::Credentials { secret: "aws-creds".into(), key: "id".into() }, "aws-creds"),
-        (Blocker::NamespaceTerminating("team-a".into()), "team-a is terminating"),
-        (Blocker::LockHeld { holder: "alice@laptop".into(), age: Some("2h".into()) }, "alice@laptop"),
-        (Blocker::Inputs("the inputs Secret captf-inputs-web-1.tfm is missing".into()), "captf-inputs-web-1.tfm"),
+        (
+            Blocker::Credentials {
+                secret: "aws-creds".into(),
+                key: "id".into(),
+            },
+            "aws-creds",
+        ),
+        (
+            Blocker::NamespaceTerminating("team-a".into()),
+            "team-a is terminating",
+        ),
+        (
+            Blocker::LockHeld {
+                holder: "alice@laptop".into(),
+                age: Some("2h".into()),
+            },
+            "alice@laptop",
+        ),
+        (
+            Blocker::Inputs("the inputs Secret captf-inputs-web-1.tfm is missing".into()),
+            "captf-inputs-web-1.tfm",
+        ),
     ] {
-        let d = decide(&Facts { blocker: Some(blocker), ..facts() });
+        let d = decide(&Facts {
+            blocker: Some(blocker),
+            ..facts()
+        });
         assert_eq!(d.row, Some(9));
         assert_eq!(d.action, Action::RetryLater);
         assert_eq!(d.deleting().reason, "DestroyCannotStart");
-        assert!(d.deleting().message.contains(needle), "{}", d.deleting().message);
+        assert!(
+            d.deleting().message.contains(needle),
+            "{}",
+            d.deleting().message
+        );
         assert_eq!(d.runbook, Some("runbooks/DestroyCannotStart.md"));
         assert_eq!(d.start_attempt, None);
         assert!(d.next_retry_at.is_some());
@@ -258,7 +396,11 @@ fn row9_cannot_start_names_what_keeps_it() {
 
 #[test]
 fn paused_beats_a_running_job() {
-    let d = decide(&Facts { paused: Some(PauseCause::ObjectAnnotation), unfinished_jobs: vec![running_job()], ..facts() });
+    let d = decide(&Facts {
+        paused: Some(PauseCause::ObjectAnnotation),
+        unfinished_jobs: vec![running_job()],
+        ..facts()
+    });
     assert_eq!(d.row, Some(1));
 }
 
@@ -298,10 +440,27 @@ fn dependents_beat_the_cleanup_marker() {
 #[test]
 fn abandon_releases_rows_5_6_and_9() {
     let cases = [
-        Facts { state: StateFacts::Missing, abandon: true, ..facts() },
-        Facts { state: unreadable(Unreadable::Encrypted), abandon: true, ..facts() },
-        Facts { attempt: 1, last_attempt: failed("2026-12-01T11:59:59Z"), abandon: true, ..facts() },
-        Facts { blocker: Some(Blocker::NamespaceTerminating("team-a".into())), abandon: true, ..facts() },
+        Facts {
+            state: StateFacts::Missing,
+            abandon: true,
+            ..facts()
+        },
+        Facts {
+            state: unreadable(Unreadable::Encrypted),
+            abandon: true,
+            ..facts()
+        },
+        Facts {
+            attempt: 1,
+            last_attempt: failed("2026-12-01T11:59:59Z"),
+            abandon: true,
+            ..facts()
+        },
+        Facts {
+            blocker: Some(Blocker::NamespaceTerminating("team-a".into())),
+            abandon: true,
+            ..facts()
+        },
     ];
     for (f, row) in cases.iter().zip([5, 6, 9, 9]) {
         let d = decide(f);
@@ -315,9 +474,20 @@ fn abandon_releases_rows_5_6_and_9() {
 
 #[test]
 fn abandon_never_overrides_rows_1_to_3() {
-    let paused = decide(&Facts { paused: Some(PauseCause::ObjectAnnotation), abandon: true, ..facts() });
-    assert_eq!((paused.row, paused.action), (Some(1), Action::BookkeepingOnly));
-    let job = decide(&Facts { unfinished_jobs: vec![running_job()], abandon: true, ..facts() });
+    let paused = decide(&Facts {
+        paused: Some(PauseCause::ObjectAnnotation),
+        abandon: true,
+        ..facts()
+    });
+    assert_eq!(
+        (paused.row, paused.action),
+        (Some(1), Action::BookkeepingOnly)
+    );
+    let job = decide(&Facts {
+        unfinished_jobs: vec![running_job()],
+        abandon: true,
+        ..facts()
+    });
     assert_eq!((job.row, job.action), (Some(2), Action::WaitForJob));
     let deps = decide(&Facts {
         kind: Kind::TerraformCluster,
@@ -325,36 +495,60 @@ fn abandon_never_overrides_rows_1_to_3() {
         abandon: true,
         ..facts()
     });
-    assert_eq!((deps.row, deps.action), (Some(3), Action::WaitForDependents));
+    assert_eq!(
+        (deps.row, deps.action),
+        (Some(3), Action::WaitForDependents)
+    );
 }
 
 #[test]
 fn abandon_never_skips_an_untried_readable_destroy() {
-    let d = decide(&Facts { abandon: true, ..facts() });
+    let d = decide(&Facts {
+        abandon: true,
+        ..facts()
+    });
     assert_eq!(d.row, Some(7));
     assert_eq!(d.action, Action::StartDestroy);
 }
 
 #[test]
 fn abandon_on_a_never_applied_object_is_a_plain_release() {
-    let d = decide(&Facts { applied: false, state: StateFacts::Missing, abandon: true, ..facts() });
+    let d = decide(&Facts {
+        applied: false,
+        state: StateFacts::Missing,
+        abandon: true,
+        ..facts()
+    });
     assert_eq!((d.row, d.action), (Some(4), Action::RemoveFinalizer));
 }
 
 #[test]
 fn backoff_grows_is_capped_and_is_deterministic() {
-    let b = Backoff { base: Duration::from_secs(30), max: Duration::from_secs(1800) };
+    let b = Backoff {
+        base: Duration::from_secs(30),
+        max: Duration::from_secs(1800),
+    };
     let d1 = b.delay(1, "u");
     let d2 = b.delay(2, "u");
     let d3 = b.delay(3, "u");
-    assert!(d1 <= Duration::from_secs(30) && d1 >= Duration::from_secs(24), "{d1:?}");
-    assert!(d2 <= Duration::from_secs(60) && d2 >= Duration::from_secs(48), "{d2:?}");
-    assert!(d3 <= Duration::from_secs(120) && d3 >= Duration::from_secs(96), "{d3:?}");
+    assert!(
+        d1 <= Duration::from_secs(30) && d1 >= Duration::from_secs(24),
+        "{d1:?}"
+    );
+    assert!(
+        d2 <= Duration::from_secs(60) && d2 >= Duration::from_secs(48),
+        "{d2:?}"
+    );
+    assert!(
+        d3 <= Duration::from_secs(120) && d3 >= Duration::from_secs(96),
+        "{d3:?}"
+    );
     assert!(b.delay(40, "u") <= Duration::from_secs(1800));
     assert!(b.delay(40, "u") >= Duration::from_secs(1440));
     assert_eq!(b.delay(5, "u"), b.delay(5, "u"));
     // Jitter spreads objects that fail together.
-    let spread: std::collections::BTreeSet<_> = (0..20).map(|i| b.delay(3, &format!("uid-{i}"))).collect();
+    let spread: std::collections::BTreeSet<_> =
+        (0..20).map(|i| b.delay(3, &format!("uid-{i}"))).collect();
     assert!(spread.len() > 10);
 }
 

@@ -15,7 +15,12 @@ fn captf(args: &[&str]) -> Output {
 }
 
 fn json(out: &Output) -> Value {
-    assert!(out.status.success(), "exit {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
 
@@ -24,59 +29,149 @@ const NOW: &str = "2026-12-01T12:00:00Z";
 /// Every example file, the row and action explain must print for its TerraformMachine
 /// (or, for row 3, its TerraformCluster), and the runbook.
 const EXAMPLES: [(&str, Option<u64>, &str, Option<&str>); 16] = [
-    ("row1-paused.yaml", Some(1), "BookkeepingOnly", Some("runbooks/Paused.md")),
-    ("row2-waiting-for-job.yaml", Some(2), "WaitForJob", Some("runbooks/WaitingForJob.md")),
-    ("row3-dependents.yaml", Some(3), "WaitForDependents", Some("runbooks/DependentsExist.md")),
+    (
+        "row1-paused.yaml",
+        Some(1),
+        "BookkeepingOnly",
+        Some("runbooks/Paused.md"),
+    ),
+    (
+        "row2-waiting-for-job.yaml",
+        Some(2),
+        "WaitForJob",
+        Some("runbooks/WaitingForJob.md"),
+    ),
+    (
+        "row3-dependents.yaml",
+        Some(3),
+        "WaitForDependents",
+        Some("runbooks/DependentsExist.md"),
+    ),
     ("row4-never-applied.yaml", Some(4), "RemoveFinalizer", None),
-    ("row5-state-lost.yaml", Some(5), "Hold", Some("runbooks/StateLost.md")),
-    ("row6-state-corrupt.yaml", Some(6), "Hold", Some("runbooks/StateCorrupt.md")),
-    ("row6-state-encrypted.yaml", Some(6), "Hold", Some("runbooks/StateEncrypted.md")),
-    ("row6-state-inconsistent.yaml", Some(6), "Hold", Some("runbooks/StateInconsistent.md")),
+    (
+        "row5-state-lost.yaml",
+        Some(5),
+        "Hold",
+        Some("runbooks/StateLost.md"),
+    ),
+    (
+        "row6-state-corrupt.yaml",
+        Some(6),
+        "Hold",
+        Some("runbooks/StateCorrupt.md"),
+    ),
+    (
+        "row6-state-encrypted.yaml",
+        Some(6),
+        "Hold",
+        Some("runbooks/StateEncrypted.md"),
+    ),
+    (
+        "row6-state-inconsistent.yaml",
+        Some(6),
+        "Hold",
+        Some("runbooks/StateInconsistent.md"),
+    ),
     ("row7-destroy.yaml", Some(7), "StartDestroy", None),
     ("row8-cleanup.yaml", Some(8), "CleanUp", None),
     ("row8-cleanup-marker.yaml", Some(8), "CleanUp", None),
-    ("row9-destroy-failed.yaml", Some(9), "RetryLater", Some("runbooks/DestroyFailed.md")),
-    ("row9-cannot-start.yaml", Some(9), "RetryLater", Some("runbooks/DestroyCannotStart.md")),
-    ("row9-namespace-terminating.yaml", Some(9), "RetryLater", Some("runbooks/DestroyCannotStart.md")),
-    ("abandon-state-lost.yaml", Some(5), "Abandon", Some("runbooks/Abandon.md")),
+    (
+        "row9-destroy-failed.yaml",
+        Some(9),
+        "RetryLater",
+        Some("runbooks/DestroyFailed.md"),
+    ),
+    (
+        "row9-cannot-start.yaml",
+        Some(9),
+        "RetryLater",
+        Some("runbooks/DestroyCannotStart.md"),
+    ),
+    (
+        "row9-namespace-terminating.yaml",
+        Some(9),
+        "RetryLater",
+        Some("runbooks/DestroyCannotStart.md"),
+    ),
+    (
+        "abandon-state-lost.yaml",
+        Some(5),
+        "Abandon",
+        Some("runbooks/Abandon.md"),
+    ),
     ("not-deleting.yaml", None, "NotDeleting", None),
 ];
 
 fn first_deciding(items: &Value) -> &Value {
     let items = items.as_array().expect("an array");
-    items.iter().find(|i| i["kind"] == "TerraformCluster").unwrap_or(&items[0])
+    items
+        .iter()
+        .find(|i| i["kind"] == "TerraformCluster")
+        .unwrap_or(&items[0])
 }
 
 #[test]
 fn explain_prints_the_row_of_every_example() {
     for (file, row, action, runbook) in EXAMPLES {
         let path = format!("examples/{file}");
-        let out = json(&captf(&["explain", "-f", &path, "-o", "json", "--now", NOW]));
+        let out = json(&captf(&[
+            "explain", "-f", &path, "-o", "json", "--now", NOW,
+        ]));
         let item = first_deciding(&out);
         assert_eq!(item["row"].as_u64(), row, "{file}: {item:#}");
         assert_eq!(item["action"], action, "{file}: {item:#}");
         assert_eq!(item["runbook"].as_str(), runbook, "{file}: {item:#}");
-        for key in ["kind", "namespace", "name", "row", "action", "conditions", "runbook", "nextRetryAt"] {
+        for key in [
+            "kind",
+            "namespace",
+            "name",
+            "row",
+            "action",
+            "conditions",
+            "runbook",
+            "nextRetryAt",
+        ] {
             assert!(item.get(key).is_some(), "{file}: {key} missing");
         }
-        let deleting = item["conditions"].as_array().expect("conditions").iter().find(|c| c["type"] == "Deleting");
+        let deleting = item["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == "Deleting");
         assert!(deleting.is_some(), "{file}: a Deleting condition");
     }
 }
 
 #[test]
 fn explain_reads_the_whole_examples_directory() {
-    let out = json(&captf(&["explain", "-f", "examples/", "-o", "json", "--now", NOW]));
+    let out = json(&captf(&[
+        "explain",
+        "-f",
+        "examples/",
+        "-o",
+        "json",
+        "--now",
+        NOW,
+    ]));
     let items = out.as_array().expect("array");
     // One object per example, plus row 3's machine and pool.
     assert!(items.len() >= 18, "{}", items.len());
-    let rows: std::collections::BTreeSet<u64> = items.iter().filter_map(|i| i["row"].as_u64()).collect();
+    let rows: std::collections::BTreeSet<u64> =
+        items.iter().filter_map(|i| i["row"].as_u64()).collect();
     assert_eq!(rows, (1..=9).collect(), "every row appears in the examples");
 }
 
 #[test]
 fn explain_names_the_terraform_error_and_the_next_retry() {
-    let out = json(&captf(&["explain", "-f", "examples/row9-destroy-failed.yaml", "-o", "json", "--now", NOW]));
+    let out = json(&captf(&[
+        "explain",
+        "-f",
+        "examples/row9-destroy-failed.yaml",
+        "-o",
+        "json",
+        "--now",
+        NOW,
+    ]));
     let item = first_deciding(&out);
     let msg = item["conditions"][0]["message"].as_str().expect("message");
     assert!(msg.contains("403 Forbidden"), "{msg}");
@@ -86,19 +181,36 @@ fn explain_names_the_terraform_error_and_the_next_retry() {
 
 #[test]
 fn explain_text_output_names_row_action_and_runbook() {
-    let out = captf(&["explain", "-f", "examples/row5-state-lost.yaml", "--now", NOW]);
+    let out = captf(&[
+        "explain",
+        "-f",
+        "examples/row5-state-lost.yaml",
+        "--now",
+        NOW,
+    ]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("TerraformMachine row5-state-lost/web-1"), "{text}");
+    assert!(
+        text.contains("TerraformMachine row5-state-lost/web-1"),
+        "{text}"
+    );
     assert!(text.contains("row 5"), "{text}");
     assert!(text.contains("runbooks/StateLost.md"), "{text}");
 }
 
 fn misuse(args: &[&str], needle: &str) {
     let out = captf(args);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(needle), "{args:?}: stderr {err:?} lacks {needle:?}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr {err:?} lacks {needle:?}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -112,19 +224,41 @@ fn temp_file(name: &str, content: &str) -> PathBuf {
 
 #[test]
 fn bad_input_is_a_clear_error_with_status_2() {
-    misuse(&["explain", "-f", "examples/no-such-file.yaml"], "no-such-file.yaml");
-    let bad = temp_file("bad.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: [unclosed\n");
-    misuse(&["explain", "-f", bad.to_str().unwrap_or_default()], "bad.yaml");
+    misuse(
+        &["explain", "-f", "examples/no-such-file.yaml"],
+        "no-such-file.yaml",
+    );
+    let bad = temp_file(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: [unclosed\n",
+    );
+    misuse(
+        &["explain", "-f", bad.to_str().unwrap_or_default()],
+        "bad.yaml",
+    );
     let unknown = temp_file(
         "unknown.yaml",
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: a}\n",
     );
-    misuse(&["explain", "-f", unknown.to_str().unwrap_or_default()], "Deployment web");
+    misuse(
+        &["explain", "-f", unknown.to_str().unwrap_or_default()],
+        "Deployment web",
+    );
     let no_ns = temp_file(
         "nons.yaml",
         "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: TerraformMachine\nmetadata: {name: web-1}\nspec: {module: {source: x}}\n",
     );
-    misuse(&["explain", "-f", no_ns.to_str().unwrap_or_default()], "no metadata.namespace");
-    misuse(&["explain"], "--filename");
-    misuse(&["state", "inspect", "--secret-file", "examples/row1-paused.yaml"], "is not a Secret");
+    misuse(
+        &["explain", "-f", no_ns.to_str().unwrap_or_default()],
+        "no metadata.namespace",
+    );
+    misuse(
+        &[
+            "state",
+            "inspect",
+            "--secret-file",
+            "examples/row1-paused.yaml",
+        ],
+        "is not a Secret",
+    );
 }

@@ -2,5 +2,5 @@
 //! Modules read like the situations they prove.
 
 mod cli;
-mod crds;
 mod config;
+mod crds;
