@@ -496,7 +496,7 @@ fn base_of(secrets: &[(String, Secret)]) -> Result<String, Misuse> {
 }
 
 /// Reads exactly one CAPTF object from a file.
-fn load_object(path: &PathBuf) -> Result<AnyObject, Misuse> {
+fn load_object(path: &std::path::Path) -> Result<AnyObject, Misuse> {
     let loaded = load::load_file(path)?;
     let inv = Inventory::from_loaded(loaded)?;
     let mut objects = inv.objects.into_iter();

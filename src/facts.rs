@@ -217,7 +217,7 @@ pub fn state_needed(facts: &Facts) -> bool {
     facts.deleting
         && facts.paused.is_none()
         && facts.unfinished_jobs.is_empty()
-        && !(facts.kind == Kind::TerraformCluster && !facts.dependents.is_empty())
+        && (facts.kind != Kind::TerraformCluster || facts.dependents.is_empty())
         && facts.cleanup.is_none()
 }
 

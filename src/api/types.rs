@@ -2,6 +2,10 @@
 //! The spec carries what a destroy needs when there is no inputs Secret yet (section 3);
 //! the status is a cache of conditions, never the record (clusterctl move drops it).
 
+// Each `printcolumn(...)` repeats `type_ = "string"`; clippy reads that as a duplicated
+// attribute, though they are separate columns.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use kube::CustomResource;

@@ -162,14 +162,15 @@ async fn bookkeeping<K: TerraformObject>(
     // The latest destroy attempt failed and that is not recorded yet.
     if facts.attempt > 0 && annotation(obj, names::DESTROY_FAILED_AT).is_none() {
         let name = names::job_name(&suffix, names::OPERATION_DESTROY, facts.attempt);
-        if let Some(j) = o
+        let job = o
             .jobs
             .iter()
-            .find(|j| j.metadata.name.as_deref() == Some(name.as_str()))
-        {
-            if let JobOutcome::Failed {
+            .find(|j| j.metadata.name.as_deref() == Some(name.as_str()));
+        if let Some(j) = job
+            && let JobOutcome::Failed {
                 reason, error_tail, ..
             } = job::outcome(j, &o.pods)
+        {
             {
                 let at = job_finished_at(j).unwrap_or(o.now);
                 edits.push((names::DESTROY_FAILED_AT, Some(at.to_string())));
@@ -706,14 +707,14 @@ async fn copy_out<K: TerraformObject>(
             k8s_openapi::ByteString(chunk.to_vec()),
         )]
         .into();
-        if i == 0 {
-            if let Some(input) = inputs
-                .as_ref()
-                .and_then(|s| s.data.as_ref())
-                .and_then(|d| d.get(names::INPUTS_KEY))
-            {
-                data.insert(names::INPUTS_KEY.into(), input.clone());
-            }
+        let input = inputs
+            .as_ref()
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get(names::INPUTS_KEY));
+        if i == 0
+            && let Some(input) = input
+        {
+            data.insert(names::INPUTS_KEY.into(), input.clone());
         }
         let s = Secret {
             metadata: kube::api::ObjectMeta {
