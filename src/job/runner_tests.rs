@@ -455,7 +455,10 @@ fn sigterm_to_the_whole_process_group_reaches_terraform_once() {
         // TERMs close together may merge into one, so check the cause as well:
         // Terraform does not run in the runner's process group.
         assert_eq!(record.matches("SIGNAL TERM").count(), 1, "{record}");
-        let pgrp = record.lines().find_map(|l| l.strip_prefix("PGRP ")).unwrap();
+        let pgrp = record
+            .lines()
+            .find_map(|l| l.strip_prefix("PGRP "))
+            .unwrap();
         assert_ne!(pgrp, child.id().to_string(), "{record}");
         // tee survived: Terraform's last words reached the termination log.
         assert!(
