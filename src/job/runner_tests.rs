@@ -130,10 +130,21 @@ impl Runner {
     fn new(job: Job, shell: Shell) -> Runner {
         let dir = TempDir::new("runner");
         let root = dir.path().to_path_buf();
+        // The kubelet's layout of a downwardAPI volume: the files in a timestamped
+        // directory, `..data` pointing at it, and each top-level entry a symlink into
+        // `..data`.
+        let render = root.join("render");
+        let mut top = std::collections::BTreeSet::new();
         for (path, content) in projected_files(&job) {
-            let target = root.join("render").join(&path);
+            let target = render.join("..2026_12_01_10_00_00.000000001").join(&path);
             std::fs::create_dir_all(target.parent().unwrap()).unwrap();
             std::fs::write(&target, content).unwrap();
+            top.insert(path.split('/').next().unwrap().to_string());
+        }
+        std::os::unix::fs::symlink("..2026_12_01_10_00_00.000000001", render.join("..data"))
+            .unwrap();
+        for entry in top {
+            std::os::unix::fs::symlink(format!("..data/{entry}"), render.join(&entry)).unwrap();
         }
         std::fs::create_dir_all(root.join("workspace")).unwrap();
         std::fs::create_dir_all(root.join("bin")).unwrap();
