@@ -52,6 +52,15 @@ pub enum RenderError {
         "the files the runner needs take {size} bytes of Pod annotations, more than Kubernetes' limit of {limit}: give the module as `module.source` (a pinned source address) instead of inline `module.files`"
     )]
     TooLarge { size: usize, limit: usize },
+    #[error(
+        "the inputs' backend is namespace {namespace:?} / secretSuffix {suffix:?}, not the object's own {expected_namespace:?} / {expected_suffix:?}"
+    )]
+    ForeignBackend {
+        namespace: String,
+        suffix: String,
+        expected_namespace: String,
+        expected_suffix: String,
+    },
     #[error("module file name {name:?} is not allowed: {why}")]
     BadFileName { name: String, why: &'static str },
 }

@@ -180,6 +180,15 @@ pub fn runner_files(
 
 /// Renders the Job of one attempt (see the module documentation).
 pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderError> {
+    let backend = &req.inputs.backend;
+    if backend.namespace != req.namespace || backend.secret_suffix != req.suffix {
+        return Err(RenderError::ForeignBackend {
+            namespace: backend.namespace.clone(),
+            suffix: backend.secret_suffix.clone(),
+            expected_namespace: req.namespace.to_string(),
+            expected_suffix: req.suffix.to_string(),
+        });
+    }
     let job_name = names::job_name(req.suffix, req.operation, req.attempt);
     let owner_name_label = inputs::name_label_value(req.name);
     let values: BTreeMap<&str, String> = BTreeMap::from([

@@ -508,3 +508,11 @@ fn module_files_that_clash_as_file_and_directory_are_refused() {
         Err(RenderError::BadFileName { .. })
     ));
 }
+
+#[test]
+fn inputs_for_another_backend_are_refused() {
+    let mut inputs = inline_inputs();
+    inputs.backend.secret_suffix = "web-2.tfm".into();
+    let err = render(&Templates::embedded(), &request(&inputs)).unwrap_err();
+    assert!(matches!(err, RenderError::ForeignBackend { .. }), "{err}");
+}

@@ -68,6 +68,8 @@ destroy | apply)
     if [ -n "${FAKE_TF_SLEEP:-}" ]; then
         got=""
         trap 'echo "SIGNAL TERM" >> "$rec"; got=1' TERM
+        read -r _ _ _ _ pgrp _ < /proc/$$/stat
+        echo "PGRP $pgrp" >> "$rec"
         echo "SLEEPING $$" >> "$rec"
         i=0
         while [ -z "$got" ] && [ "$i" -lt "$FAKE_TF_SLEEP" ]; do
@@ -94,32 +96,80 @@ struct Runner {
     _dir: TempDir,
     root: PathBuf,
     job: Job,
+    shell: Shell,
+}
+
+/// The shell the script runs under: the system's `sh` (dash here), or busybox with only
+/// its applets on PATH, as in the stock hashicorp/terraform image.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shell {
+    System,
+    Busybox,
+}
+
+const BUSYBOX: &str = "/usr/bin/busybox";
+const BUSYBOX_APPLETS: &[&str] = &[
+    "sh", "cp", "mkdir", "rm", "cat", "tee", "mkfifo", "sed", "tail", "tr", "base64", "wget",
+    "setsid", "kill", "sleep", "printf", "find", "ls", "sort", "pwd", "env",
+];
+
+/// The shells to run each test under: busybox too when it is installed.
+fn shells() -> Vec<Shell> {
+    let mut shells = vec![Shell::System];
+    if Path::new(BUSYBOX).exists() {
+        shells.push(Shell::Busybox);
+    } else {
+        eprintln!(
+            "{BUSYBOX} is not installed: the runner script is tested with the system sh only"
+        );
+    }
+    shells
 }
 
 impl Runner {
-    fn new(job: Job) -> Runner {
+    fn new(job: Job, shell: Shell) -> Runner {
         let dir = TempDir::new("runner");
         let root = dir.path().to_path_buf();
+        // The kubelet's layout of a downwardAPI volume: the files in a timestamped
+        // directory, `..data` pointing at it, and each top-level entry a symlink into
+        // `..data`.
+        let render = root.join("render");
+        let mut top = std::collections::BTreeSet::new();
         for (path, content) in projected_files(&job) {
-            let target = root.join("render").join(&path);
+            let target = render.join("..2026_12_01_10_00_00.000000001").join(&path);
             std::fs::create_dir_all(target.parent().unwrap()).unwrap();
             std::fs::write(&target, content).unwrap();
+            top.insert(path.split('/').next().unwrap().to_string());
+        }
+        std::os::unix::fs::symlink("..2026_12_01_10_00_00.000000001", render.join("..data"))
+            .unwrap();
+        for entry in top {
+            std::os::unix::fs::symlink(format!("..data/{entry}"), render.join(&entry)).unwrap();
         }
         std::fs::create_dir_all(root.join("workspace")).unwrap();
         std::fs::create_dir_all(root.join("bin")).unwrap();
         let fake = root.join("bin/terraform");
         std::fs::write(&fake, FAKE_TERRAFORM).unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if shell == Shell::Busybox {
+            for applet in BUSYBOX_APPLETS {
+                std::os::unix::fs::symlink(BUSYBOX, root.join("bin").join(applet)).unwrap();
+            }
+        }
         Runner {
             _dir: dir,
             root,
             job,
+            shell,
         }
     }
 
-    fn destroy() -> Runner {
+    fn destroy(shell: Shell) -> Runner {
         let inputs = inline_inputs();
-        Runner::new(render(&Templates::embedded(), &request(&inputs)).unwrap())
+        Runner::new(
+            render(&Templates::embedded(), &request(&inputs)).unwrap(),
+            shell,
+        )
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -148,7 +198,10 @@ impl Runner {
             render::RENDER_DIR,
             &self.path("render").display().to_string(),
         );
-        let mut command = Command::new("sh");
+        let mut command = match self.shell {
+            Shell::System => Command::new("sh"),
+            Shell::Busybox => Command::new(self.path("bin/sh")),
+        };
         command.arg(script).env_clear();
         for e in c.env.iter().flatten() {
             let value = match (&e.value, &e.value_from) {
@@ -234,174 +287,209 @@ fn kill(signal: &str, target: &str) {
 
 #[test]
 fn a_destroy_runs_init_with_the_backend_config_then_destroy() {
-    let r = Runner::destroy();
-    let (status, stderr) = r.run(r.command());
-    let record = r.record();
-    assert!(status.success(), "{status:?}\n{stderr}\n{record}");
-    let ws = r.path("workspace").display().to_string();
-    let args: Vec<&str> = record.lines().filter(|l| l.starts_with("ARGS ")).collect();
-    assert_eq!(
-        args,
-        [
-            format!("ARGS init -input=false -no-color -backend-config={ws}/backend.hcl"),
-            format!(
-                "ARGS destroy -auto-approve -input=false -no-color -var-file={ws}/captf.tfvars.json"
-            ),
-        ]
-    );
-    assert!(record.contains(&format!("CWD {ws}/work")), "{record}");
-    assert!(
-        record.contains("OVERRIDE terraform {   backend \"kubernetes\" {} }"),
-        "{record}"
-    );
-    assert!(record.contains("namespace     = \"team-a\""), "{record}");
-    assert!(record.contains("secret_suffix = \"web-1.tfm\""), "{record}");
-    assert!(record.contains("in_cluster_config = true"), "{record}");
-    assert!(
-        record.contains("FILES ./.terraform.lock.hcl ./captf_backend_override.tf ./main.tf ./modules/net/main.tf ./variables.tf"),
-        "{record}"
-    );
-    assert!(record.contains(&format!("ENV HOME={ws}/home TF_DATA_DIR={ws}/.terraform-data TF_IN_AUTOMATION=1 TF_INPUT=0 AWS=from-secret-AWS_ACCESS_KEY_ID")), "{record}");
-    assert!(
-        record.contains(r#"VARS {"name":"web-1","quote":"a\"b\"${c}","replicas":3}"#),
-        "{record}"
-    );
-    assert!(r.path("workspace/home").is_dir() && r.path("workspace/tmp").is_dir());
-    assert_eq!(r.termination_log(), "");
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let (status, stderr) = r.run(r.command());
+        let record = r.record();
+        assert!(status.success(), "{status:?}\n{stderr}\n{record}");
+        let ws = r.path("workspace").display().to_string();
+        let args: Vec<&str> = record.lines().filter(|l| l.starts_with("ARGS ")).collect();
+        assert_eq!(
+            args,
+            [
+                format!("ARGS init -input=false -no-color -backend-config={ws}/backend.hcl"),
+                format!(
+                    "ARGS destroy -auto-approve -input=false -no-color -var-file={ws}/captf.tfvars.json"
+                ),
+            ]
+        );
+        assert!(record.contains(&format!("CWD {ws}/work")), "{record}");
+        assert!(
+            record.contains("OVERRIDE terraform {   backend \"kubernetes\" {} }"),
+            "{record}"
+        );
+        assert!(record.contains("namespace     = \"team-a\""), "{record}");
+        assert!(record.contains("secret_suffix = \"web-1.tfm\""), "{record}");
+        assert!(record.contains("in_cluster_config = true"), "{record}");
+        assert!(
+            record.contains("FILES ./.terraform.lock.hcl ./captf_backend_override.tf ./main.tf ./modules/net/main.tf ./variables.tf"),
+            "{record}"
+        );
+        assert!(record.contains(&format!("ENV HOME={ws}/home TF_DATA_DIR={ws}/.terraform-data TF_IN_AUTOMATION=1 TF_INPUT=0 AWS=from-secret-AWS_ACCESS_KEY_ID")), "{record}");
+        assert!(
+            record.contains(r#"VARS {"name":"web-1","quote":"a\"b\"${c}","replicas":3}"#),
+            "{record}"
+        );
+        assert!(r.path("workspace/home").is_dir() && r.path("workspace/tmp").is_dir());
+        assert_eq!(r.termination_log(), "");
+    }
 }
 
 #[test]
 fn with_a_kubeconfig_the_backend_is_not_in_cluster() {
-    let r = Runner::destroy();
-    let mut command = r.command();
-    command.env("KUBE_CONFIG_PATH", r.path("kubeconfig"));
-    let (status, stderr) = r.run(command);
-    assert!(status.success(), "{stderr}");
-    assert!(!r.record().contains("in_cluster_config"), "{}", r.record());
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let mut command = r.command();
+        command.env("KUBE_CONFIG_PATH", r.path("kubeconfig"));
+        let (status, stderr) = r.run(command);
+        assert!(status.success(), "{stderr}");
+        assert!(!r.record().contains("in_cluster_config"), "{}", r.record());
+    }
 }
 
 #[test]
 fn a_source_module_is_fetched_into_an_empty_directory_first() {
-    let mut inputs = inline_inputs();
-    inputs.module = Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into());
-    inputs.lock_file = None;
-    let mut req = request(&inputs);
-    req.operation = names::OPERATION_APPLY;
-    let r = Runner::new(render(&Templates::embedded(), &req).unwrap());
-    let (status, stderr) = r.run(r.command());
-    let record = r.record();
-    assert!(status.success(), "{stderr}\n{record}");
-    let args: Vec<&str> = record.lines().filter(|l| l.starts_with("ARGS ")).collect();
-    assert_eq!(args.len(), 3, "{record}");
-    assert_eq!(
-        args[0],
-        "ARGS init -input=false -no-color -backend=false -from-module=git::https://example.com/infra.git//vm?ref=v1.4.0"
-    );
-    assert!(
-        record.contains("FROM_MODULE git::https://example.com/infra.git//vm?ref=v1.4.0 []"),
-        "{record}"
-    );
-    assert!(
-        args[1].starts_with("ARGS init -input=false -no-color -backend-config="),
-        "{record}"
-    );
-    assert!(
-        args[2].starts_with("ARGS apply -auto-approve -input=false -no-color -var-file="),
-        "{record}"
-    );
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let mut inputs = inline_inputs();
+        inputs.module = Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into());
+        inputs.lock_file = None;
+        let mut req = request(&inputs);
+        req.operation = names::OPERATION_APPLY;
+        let r = Runner::new(render(&Templates::embedded(), &req).unwrap(), shell);
+        let (status, stderr) = r.run(r.command());
+        let record = r.record();
+        assert!(status.success(), "{stderr}\n{record}");
+        let args: Vec<&str> = record.lines().filter(|l| l.starts_with("ARGS ")).collect();
+        assert_eq!(args.len(), 3, "{record}");
+        assert_eq!(
+            args[0],
+            "ARGS init -input=false -no-color -backend=false -from-module=git::https://example.com/infra.git//vm?ref=v1.4.0"
+        );
+        assert!(
+            record.contains("FROM_MODULE git::https://example.com/infra.git//vm?ref=v1.4.0 []"),
+            "{record}"
+        );
+        assert!(
+            args[1].starts_with("ARGS init -input=false -no-color -backend-config="),
+            "{record}"
+        );
+        assert!(
+            args[2].starts_with("ARGS apply -auto-approve -input=false -no-color -var-file="),
+            "{record}"
+        );
+    }
 }
 
 #[test]
 fn a_failure_writes_the_stderr_tail_without_colours_to_the_termination_log() {
-    let r = Runner::destroy();
-    let mut command = r.command();
-    let filler: String = (0..200)
-        .map(|i| format!("\x1b[33mWarning\x1b[0m: line {i} of noise\n"))
-        .collect();
-    command.env(
-        "FAKE_TF_STDERR",
-        format!("{filler}\x1b[31m\x1b[1mError:\x1b[0m deleting vm-1: boom\n"),
-    );
-    command.env("FAKE_TF_EXIT", "1");
-    let (status, stderr) = r.run(command);
-    assert_eq!(status.code(), Some(1), "{stderr}");
-    let log = r.termination_log();
-    assert!(log.len() <= 3000, "{}", log.len());
-    assert!(
-        log.starts_with("terraform destroy failed (exit 1)\n"),
-        "{log}"
-    );
-    assert!(log.ends_with("Error: deleting vm-1: boom\n"), "{log}");
-    assert!(!log.contains('\x1b'), "{log:?}");
-    // The log (Pod logs) got Terraform's stderr too.
-    assert!(stderr.contains("deleting vm-1: boom"), "{stderr}");
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let mut command = r.command();
+        let filler: String = (0..200)
+            .map(|i| format!("\x1b[33mWarning\x1b[0m: line {i} of noise\n"))
+            .collect();
+        command.env(
+            "FAKE_TF_STDERR",
+            format!("{filler}\x1b[31m\x1b[1mError:\x1b[0m deleting vm-1: boom\n"),
+        );
+        command.env("FAKE_TF_EXIT", "1");
+        let (status, stderr) = r.run(command);
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        let log = r.termination_log();
+        assert!(log.len() <= 3000, "{}", log.len());
+        assert!(
+            log.starts_with("terraform destroy failed (exit 1)\n"),
+            "{log}"
+        );
+        assert!(log.ends_with("Error: deleting vm-1: boom\n"), "{log}");
+        assert!(!log.contains('\x1b'), "{log:?}");
+        // The log (Pod logs) got Terraform's stderr too.
+        assert!(stderr.contains("deleting vm-1: boom"), "{stderr}");
+    }
 }
 
 #[test]
 fn a_failed_init_stops_before_the_destroy() {
-    let r = Runner::destroy();
-    let mut command = r.command();
-    command.env(
-        "FAKE_TF_FAIL_INIT",
-        "Error: Failed to get existing workspaces: forbidden",
-    );
-    let (status, _) = r.run(command);
-    assert_eq!(status.code(), Some(1));
-    assert!(!r.record().contains("ARGS destroy"), "{}", r.record());
-    let log = r.termination_log();
-    assert!(
-        log.starts_with("terraform init failed (exit 1)\n") && log.contains("forbidden"),
-        "{log}"
-    );
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let mut command = r.command();
+        command.env(
+            "FAKE_TF_FAIL_INIT",
+            "Error: Failed to get existing workspaces: forbidden",
+        );
+        let (status, _) = r.run(command);
+        assert_eq!(status.code(), Some(1));
+        assert!(!r.record().contains("ARGS destroy"), "{}", r.record());
+        let log = r.termination_log();
+        assert!(
+            log.starts_with("terraform init failed (exit 1)\n") && log.contains("forbidden"),
+            "{log}"
+        );
+    }
 }
 
 #[test]
 fn sigterm_to_the_shell_alone_reaches_terraform_and_the_runner_exits_143() {
-    let r = Runner::destroy();
-    let mut command = r.command();
-    command.env("FAKE_TF_SLEEP", "300").stderr(Stdio::null());
-    let mut child = command.spawn().unwrap();
-    r.wait_for_sleep();
-    kill("TERM", &child.id().to_string());
-    let status = wait_timeout(&mut child, Duration::from_secs(20));
-    let record = r.record();
-    assert_eq!(status.code(), Some(143), "{record}");
-    assert_eq!(record.matches("SIGNAL TERM").count(), 1, "{record}");
-    let log = r.termination_log();
-    assert!(
-        log.starts_with("terraform destroy interrupted by SIGTERM (terraform exited 1)"),
-        "{log}"
-    );
-    assert!(log.contains("Error: interrupted"), "{log}");
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let mut command = r.command();
+        command.env("FAKE_TF_SLEEP", "300").stderr(Stdio::null());
+        let mut child = command.spawn().unwrap();
+        r.wait_for_sleep();
+        kill("TERM", &child.id().to_string());
+        let status = wait_timeout(&mut child, Duration::from_secs(20));
+        let record = r.record();
+        assert_eq!(status.code(), Some(143), "{record}");
+        assert_eq!(record.matches("SIGNAL TERM").count(), 1, "{record}");
+        let log = r.termination_log();
+        assert!(
+            log.starts_with("terraform destroy interrupted by SIGTERM (terraform exited 1)"),
+            "{log}"
+        );
+        assert!(log.contains("Error: interrupted"), "{log}");
+    }
 }
 
 #[test]
 fn sigterm_to_the_whole_process_group_reaches_terraform_once() {
-    let r = Runner::destroy();
-    let mut command = r.command();
-    command
-        .env("FAKE_TF_SLEEP", "300")
-        .stderr(Stdio::null())
-        .process_group(0);
-    let mut child = command.spawn().unwrap();
-    r.wait_for_sleep();
-    kill("TERM", &format!("-{}", child.id()));
-    let status = wait_timeout(&mut child, Duration::from_secs(20));
-    let record = r.record();
-    assert_eq!(status.code(), Some(143), "{record}");
-    // Twice would make real Terraform exit at once without saving its state.
-    assert_eq!(record.matches("SIGNAL TERM").count(), 1, "{record}");
-    // tee survived: Terraform's last words reached the termination log.
-    assert!(
-        r.termination_log().contains("Error: interrupted"),
-        "{}",
-        r.termination_log()
-    );
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let mut command = r.command();
+        command
+            .env("FAKE_TF_SLEEP", "300")
+            .stderr(Stdio::null())
+            .process_group(0);
+        let mut child = command.spawn().unwrap();
+        r.wait_for_sleep();
+        kill("TERM", &format!("-{}", child.id()));
+        let status = wait_timeout(&mut child, Duration::from_secs(20));
+        let record = r.record();
+        assert_eq!(status.code(), Some(143), "{record}");
+        // Twice would make real Terraform exit at once without saving its state. Two
+        // TERMs close together may merge into one, so check the cause as well:
+        // Terraform does not run in the runner's process group.
+        assert_eq!(record.matches("SIGNAL TERM").count(), 1, "{record}");
+        let pgrp = record
+            .lines()
+            .find_map(|l| l.strip_prefix("PGRP "))
+            .unwrap();
+        assert_ne!(pgrp, child.id().to_string(), "{record}");
+        // tee survived: Terraform's last words reached the termination log.
+        assert!(
+            r.termination_log().contains("Error: interrupted"),
+            "{}",
+            r.termination_log()
+        );
+    }
+}
+
+/// One request the tiny API server got.
+struct Request {
+    line: String,
+    headers: String,
+    body: Vec<u8>,
 }
 
 /// A tiny HTTP server answering each request with the next status; the requests come back
-/// through the channel as (request line, body).
-fn api_server(statuses: Vec<u16>) -> (String, mpsc::Receiver<(String, Vec<u8>)>) {
+/// through the channel.
+fn api_server(statuses: Vec<u16>) -> (String, mpsc::Receiver<Request>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = mpsc::channel();
@@ -412,25 +500,25 @@ fn api_server(statuses: Vec<u16>) -> (String, mpsc::Receiver<(String, Vec<u8>)>)
                 return;
             };
             let mut reader = BufReader::new(stream);
-            let mut request_line = String::new();
-            reader.read_line(&mut request_line).unwrap();
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut headers = String::new();
             let mut length = 0;
-            let mut expect_continue = false;
             loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                let lower = line.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-                if lower.starts_with("expect:") && lower.contains("100-continue") {
-                    expect_continue = true;
-                }
-                if line == "\r\n" || line.is_empty() {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                if header == "\r\n" || header.is_empty() {
                     break;
                 }
+                if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                headers.push_str(&header);
             }
-            if expect_continue {
+            if headers
+                .to_ascii_lowercase()
+                .contains("expect: 100-continue")
+            {
                 reader
                     .get_mut()
                     .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -448,14 +536,31 @@ fn api_server(statuses: Vec<u16>) -> (String, mpsc::Receiver<(String, Vec<u8>)>)
                 "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
             );
             reader.get_mut().write_all(response.as_bytes()).unwrap();
-            tx.send((request_line.trim().to_string(), body)).unwrap();
+            tx.send(Request {
+                line: line.trim().to_string(),
+                headers,
+                body,
+            })
+            .unwrap();
         }
     });
     (url, rx)
 }
 
-fn errored_run(client: &str, statuses: Vec<u16>) -> (Runner, ExitStatus, Vec<(String, Vec<u8>)>) {
-    let r = Runner::destroy();
+/// The HTTP clients to try under a shell: curl and GNU wget on the system, busybox wget.
+fn clients(shell: Shell) -> &'static [&'static str] {
+    match shell {
+        Shell::System => &["curl", "wget"],
+        Shell::Busybox => &["wget"],
+    }
+}
+
+fn errored_run(
+    shell: Shell,
+    client: &str,
+    statuses: Vec<u16>,
+) -> (Runner, ExitStatus, Vec<Request>) {
+    let r = Runner::destroy(shell);
     let (url, rx) = api_server(statuses.clone());
     std::fs::create_dir_all(r.path("serviceaccount")).unwrap();
     std::fs::write(r.path("serviceaccount/token"), "test-token").unwrap();
@@ -473,7 +578,18 @@ fn errored_run(client: &str, statuses: Vec<u16>) -> (Runner, ExitStatus, Vec<(St
         );
     let (status, stderr) = r.run(command);
     let requests: Vec<_> = rx.try_iter().collect();
-    assert_eq!(requests.len(), statuses.len(), "{stderr}");
+    assert_eq!(
+        requests.len(),
+        statuses.len(),
+        "{shell:?} {client}: {stderr}"
+    );
+    for request in &requests {
+        assert!(
+            request.headers.contains("Authorization: Bearer test-token"),
+            "{}",
+            request.headers
+        );
+    }
     (r, status, requests)
 }
 
@@ -499,50 +615,75 @@ fn check_errored_secret(body: &[u8]) {
 
 #[test]
 fn an_errored_state_is_uploaded_and_the_runner_fails_loudly() {
-    for client in ["curl", "wget"] {
-        let (r, status, requests) = errored_run(client, vec![201]);
-        // Terraform exited 0 here, but an errored state is a failure.
-        assert_eq!(status.code(), Some(1), "{client}");
-        assert_eq!(
-            requests[0].0, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
-            "{client}"
-        );
-        check_errored_secret(&requests[0].1);
-        let log = r.termination_log();
-        assert!(
-            log.starts_with("terraform could not save its state: errored.tfstate saved in Secret team-a/captf-errored-web-1.tfm"),
-            "{client}: {log}"
-        );
-        assert!(log.contains("Failed to persist state"), "{client}: {log}");
+    for shell in shells() {
+        for client in clients(shell) {
+            let (r, status, requests) = errored_run(shell, client, vec![201]);
+            // Terraform exited 0 here, but an errored state is a failure.
+            assert_eq!(status.code(), Some(1), "{shell:?} {client}");
+            assert_eq!(
+                requests[0].line, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
+                "{shell:?} {client}"
+            );
+            check_errored_secret(&requests[0].body);
+            let log = r.termination_log();
+            assert!(
+                log.starts_with(
+                    "terraform could not save its state: errored.tfstate saved in Secret team-a/captf-errored-web-1.tfm"
+                ),
+                "{shell:?} {client}: {log}"
+            );
+            assert!(
+                log.contains("Failed to persist state"),
+                "{shell:?} {client}: {log}"
+            );
+        }
     }
 }
 
 #[test]
 fn an_existing_errored_state_secret_is_replaced() {
-    for client in ["curl", "wget"] {
-        let (_r, status, requests) = errored_run(client, vec![409, 200]);
-        assert_eq!(status.code(), Some(1));
-        assert_eq!(
-            requests[0].0, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
-            "{client}"
-        );
-        assert_eq!(
-            requests[1].0, "PUT /api/v1/namespaces/team-a/secrets/captf-errored-web-1.tfm HTTP/1.1",
-            "{client}"
-        );
-        check_errored_secret(&requests[1].1);
+    for shell in shells() {
+        for client in clients(shell) {
+            if shell == Shell::Busybox {
+                // busybox wget can only POST: the existing Secret is kept, and the runner says so.
+                let (r, status, requests) = errored_run(shell, client, vec![409]);
+                assert_eq!(status.code(), Some(1));
+                assert_eq!(
+                    requests[0].line,
+                    "POST /api/v1/namespaces/team-a/secrets HTTP/1.1"
+                );
+                let log = r.termination_log();
+                assert!(log.contains("errored.tfstate NOT saved"), "{log}");
+                continue;
+            }
+            let (_r, status, requests) = errored_run(shell, client, vec![409, 200]);
+            assert_eq!(status.code(), Some(1));
+            assert_eq!(
+                requests[0].line, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
+                "{client}"
+            );
+            assert_eq!(
+                requests[1].line,
+                "PUT /api/v1/namespaces/team-a/secrets/captf-errored-web-1.tfm HTTP/1.1",
+                "{client}"
+            );
+            check_errored_secret(&requests[1].body);
+        }
     }
 }
 
 #[test]
 fn an_unknown_operation_is_refused() {
-    let r = Runner::destroy();
-    let mut command = r.command();
-    command.env("CAPTF_OPERATION", "plan");
-    let (status, _) = r.run(command);
-    assert_eq!(status.code(), Some(2));
-    assert!(r.termination_log().contains("must be apply or destroy"));
-    assert_eq!(r.record(), "");
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let mut command = r.command();
+        command.env("CAPTF_OPERATION", "plan");
+        let (status, _) = r.run(command);
+        assert_eq!(status.code(), Some(2));
+        assert!(r.termination_log().contains("must be apply or destroy"));
+        assert_eq!(r.record(), "");
+    }
 }
 
 #[test]
