@@ -160,7 +160,7 @@ struct ResourceRequest {
 enum Route {
     Doc(Value),
     Text(&'static str),
-    Resource(ResourceRequest),
+    Resource(Box<ResourceRequest>),
 }
 
 fn resource_entry(rt: &ResourceType) -> Vec<Value> {
@@ -300,12 +300,12 @@ fn route(state: &ServerState, path: &str) -> Result<Route, ApiError> {
     if !sub_ok {
         return Err(not_found_path());
     }
-    Ok(Route::Resource(ResourceRequest {
+    Ok(Route::Resource(Box::new(ResourceRequest {
         rt,
         namespace: namespace.map(str::to_string),
         name: name.map(str::to_string),
         sub: sub.to_string(),
-    }))
+    })))
 }
 
 fn verb_of(
@@ -337,7 +337,7 @@ async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Bod
     let rr = match route(&state, &path) {
         Ok(Route::Doc(v)) => return json_response(200, &v),
         Ok(Route::Text(t)) => return text_response(200, t),
-        Ok(Route::Resource(rr)) => rr,
+        Ok(Route::Resource(rr)) => *rr,
         Err(e) => return error_response(&e),
     };
     let Some(verb) = verb_of(req.method(), &rr, &q) else {
@@ -630,12 +630,12 @@ fn pod_log(
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if let Some(c) = q.get("container") {
-        if *c != container {
-            return Err(ApiError::bad_request(format!(
-                "container {c} is not valid for pod {name}"
-            )));
-        }
+    if let Some(c) = q.get("container")
+        && *c != container
+    {
+        return Err(ApiError::bad_request(format!(
+            "container {c} is not valid for pod {name}"
+        )));
     }
     let uid = store::meta_str(&pod, "uid").unwrap_or_default();
     let Some(path) = store.log_path(uid) else {

@@ -328,11 +328,12 @@ impl Runner {
                     p.term_sent = Some(Instant::now());
                     send_signal(p.pid, libc::SIGTERM);
                 }
-                if let Some(t) = p.term_sent {
-                    if !p.killed && t.elapsed() >= p.grace {
-                        send_signal(-p.pid, libc::SIGKILL);
-                        p.killed = true;
-                    }
+                if let Some(t) = p.term_sent
+                    && !p.killed
+                    && t.elapsed() >= p.grace
+                {
+                    send_signal(-p.pid, libc::SIGKILL);
+                    p.killed = true;
                 }
                 continue;
             }
@@ -956,10 +957,10 @@ impl Runner {
                 create_pod = true;
             }
             status["conditions"] = json!(conditions);
-            if conditions.is_empty() {
-                if let Some(m) = status.as_object_mut() {
-                    m.remove("conditions");
-                }
+            if conditions.is_empty()
+                && let Some(m) = status.as_object_mut()
+            {
+                m.remove("conditions");
             }
             if status != job["status"] {
                 let mut j = job.clone();

@@ -4,17 +4,19 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+type Counts = BTreeMap<(String, String, String), u64>;
+
 /// Request counters. Cloning shares the counters.
 #[derive(Clone, Debug, Default)]
 pub struct RequestLog {
-    counts: Arc<Mutex<BTreeMap<(String, String, String), u64>>>,
+    counts: Arc<Mutex<Counts>>,
 }
 
 /// Verbs that write.
 pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
 
 impl RequestLog {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<(String, String, String), u64>> {
+    fn lock(&self) -> MutexGuard<'_, Counts> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -257,6 +257,9 @@ pub struct Event {
     pub prev: Option<Value>,
 }
 
+/// (current resourceVersion, history to replay, live events).
+pub(crate) type WatchStart = (u64, Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+
 type ObjKey = (String, String, String, String); // group, plural, namespace ("" if cluster), name
 
 struct Inner {
@@ -848,10 +851,7 @@ impl Store {
 
     /// Subscribe to events and read the history after `rv` atomically.
     /// `Err(current_oldest)` if `rv` is older than the history.
-    pub(crate) fn watch_from(
-        &self,
-        rv: Option<u64>,
-    ) -> Result<(u64, Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), u64> {
+    pub(crate) fn watch_from(&self, rv: Option<u64>) -> Result<WatchStart, u64> {
         let inner = self.lock();
         let rx = self.events.subscribe();
         match rv {
@@ -1003,10 +1003,10 @@ impl Store {
         }
         obj["apiVersion"] = json!(rt.api_version());
         obj["kind"] = json!(rt.kind);
-        if rt.status_subresource {
-            if let Some(m) = obj.as_object_mut() {
-                m.remove("status");
-            }
+        if rt.status_subresource
+            && let Some(m) = obj.as_object_mut()
+        {
+            m.remove("status");
         }
         self.defaults_on_create(rt, &mut obj)?;
         inner.rv += 1;
@@ -1100,56 +1100,57 @@ impl Store {
         if !obj.is_object() {
             return Err(ApiError::bad_request("the object must be a JSON object"));
         }
-        if let Some(body_name) = meta_str(&obj, "name") {
-            if body_name != name {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({body_name}) does not match the name on the URL ({name})"
-                )));
-            }
+        if let Some(body_name) = meta_str(&obj, "name")
+            && body_name != name
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
         }
-        if rt.namespaced {
-            if let (Some(b), Some(p)) = (meta_str(&obj, "namespace"), ns) {
-                if b != p {
-                    return Err(ApiError::bad_request(
-                        "the namespace of the provided object does not match the namespace sent on the request",
-                    ));
-                }
-            }
+        if rt.namespaced
+            && let (Some(b), Some(p)) = (meta_str(&obj, "namespace"), ns)
+            && b != p
+        {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
         }
         let mut inner = self.lock();
         let key = Self::key(rt, ns, name);
         let Some(old) = inner.objects.get(&key).cloned() else {
             return Err(ApiError::not_found(rt, name));
         };
-        if let Some(rv) = meta_str(&obj, "resourceVersion") {
-            if !rv.is_empty() && Some(rv) != meta_str(&old, "resourceVersion") {
-                return Err(ApiError::conflict(
-                    rt,
-                    name,
-                    "the object has been modified; please apply your changes to the latest version and try again",
-                ));
-            }
+        if let Some(rv) = meta_str(&obj, "resourceVersion")
+            && !rv.is_empty()
+            && Some(rv) != meta_str(&old, "resourceVersion")
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
         }
-        if let Some(uid) = meta_str(&obj, "uid") {
-            if !uid.is_empty() && Some(uid) != meta_str(&old, "uid") {
-                return Err(ApiError::conflict(
-                    rt,
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {}, UID in object meta: {}",
-                        uid,
-                        meta_str(&old, "uid").unwrap_or_default()
-                    ),
-                ));
-            }
+        if let Some(uid) = meta_str(&obj, "uid")
+            && !uid.is_empty()
+            && Some(uid) != meta_str(&old, "uid")
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                    uid,
+                    meta_str(&old, "uid").unwrap_or_default()
+                ),
+            ));
         }
         let mut new = if status_only {
             let mut n = old.clone();
             n["status"] = obj.get("status").cloned().unwrap_or(Value::Null);
-            if n["status"].is_null() {
-                if let Some(m) = n.as_object_mut() {
-                    m.remove("status");
-                }
+            if n["status"].is_null()
+                && let Some(m) = n.as_object_mut()
+            {
+                m.remove("status");
             }
             n
         } else {
@@ -1256,9 +1257,7 @@ impl Store {
         if inner.objects.remove(key).is_none() {
             return;
         }
-        if inner.rv < u64::MAX {
-            inner.rv += 1;
-        }
+        inner.rv = inner.rv.saturating_add(1);
         let rv = inner.rv;
         meta_mut(&mut last).insert("resourceVersion".into(), json!(rv.to_string()));
         if rt.crd.is_none() && rt.plural == "customresourcedefinitions" {
@@ -1293,10 +1292,10 @@ impl Store {
     pub(crate) fn force_remove(&self, rt: &ResourceType, ns: Option<&str>, name: &str, uid: &str) {
         let mut inner = self.lock();
         let key = Self::key(rt, ns, name);
-        if let Some(o) = inner.objects.get(&key).cloned() {
-            if meta_str(&o, "uid") == Some(uid) {
-                self.remove_locked(&mut inner, rt, &key, o);
-            }
+        if let Some(o) = inner.objects.get(&key).cloned()
+            && meta_str(&o, "uid") == Some(uid)
+        {
+            self.remove_locked(&mut inner, rt, &key, o);
         }
     }
 
@@ -1313,31 +1312,31 @@ impl Store {
         let Some(mut obj) = inner.objects.get(&key).cloned() else {
             return Err(ApiError::not_found(rt, name));
         };
-        if let Some(uid) = &opts.precondition_uid {
-            if Some(uid.as_str()) != meta_str(&obj, "uid") {
-                return Err(ApiError::conflict(
-                    rt,
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {}, UID in object meta: {}",
-                        uid,
-                        meta_str(&obj, "uid").unwrap_or_default()
-                    ),
-                ));
-            }
+        if let Some(uid) = &opts.precondition_uid
+            && Some(uid.as_str()) != meta_str(&obj, "uid")
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                    uid,
+                    meta_str(&obj, "uid").unwrap_or_default()
+                ),
+            ));
         }
-        if let Some(rv) = &opts.precondition_resource_version {
-            if Some(rv.as_str()) != meta_str(&obj, "resourceVersion") {
-                return Err(ApiError::conflict(
-                    rt,
-                    name,
-                    &format!(
-                        "Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}",
-                        rv,
-                        meta_str(&obj, "resourceVersion").unwrap_or_default()
-                    ),
-                ));
-            }
+        if let Some(rv) = &opts.precondition_resource_version
+            && Some(rv.as_str()) != meta_str(&obj, "resourceVersion")
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}",
+                    rv,
+                    meta_str(&obj, "resourceVersion").unwrap_or_default()
+                ),
+            ));
         }
         let is_ns = rt.group.is_empty() && rt.plural == "namespaces";
         if is_ns && matches!(name, "default" | "kube-system" | "kube-public") {

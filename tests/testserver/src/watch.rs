@@ -207,9 +207,8 @@ async fn run(
                     match rx.try_recv() {
                         Ok(ev) => {
                             progress = ev.rv;
-                            if let Some((k, o)) = filter.translate(&ev) {
-                                if tx.send(line(k, o)).await.is_err() { return; }
-                            }
+                            if let Some((k, o)) = filter.translate(&ev)
+                                && tx.send(line(k, o)).await.is_err() { return; }
                         }
                         Err(broadcast::error::TryRecvError::Empty) => break,
                         Err(_) => return,
@@ -227,10 +226,10 @@ async fn run(
             },
         };
         progress = ev.rv;
-        if let Some((k, o)) = filter.translate(&ev) {
-            if tx.send(line(k, o)).await.is_err() {
-                return;
-            }
+        if let Some((k, o)) = filter.translate(&ev)
+            && tx.send(line(k, o)).await.is_err()
+        {
+            return;
         }
     }
 }
