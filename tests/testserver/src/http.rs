@@ -455,10 +455,22 @@ async fn dispatch(
         "get" if rr.sub == "log" => pod_log(store, rt, ns, &name, &q),
         "get" => Ok(json_response(200, &store.get_rt(rt, ns, &name)?)),
         "create" => {
-            let obj = parse_body(&body)?;
+            let obj = if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+                crate::protobuf::decode(&body)
+                    .map_err(|m| ApiError::new(415, "UnsupportedMediaType", m))?
+            } else {
+                parse_body(&body)?
+            };
             Ok(json_response(201, &store.create_rt(rt, ns, obj)?))
         }
         "update" => {
+            if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    "protobuf update bodies are not supported by the test server",
+                ));
+            }
             let obj = parse_body(&body)?;
             Ok(json_response(
                 200,

@@ -32,7 +32,7 @@
 //! # What it deliberately does not model
 //! Scheduling, admission (webhooks, quotas, defaulting beyond a few Pod/Job fields), schema
 //! validation of any kind, RBAC enforcement, authentication, TLS, server-side apply (apply
-//! patches get 415) and `managedFields`, protobuf, server-side Table printing (lists are
+//! patches get 415) and `managedFields`, protobuf (except a `Namespace` body, which `kubectl create namespace` sends; see [`protobuf`]), server-side Table printing (lists are
 //! always plain JSON), OpenAPI (`/openapi/v2` and `/openapi/v3` answer 404, so `kubectl`
 //! needs `--validate=false` on create/apply), aggregated discovery, `limit`/`continue`
 //! pagination (the full list is returned with no `continue`), `resourceVersionMatch` on
@@ -45,6 +45,7 @@ pub mod jobrunner;
 pub mod kubeconfig;
 mod namespaces;
 pub mod patch;
+pub mod protobuf;
 pub mod requestlog;
 pub mod selectors;
 pub mod store;

@@ -28,10 +28,7 @@ fn host_of(url: &str) -> String {
 
 fn dechunk(mut raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(pos) = raw.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(pos) = raw.windows(2).position(|w| w == b"\r\n") {
         let size =
             usize::from_str_radix(String::from_utf8_lossy(&raw[..pos]).trim(), 16).unwrap_or(0);
         if size == 0 {
