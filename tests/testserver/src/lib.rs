@@ -1,1 +1,167 @@
-//! Placeholder: the test API server and the local Job runner.
+//! A small, faithful, in-process Kubernetes API server and a local Job runner for CAPTF's
+//! tests. The real controller (kube-rs), the real `kubectl` and the real `terraform`
+//! (kubernetes backend) talk to it over plain HTTP on 127.0.0.1. Test infrastructure, not
+//! product.
+//!
+//! # What it models
+//! - Storage of schemaless JSON objects (`serde_json::Value`) with one global, increasing
+//!   `resourceVersion`, `uid`, `creationTimestamp`, `generation` (bumped when anything but
+//!   metadata/status changes, and when `deletionTimestamp` is set), the `status` subresource
+//!   split, 409 `AlreadyExists`/`Conflict`, 404, 422 and 403 errors as `Status` objects.
+//! - Built-in resources: core/v1 namespaces, secrets, configmaps, serviceaccounts, events,
+//!   pods (+`status`, +`log`); batch/v1 jobs (+`status`); coordination.k8s.io/v1 leases;
+//!   rbac.authorization.k8s.io/v1 roles, rolebindings; apiextensions.k8s.io/v1
+//!   customresourcedefinitions; events.k8s.io/v1 events (stored separately from core/v1
+//!   events, unlike the real server which shares their storage). Custom resources are served
+//!   as soon as their CRD is created (every served version, same objects, no conversion).
+//! - Legacy discovery (`/api`, `/api/v1`, `/apis`, `/apis/<g>`, `/apis/<g>/<v>`), `/version`,
+//!   `/healthz`, `/livez`, `/readyz`.
+//! - Verbs get, list (label and field selectors), watch (resume from a resourceVersion, bounded
+//!   history of [`store::HISTORY_LIMIT`] events, `410 Expired`, bookmarks, `sendInitialEvents`,
+//!   `timeoutSeconds`), create (`generateName`), update, patch (merge, JSON patch, a reduced
+//!   strategic merge for built-ins), delete (preconditions, propagation policies, grace period)
+//!   and deletecollection.
+//! - Deletion: finalizers, `deletionTimestamp`, graceful Pod deletion, a garbage collector
+//!   (background, foreground, orphan), namespace termination (403 `NamespaceTerminating`).
+//!   Jobs default to Orphan propagation as batch/v1 does; everything else to Background.
+//!   Deleting a CRD removes it and all its objects at once (finalizers on those objects are
+//!   not waited for: a simplification of the real CRD cleanup finalizer).
+//! - A fault switch ([`Faults`]) and request counters ([`RequestLog`]).
+//! - A local Job runner ([`JobRunner`]) standing in for the Job controller and the kubelet.
+//!
+//! # What it deliberately does not model
+//! Scheduling, admission (webhooks, quotas, defaulting beyond a few Pod/Job fields), schema
+//! validation of any kind, RBAC enforcement, authentication, TLS, server-side apply (apply
+//! patches get 415) and `managedFields`, protobuf (except a `Namespace` body, which `kubectl create namespace` sends; see [`protobuf`]), server-side Table printing (lists are
+//! always plain JSON), OpenAPI (`/openapi/v2` and `/openapi/v3` answer 404, so `kubectl`
+//! needs `--validate=false` on create/apply), aggregated discovery, `limit`/`continue`
+//! pagination (the full list is returned with no `continue`), `resourceVersionMatch` on
+//! lists, and CRD conversion webhooks.
+
+pub mod faults;
+mod gc;
+mod http;
+pub mod jobrunner;
+pub mod kubeconfig;
+mod namespaces;
+pub mod patch;
+pub mod protobuf;
+pub mod requestlog;
+pub mod selectors;
+pub mod store;
+pub mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use faults::Faults;
+pub use jobrunner::{JobRunner, JobRunnerOptions};
+pub use requestlog::RequestLog;
+pub use store::{ApiError, DeleteOptions, Propagation, Store};
+
+/// The running test API server. Dropping it stops it too; [`TestServer::shutdown`] waits.
+pub struct TestServer {
+    url: String,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    store: Store,
+    faults: Faults,
+    log: RequestLog,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+static SERVER_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl TestServer {
+    /// Start a server on `127.0.0.1:<free port>` (plain HTTP) with the `default` and
+    /// `kube-system` namespaces, the garbage collector and the namespace controller.
+    /// Panics if it cannot bind or write its kubeconfig (test setup failure).
+    pub async fn start() -> TestServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local address");
+        let url = format!("http://{addr}");
+        let n = SERVER_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "captf-testserver-{}-{}-{}",
+            std::process::id(),
+            n,
+            store::random_suffix()
+        ));
+        std::fs::create_dir_all(&dir).expect("create the server's temp dir");
+        let kubeconfig = kubeconfig::write(&dir, &url).expect("write kubeconfig");
+        let store = Store::new();
+        let faults = Faults::default();
+        let log = RequestLog::default();
+        let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+        let state = Arc::new(http::ServerState {
+            store: store.clone(),
+            faults: faults.clone(),
+            log: log.clone(),
+            address: addr.to_string(),
+        });
+        let tasks = vec![
+            tokio::spawn(http::serve(listener, state, shutdown_rx)),
+            tokio::spawn(gc::run(store.clone())),
+            tokio::spawn(namespaces::run(store.clone())),
+        ];
+        TestServer {
+            url,
+            dir,
+            kubeconfig,
+            store,
+            faults,
+            log,
+            shutdown,
+            tasks,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// A kubeconfig for this server (context namespace `default`, no credentials), in a temp
+    /// directory the server owns and removes on shutdown.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The fault switch.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// Direct in-process access to the objects.
+    pub fn store(&self) -> Store {
+        self.store.clone()
+    }
+
+    /// Request counters.
+    pub fn request_log(&self) -> RequestLog {
+        self.log.clone()
+    }
+
+    /// Stop serving, end every connection and watch, and remove the temp directory.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,59 @@
+//! The namespace lifecycle controller: for a namespace with `deletionTimestamp` (phase
+//! `Terminating`, `spec.finalizers: [kubernetes]`) it deletes every object in it (objects with
+//! finalizers stay, marked, until their finalizers are removed) and removes the namespace once
+//! it is empty. The 403 for creates in a terminating namespace is enforced by the store.
+//! Not modelled: the namespace status conditions (`NamespaceContentRemaining`, ...).
+
+use crate::store::{self, DeleteOptions, Propagation, Store};
+
+/// Run the controller until the store's change channel closes or the task is aborted.
+pub(crate) async fn run(store: Store) {
+    let mut changes = store.subscribe_changes();
+    loop {
+        pass(&store);
+        if changes.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+pub(crate) fn pass(store: &Store) {
+    let snapshot = store.snapshot();
+    let terminating: Vec<(String, String)> = snapshot
+        .iter()
+        .filter(|(g, p, o)| g.is_empty() && p == "namespaces" && store::is_deleting(o))
+        .filter_map(|(_, _, o)| {
+            Some((
+                store::meta_str(o, "name")?.to_string(),
+                store::meta_str(o, "uid")?.to_string(),
+            ))
+        })
+        .collect();
+    let Some(ns_rt) = store.any_type("", "namespaces") else {
+        return;
+    };
+    for (ns, uid) in terminating {
+        let content: Vec<&(String, String, serde_json::Value)> = snapshot
+            .iter()
+            .filter(|(_, _, o)| store::meta_str(o, "namespace") == Some(ns.as_str()))
+            .collect();
+        for (g, p, o) in &content {
+            if store::is_deleting(o) {
+                continue;
+            }
+            let Some(rt) = store.any_type(g, p) else {
+                continue;
+            };
+            let name = store::meta_str(o, "name").unwrap_or_default();
+            let opts = DeleteOptions {
+                propagation: Some(Propagation::Background),
+                ..Default::default()
+            };
+            let _ = store.delete_rt(&rt, Some(&ns), name, &opts);
+        }
+        if content.is_empty() {
+            store.force_remove(&ns_rt, None, &ns, &uid);
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Counts of served requests by (verb, resource, subresource), for write-count benchmarks.
+//! Only resource requests are counted (not discovery); requests failed by the fault switch count.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+type Counts = BTreeMap<(String, String, String), u64>;
+
+/// Request counters. Cloning shares the counters.
+#[derive(Clone, Debug, Default)]
+pub struct RequestLog {
+    counts: Arc<Mutex<Counts>>,
+}
+
+/// Verbs that write.
+pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+impl RequestLog {
+    fn lock(&self) -> MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn record(&self, verb: &str, resource: &str, subresource: &str) {
+        *self
+            .lock()
+            .entry((verb.into(), resource.into(), subresource.into()))
+            .or_default() += 1;
+    }
+
+    /// Requests with this verb, resource (plural) and subresource ("" for the main resource).
+    pub fn count(&self, verb: &str, resource: &str, subresource: &str) -> u64 {
+        self.lock()
+            .get(&(verb.into(), resource.into(), subresource.into()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Write requests (create, update, patch, delete, deletecollection) on a resource's main
+    /// resource (`subresource == ""`) or on one subresource.
+    pub fn writes(&self, resource: &str, subresource: &str) -> u64 {
+        WRITE_VERBS
+            .iter()
+            .map(|v| self.count(v, resource, subresource))
+            .sum()
+    }
+
+    /// All counters: (verb, resource, subresource) -> count.
+    pub fn snapshot(&self) -> BTreeMap<(String, String, String), u64> {
+        self.lock().clone()
+    }
+
+    /// Zero every counter.
+    pub fn reset(&self) {
+        self.lock().clear();
+    }
+}
