@@ -246,6 +246,11 @@ fn content(subject: &str, scanned: Scanned) -> StateContent {
                 };
                 format!("{subject} does not hold gzip data ({start}): {fix}")
             }
+            GzipFailure::BadHeader { detail } => {
+                format!(
+                    "{subject} does not hold valid gzip data: its gzip header is invalid ({detail}): {fix}"
+                )
+            }
             GzipFailure::Truncated { compressed } => format!(
                 "{subject} holds truncated gzip data: it ends after {compressed} bytes, before the end of the \
                  compressed stream (a part may be missing or cut short): {fix}"

@@ -22,6 +22,8 @@ const MAX_KEY: usize = 32;
 pub(crate) enum GzipFailure {
     /// The data does not start with the gzip magic bytes, or its header is invalid.
     NotGzip { head: Vec<u8> },
+    /// It starts like gzip, but its header is invalid.
+    BadHeader { detail: String },
     /// The gzip stream ends before its end (deflate end and 8-byte trailer).
     Truncated { compressed: u64 },
     /// The deflate data or the trailer (CRC, length) is damaged.
@@ -213,8 +215,8 @@ impl<R: Read> Source<R> {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 return GzipFailure::Truncated { compressed };
             }
-            return GzipFailure::NotGzip {
-                head: vec![0x1f, 0x8b],
+            return GzipFailure::BadHeader {
+                detail: e.to_string(),
             };
         }
         match e.kind() {
