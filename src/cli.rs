@@ -444,7 +444,7 @@ fn run_inspect(args: &InspectArgs) -> Result<(), Misuse> {
         &StateSecrets::from_secrets(&base_name, &only),
         state::DEFAULT_DECOMPRESSION_CAP,
     );
-    let verdict = state::classify(&content, recorded.as_ref(), interrupted);
+    let verdict = state::classify_named(&base_name, &content, recorded.as_ref(), interrupted);
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&verdict)?),
         Output::Text => {

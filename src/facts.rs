@@ -161,6 +161,7 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
         None => StateFacts::NotRead,
         Some(secrets) => {
             let content = state::read(secrets, settings.decompression_cap);
+            let base = secrets.base_name.clone();
             if !matches!(content, state::StateContent::Missing) && !applied && !own_lineage {
                 // An orphaned state of an earlier object with this name, not adopted:
                 // this object never applied, so it has no state of its own.
@@ -174,11 +175,11 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
                         o.meta.annotations.as_ref().unwrap_or(&BTreeMap::new()),
                     ),
                 ) {
-                    (true, _) => state::classify(&content, None, interrupted),
+                    (true, _) => state::classify_named(&base, &content, None, interrupted),
                     (false, Ok(recorded)) => {
-                        state::classify(&content, recorded.as_ref(), interrupted)
+                        state::classify_named(&base, &content, recorded.as_ref(), interrupted)
                     }
-                    (false, Err(problem)) => bad_fingerprint(&content, problem),
+                    (false, Err(problem)) => bad_fingerprint(&base, &content, problem),
                 };
                 let facts = state_facts(&verdict, &names::state_secret_name(&suffix));
                 extras.verdict = Some(verdict);
@@ -463,8 +464,8 @@ fn human_age(seconds: i64) -> String {
     }
 }
 
-fn bad_fingerprint(content: &state::StateContent, problem: String) -> Verdict {
-    let mut v = state::classify(content, None, false);
+fn bad_fingerprint(base: &str, content: &state::StateContent, problem: String) -> Verdict {
+    let mut v = state::classify_named(base, content, None, false);
     if v.readable {
         v.readable = false;
         v.reason = StateReason::StateInconsistent;
