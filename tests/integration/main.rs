@@ -4,3 +4,5 @@
 mod cli;
 mod config;
 mod crds;
+mod deletion;
+mod support;
