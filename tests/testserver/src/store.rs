@@ -1603,6 +1603,17 @@ mod tests {
         cur["metadata"]["finalizers"] = json!(["x/y", "new"]);
         let err = s.update(cur.clone()).expect_err("no new finalizers");
         assert_eq!(err.code, 422);
+        cur["metadata"]["finalizers"] = json!(["x/y"]);
+        cur["metadata"]["deletionTimestamp"] = Value::Null;
+        let kept = s.update(cur.clone()).expect("update");
+        assert!(
+            is_deleting(&kept),
+            "an update never clears deletionTimestamp"
+        );
+        assert_eq!(
+            kept["metadata"]["generation"], 2,
+            "setting deletionTimestamp bumped generation"
+        );
         cur["metadata"]["finalizers"] = json!([]);
         s.update(cur).expect("remove finalizer");
         assert!(s.get("v1", "configmaps", Some("default"), "f").is_none());
