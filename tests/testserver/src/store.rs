@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use base64::Engine;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, watch};
 
@@ -1064,6 +1065,15 @@ impl Store {
                 obj["spec"] = json!({"finalizers": ["kubernetes"]});
                 obj["status"] = json!({"phase": "Active"});
             }
+            ("", "secrets") => {
+                if obj
+                    .get("type")
+                    .is_none_or(|t| t.as_str().is_none_or(str::is_empty))
+                {
+                    obj["type"] = json!("Opaque");
+                }
+                fold_string_data(obj);
+            }
             ("", "pods") => {
                 default_pod_spec(&mut obj["spec"]);
                 obj["status"] = json!({"phase": "Pending"});
@@ -1187,6 +1197,9 @@ impl Store {
                 }
             }
             meta_mut(&mut n).remove("managedFields");
+            if rt.group.is_empty() && rt.plural == "secrets" {
+                fold_string_data(&mut n);
+            }
             if rt.group.is_empty() && rt.plural == "namespaces" {
                 n["spec"] = old["spec"].clone();
             }
@@ -1481,6 +1494,24 @@ impl Store {
             inner.objects.insert(k.clone(), o.clone());
             self.emit(inner, &k, EventType::Modified, o, Some(prev));
         }
+    }
+}
+
+/// Secret `stringData` is write-only: merged into `data` (base64) on every write, as the
+/// apiserver does.
+fn fold_string_data(obj: &mut Value) {
+    if let Some(sd) = obj.get("stringData").and_then(Value::as_object).cloned() {
+        if !obj.get("data").is_some_and(Value::is_object) {
+            obj["data"] = json!({});
+        }
+        for (k, v) in sd {
+            let enc =
+                base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default());
+            obj["data"][k] = json!(enc);
+        }
+    }
+    if let Some(m) = obj.as_object_mut() {
+        m.remove("stringData");
     }
 }
 
