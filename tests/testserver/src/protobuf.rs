@@ -173,14 +173,13 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
             .ok_or("malformed map")?;
         }
     }
-    if kind == "Secret" {
-        if let Some(t) = all(3)
+    if kind == "Secret"
+        && let Some(t) = all(3)
             .first()
             .and_then(|f| string(f))
             .filter(|t| !t.is_empty())
-        {
-            obj["type"] = json!(t);
-        }
+    {
+        obj["type"] = json!(t);
     }
     Ok(obj)
 }
