@@ -783,12 +783,29 @@ impl Store {
             .cloned()
     }
 
-    /// Snapshot of every object with its group and plural.
-    pub(crate) fn snapshot(&self) -> Vec<(String, String, Value)> {
+    /// Snapshot of the objects (with group and plural) that `keep` selects.
+    pub(crate) fn snapshot_where(
+        &self,
+        keep: impl Fn(&str, &str, &str, &Value) -> bool,
+    ) -> Vec<(String, String, Value)> {
         self.lock()
             .objects
             .iter()
+            .filter(|((g, p, n, _), v)| keep(g, p, n, v))
             .map(|((g, p, _, _), v)| (g.clone(), p.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Every live uid, with whether that object waits for its dependents (foreground deletion).
+    pub(crate) fn uid_states(&self) -> HashMap<String, bool> {
+        self.lock()
+            .objects
+            .values()
+            .filter_map(|o| {
+                let waiting =
+                    is_deleting(o) && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER);
+                meta_str(o, "uid").map(|u| (u.to_string(), waiting))
+            })
             .collect()
     }
 
