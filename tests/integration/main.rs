@@ -6,3 +6,4 @@ mod config;
 mod crds;
 mod deletion;
 mod support;
+mod testserver_smoke;

@@ -4,8 +4,6 @@
 //! `blockOwnerDeletion: true` remains. Runs asynchronously after every store change, as the
 //! real controller does (Orphan propagation is applied synchronously by the store instead).
 
-use std::collections::HashMap;
-
 use serde_json::{Value, json};
 
 use crate::store::{self, DeleteOptions, FOREGROUND_FINALIZER, Propagation, Store};
@@ -23,20 +21,18 @@ pub(crate) async fn run(store: Store) {
     }
 }
 
-/// One pass over all objects.
+/// One pass over the objects that have owners or wait for their dependents.
 pub(crate) fn pass(store: &Store) {
-    let snapshot = store.snapshot();
-    let by_uid: HashMap<String, &Value> = snapshot
-        .iter()
-        .filter_map(|(_, _, o)| store::meta_str(o, "uid").map(|u| (u.to_string(), o)))
-        .collect();
+    let owners = store.uid_states();
     let waiting_for_dependents = |o: &Value| {
         store::is_deleting(o)
             && store::finalizers(o)
                 .iter()
                 .any(|f| f == FOREGROUND_FINALIZER)
     };
-    for (group, plural, obj) in &snapshot {
+    let relevant = store
+        .snapshot_where(|_, _, _, o| !store::owner_refs(o).is_empty() || waiting_for_dependents(o));
+    for (group, plural, obj) in &relevant {
         let refs = store::owner_refs(obj);
         if refs.is_empty() {
             continue;
@@ -46,12 +42,13 @@ pub(crate) fn pass(store: &Store) {
         };
         let ns = store::meta_str(obj, "namespace").map(str::to_string);
         let name = store::meta_str(obj, "name").unwrap_or_default().to_string();
-        let solid: Vec<&String> = refs
+        // Owners that exist and are not themselves waiting for their dependents.
+        let solid = refs
             .iter()
-            .filter(|(u, _)| by_uid.get(u).is_some_and(|o| !waiting_for_dependents(o)))
-            .map(|(u, _)| u)
-            .collect();
-        if solid.is_empty() {
+            .filter(|(u, _)| owners.get(u) == Some(&false))
+            .count();
+        let dangling = refs.iter().any(|(u, _)| !owners.contains_key(u));
+        if solid == 0 {
             if !store::is_deleting(obj) {
                 let opts = DeleteOptions {
                     propagation: Some(Propagation::Background),
@@ -59,21 +56,21 @@ pub(crate) fn pass(store: &Store) {
                 };
                 let _ = store.delete_rt(&rt, ns.as_deref(), &name, &opts);
             }
-        } else if solid.len() < refs.len() && refs.iter().any(|(u, _)| !by_uid.contains_key(u)) {
+        } else if dangling {
             // Some owners are gone for good: drop the dangling references.
             let mut o = obj.clone();
             if let Some(list) = o["metadata"]["ownerReferences"].as_array_mut() {
-                list.retain(|r| r["uid"].as_str().is_some_and(|u| by_uid.contains_key(u)));
+                list.retain(|r| r["uid"].as_str().is_some_and(|u| owners.contains_key(u)));
             }
             let _ = store.update_rt(&rt, ns.as_deref(), &name, o, false);
         }
     }
-    for (group, plural, obj) in &snapshot {
+    for (group, plural, obj) in &relevant {
         if !waiting_for_dependents(obj) {
             continue;
         }
         let uid = store::meta_str(obj, "uid").unwrap_or_default();
-        let blocked = snapshot.iter().any(|(_, _, d)| {
+        let blocked = relevant.iter().any(|(_, _, d)| {
             store::owner_refs(d)
                 .iter()
                 .any(|(u, block)| u == uid && *block)

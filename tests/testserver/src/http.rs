@@ -3,6 +3,8 @@
 //! `log` subresources), verbs, query parameters, JSON encoding and `Status` errors.
 //! Always answers JSON (never protobuf, never server-side Tables, no `/openapi/*`: 404), and
 //! legacy discovery only (clients asking for aggregated discovery fall back, as kubectl does).
+//! `pods/log` serves the captured output so far: `follow`, `previous`, `sinceSeconds` and
+//! `timestamps` are ignored; `container` is checked and `tailLines` honoured.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

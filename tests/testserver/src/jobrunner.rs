@@ -68,7 +68,8 @@ impl Default for JobRunnerOptions {
     }
 }
 
-/// A running Job runner. Stop it with [`JobRunner::stop`] (or drop it: processes get SIGKILL).
+/// A running Job runner. Stop it with [`JobRunner::stop`] (or drop it): every process group
+/// still running gets SIGKILL. `work_root` is left in place for inspection; remove it yourself.
 pub struct JobRunner {
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -135,6 +136,15 @@ struct Runner {
     results: HashMap<String, (String, bool)>,
     /// Pod uid -> last waiting reason written, to avoid rewriting the same status.
     waiting: HashMap<String, String>,
+}
+
+/// When the runner goes (stopped, or its runtime shut down), no process group outlives it.
+impl Drop for Runner {
+    fn drop(&mut self) {
+        for p in self.procs.values() {
+            send_signal(-p.pid, libc::SIGKILL);
+        }
+    }
 }
 
 fn send_signal(pid: i32, sig: i32) {
@@ -277,9 +287,6 @@ impl Runner {
                 Some((uid, code)) = exit_rx.recv() => self.on_exit(&uid, code),
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
-        }
-        for p in self.procs.values() {
-            send_signal(-p.pid, libc::SIGKILL);
         }
     }
 

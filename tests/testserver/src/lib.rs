@@ -30,13 +30,22 @@
 //! - A local Job runner ([`JobRunner`]) standing in for the Job controller and the kubelet.
 //!
 //! # What it deliberately does not model
-//! Scheduling, admission (webhooks, quotas, defaulting beyond a few Pod/Job fields), schema
-//! validation of any kind, RBAC enforcement, authentication, TLS, server-side apply (apply
-//! patches get 415) and `managedFields`, protobuf (except a `Namespace` body, which `kubectl create namespace` sends; see [`protobuf`]), server-side Table printing (lists are
-//! always plain JSON), OpenAPI (`/openapi/v2` and `/openapi/v3` answer 404, so `kubectl`
-//! needs `--validate=false` on create/apply), aggregated discovery, `limit`/`continue`
-//! pagination (the full list is returned with no `continue`), `resourceVersionMatch` on
-//! lists, and CRD conversion webhooks.
+//! - Scheduling (the Job runner binds its own Pods), admission (webhooks, quotas; defaulting
+//!   only for a few Pod, Job, Namespace and Secret fields), schema validation of any kind,
+//!   RBAC enforcement, authentication, TLS.
+//! - Server-side apply (`application/apply-patch+yaml` gets 415) and `managedFields`.
+//! - Protobuf: responses are always JSON; request bodies in protobuf are decoded only for
+//!   `Namespace`, `Secret`, `ConfigMap` and `ServiceAccount` (what `kubectl create namespace|
+//!   secret|configmap|serviceaccount` send, see [`protobuf`]); other protobuf bodies (e.g.
+//!   `kubectl create job`) get 415: use `kubectl create -f <manifest>` instead.
+//! - Server-side Table printing (lists are plain JSON; `kubectl get` prints them client-side),
+//!   OpenAPI (`/openapi/v2` and `/openapi/v3` answer 404, so `kubectl create/apply` need
+//!   `--validate=false`), aggregated discovery (legacy discovery only; kubectl falls back).
+//! - `limit`/`continue` pagination (the full list is returned without `continue`),
+//!   `resourceVersion`/`resourceVersionMatch` on lists (always the latest state), watches on
+//!   a single named object path (use `fieldSelector=metadata.name=...`), the namespace
+//!   `finalize` subresource and namespace status conditions, CRD conversion, `dryRun`.
+//! - BOOKMARK events come every [`watch::BOOKMARK_INTERVAL`] (1 s) instead of about a minute.
 
 pub mod faults;
 mod gc;

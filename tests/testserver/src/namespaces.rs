@@ -19,10 +19,9 @@ pub(crate) async fn run(store: Store) {
 }
 
 pub(crate) fn pass(store: &Store) {
-    let snapshot = store.snapshot();
-    let terminating: Vec<(String, String)> = snapshot
+    let terminating: Vec<(String, String)> = store
+        .snapshot_where(|g, p, _, o| g.is_empty() && p == "namespaces" && store::is_deleting(o))
         .iter()
-        .filter(|(g, p, o)| g.is_empty() && p == "namespaces" && store::is_deleting(o))
         .filter_map(|(_, _, o)| {
             Some((
                 store::meta_str(o, "name")?.to_string(),
@@ -30,6 +29,11 @@ pub(crate) fn pass(store: &Store) {
             ))
         })
         .collect();
+    if terminating.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = terminating.iter().map(|(n, _)| n.as_str()).collect();
+    let snapshot = store.snapshot_where(|_, _, ns, _| names.contains(&ns));
     let Some(ns_rt) = store.any_type("", "namespaces") else {
         return;
     };

@@ -1,9 +1,11 @@
 //! Minimal decoding of Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`):
 //! kubectl's generator commands (e.g. `kubectl create namespace`) send built-in objects as
-//! protobuf and do not fall back to JSON. Only the `k8s\0` envelope, `TypeMeta` and a
-//! `Namespace` (metadata name/generateName/labels/annotations/finalizers, spec.finalizers) are
-//! decoded; any other protobuf body gets 415. Responses are always JSON (clients accept it).
+//! protobuf and do not fall back to JSON. Only the `k8s\0` envelope, `TypeMeta` and
+//! `Namespace`, `Secret`, `ConfigMap` and `ServiceAccount` (metadata name/generateName/namespace/
+//! labels/annotations/finalizers, and the data maps) are decoded; any other protobuf body gets
+//! 415. Responses are always JSON (clients accept it).
 
+use base64::Engine;
 use serde_json::{Map, Value, json};
 
 /// A protobuf field value: varint or length-delimited bytes (other wire types are skipped).
@@ -57,7 +59,7 @@ fn string(f: &Field<'_>) -> Option<String> {
     }
 }
 
-fn string_map(entries: &[&Field<'_>]) -> Option<Value> {
+fn map_entries(entries: &[&Field<'_>], value: impl Fn(&Field<'_>) -> Value) -> Option<Value> {
     let mut m = Map::new();
     for e in entries {
         let Field::Bytes(b) = e else { return None };
@@ -70,11 +72,22 @@ fn string_map(entries: &[&Field<'_>]) -> Option<Value> {
         let v = kv
             .iter()
             .find(|(n, _)| *n == 2)
-            .and_then(|(_, f)| string(f))
-            .unwrap_or_default();
-        m.insert(k, json!(v));
+            .map(|(_, f)| value(f))
+            .unwrap_or(json!(""));
+        m.insert(k, v);
     }
     Some(Value::Object(m))
+}
+
+fn string_map(entries: &[&Field<'_>]) -> Option<Value> {
+    map_entries(entries, |f| json!(string(f).unwrap_or_default()))
+}
+
+fn bytes_map(entries: &[&Field<'_>]) -> Option<Value> {
+    map_entries(entries, |f| match f {
+        Field::Bytes(b) => json!(base64::engine::general_purpose::STANDARD.encode(b)),
+        Field::Varint => json!(""),
+    })
 }
 
 fn object_meta(b: &[u8]) -> Option<Value> {
@@ -129,19 +142,46 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
     let Some((_, Field::Bytes(raw))) = unknown.iter().find(|(n, _)| *n == 2) else {
         return Err("missing raw".into());
     };
-    match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Namespace") => {
-            let fs = fields(raw).ok_or("malformed Namespace")?;
-            let meta = match fs.iter().find(|(n, _)| *n == 1) {
-                Some((_, Field::Bytes(m))) => object_meta(m).ok_or("malformed ObjectMeta")?,
-                _ => json!({}),
-            };
-            Ok(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": meta}))
+    let fs = fields(raw).ok_or("malformed object")?;
+    let all = |n: u64| -> Vec<&Field<'_>> {
+        fs.iter().filter(|(k, _)| *k == n).map(|(_, f)| f).collect()
+    };
+    let meta = match all(1).first() {
+        Some(Field::Bytes(m)) => object_meta(m).ok_or("malformed ObjectMeta")?,
+        _ => json!({}),
+    };
+    let mut obj = json!({"apiVersion": api_version, "kind": kind, "metadata": meta});
+    // (field number, JSON name, bytes-valued map?) of the data maps per kind
+    let maps: &[(u64, &str, bool)] = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Namespace" | "ServiceAccount") => &[],
+        ("v1", "Secret") => &[(2, "data", true), (4, "stringData", false)],
+        ("v1", "ConfigMap") => &[(2, "data", false), (3, "binaryData", true)],
+        (av, k) => {
+            return Err(format!(
+                "protobuf bodies for {av} {k} are not supported by the test server; send JSON (e.g. kubectl create -f)"
+            ));
         }
-        (av, k) => Err(format!(
-            "protobuf bodies for {av} {k} are not supported by the test server; send JSON (e.g. kubectl create -f)"
-        )),
+    };
+    for (num, name, is_bytes) in maps {
+        let entries = all(*num);
+        if !entries.is_empty() {
+            obj[*name] = if *is_bytes {
+                bytes_map(&entries)
+            } else {
+                string_map(&entries)
+            }
+            .ok_or("malformed map")?;
+        }
     }
+    if kind == "Secret"
+        && let Some(t) = all(3)
+            .first()
+            .and_then(|f| string(f))
+            .filter(|t| !t.is_empty())
+    {
+        obj["type"] = json!(t);
+    }
+    Ok(obj)
 }
 
 #[cfg(test)]
@@ -158,5 +198,15 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
         );
         assert!(decode(b"nope").is_err());
+        let secret = b"k8s\x00\n\x0c\n\x02v1\x12\x06Secret\x12\x1e\n\x12\n\x02s1\x12\x00\x1a\x00\"\x00*\x002\x008\x00B\x00\x12\x06\n\x01a\x12\x01b\x1a\x00\x1a\x00\"\x00";
+        assert_eq!(
+            decode(secret).expect("secret"),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1"}, "data": {"a": "Yg=="}})
+        );
+        let cm = b"k8s\x00\n\x0f\n\x02v1\x12\tConfigMap\x12\x1c\n\x12\n\x02c1\x12\x00\x1a\x00\"\x00*\x002\x008\x00B\x00\x12\x06\n\x01k\x12\x01v\x1a\x00\"\x00";
+        assert_eq!(
+            decode(cm).expect("configmap"),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1"}, "data": {"k": "v"}})
+        );
     }
 }

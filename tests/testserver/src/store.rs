@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use base64::Engine;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, watch};
 
@@ -782,12 +783,29 @@ impl Store {
             .cloned()
     }
 
-    /// Snapshot of every object with its group and plural.
-    pub(crate) fn snapshot(&self) -> Vec<(String, String, Value)> {
+    /// Snapshot of the objects (with group and plural) that `keep` selects.
+    pub(crate) fn snapshot_where(
+        &self,
+        keep: impl Fn(&str, &str, &str, &Value) -> bool,
+    ) -> Vec<(String, String, Value)> {
         self.lock()
             .objects
             .iter()
+            .filter(|((g, p, n, _), v)| keep(g, p, n, v))
             .map(|((g, p, _, _), v)| (g.clone(), p.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Every live uid, with whether that object waits for its dependents (foreground deletion).
+    pub(crate) fn uid_states(&self) -> HashMap<String, bool> {
+        self.lock()
+            .objects
+            .values()
+            .filter_map(|o| {
+                let waiting =
+                    is_deleting(o) && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER);
+                meta_str(o, "uid").map(|u| (u.to_string(), waiting))
+            })
             .collect()
     }
 
@@ -1064,6 +1082,15 @@ impl Store {
                 obj["spec"] = json!({"finalizers": ["kubernetes"]});
                 obj["status"] = json!({"phase": "Active"});
             }
+            ("", "secrets") => {
+                if obj
+                    .get("type")
+                    .is_none_or(|t| t.as_str().is_none_or(str::is_empty))
+                {
+                    obj["type"] = json!("Opaque");
+                }
+                fold_string_data(obj);
+            }
             ("", "pods") => {
                 default_pod_spec(&mut obj["spec"]);
                 obj["status"] = json!({"phase": "Pending"});
@@ -1187,6 +1214,9 @@ impl Store {
                 }
             }
             meta_mut(&mut n).remove("managedFields");
+            if rt.group.is_empty() && rt.plural == "secrets" {
+                fold_string_data(&mut n);
+            }
             if rt.group.is_empty() && rt.plural == "namespaces" {
                 n["spec"] = old["spec"].clone();
             }
@@ -1484,6 +1514,24 @@ impl Store {
     }
 }
 
+/// Secret `stringData` is write-only: merged into `data` (base64) on every write, as the
+/// apiserver does.
+fn fold_string_data(obj: &mut Value) {
+    if let Some(sd) = obj.get("stringData").and_then(Value::as_object).cloned() {
+        if !obj.get("data").is_some_and(Value::is_object) {
+            obj["data"] = json!({});
+        }
+        for (k, v) in sd {
+            let enc =
+                base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default());
+            obj["data"][k] = json!(enc);
+        }
+    }
+    if let Some(m) = obj.as_object_mut() {
+        m.remove("stringData");
+    }
+}
+
 /// Pod spec defaults that the Job runner relies on.
 fn default_pod_spec(spec: &mut Value) {
     if !spec.is_object() {
@@ -1603,6 +1651,17 @@ mod tests {
         cur["metadata"]["finalizers"] = json!(["x/y", "new"]);
         let err = s.update(cur.clone()).expect_err("no new finalizers");
         assert_eq!(err.code, 422);
+        cur["metadata"]["finalizers"] = json!(["x/y"]);
+        cur["metadata"]["deletionTimestamp"] = Value::Null;
+        let kept = s.update(cur.clone()).expect("update");
+        assert!(
+            is_deleting(&kept),
+            "an update never clears deletionTimestamp"
+        );
+        assert_eq!(
+            kept["metadata"]["generation"], 2,
+            "setting deletionTimestamp bumped generation"
+        );
         cur["metadata"]["finalizers"] = json!([]);
         s.update(cur).expect("remove finalizer");
         assert!(s.get("v1", "configmaps", Some("default"), "f").is_none());

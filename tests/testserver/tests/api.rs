@@ -741,3 +741,41 @@ async fn faults_and_request_log() {
     assert!(w.closed, "the stream was closed");
     srv.shutdown().await;
 }
+
+#[tokio::test]
+async fn jobs_default_to_orphan_and_events_are_plain_objects() {
+    let srv = TestServer::start().await;
+    let u = srv.url();
+    let store = srv.store();
+    let job = post(&u, "/apis/batch/v1/namespaces/default/jobs", &json!({"metadata": {"name": "j"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}})).await.json();
+    assert_eq!(job["spec"]["backoffLimit"], 6, "API default");
+    let pod = post(&u, "/api/v1/namespaces/default/pods", &json!({"metadata": {"name": "p", "ownerReferences": [{
+        "apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": job["metadata"]["uid"], "controller": true}]},
+        "spec": {"containers": [{"name": "c", "image": "i"}]}})).await;
+    assert_eq!(pod.status, 201);
+    // batch/v1 Jobs default to Orphan propagation (what the apiserver does for backwards compatibility)
+    delete(&u, "/apis/batch/v1/namespaces/default/jobs/j", None).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let p = store
+        .get("v1", "pods", Some("default"), "p")
+        .expect("orphaned pod stays");
+    assert!(p["metadata"].get("ownerReferences").is_none());
+    // an unscheduled pod is deleted at once
+    assert_eq!(
+        delete(&u, "/api/v1/namespaces/default/pods/p", None)
+            .await
+            .status,
+        200
+    );
+    // core/v1 and events.k8s.io/v1 events
+    let e = post(&u, "/api/v1/namespaces/default/events", &json!({"metadata": {"generateName": "x."},
+        "involvedObject": {"kind": "Pod", "name": "p"}, "reason": "Test", "message": "m", "type": "Normal"})).await;
+    assert_eq!(e.status, 201);
+    let e = post(&u, "/apis/events.k8s.io/v1/namespaces/default/events", &json!({"metadata": {"name": "y"},
+        "regarding": {"kind": "Pod", "name": "p"}, "reason": "Test", "note": "n", "type": "Normal", "action": "A",
+        "reportingController": "t", "reportingInstance": "t", "eventTime": "2026-01-01T00:00:00.000000Z"})).await;
+    assert_eq!(e.status, 201);
+    assert_eq!(srv.request_log().count("create", "events", ""), 2);
+    srv.shutdown().await;
+}

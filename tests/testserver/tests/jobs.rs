@@ -438,3 +438,46 @@ async fn missing_secret_suspend_and_backoff() {
     srv.shutdown().await;
     let _ = std::fs::remove_dir_all(work);
 }
+
+#[tokio::test]
+async fn deleting_a_running_pod_terminates_it_and_fails_the_job() {
+    let (srv, runner, work) = setup(None).await;
+    let u = srv.url();
+    post(
+        &u,
+        "/apis/batch/v1/namespaces/default/jobs",
+        &job("direct", "exec sleep 30", json!({}), json!({})),
+    )
+    .await;
+    let pod = eventually(T, || {
+        job_pods(&srv, "direct")
+            .pop()
+            .filter(|p| p["status"]["phase"] == "Running")
+    })
+    .await
+    .expect("running");
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let r = delete(&u, &format!("/api/v1/namespaces/default/pods/{name}"), None).await;
+    assert_eq!(r.status, 202, "graceful deletion of a running pod");
+    assert_eq!(r.json()["metadata"]["deletionGracePeriodSeconds"], 30);
+    assert!(
+        eventually(T, || srv
+            .store()
+            .get("v1", "pods", Some("default"), &name)
+            .is_none()
+            .then_some(()))
+        .await
+        .is_some()
+    );
+    let j = wait_job(&srv, "direct", |j| {
+        cond_types(j).contains(&"Failed".to_string())
+    })
+    .await;
+    assert_eq!(j["status"]["failed"], 1);
+    runner.stop().await;
+    srv.shutdown().await;
+    let _ = std::fs::remove_dir_all(work);
+}

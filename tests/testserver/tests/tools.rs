@@ -150,6 +150,47 @@ async fn kubectl_against_the_server() {
     let crd = dir.join("crd.yaml").to_string_lossy().into_owned();
     let obj = dir.join("obj.yaml").to_string_lossy().into_owned();
     ok(
+        &kubectl(
+            &srv,
+            &dir,
+            &[
+                "create",
+                "secret",
+                "generic",
+                "-n",
+                "x",
+                "creds",
+                "--from-literal=token=s3cr3t",
+            ],
+        )
+        .await,
+        "create secret",
+    );
+    ok(
+        &kubectl(
+            &srv,
+            &dir,
+            &[
+                "create",
+                "configmap",
+                "-n",
+                "x",
+                "cfg",
+                "--from-literal=k=v",
+            ],
+        )
+        .await,
+        "create configmap",
+    );
+    let sec = srv
+        .store()
+        .get("v1", "secrets", Some("x"), "creds")
+        .expect("secret");
+    assert_eq!(
+        (sec["data"]["token"].clone(), sec["type"].clone()),
+        (json!("czNjcjN0"), json!("Opaque"))
+    );
+    ok(
         &kubectl(&srv, &dir, &["create", "-f", &crd, "--validate=false"]).await,
         "create crd",
     );
@@ -377,10 +418,50 @@ async fn kubectl_against_the_server() {
         "get without -o (no server-side table)",
     );
     assert!(plain.contains(&name), "{plain}");
+    // client-side apply (create, then a computed patch)
+    std::fs::write(dir.join("apply.yaml"), APPLY).expect("write");
+    let apply = dir.join("apply.yaml").to_string_lossy().into_owned();
+    ok(
+        &kubectl(&srv, &dir, &["apply", "-f", &apply, "--validate=false"]).await,
+        "apply (create)",
+    );
+    std::fs::write(
+        dir.join("apply.yaml"),
+        APPLY.replace("module: api", "module: api2"),
+    )
+    .expect("write");
+    ok(
+        &kubectl(&srv, &dir, &["apply", "-f", &apply, "--validate=false"]).await,
+        "apply (patch)",
+    );
+    let o = store
+        .get(
+            "infrastructure.example.com/v1alpha1",
+            "tfclusters",
+            Some("x"),
+            "api-1",
+        )
+        .expect("applied");
+    assert_eq!(o["spec"]["module"], "api2");
+    // deleting the namespace empties it; kubectl waits for it to go
+    ok(
+        &kubectl(&srv, &dir, &["delete", "namespace", "x", "--timeout=10s"]).await,
+        "delete namespace",
+    );
+    assert!(store.get("v1", "namespaces", None, "x").is_none());
     runner.stop().await;
     srv.shutdown().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+const APPLY: &str = r#"apiVersion: infrastructure.example.com/v1alpha1
+kind: TFCluster
+metadata:
+  name: api-1
+  namespace: x
+spec:
+  module: api
+"#;
 
 fn module(dir: &Path, body: &str) {
     std::fs::write(
