@@ -9,7 +9,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, ListParams};
+use std::collections::BTreeMap;
+
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
@@ -61,7 +63,7 @@ pub async fn reconcile<K: TerraformObject>(
         observe::observe_secrets(&ctx.client, &mut observed).await?;
     }
     let (decision, facts, extras) = facts::decide(&observed, &ctx.settings);
-    info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, "decision");
+    info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, message = %decision.deleting().message, "decision");
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
     if bookkeeping(&ctx, &api, obj.as_ref(), &observed, &facts).await? {
@@ -343,10 +345,8 @@ async fn start_attempt<K: TerraformObject>(
         return Ok(Requeue::requeue(ctx.settings.backoff.base));
     };
     let cluster = facts::owning_cluster(obj.meta());
-    let job = match job::render(
-        &ctx.templates,
-        &owner_request(obj, &suffix, cluster.as_deref(), n, inputs),
-    ) {
+    let request = owner_request(obj, &suffix, cluster.as_deref(), n, inputs);
+    let job = match job::render(&ctx.templates, &request) {
         Ok(j) => j,
         Err(e) => {
             let msg = format!(
@@ -369,6 +369,7 @@ async fn start_attempt<K: TerraformObject>(
     };
     if let Some(state) = &o.state {
         ensure_backup(ctx, obj, &ns, &suffix, state).await?;
+        ensure_backend_labels(ctx, &ns, state, &job::secret_labels(&request)).await?;
     }
     super::rbac::ensure_runner_rbac(ctx, &ns).await?;
     if extras.stale_lock {
@@ -398,6 +399,41 @@ async fn start_attempt<K: TerraformObject>(
         .await;
     }
     Ok(Requeue::requeue(RESYNC))
+}
+
+/// Terraform's backend finds the state's Secrets by its labels, the `labels` setting
+/// included: a state Secret lacking one (restored by hand, or written by an apply with
+/// other labels) would read as no state, and the destroy would find nothing to destroy.
+async fn ensure_backend_labels(
+    ctx: &Context,
+    ns: &str,
+    state: &StateSecrets,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let names = std::iter::once(state.base_name.clone()).chain(
+        state
+            .parts
+            .keys()
+            .map(|n| names::part_secret_name(&state.base_name, *n)),
+    );
+    for name in names {
+        let Some(meta) = secrets.get_metadata_opt(&name).await? else {
+            continue;
+        };
+        let have = meta.metadata.labels.unwrap_or_default();
+        let missing: BTreeMap<&String, &String> = labels
+            .iter()
+            .filter(|(k, v)| have.get(*k) != Some(*v))
+            .collect();
+        if !missing.is_empty() {
+            let patch = json!({ "metadata": { "labels": missing } });
+            secrets
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// Copies the state it read into the backup Secret(s) before the first attempt.

@@ -15,7 +15,7 @@ pub(crate) mod testutil;
 
 pub use outcome::{JobOutcome, attempt_of, operation_of, outcome, pod_of_job};
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
-pub use render::render;
+pub use render::{render, secret_labels};
 pub use template::Templates;
 
 use crate::api::names::Kind;

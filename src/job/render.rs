@@ -108,8 +108,10 @@ fn hcl_string(s: &str) -> String {
 }
 
 /// The labels the runner's backend puts on the state Secrets and the runner on the
-/// errored-state Secret: the owner labels and the move label.
-fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
+/// errored-state Secret: the owner labels and the move label. Terraform's backend also
+/// selects the state's Secrets by these labels, so a state Secret lacking one of them
+/// reads as no state: the controller adds them before an attempt.
+pub fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
     let mut labels = inputs::owner_labels(req.kind, req.name, req.uid);
     labels.insert(names::CLUSTERCTL_MOVE_LABEL.to_string(), String::new());
     labels

@@ -20,7 +20,9 @@ use captf::state::{self, StateContent};
 use captf_testserver::{JobRunner, JobRunnerOptions, TestServer};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
@@ -51,7 +53,10 @@ pub struct Env {
     pub server: TestServer,
     pub runner: Option<JobRunner>,
     pub client: Client,
-    pub manager: Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    pub manager: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
     pub dir: PathBuf,
     pub config: ManagerConfig,
 }
@@ -61,17 +66,26 @@ pub fn require(bin: &str) -> PathBuf {
     std::env::split_paths(&path)
         .map(|p| p.join(bin))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("`{bin}` is not on PATH: the end-to-end tests need the real {bin}; install it"))
+        .unwrap_or_else(|| {
+            panic!("`{bin}` is not on PATH: the end-to-end tests need the real {bin}; install it")
+        })
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("captf-e2e-{tag}-{}-{}", std::process::id(), rand_suffix()));
+    let dir = std::env::temp_dir().join(format!(
+        "captf-e2e-{tag}-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }
 
 fn rand_suffix() -> String {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     format!("{n:x}")
 }
 
@@ -83,11 +97,15 @@ impl Env {
         captf::telemetry::init();
         let server = TestServer::start().await;
         let kubeconfig = Kubeconfig::read_from(server.kubeconfig_path()).expect("kubeconfig");
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("config");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("config");
         let client = Client::try_from(config).expect("client");
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         for crd in captf::api::crds() {
-            crds.create(&PostParams::default(), &crd).await.expect("create CRD");
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .expect("create CRD");
         }
         let cluster_crd: CustomResourceDefinition = serde_json::from_value(json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -99,11 +117,22 @@ impl Env {
                     "subresources": {"status": {}}}]}
         }))
         .expect("cluster CRD");
-        crds.create(&PostParams::default(), &cluster_crd).await.expect("create Cluster CRD");
+        crds.create(&PostParams::default(), &cluster_crd)
+            .await
+            .expect("create Cluster CRD");
         let namespaces: Api<Namespace> = Api::all(client.clone());
         for ns in [NS, MANAGER_NS] {
-            let n = Namespace { metadata: ObjectMeta { name: Some(ns.into()), ..Default::default() }, ..Default::default() };
-            namespaces.create(&PostParams::default(), &n).await.expect("namespace");
+            let n = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            namespaces
+                .create(&PostParams::default(), &n)
+                .await
+                .expect("namespace");
         }
         let dir = temp_dir(tag);
         let runner = JobRunner::start(
@@ -118,7 +147,10 @@ impl Env {
         let config = ManagerConfig {
             concurrency: 4,
             settings: Settings {
-                backoff: Backoff { base: Duration::from_millis(300), max: Duration::from_secs(3) },
+                backoff: Backoff {
+                    base: Duration::from_millis(300),
+                    max: Duration::from_secs(3),
+                },
                 ..Settings::default()
             },
             manager_namespace: MANAGER_NS.into(),
@@ -126,7 +158,14 @@ impl Env {
             rbac_sweep_every: Duration::from_millis(500),
             ..Default::default()
         };
-        Env { server, runner: Some(runner), client, manager: None, dir, config }
+        Env {
+            server,
+            runner: Some(runner),
+            client,
+            manager: None,
+            dir,
+            config,
+        }
     }
 
     pub fn markers(&self) -> PathBuf {
@@ -186,7 +225,11 @@ impl Env {
             "metadata": {"name": name, "namespace": NS}, "spec": {}
         }))
         .expect("cluster");
-        let created = self.cluster_api().create(&PostParams::default(), &obj).await.expect("create cluster");
+        let created = self
+            .cluster_api()
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create cluster");
         created.metadata.uid.unwrap_or_default()
     }
 
@@ -199,7 +242,13 @@ impl Env {
     }
 
     /// Creates a CAPTF object owned by the Cluster `cluster` (uid `cluster_uid`).
-    pub async fn create_object<K: TerraformObject>(&self, name: &str, cluster: &str, cluster_uid: &str, marker_dir: &Path) -> K {
+    pub async fn create_object<K: TerraformObject>(
+        &self,
+        name: &str,
+        cluster: &str,
+        cluster_uid: &str,
+        marker_dir: &Path,
+    ) -> K {
         let obj: K = serde_json::from_value(json!({
             "apiVersion": names::API_VERSION, "kind": K::KIND.as_str(),
             "metadata": {
@@ -213,34 +262,66 @@ impl Env {
             }
         }))
         .expect("object");
-        self.api::<K>().create(&PostParams::default(), &obj).await.expect("create object")
+        self.api::<K>()
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create object")
     }
 
     /// Does what the apply path does before a deletion can find anything: writes the
     /// inputs Secret and `applied-at`, runs the real `terraform apply` through the
     /// kubernetes backend, then records the state's fingerprint on the object.
-    pub async fn apply<K: TerraformObject>(&self, name: &str, module_body: &str, marker_dir: &Path) {
+    pub async fn apply<K: TerraformObject>(
+        &self,
+        name: &str,
+        module_body: &str,
+        marker_dir: &Path,
+    ) {
         let api = self.api::<K>();
         let obj = api.get(name).await.expect("object");
         let suffix = names::state_suffix(K::KIND, name);
         let uid = obj.meta().uid.clone().unwrap_or_default();
-        let variables: serde_json::Map<String, Value> =
-            [("name".to_string(), json!(name)), ("marker_dir".to_string(), json!(marker_dir.display().to_string()))].into_iter().collect();
+        let variables: serde_json::Map<String, Value> = [
+            ("name".to_string(), json!(name)),
+            (
+                "marker_dir".to_string(),
+                json!(marker_dir.display().to_string()),
+            ),
+        ]
+        .into_iter()
+        .collect();
         let inputs = Inputs {
             version: 1,
-            runner: Runner { image: "hashicorp/terraform:1.11.4".into() },
+            runner: Runner {
+                image: "hashicorp/terraform:1.11.4".into(),
+            },
             module: Module::Files([("main.tf".to_string(), module_body.to_string())].into()),
             variables: variables.clone(),
             env: vec![],
-            backend: Backend { namespace: NS.into(), secret_suffix: suffix.clone() },
+            backend: Backend {
+                namespace: NS.into(),
+                secret_suffix: suffix.clone(),
+            },
             timeout_seconds: Some(120),
             lock_file: None,
         };
-        let secret = inputs::inputs_secret(&inputs, &OwnerRef { kind: K::KIND, name, uid: &uid, namespace: NS, suffix: &suffix });
+        let secret = inputs::inputs_secret(
+            &inputs,
+            &OwnerRef {
+                kind: K::KIND,
+                name,
+                uid: &uid,
+                namespace: NS,
+                suffix: &suffix,
+            },
+        );
         match self.secrets().create(&PostParams::default(), &secret).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                self.secrets().replace(&secret.name_any(), &PostParams::default(), &secret).await.expect("replace inputs");
+                self.secrets()
+                    .replace(&secret.name_any(), &PostParams::default(), &secret)
+                    .await
+                    .expect("replace inputs");
             }
             Err(e) => panic!("inputs Secret: {e}"),
         }
@@ -248,16 +329,30 @@ impl Env {
             name,
             &[
                 (names::APPLIED_AT, Some(jiff::Timestamp::now().to_string())),
-                (names::INPUTS_SHA256, Some(Inputs::sha256_hex(&inputs.to_json_bytes()))),
+                (
+                    names::INPUTS_SHA256,
+                    Some(Inputs::sha256_hex(&inputs.to_json_bytes())),
+                ),
             ],
         )
         .await;
-        let work = self.dir.join(format!("apply-{}-{name}", K::KIND.short_name()));
+        let work = self
+            .dir
+            .join(format!("apply-{}-{name}", K::KIND.short_name()));
         std::fs::create_dir_all(&work).expect("work dir");
         std::fs::write(work.join("main.tf"), module_body).expect("main.tf");
-        std::fs::write(work.join("captf_backend_override.tf"), "terraform {\n  backend \"kubernetes\" {}\n}\n").expect("override");
-        let labels: BTreeMap<String, String> = inputs::owner_labels(K::KIND, name, &uid);
-        let labels_hcl: Vec<String> = labels.iter().map(|(k, v)| format!("    \"{k}\" = \"{v}\"")).collect();
+        std::fs::write(
+            work.join("captf_backend_override.tf"),
+            "terraform {\n  backend \"kubernetes\" {}\n}\n",
+        )
+        .expect("override");
+        // The apply path passes the same backend labels as the destroy Job.
+        let mut labels: BTreeMap<String, String> = inputs::owner_labels(K::KIND, name, &uid);
+        labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
+        let labels_hcl: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("    \"{k}\" = \"{v}\""))
+            .collect();
         std::fs::write(
             work.join("backend.hcl"),
             format!(
@@ -267,39 +362,89 @@ impl Env {
             ),
         )
         .expect("backend.hcl");
-        std::fs::write(work.join("vars.tfvars.json"), serde_json::to_vec(&variables).expect("vars")).expect("vars");
-        terraform(&work, &["init", "-input=false", "-no-color", "-backend-config=backend.hcl"]);
-        terraform(&work, &["apply", "-auto-approve", "-input=false", "-no-color", "-var-file=vars.tfvars.json"]);
+        std::fs::write(
+            work.join("vars.tfvars.json"),
+            serde_json::to_vec(&variables).expect("vars"),
+        )
+        .expect("vars");
+        terraform(
+            &work,
+            &[
+                "init",
+                "-input=false",
+                "-no-color",
+                "-backend-config=backend.hcl",
+            ],
+        );
+        terraform(
+            &work,
+            &[
+                "apply",
+                "-auto-approve",
+                "-input=false",
+                "-no-color",
+                "-var-file=vars.tfvars.json",
+            ],
+        );
         let (lineage, serial) = self.fingerprint(K::KIND, name).await;
-        self.annotate::<K>(name, &[(names::STATE_LINEAGE, Some(lineage)), (names::STATE_SERIAL, Some(serial.to_string()))]).await;
+        self.annotate::<K>(
+            name,
+            &[
+                (names::STATE_LINEAGE, Some(lineage)),
+                (names::STATE_SERIAL, Some(serial.to_string())),
+            ],
+        )
+        .await;
     }
 
     /// The lineage and serial of an object's state, read through the product's reader.
     pub async fn fingerprint(&self, kind: Kind, name: &str) -> (String, u64) {
         match self.read_state(kind, name).await {
-            StateContent::Parsed { lineage, serial, .. } => (lineage, serial),
+            StateContent::Parsed {
+                lineage, serial, ..
+            } => (lineage, serial),
             other => panic!("state of {kind}/{name} is not readable: {other:?}"),
         }
     }
 
     pub async fn read_state(&self, kind: Kind, name: &str) -> StateContent {
         let suffix = names::state_suffix(kind, name);
-        let secrets = observe::read_chunked(&self.secrets(), &names::state_secret_name(&suffix), Some(&suffix)).await.expect("read state");
+        let secrets = observe::read_chunked(
+            &self.secrets(),
+            &names::state_secret_name(&suffix),
+            Some(&suffix),
+        )
+        .await
+        .expect("read state");
         state::read(&secrets, state::DEFAULT_DECOMPRESSION_CAP)
     }
 
     pub async fn annotate<K: TerraformObject>(&self, name: &str, edits: &[(&str, Option<String>)]) {
-        let map: serde_json::Map<String, Value> =
-            edits.iter().map(|(k, v)| (k.to_string(), v.clone().map(Value::String).unwrap_or(Value::Null))).collect();
+        let map: serde_json::Map<String, Value> = edits
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.clone().map(Value::String).unwrap_or(Value::Null),
+                )
+            })
+            .collect();
         self.api::<K>()
-            .patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": map}})))
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": map}})),
+            )
             .await
             .expect("annotate");
     }
 
     /// Deletes the CAPI Cluster; the garbage collector deletes the objects it owns.
     pub async fn delete_cluster(&self, name: &str) {
-        self.cluster_api().delete(name, &DeleteParams::background()).await.expect("delete cluster");
+        self.cluster_api()
+            .delete(name, &DeleteParams::background())
+            .await
+            .expect("delete cluster");
     }
 
     pub async fn exists<K: TerraformObject>(&self, name: &str) -> bool {
@@ -311,13 +456,25 @@ impl Env {
     }
 
     /// The reason of a condition of an object, if set.
-    pub async fn condition<K: TerraformObject>(&self, name: &str, type_: &str) -> Option<(String, String, String)> {
+    pub async fn condition<K: TerraformObject>(
+        &self,
+        name: &str,
+        type_: &str,
+    ) -> Option<(String, String, String)> {
         let obj = self.object::<K>(name).await?;
-        obj.status()?.conditions.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        obj.status()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     }
 
     pub async fn secret_exists(&self, name: &str) -> bool {
-        self.secrets().get_opt(name).await.expect("get secret").is_some()
+        self.secrets()
+            .get_opt(name)
+            .await
+            .expect("get secret")
+            .is_some()
     }
 
     /// Event reasons recorded about an object (events.k8s.io/v1).
