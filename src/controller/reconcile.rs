@@ -228,6 +228,9 @@ async fn bookkeeping<K: TerraformObject>(
     }
 
     prune_destroy_jobs(ctx, o, facts.attempt).await?;
+    if facts.cleanup.is_none() {
+        protect_state(ctx, o, &suffix).await?;
+    }
 
     let ops = annotation_ops(obj.meta(), &edits);
     Ok(guarded_patch(api, obj.meta(), ops).await?.is_some())
@@ -245,6 +248,42 @@ fn job_finished_at(j: &Job) -> Option<Timestamp> {
         })
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0)
+}
+
+/// Puts the protection finalizer on the base state Secret, and on its parts once the
+/// namespace is terminating (before that, Terraform deletes parts itself when a state
+/// shrinks, and a part lingering in deletion would corrupt the next read).
+async fn protect_state(ctx: &Context, o: &Observed, suffix: &str) -> Result<(), Error> {
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let base = names::state_secret_name(suffix);
+    let mut targets = vec![base.clone()];
+    if o.namespace_terminating {
+        let mut n = 1;
+        while secrets
+            .get_metadata_opt(&names::part_secret_name(&base, n))
+            .await?
+            .is_some()
+        {
+            targets.push(names::part_secret_name(&base, n));
+            n += 1;
+        }
+    }
+    for name in targets {
+        let Some(meta) = secrets.get_metadata_opt(&name).await? else {
+            continue;
+        };
+        if meta.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let ops = writes::add_finalizer_ops(&meta.metadata, names::PROTECT_FINALIZER);
+        match guarded_patch(&secrets, &meta.metadata, ops).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Keeps the last three finished destroy Jobs for their logs; older ones go. Only

@@ -139,3 +139,408 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
     );
     env.shutdown().await;
 }
+
+/// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running (it has
+/// put its finalizer on the object) with the given retry backoff base.
+async fn machine_env(
+    tag: &str,
+    fail_destroys: u32,
+    backoff_base: Duration,
+) -> (Env, std::path::PathBuf) {
+    let mut env = Env::start(tag).await;
+    env.config.settings.backoff.base = backoff_base;
+    env.start_manager();
+    let markers = env.markers();
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+        .await;
+    wait_for("the finalizer", LONG, || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .is_some_and(|o| o.metadata.finalizers.is_some())
+    })
+    .await;
+    env.apply::<Tfm>("web-1", &module(fail_destroys), &markers)
+        .await;
+    (env, markers)
+}
+
+const FAST: Duration = Duration::from_millis(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_05_never_applied_is_released_at_once_without_a_job() {
+    let mut env = Env::start("never").await;
+    env.start_manager();
+    let markers = env.markers();
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+        .await;
+    wait_for("the finalizer", LONG, || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .is_some_and(|o| o.metadata.finalizers.is_some())
+    })
+    .await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert_eq!(
+        env.server.request_log().count("create", "jobs", ""),
+        0,
+        "no Job for an object that never applied"
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_07_failing_destroy_is_retried_with_backoff_across_a_restart() {
+    let (mut env, markers) = machine_env("retry", 2, Duration::from_millis(800)).await;
+    env.delete::<Tfm>("web-1").await;
+    let msg = env
+        .wait_deleting::<Tfm>("web-1", "DestroyFailed", LONG)
+        .await;
+    assert!(
+        msg.contains("the cloud said no"),
+        "Terraform's error is in the condition: {msg}"
+    );
+    assert!(
+        msg.contains("attempt 1 failed") && msg.contains("runbooks/DestroyFailed.md"),
+        "{msg}"
+    );
+    let attempt = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.annotations?.get(names::DESTROY_ATTEMPT).cloned());
+    assert_eq!(attempt.as_deref(), Some("1"));
+    // A restart does not reset the attempt count or the schedule.
+    env.stop_manager().await;
+    env.start_manager();
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert_eq!(
+        env.tries(&markers, "web-1"),
+        3,
+        "two failures, then success: three attempts"
+    );
+    assert!(destroyed(&markers, "web-1"));
+    assert_eq!(
+        env.server.request_log().count("create", "jobs", ""),
+        3,
+        "one Job per attempt, none repeated"
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_06_corrupt_state_holds_until_restored_from_the_backup() {
+    let (env, markers) = machine_env("corrupt", 2, Duration::from_secs(4)).await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "DestroyFailed", LONG)
+        .await;
+    let backup = names::backup_secret_name("web-1.tfm");
+    assert!(
+        env.secret_exists(&backup).await,
+        "the backup was taken before the first attempt"
+    );
+    // Damage the state.
+    let state = names::state_secret_name("web-1.tfm");
+    let mut s = env.secrets().get(&state).await.expect("state");
+    s.data = Some(
+        [(
+            "tfstate".to_string(),
+            k8s_openapi::ByteString(b"this is not gzip".to_vec()),
+        )]
+        .into(),
+    );
+    env.secrets()
+        .replace(&state, &Default::default(), &s)
+        .await
+        .expect("damage");
+    env.wait_deleting::<Tfm>("web-1", "Held", LONG).await;
+    let (_, reason, msg) = env
+        .condition::<Tfm>("web-1", "StateReadable")
+        .await
+        .expect("StateReadable");
+    assert_eq!(reason, "StateCorrupt", "{msg}");
+    // The runbook's way out: restore from the backup.
+    let out = env.captf(&[
+        "state",
+        "restore",
+        "terraformmachine/web-1",
+        "--from-backup",
+        "-n",
+        NS,
+    ]);
+    assert!(
+        out.status.success(),
+        "restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert!(destroyed(&markers, "web-1"));
+    assert!(
+        !env.secret_exists(&backup).await,
+        "cleanup removes the backup after a verified-empty destroy"
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets() {
+    let (env, markers) = machine_env("lost", 0, FAST).await;
+    let state = names::state_secret_name("web-1.tfm");
+    wait_for(
+        "the protection finalizer on the state Secret",
+        LONG,
+        || async {
+            env.secrets().get(&state).await.is_ok_and(|s| {
+                s.metadata
+                    .finalizers
+                    .unwrap_or_default()
+                    .contains(&names::PROTECT_FINALIZER.to_string())
+            })
+        },
+    )
+    .await;
+    // Lose the state: strip its finalizer and delete it.
+    env.secrets()
+        .patch(
+            &state,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip");
+    env.secrets()
+        .delete(&state, &Default::default())
+        .await
+        .expect("delete state");
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "Held", LONG).await;
+    let (_, reason, _) = env
+        .condition::<Tfm>("web-1", "StateReadable")
+        .await
+        .expect("StateReadable");
+    assert_eq!(reason, "StateLost");
+    assert_eq!(
+        env.server.request_log().count("create", "jobs", ""),
+        0,
+        "never a destroy against a missing state"
+    );
+    env.annotate::<Tfm>("web-1", &[(names::ABANDON, Some("true".into()))])
+        .await;
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    let inputs = env
+        .secrets()
+        .get(&names::inputs_secret_name("web-1.tfm"))
+        .await
+        .expect("inputs kept");
+    assert!(
+        inputs
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(names::ABANDONED_AT)
+    );
+    assert!(
+        !inputs
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&names::PROTECT_FINALIZER.to_string())
+    );
+    assert!(
+        env.event_reasons("web-1")
+            .contains(&"Abandoned".to_string())
+    );
+    assert!(!destroyed(&markers, "web-1"), "abandon never destroys");
+    let orphans = env.captf(&["orphans", "-n", NS, "-o", "json"]);
+    assert!(
+        orphans.status.success(),
+        "{}",
+        String::from_utf8_lossy(&orphans.stderr)
+    );
+    assert!(String::from_utf8_lossy(&orphans.stdout).contains("captf-inputs-web-1.tfm"));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_02_paused_cluster_starts_nothing_until_unpaused() {
+    let (env, markers) = machine_env("paused", 0, FAST).await;
+    env.cluster_api()
+        .patch(
+            "prod",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("pause");
+    env.delete::<Tfm>("web-1").await;
+    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", LONG).await;
+    assert!(msg.contains("prod"), "{msg}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        env.server.request_log().count("create", "jobs", ""),
+        0,
+        "nothing starts while paused"
+    );
+    assert!(env.exists::<Tfm>("web-1").await);
+    env.cluster_api()
+        .patch(
+            "prod",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpause");
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert!(destroyed(&markers, "web-1"));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_09_manager_restarted_after_every_write_loses_and_repeats_nothing() {
+    let (mut env, markers) = machine_env("crash", 0, FAST).await;
+    env.stop_manager().await;
+    env.delete::<Tfm>("web-1").await;
+    let start = std::time::Instant::now();
+    let mut restarts = 0;
+    while env.exists::<Tfm>("web-1").await {
+        assert!(
+            start.elapsed() < LONG,
+            "not released after {restarts} restarts"
+        );
+        let before = env.total_writes();
+        env.start_manager();
+        // Stop the manager as soon as it has made one more write.
+        let t = std::time::Instant::now();
+        while env.total_writes() == before && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        env.stop_manager().await;
+        restarts += 1;
+    }
+    assert!(restarts > 3, "the manager was restarted {restarts} times");
+    assert_eq!(
+        env.tries(&markers, "web-1"),
+        1,
+        "Terraform destroyed once: no duplicate Job"
+    );
+    assert!(destroyed(&markers, "web-1"));
+    for secret in [
+        names::state_secret_name("web-1.tfm"),
+        names::inputs_secret_name("web-1.tfm"),
+        names::backup_secret_name("web-1.tfm"),
+    ] {
+        assert!(!env.secret_exists(&secret).await, "{secret} left");
+    }
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_10_transient_api_errors_and_conflicts_do_not_stop_a_deletion() {
+    let (env, markers) = machine_env("faults", 0, FAST).await;
+    env.server.faults().fail_next(4, Some("patch"), None, 500);
+    env.server
+        .faults()
+        .fail_next(2, Some("create"), Some("jobs"), 503);
+    env.server
+        .faults()
+        .fail_next(3, Some("delete"), Some("secrets"), 500);
+    env.server
+        .faults()
+        .fail_next(3, Some("patch"), Some("terraformmachines"), 409);
+    env.server.faults().add_latency(Duration::from_millis(10));
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert!(destroyed(&markers, "web-1"));
+    assert_eq!(env.tries(&markers, "web-1"), 1);
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_object_adopts() {
+    let (mut env, markers) = machine_env("orphan", 0, FAST).await;
+    let saved = env.object::<Tfm>("web-1").await.expect("object");
+    // While the manager is down, delete the object and strip its finalizer by hand.
+    env.stop_manager().await;
+    env.delete::<Tfm>("web-1").await;
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip");
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.start_manager();
+    let out = env.captf(&["orphans", "-n", NS, "-o", "json"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let secrets: Vec<String> = env
+        .server
+        .store()
+        .list("v1", "secrets", Some(NS))
+        .iter()
+        .map(|s| format!("{} {}", s["metadata"]["name"], s["metadata"]["labels"]))
+        .collect();
+    assert!(
+        text.contains("tfstate-default-web-1.tfm") && text.contains("captf-inputs-web-1.tfm"),
+        "{text} {} {secrets:?}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A fresh object of the same name does not adopt the state; deleting it destroys nothing.
+    let uid = env
+        .cluster_api()
+        .get("prod")
+        .await
+        .expect("cluster")
+        .metadata
+        .uid
+        .unwrap_or_default();
+    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+        .await;
+    wait_for("the finalizer", LONG, || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .is_some_and(|o| o.metadata.finalizers.is_some())
+    })
+    .await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert!(
+        !destroyed(&markers, "web-1"),
+        "a fresh namesake must not destroy the orphan's infrastructure"
+    );
+    assert!(
+        env.secret_exists(&names::state_secret_name("web-1.tfm"))
+            .await
+    );
+    // Recreated from the saved YAML (same lineage): it adopts, and deleting it destroys.
+    let mut again = saved.clone();
+    again.metadata.uid = None;
+    again.metadata.resource_version = None;
+    again.metadata.creation_timestamp = None;
+    again.metadata.deletion_timestamp = None;
+    again.metadata.finalizers = None;
+    again.status = None;
+    env.api::<Tfm>()
+        .create(&Default::default(), &again)
+        .await
+        .expect("recreate");
+    wait_for("the finalizer", LONG, || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .is_some_and(|o| o.metadata.finalizers.is_some())
+    })
+    .await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert!(
+        destroyed(&markers, "web-1"),
+        "the adopted object runs the destroy"
+    );
+    assert!(
+        !env.secret_exists(&names::state_secret_name("web-1.tfm"))
+            .await
+    );
+    env.shutdown().await;
+}

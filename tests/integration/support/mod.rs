@@ -94,7 +94,10 @@ impl Env {
     /// creates the namespaces, and starts the Job runner.
     pub async fn start(tag: &str) -> Env {
         require("terraform");
-        captf::telemetry::init();
+        // The manager logs on stderr when CAPTF_TEST_LOG is set.
+        if std::env::var_os("CAPTF_TEST_LOG").is_some() {
+            captf::telemetry::init();
+        }
         let server = TestServer::start().await;
         let kubeconfig = Kubeconfig::read_from(server.kubeconfig_path()).expect("kubeconfig");
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -533,3 +536,76 @@ pub fn all_kinds_gone() -> [Kind; 3] {
 pub type Tfc = TerraformCluster;
 pub type Tfm = TerraformMachine;
 pub type Tfmp = TerraformMachinePool;
+
+impl Env {
+    /// Runs the `captf` binary against the test server.
+    pub fn captf(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_captf"))
+            .args(args)
+            .env("KUBECONFIG", self.server.kubeconfig_path())
+            .output()
+            .expect("run captf")
+    }
+
+    /// Writes (create, update, patch, delete) the server has answered so far.
+    pub fn total_writes(&self) -> u64 {
+        self.server
+            .request_log()
+            .snapshot()
+            .iter()
+            .filter(|((verb, _, _), _)| {
+                matches!(
+                    verb.as_str(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+            })
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    /// Deletes one CAPTF object.
+    pub async fn delete<K: TerraformObject>(&self, name: &str) {
+        self.api::<K>()
+            .delete(name, &DeleteParams::background())
+            .await
+            .expect("delete");
+    }
+
+    /// Waits until the object's Deleting condition has `reason`.
+    pub async fn wait_deleting<K: TerraformObject>(
+        &self,
+        name: &str,
+        reason: &str,
+        timeout: Duration,
+    ) -> String {
+        wait_for(
+            &format!("{name} to report Deleting={reason}"),
+            timeout,
+            || async {
+                self.condition::<K>(name, "Deleting")
+                    .await
+                    .is_some_and(|(_, r, _)| r == reason)
+            },
+        )
+        .await;
+        self.condition::<K>(name, "Deleting")
+            .await
+            .map(|(_, _, m)| m)
+            .unwrap_or_default()
+    }
+
+    pub async fn wait_gone<K: TerraformObject>(&self, name: &str, timeout: Duration) {
+        wait_for(&format!("{name} to be released"), timeout, || async {
+            !self.exists::<K>(name).await
+        })
+        .await;
+    }
+
+    /// How many times Terraform ran the destroy provisioner of an instance.
+    pub fn tries(&self, markers: &Path, name: &str) -> u32 {
+        std::fs::read_to_string(markers.join(format!("{name}-0.tries")))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
