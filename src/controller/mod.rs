@@ -46,6 +46,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// A write made from a stale view (409 Conflict, or a failed JSON-patch `test`): the
+    /// next pass decides again on fresh facts.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409 || (s.code == 422 && s.message.contains("test")))
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 404)
     }
@@ -178,6 +184,10 @@ fn objects_of_cluster<K: TerraformObject>(
 }
 
 fn error_policy<K: TerraformObject>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    if err.is_conflict() {
+        tracing::debug!(kind = %K::KIND, name = %obj.name_any(), "the object changed under this pass; deciding again");
+        return Requeue::requeue(Duration::from_millis(20));
+    }
     warn!(kind = %K::KIND, name = %obj.name_any(), namespace = obj.namespace().unwrap_or_default(), error = %err, "reconcile failed; retrying");
     ctx.metrics
         .reconcile_errors

@@ -70,7 +70,10 @@ pub async fn reconcile<K: TerraformObject>(
         // The object changed; the next pass decides on fresh facts.
         return Ok(Requeue::requeue(Duration::ZERO));
     }
-    write_status(&api, obj.as_ref(), &decision).await?;
+    let obj = match write_status(&api, obj.as_ref(), &decision).await? {
+        Some(updated) => Arc::new(updated),
+        None => obj,
+    };
     if deleting {
         ctx.metrics
             .decisions
@@ -228,7 +231,9 @@ async fn bookkeeping<K: TerraformObject>(
     }
 
     prune_destroy_jobs(ctx, o, facts.attempt).await?;
-    if facts.cleanup.is_none() {
+    // Not while Terraform may be writing the state: its writes (a get, then an update)
+    // would conflict with this one and fail the run.
+    if facts.cleanup.is_none() && facts.unfinished_jobs.is_empty() {
         protect_state(ctx, o, &suffix).await?;
     }
 
@@ -309,11 +314,12 @@ async fn prune_destroy_jobs(ctx: &Context, o: &Observed, current: u32) -> Result
 }
 
 /// Merges the decision's conditions into the status; unchanged status is not rewritten.
+/// Returns the object as written (its new resourceVersion guards the writes that follow).
 async fn write_status<K: TerraformObject>(
     api: &Api<K>,
     obj: &K,
     decision: &Decision,
-) -> Result<(), Error> {
+) -> Result<Option<K>, Error> {
     let existing: Vec<Condition> = obj
         .status()
         .map(|s| s.conditions.clone())
@@ -327,12 +333,12 @@ async fn write_status<K: TerraformObject>(
     );
     let same_generation = obj.status().and_then(|s| s.observed_generation) == generation;
     if !conditions::differ_ignoring_time(&existing, &merged) && same_generation {
-        return Ok(());
+        return Ok(None);
     }
     let status = json!({ "conditions": merged, "observedGeneration": generation });
     match writes::patch_status(api, &obj.name_any(), status).await {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
+        Ok(updated) => Ok(Some(updated)),
+        Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -172,17 +172,14 @@ where
 }
 
 /// A merge patch of the status subresource.
-pub async fn patch_status<K>(api: &Api<K>, name: &str, status: Value) -> Result<(), Error>
+pub async fn patch_status<K>(api: &Api<K>, name: &str, status: Value) -> Result<K, Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await?;
-    Ok(())
+    let patch = Patch::Merge(json!({ "status": status }));
+    Ok(api
+        .patch_status(name, &PatchParams::default(), &patch)
+        .await?)
 }
 
 /// Name of an object for messages.

@@ -548,9 +548,11 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
                 Some((_, text)) => format!(" ({text})"),
                 None => String::new(),
             };
+            // No time in the message: it would change on every pass and rewrite the status.
             let msg = format!(
-                "destroy attempt {next} cannot start: {}{history}; checked again when anything changes and at {retry_at}; see {RUNBOOK_DESTROY_CANNOT_START}",
-                blocker.describe()
+                "destroy attempt {next} cannot start: {}{history}; checked again whenever anything it depends on changes, and at least every {}s; see {RUNBOOK_DESTROY_CANNOT_START}",
+                blocker.describe(),
+                f.backoff.base.as_secs().max(1)
             );
             retry(
                 f,

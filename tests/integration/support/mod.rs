@@ -609,3 +609,21 @@ impl Env {
             .unwrap_or(0)
     }
 }
+
+/// A module whose destroy provisioner sleeps `seconds` on its first run (to be
+/// interrupted, or to be seen running) and succeeds afterwards.
+pub fn sleepy_module(seconds: u32) -> String {
+    format!(
+        r#"variable "name" {{ type = string }}
+variable "marker_dir" {{ type = string }}
+resource "terraform_data" "vm" {{
+  count = 2
+  input = "${{var.marker_dir}}/${{var.name}}-${{count.index}}"
+  provisioner "local-exec" {{
+    when    = destroy
+    command = "n=$(cat '${{self.input}}.tries' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${{self.input}}.tries'; if [ $n -le 1 ]; then sleep {seconds}; fi; touch '${{self.input}}.destroyed'"
+  }}
+}}
+"#
+    )
+}
