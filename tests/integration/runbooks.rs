@@ -24,7 +24,7 @@ use crate::support::*;
 
 const LONG: Duration = Duration::from_secs(90);
 /// The longest a runbook's commands may take in a test.
-const RUNBOOK_TIMEOUT: Duration = Duration::from_secs(90);
+const RUNBOOK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The `captf` binary the runbooks run: `CAPTF_BIN` when set (a copy taken right after
 /// the build, when several checkouts share one target directory), else the one Cargo built.
@@ -134,7 +134,10 @@ pub async fn run_runbook(env: &Env, path: &str) -> RunbookRun {
     }
     let script_path = root.join("runbook.sh");
     std::fs::write(&script_path, &script).expect("script");
-    let child = tokio::process::Command::new("/bin/bash")
+    // Output goes to files, so that a run that hangs still shows how far it got.
+    let out_path = root.join("stdout");
+    let err_path = root.join("stderr");
+    let mut child = tokio::process::Command::new("/bin/bash")
         .arg(&script_path)
         .current_dir(&work)
         .env_clear()
@@ -142,22 +145,30 @@ pub async fn run_runbook(env: &Env, path: &str) -> RunbookRun {
         .env("KUBECONFIG", env.server.kubeconfig_path())
         .env("HOME", &home)
         .env("LANG", "C.UTF-8")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
         .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(RUNBOOK_TIMEOUT, child)
-        .await
-        .unwrap_or_else(|_| {
-            panic!("{path}: the runbook's commands did not finish in {RUNBOOK_TIMEOUT:?}")
-        })
+        .spawn()
         .expect("run bash");
+    let status = tokio::time::timeout(RUNBOOK_TIMEOUT, child.wait()).await;
     let run = RunbookRun {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+    };
+    let status = match status {
+        Ok(s) => s.expect("wait for bash"),
+        Err(_) => {
+            let _ = child.kill().await;
+            panic!(
+                "{path}: the runbook's commands did not finish in {RUNBOOK_TIMEOUT:?}:\n--- stdout\n{}\n--- stderr (trace)\n{}",
+                run.stdout, run.stderr
+            );
+        }
     };
     assert!(
-        out.status.success(),
-        "{path}: the runbook's commands failed ({}):\n--- stdout\n{}\n--- stderr (trace)\n{}",
-        out.status,
+        status.success(),
+        "{path}: the runbook's commands failed ({status}):\n--- stdout\n{}\n--- stderr (trace)\n{}",
         run.stdout,
         run.stderr
     );
@@ -224,11 +235,28 @@ async fn wait_protected(env: &Env, secret: &str) {
     .await;
 }
 
+/// Loses the state Secret: strips its protection finalizer and deletes it, again until
+/// it is really gone (the manager may put the finalizer back between the two writes).
+async fn lose_state(env: &Env, state: &str) {
+    wait_for("the state Secret to be gone", LONG, || async {
+        let _ = env
+            .secrets()
+            .patch(
+                state,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+        let _ = env.secrets().delete(state, &DeleteParams::default()).await;
+        !env.secret_exists(state).await
+    })
+    .await;
+}
+
 /// Deletes the object and waits for the first failed destroy attempt (so the backup exists).
 async fn first_attempt_fails(env: &Env) {
     env.delete::<Tfm>("web-1").await;
-    env.wait_deleting::<Tfm>("web-1", "DestroyFailed", LONG)
-        .await;
+    wait_deleting(env, "DestroyFailed").await;
     assert!(
         env.secret_exists(&names::backup_secret_name("web-1.tfm"))
             .await,
@@ -270,9 +298,30 @@ async fn state_json(env: &Env) -> Value {
     serde_json::from_slice(&gunzip(gz)).expect("state JSON")
 }
 
+/// Waits until `web-1`'s Deleting reason is `reason`; on a timeout, says what it is.
+async fn wait_deleting(env: &Env, reason: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let now = env.condition::<Tfm>("web-1", "Deleting").await;
+        if let Some((_, r, m)) = &now
+            && r == reason
+        {
+            return m.clone();
+        }
+        if start.elapsed() > LONG {
+            let state = env.condition::<Tfm>("web-1", "StateReadable").await;
+            let obj = env.object::<Tfm>("web-1").await.map(|o| o.metadata);
+            panic!(
+                "timed out waiting for web-1 to report Deleting={reason}: Deleting is {now:?}, StateReadable {state:?}, metadata {obj:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits until the object is held with `StateReadable` = `reason`.
 async fn wait_held(env: &Env, reason: &str) -> String {
-    env.wait_deleting::<Tfm>("web-1", "Held", LONG).await;
+    wait_deleting(env, "Held").await;
     let (_, r, msg) = env
         .condition::<Tfm>("web-1", "StateReadable")
         .await
@@ -302,7 +351,7 @@ async fn runbook_paused() {
     env.annotate::<Tfm>("web-1", &[(names::CAPI_PAUSED, Some("true".into()))])
         .await;
     env.delete::<Tfm>("web-1").await;
-    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", LONG).await;
+    let msg = wait_deleting(&env, "Paused").await;
     assert!(
         msg.contains("the object carries cluster.x-k8s.io/paused"),
         "{msg}"
@@ -352,9 +401,7 @@ async fn runbook_waiting_for_job() {
         .await
         .expect("create the apply Job");
     env.delete::<Tfm>("web-1").await;
-    let msg = env
-        .wait_deleting::<Tfm>("web-1", "WaitingForJob", LONG)
-        .await;
+    let msg = wait_deleting(&env, "WaitingForJob").await;
     assert!(msg.contains("apply Job captf-web-1-tfm-apply-1"), "{msg}");
     run_runbook(&env, RB).await;
     assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
@@ -429,18 +476,7 @@ async fn runbook_state_lost() {
     wait_protected(&env, &state).await;
     first_attempt_fails(&env).await;
     // Lose the state: strip its protection finalizer and delete it.
-    env.secrets()
-        .patch(
-            &state,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("strip");
-    env.secrets()
-        .delete(&state, &DeleteParams::default())
-        .await
-        .expect("delete the state");
+    lose_state(&env, &state).await;
     wait_held(&env, "StateLost").await;
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("restored"), "{}", run.stdout);
@@ -515,9 +551,7 @@ async fn runbook_destroy_failed() {
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let (env, markers) = machine("rb-failed", 2, Duration::from_millis(1500)).await;
     env.delete::<Tfm>("web-1").await;
-    let msg = env
-        .wait_deleting::<Tfm>("web-1", "DestroyFailed", LONG)
-        .await;
+    let msg = wait_deleting(&env, "DestroyFailed").await;
     assert!(
         msg.contains("the cloud said no") && msg.contains(RB),
         "{msg}"
@@ -549,9 +583,7 @@ async fn runbook_destroy_cannot_start() {
         .delete(NS, &DeleteParams::default())
         .await
         .expect("delete the namespace");
-    let msg = env
-        .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", LONG)
-        .await;
+    let msg = wait_deleting(&env, "DestroyCannotStart").await;
     assert!(msg.contains("namespace team-a is terminating"), "{msg}");
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("phase=Terminating"), "{}", run.stdout);
@@ -581,18 +613,7 @@ async fn runbook_abandon() {
     let (env, markers) = machine("rb-abandon", 0, Duration::from_millis(300)).await;
     let state = names::state_secret_name(&suffix);
     wait_protected(&env, &state).await;
-    env.secrets()
-        .patch(
-            &state,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("strip");
-    env.secrets()
-        .delete(&state, &DeleteParams::default())
-        .await
-        .expect("delete the state");
+    lose_state(&env, &state).await;
     env.delete::<Tfm>("web-1").await;
     wait_held(&env, "StateLost").await;
     let run = run_runbook(&env, RB).await;
