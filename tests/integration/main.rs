@@ -5,5 +5,6 @@ mod cli;
 mod config;
 mod crds;
 mod deletion;
+mod runbooks;
 mod support;
 mod testserver_smoke;

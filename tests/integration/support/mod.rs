@@ -370,15 +370,42 @@ impl Env {
             serde_json::to_vec(&variables).expect("vars"),
         )
         .expect("vars");
-        terraform(
-            &work,
-            &[
-                "init",
-                "-input=false",
-                "-no-color",
-                "-backend-config=backend.hcl",
-            ],
-        );
+        // `init` creates the state Secret, and the manager puts its protection finalizer
+        // on it as soon as it sees it. Terraform's backend writes with the resourceVersion
+        // it read, so a write of the manager in between makes it fail with a conflict: run
+        // `init` again in that case, and let the manager protect the Secret before the
+        // apply writes it (see the report of the runbooks branch: the same race exists for
+        // a real first apply Job).
+        let init = [
+            "init",
+            "-input=false",
+            "-no-color",
+            "-backend-config=backend.hcl",
+        ];
+        if try_terraform(&work, &init).is_err() {
+            terraform(&work, &init);
+        }
+        if self.manager.is_some() {
+            let state = names::state_secret_name(&suffix);
+            wait_for(
+                "the manager to protect the new state Secret",
+                Duration::from_secs(30),
+                || async {
+                    self.secrets()
+                        .get_opt(&state)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|s| {
+                            s.metadata
+                                .finalizers
+                                .unwrap_or_default()
+                                .contains(&names::PROTECT_FINALIZER.to_string())
+                        })
+                },
+            )
+            .await;
+        }
         terraform(
             &work,
             &[
@@ -493,6 +520,13 @@ impl Env {
 }
 
 pub fn terraform(dir: &Path, args: &[&str]) {
+    if let Err(e) = try_terraform(dir, args) {
+        panic!("{e}");
+    }
+}
+
+/// Runs `terraform` with `args` in `dir`; the error carries its output.
+pub fn try_terraform(dir: &Path, args: &[&str]) -> Result<(), String> {
     let out = Command::new(require("terraform"))
         .args(args)
         .current_dir(dir)
@@ -502,12 +536,14 @@ pub fn terraform(dir: &Path, args: &[&str]) {
         .env("TF_DATA_DIR", dir.join(".terraform-data"))
         .output()
         .expect("run terraform");
-    assert!(
-        out.status.success(),
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
         "terraform {args:?} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    ))
 }
 
 /// Polls `check` every 100 ms until it returns true or `timeout` passes.

@@ -1,0 +1,926 @@
+//! The runbooks, proved by running them. Each test brings an object into the situation
+//! of one runbook for real (the manager running, the real `terraform` in the Jobs), then
+//! runs the runbook's ```sh blocks, in order, in one `bash` with the real `kubectl` and
+//! the built `captf` against the test API server, and checks that the object ends the
+//! way the runbook promises. A runbook whose commands drift from the product fails here.
+//!
+//! Also: the overview page's rule table against `captf::rules::ROWS`, and the flowchart of
+//! `docs/09-my-object-will-not-delete.md` against what `captf explain` prints for every
+//! example in `examples/`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use captf::api::names;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const LONG: Duration = Duration::from_secs(90);
+/// The longest a runbook's commands may take in a test.
+const RUNBOOK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The `captf` binary the runbooks run: `CAPTF_BIN` when set (a copy taken right after
+/// the build, when several checkouts share one target directory), else the one Cargo built.
+fn captf_bin() -> PathBuf {
+    std::env::var_os("CAPTF_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_captf")))
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+// ---------------------------------------------------------------------------------------
+// Markdown
+
+/// The bodies of the ```sh blocks of a Markdown text, in order. A fence is a line that
+/// starts with three backticks; the block is `sh` when the info string after them is
+/// exactly `sh` (so ```sh-example, ```text and ```mermaid are not). A block ends at the
+/// next line that is a bare fence.
+pub fn sh_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(bool, String)> = None;
+    for line in markdown.lines() {
+        let trimmed = line.trim_start();
+        match &mut current {
+            None => {
+                if let Some(info) = trimmed.strip_prefix("```") {
+                    current = Some((info.trim() == "sh", String::new()));
+                }
+            }
+            Some((is_sh, body)) => {
+                if trimmed.trim_end() == "```" {
+                    if *is_sh {
+                        blocks.push(std::mem::take(body));
+                    }
+                    current = None;
+                } else {
+                    body.push_str(line);
+                    body.push('\n');
+                }
+            }
+        }
+    }
+    assert!(current.is_none(), "a code block is not closed");
+    blocks
+}
+
+#[test]
+fn sh_blocks_are_extracted_in_order_and_examples_are_skipped() {
+    let md = "intro\n```sh\nA=1\necho $A\n```\n\n```sh-example\nrm -rf /\n```\n```text\nout\n```\n```sh\necho two\n```\n";
+    assert_eq!(sh_blocks(md), vec!["A=1\necho $A\n", "echo two\n"]);
+}
+
+/// The variables the first ```sh block of a runbook sets (`NS=… KIND=…`).
+fn runbook_vars(path: &str) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(repo(path)).expect("runbook");
+    let first = sh_blocks(&text)
+        .into_iter()
+        .next()
+        .expect("a first sh block");
+    first
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Running a runbook
+
+/// The output of a runbook run.
+pub struct RunbookRun {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs every ```sh block of `path`, in order, in one `bash` (`set -euo pipefail`, the
+/// blocks joined), with `PATH` = a directory holding `captf` (the built binary), then
+/// `/usr/bin` and `/bin`; `KUBECONFIG` = the test server's; `HOME` and the working
+/// directory = fresh temp dirs. Panics, with the trace, if the script fails.
+pub async fn run_runbook(env: &Env, path: &str) -> RunbookRun {
+    let text = std::fs::read_to_string(repo(path)).expect("runbook");
+    let blocks = sh_blocks(&text);
+    assert!(!blocks.is_empty(), "{path} has no sh block");
+    let root = env.dir.join(format!(
+        "runbook-{}",
+        Path::new(path)
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("x")
+    ));
+    let bin = root.join("bin");
+    let home = root.join("home");
+    let work = root.join("work");
+    for d in [&bin, &home, &work] {
+        std::fs::create_dir_all(d).expect("runbook dirs");
+    }
+    let link = bin.join("captf");
+    if !link.exists() {
+        std::os::unix::fs::symlink(captf_bin(), &link).expect("captf symlink");
+    }
+    let mut script = String::from("set -euo pipefail\nset -x\n");
+    for b in &blocks {
+        script.push_str(b);
+        script.push('\n');
+    }
+    let script_path = root.join("runbook.sh");
+    std::fs::write(&script_path, &script).expect("script");
+    // Output goes to files, so that a run that hangs still shows how far it got.
+    let out_path = root.join("stdout");
+    let err_path = root.join("stderr");
+    let mut child = tokio::process::Command::new("/bin/bash")
+        .arg(&script_path)
+        .current_dir(&work)
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("KUBECONFIG", env.server.kubeconfig_path())
+        .env("HOME", &home)
+        .env("LANG", "C.UTF-8")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run bash");
+    let status = tokio::time::timeout(RUNBOOK_TIMEOUT, child.wait()).await;
+    let run = RunbookRun {
+        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+    };
+    let status = match status {
+        Ok(s) => s.expect("wait for bash"),
+        Err(_) => {
+            let _ = child.kill().await;
+            panic!(
+                "{path}: the runbook's commands did not finish in {RUNBOOK_TIMEOUT:?}:\n--- stdout\n{}\n--- stderr (trace)\n{}",
+                run.stdout, run.stderr
+            );
+        }
+    };
+    assert!(
+        status.success(),
+        "{path}: the runbook's commands failed ({status}):\n--- stdout\n{}\n--- stderr (trace)\n{}",
+        run.stdout,
+        run.stderr
+    );
+    run
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+
+fn destroyed(markers: &Path, name: &str) -> bool {
+    (0..2).all(|i| markers.join(format!("{name}-{i}.destroyed")).exists())
+}
+
+/// The runbook's variables match the names the scenarios use.
+fn check_vars(path: &str, kind: &str, name: &str) -> String {
+    let vars = runbook_vars(path);
+    assert_eq!(vars.get("NS").map(String::as_str), Some(NS), "{path}");
+    assert_eq!(vars.get("KIND").map(String::as_str), Some(kind), "{path}");
+    assert_eq!(vars.get("NAME").map(String::as_str), Some(name), "{path}");
+    let suffix = vars.get("SUFFIX").cloned().expect("SUFFIX");
+    let k = captf::api::names::Kind::parse(kind).expect("kind");
+    assert_eq!(suffix, names::state_suffix(k, name), "{path}: SUFFIX");
+    suffix
+}
+
+/// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running (its
+/// finalizer is on the object) with the given retry backoff base. With `paused`, the
+/// object carries its own `cluster.x-k8s.io/paused` from the start.
+async fn machine(tag: &str, fail_destroys: u32, backoff_base: Duration) -> (Env, PathBuf) {
+    let mut env = Env::start(tag).await;
+    env.config.settings.backoff.base = backoff_base;
+    env.config.settings.backoff.max = backoff_base * 4;
+    env.start_manager();
+    let markers = env.markers();
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+        .await;
+    wait_for("the finalizer", LONG, || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .is_some_and(|o| o.metadata.finalizers.is_some())
+    })
+    .await;
+    env.apply::<Tfm>("web-1", &module(fail_destroys), &markers)
+        .await;
+    (env, markers)
+}
+
+/// Waits for the state Secret's protection finalizer (set by the manager after apply).
+async fn wait_protected(env: &Env, secret: &str) {
+    wait_for("the protection finalizer on the state", LONG, || async {
+        env.secrets()
+            .get_opt(secret)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| {
+                s.metadata
+                    .finalizers
+                    .unwrap_or_default()
+                    .contains(&names::PROTECT_FINALIZER.to_string())
+            })
+    })
+    .await;
+}
+
+/// Loses the state Secret: strips its protection finalizer and deletes it, again until
+/// it is really gone (the manager may put the finalizer back between the two writes).
+async fn lose_state(env: &Env, state: &str) {
+    wait_for("the state Secret to be gone", LONG, || async {
+        let _ = env
+            .secrets()
+            .patch(
+                state,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+        let _ = env.secrets().delete(state, &DeleteParams::default()).await;
+        !env.secret_exists(state).await
+    })
+    .await;
+}
+
+/// Deletes the object and waits for the first failed destroy attempt (so the backup exists).
+async fn first_attempt_fails(env: &Env) {
+    env.delete::<Tfm>("web-1").await;
+    wait_deleting(env, "DestroyFailed").await;
+    assert!(
+        env.secret_exists(&names::backup_secret_name("web-1.tfm"))
+            .await,
+        "the backup is taken before the first attempt"
+    );
+}
+
+/// Replaces the `tfstate` key of the state Secret (labels and finalizers kept).
+async fn write_state_bytes(env: &Env, bytes: Vec<u8>) {
+    let name = names::state_secret_name("web-1.tfm");
+    let mut s = env.secrets().get(&name).await.expect("state");
+    s.data = Some([(names::TF_STATE_KEY.to_string(), ByteString(bytes))].into());
+    env.secrets()
+        .replace(&name, &PostParams::default(), &s)
+        .await
+        .expect("write state");
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).expect("gzip");
+    enc.finish().expect("gzip")
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut out).expect("gunzip");
+    out
+}
+
+async fn state_json(env: &Env) -> Value {
+    let s = env
+        .secrets()
+        .get(&names::state_secret_name("web-1.tfm"))
+        .await
+        .expect("state");
+    let data = s.data.unwrap_or_default();
+    let gz = &data.get(names::TF_STATE_KEY).expect("tfstate key").0;
+    serde_json::from_slice(&gunzip(gz)).expect("state JSON")
+}
+
+/// Waits until `web-1`'s Deleting reason is `reason`; on a timeout, says what it is.
+async fn wait_deleting(env: &Env, reason: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let now = env.condition::<Tfm>("web-1", "Deleting").await;
+        if let Some((_, r, m)) = &now
+            && r == reason
+        {
+            return m.clone();
+        }
+        if start.elapsed() > LONG {
+            let state = env.condition::<Tfm>("web-1", "StateReadable").await;
+            let obj = env.object::<Tfm>("web-1").await.map(|o| o.metadata);
+            panic!(
+                "timed out waiting for web-1 to report Deleting={reason}: Deleting is {now:?}, StateReadable {state:?}, metadata {obj:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the object is held with `StateReadable` = `reason`.
+async fn wait_held(env: &Env, reason: &str) -> String {
+    wait_deleting(env, "Held").await;
+    let (_, r, msg) = env
+        .condition::<Tfm>("web-1", "StateReadable")
+        .await
+        .expect("StateReadable");
+    assert_eq!(r, reason, "{msg}");
+    msg
+}
+
+/// After a destroy and cleanup: the object is gone and so are its Secrets.
+async fn assert_destroyed_and_cleaned(env: &Env, markers: &Path, suffix: &str) {
+    assert!(!env.exists::<Tfm>("web-1").await, "the object is released");
+    assert!(destroyed(markers, "web-1"), "Terraform destroyed web-1");
+    for secret in [
+        names::state_secret_name(suffix),
+        names::inputs_secret_name(suffix),
+        names::backup_secret_name(suffix),
+    ] {
+        assert!(!env.secret_exists(&secret).await, "{secret} is left");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_paused() {
+    const RB: &str = "runbooks/Paused.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let (env, markers) = machine("rb-paused", 0, Duration::from_millis(300)).await;
+    env.annotate::<Tfm>("web-1", &[(names::CAPI_PAUSED, Some("true".into()))])
+        .await;
+    env.delete::<Tfm>("web-1").await;
+    let msg = wait_deleting(&env, "Paused").await;
+    assert!(
+        msg.contains("the object carries cluster.x-k8s.io/paused"),
+        "{msg}"
+    );
+    assert!(msg.contains(RB), "{msg}");
+    let run = run_runbook(&env, RB).await;
+    assert!(run.stdout.contains("paused=true"), "{}", run.stdout);
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_waiting_for_job() {
+    const RB: &str = "runbooks/WaitingForJob.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let (env, markers) = machine("rb-waiting", 0, Duration::from_millis(300)).await;
+    let uid = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.uid)
+        .expect("uid");
+    // An apply Job still running when the object is deleted.
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": NS, "labels": {
+            names::LABEL_OWNER_KIND: "TerraformMachine",
+            names::LABEL_OWNER_NAME: "web-1",
+            names::LABEL_OWNER_UID: uid,
+            names::LABEL_OPERATION: names::OPERATION_APPLY,
+        }},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": {
+                names::LABEL_OWNER_KIND: "TerraformMachine",
+                names::LABEL_OWNER_NAME: "web-1",
+                names::LABEL_OWNER_UID: uid,
+                names::LABEL_OPERATION: names::OPERATION_APPLY,
+            }},
+            "spec": {"restartPolicy": "Never", "containers": [
+                {"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sleep", "3"]}
+            ]}
+        }}
+    }))
+    .expect("job");
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), NS);
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("create the apply Job");
+    env.delete::<Tfm>("web-1").await;
+    let msg = wait_deleting(&env, "WaitingForJob").await;
+    assert!(msg.contains("apply Job captf-web-1-tfm-apply-1"), "{msg}");
+    run_runbook(&env, RB).await;
+    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_dependents_exist() {
+    const RB: &str = "runbooks/DependentsExist.md";
+    let suffix = check_vars(RB, "terraformcluster", "prod");
+    let mut env = Env::start("rb-dependents").await;
+    env.start_manager();
+    let markers = env.markers();
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfc>("prod", "prod", &uid, &markers)
+        .await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+        .await;
+    wait_for("the finalizers", LONG, || async {
+        env.object::<Tfc>("prod")
+            .await
+            .is_some_and(|o| o.metadata.finalizers.is_some())
+            && env
+                .object::<Tfm>("web-1")
+                .await
+                .is_some_and(|o| o.metadata.finalizers.is_some())
+    })
+    .await;
+    env.apply::<Tfc>("prod", &module(0), &markers).await;
+    env.apply::<Tfm>("web-1", &module(0), &markers).await;
+    // The TerraformCluster alone is deleted: its machine was never asked to go.
+    env.delete::<Tfc>("prod").await;
+    env.wait_deleting::<Tfc>("prod", "WaitingForDependents", LONG)
+        .await;
+    let (status, reason, msg) = env
+        .condition::<Tfc>("prod", "DeletionBlocked")
+        .await
+        .expect("DeletionBlocked");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "DependentsExist")
+    );
+    assert!(msg.contains("TerraformMachine/web-1"), "{msg}");
+    let run = run_runbook(&env, RB).await;
+    assert!(
+        run.stdout
+            .contains("TerraformMachine/web-1 deleting-since= reason="),
+        "the dependent was never asked to go: {}",
+        run.stdout
+    );
+    assert!(!env.exists::<Tfc>("prod").await);
+    assert!(!env.exists::<Tfm>("web-1").await);
+    assert!(destroyed(&markers, "web-1") && destroyed(&markers, "prod"));
+    for secret in [
+        names::state_secret_name(&suffix),
+        names::inputs_secret_name(&suffix),
+        names::backup_secret_name(&suffix),
+    ] {
+        assert!(!env.secret_exists(&secret).await, "{secret} is left");
+    }
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_state_lost() {
+    const RB: &str = "runbooks/StateLost.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    // One failed attempt first, so the backup the runbook restores exists; the retry is
+    // far enough away to lose the state before it.
+    let (env, markers) = machine("rb-lost", 1, Duration::from_secs(4)).await;
+    let state = names::state_secret_name(&suffix);
+    wait_protected(&env, &state).await;
+    first_attempt_fails(&env).await;
+    // Lose the state: strip its protection finalizer and delete it.
+    lose_state(&env, &state).await;
+    wait_held(&env, "StateLost").await;
+    let run = run_runbook(&env, RB).await;
+    assert!(run.stdout.contains("restored"), "{}", run.stdout);
+    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_state_corrupt() {
+    const RB: &str = "runbooks/StateCorrupt.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let (env, markers) = machine("rb-corrupt", 1, Duration::from_secs(4)).await;
+    first_attempt_fails(&env).await;
+    write_state_bytes(&env, b"this is not gzip".to_vec()).await;
+    wait_held(&env, "StateCorrupt").await;
+    let run = run_runbook(&env, RB).await;
+    assert!(run.stdout.contains("StateCorrupt"), "{}", run.stdout);
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_state_encrypted() {
+    const RB: &str = "runbooks/StateEncrypted.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let (env, markers) = machine("rb-encrypted", 1, Duration::from_secs(4)).await;
+    first_attempt_fails(&env).await;
+    let current = state_json(&env).await;
+    let encrypted = json!({
+        "serial": current["serial"], "lineage": current["lineage"], "meta": {},
+        "encrypted_data": "c2VhbGVkIGJ5IGEga2V5IENBUFRGIGRvZXMgbm90IGhvbGQ=",
+        "encryption_version": "v0"
+    });
+    write_state_bytes(&env, gzip(&serde_json::to_vec(&encrypted).expect("json"))).await;
+    wait_held(&env, "StateEncrypted").await;
+    let run = run_runbook(&env, RB).await;
+    assert!(run.stdout.contains("StateEncrypted"), "{}", run.stdout);
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_state_inconsistent() {
+    const RB: &str = "runbooks/StateInconsistent.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let (env, markers) = machine("rb-inconsistent", 1, Duration::from_secs(4)).await;
+    first_attempt_fails(&env).await;
+    // An older copy written over the state: its serial is below the recorded one.
+    let recorded: u64 = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.annotations?.get(names::STATE_SERIAL).cloned())
+        .and_then(|s| s.parse().ok())
+        .expect("recorded serial");
+    assert!(recorded >= 1, "recorded serial {recorded}");
+    let mut older = state_json(&env).await;
+    older["serial"] = json!(recorded - 1);
+    write_state_bytes(&env, gzip(&serde_json::to_vec(&older).expect("json"))).await;
+    wait_held(&env, "StateInconsistent").await;
+    let run = run_runbook(&env, RB).await;
+    assert!(run.stdout.contains("StateInconsistent"), "{}", run.stdout);
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_destroy_failed() {
+    const RB: &str = "runbooks/DestroyFailed.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let (env, markers) = machine("rb-failed", 2, Duration::from_millis(1500)).await;
+    env.delete::<Tfm>("web-1").await;
+    let msg = wait_deleting(&env, "DestroyFailed").await;
+    assert!(
+        msg.contains("the cloud said no") && msg.contains(RB),
+        "{msg}"
+    );
+    let run = run_runbook(&env, RB).await;
+    assert!(
+        run.stdout.contains("the cloud said no"),
+        "the Job's log shows Terraform's error: {}",
+        run.stdout
+    );
+    assert_eq!(
+        env.tries(&markers, "web-1"),
+        3,
+        "two failures, then success"
+    );
+    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_destroy_cannot_start() {
+    const RB: &str = "runbooks/DestroyCannotStart.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let (env, markers) = machine("rb-cannot-start", 0, Duration::from_millis(300)).await;
+    wait_protected(&env, &names::state_secret_name(&suffix)).await;
+    // The runbook's main path: the namespace is being deleted with the object in it.
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    namespaces
+        .delete(NS, &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    let msg = wait_deleting(&env, "DestroyCannotStart").await;
+    assert!(msg.contains("namespace team-a is terminating"), "{msg}");
+    let run = run_runbook(&env, RB).await;
+    assert!(run.stdout.contains("phase=Terminating"), "{}", run.stdout);
+    assert!(!env.exists::<Tfm>("web-1").await, "released");
+    assert!(!destroyed(&markers, "web-1"), "abandon never destroys");
+    // The copy kept in the manager's namespace.
+    let copies: Api<Secret> = Api::namespaced(env.client.clone(), MANAGER_NS);
+    let copy = copies
+        .get(&names::abandoned_copy_name(NS, &suffix))
+        .await
+        .expect("the abandoned copy in the manager's namespace");
+    assert!(
+        run.stdout
+            .contains(&names::abandoned_copy_name(NS, &suffix)),
+        "the runbook's last command lists the copy: {}",
+        run.stdout
+    );
+    assert!(copy.data.is_some_and(|d| !d.is_empty()));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_abandon() {
+    const RB: &str = "runbooks/Abandon.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    // Held as StateLost, as the runbook shows.
+    let (env, markers) = machine("rb-abandon", 0, Duration::from_millis(300)).await;
+    let state = names::state_secret_name(&suffix);
+    wait_protected(&env, &state).await;
+    lose_state(&env, &state).await;
+    env.delete::<Tfm>("web-1").await;
+    wait_held(&env, "StateLost").await;
+    let run = run_runbook(&env, RB).await;
+    assert!(!env.exists::<Tfm>("web-1").await, "released");
+    assert!(!destroyed(&markers, "web-1"), "abandon never destroys");
+    let inputs = env
+        .secrets()
+        .get(&names::inputs_secret_name(&suffix))
+        .await
+        .expect("the inputs Secret is kept");
+    assert!(
+        inputs
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(names::ABANDONED_AT),
+        "marked abandoned-at"
+    );
+    assert!(inputs.metadata.finalizers.unwrap_or_default().is_empty());
+    assert!(
+        run.stdout.contains(&format!(
+            "{} abandoned-at=",
+            names::inputs_secret_name(&suffix)
+        )),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains(&names::inputs_secret_name(&suffix)),
+        "captf orphans lists it: {}",
+        run.stdout
+    );
+    env.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The docs against the product
+
+/// The rows of the first Markdown table whose header starts with `| # |`: the cells of
+/// each row, trimmed.
+fn overview_table(markdown: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in markdown.lines() {
+        let line = line.trim();
+        if !in_table {
+            in_table = line.starts_with("| # |");
+            continue;
+        }
+        if !line.starts_with('|') {
+            break;
+        }
+        if line.starts_with("|---") {
+            continue;
+        }
+        let cells: Vec<String> = line
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect();
+        rows.push(cells);
+    }
+    rows
+}
+
+#[test]
+fn docs_table_matches_the_rule_table() {
+    let text = std::fs::read_to_string(repo("docs/01-overview.md")).expect("overview");
+    let table = overview_table(&text);
+    let documented: Vec<(u8, String, String)> = table
+        .iter()
+        .map(|cells| {
+            assert!(cells.len() >= 4, "a row of the table is short: {cells:?}");
+            (
+                cells[0]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("row number {:?}", cells[0])),
+                cells[1].clone(),
+                cells[3].clone(),
+            )
+        })
+        .collect();
+    let product: Vec<(u8, String, String)> = captf::rules::ROWS
+        .iter()
+        .map(|(n, s, r)| (*n, s.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(
+        documented, product,
+        "docs/01-overview.md's table and rules::ROWS differ"
+    );
+}
+
+/// The flowchart of docs/09 as a graph: node id → label, and edges (from, label, to).
+struct Flowchart {
+    labels: BTreeMap<String, String>,
+    edges: Vec<(String, String, String)>,
+}
+
+/// Splits `ID["label"]` / `ID{"label"}` / `ID` into the id and the label, if any.
+fn node(text: &str) -> (String, Option<String>) {
+    let text = text.trim();
+    match text.find(['[', '{']) {
+        Some(i) => {
+            let id = text[..i].trim().to_string();
+            let label = text[i + 1..text.len() - 1]
+                .trim()
+                .trim_matches('"')
+                .replace("<br/>", " ");
+            (id, Some(label))
+        }
+        None => (text.to_string(), None),
+    }
+}
+
+/// Parses the ```mermaid block: each line is `A --> B` or `A -- label --> B`, where A and
+/// B are node ids optionally followed by their label. Labels in quotes have their quotes
+/// removed.
+fn flowchart(markdown: &str) -> Flowchart {
+    let start = markdown.find("```mermaid").expect("a mermaid block");
+    let body = &markdown[start..];
+    let body = &body[body.find('\n').expect("newline") + 1..];
+    let body = &body[..body.find("```").expect("end of mermaid")];
+    let mut f = Flowchart {
+        labels: BTreeMap::new(),
+        edges: Vec::new(),
+    };
+    for line in body.lines().map(str::trim) {
+        let Some((left, right)) = line.split_once("-->") else {
+            continue;
+        };
+        let (from, label) = match left.split_once(" -- ") {
+            Some((from, label)) => (from, label.trim().trim_matches('"').to_string()),
+            None => (left, String::new()),
+        };
+        let (from_id, from_label) = node(from);
+        let (to_id, to_label) = node(right);
+        for (id, l) in [(&from_id, from_label), (&to_id, to_label)] {
+            if let Some(l) = l {
+                f.labels.insert(id.clone(), l);
+            }
+        }
+        f.edges.push((from_id, label, to_id));
+    }
+    f
+}
+
+/// The words after `KEY = ` in a decision label, as alternatives split on ` or `
+/// (`DELETING = DestroyFailed or DestroyCannotStart?` → both).
+fn alternatives(label: &str, key: &str) -> Option<Vec<String>> {
+    let at = label.find(&format!("{key} = "))? + key.len() + 3;
+    let mut words = Vec::new();
+    let mut it = label[at..].split_whitespace();
+    while let Some(w) = it.next() {
+        words.push(w.trim_end_matches('?').to_string());
+        if w.ends_with('?') || it.clone().next() != Some("or") {
+            break;
+        }
+        it.next();
+    }
+    Some(words)
+}
+
+impl Flowchart {
+    /// Follows the chart for an object with this `Deleting` and `StateReadable` reason:
+    /// from the node nothing points to, a node with one unlabelled edge is followed; at a
+    /// decision with `yes`/`no` edges, `yes` is taken when the label's `DELETING = …`
+    /// (and `STATE = …`, if it says one) hold, and a decision that names neither (`DELETING
+    /// empty or not updated?`) is answered `no` (the object is handled); at a decision
+    /// with other edge labels, the edge labelled with the state or Deleting reason is
+    /// taken, else `no`. Returns the leaf's id and label.
+    fn walk(&self, deleting: &str, state: &str) -> (String, String) {
+        let mut at = self
+            .labels
+            .keys()
+            .find(|id| !self.edges.iter().any(|(_, _, to)| to == *id))
+            .expect("a start node")
+            .clone();
+        for _ in 0..100 {
+            let out: Vec<&(String, String, String)> =
+                self.edges.iter().filter(|(f, _, _)| *f == at).collect();
+            if out.is_empty() {
+                return (at.clone(), self.labels[&at].clone());
+            }
+            let label = &self.labels[&at];
+            let pick = |l: &str| {
+                out.iter()
+                    .find(|(_, el, _)| el == l)
+                    .map(|(_, _, to)| to.clone())
+            };
+            at = if out.len() == 1 && out[0].1.is_empty() {
+                out[0].2.clone()
+            } else if pick("yes").is_some() {
+                let holds = match alternatives(label, "DELETING") {
+                    None => false,
+                    Some(d) => {
+                        d.iter().any(|x| x == deleting)
+                            && alternatives(label, "STATE")
+                                .is_none_or(|s| s.iter().any(|x| x == state))
+                    }
+                };
+                pick(if holds { "yes" } else { "no" }).expect("a no edge")
+            } else {
+                pick(state)
+                    .or_else(|| pick(deleting))
+                    .or_else(|| pick("no"))
+                    .unwrap_or_else(|| panic!("no way out of {at} for {deleting}/{state}"))
+            };
+        }
+        panic!("the flowchart loops");
+    }
+}
+
+/// The runbook a leaf leads to: the leaf's label when the whole label is a runbook path
+/// (`runbooks/X.md`); a leaf that says something else (nothing to do, wait, read the log)
+/// leads to no runbook.
+fn leaf_runbook(label: &str) -> Option<String> {
+    let l = label.trim();
+    (l.starts_with("runbooks/") && l.ends_with(".md") && !l.contains(' ')).then(|| l.to_string())
+}
+
+#[test]
+fn flowchart_walks_to_the_runbooks_it_draws() {
+    let text =
+        std::fs::read_to_string(repo("docs/09-my-object-will-not-delete.md")).expect("docs/09");
+    let f = flowchart(&text);
+    for (deleting, state, want) in [
+        ("Paused", "Readable", Some("runbooks/Paused.md")),
+        ("Held", "StateLost", Some("runbooks/StateLost.md")),
+        ("Held", "StateEncrypted", Some("runbooks/StateEncrypted.md")),
+        ("DestroyRunning", "Readable", None),
+        (
+            "DestroyCannotStart",
+            "Readable",
+            Some("runbooks/DestroyCannotStart.md"),
+        ),
+        ("Abandoning", "StateLost", Some("runbooks/Abandon.md")),
+    ] {
+        let (_, leaf) = f.walk(deleting, state);
+        assert_eq!(
+            leaf_runbook(&leaf).as_deref(),
+            want,
+            "{deleting}/{state}: {leaf}"
+        );
+    }
+}
+
+#[test]
+fn explain_names_the_runbook_the_flowchart_leads_to() {
+    let text =
+        std::fs::read_to_string(repo("docs/09-my-object-will-not-delete.md")).expect("docs/09");
+    let chart = flowchart(&text);
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(repo("examples"))
+        .expect("examples")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    examples.sort();
+    assert!(!examples.is_empty());
+    let mut checked = 0;
+    for file in &examples {
+        let out = std::process::Command::new(captf_bin())
+            .args(["explain", "-f"])
+            .arg(file)
+            .args(["-o", "json", "--now", "2026-12-01T12:00:00Z"])
+            .env("KUBECONFIG", "/nonexistent")
+            .output()
+            .expect("run captf explain");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let items: Vec<Value> = serde_json::from_slice(&out.stdout).expect("explain JSON");
+        for item in &items {
+            if item["row"].is_null() {
+                continue; // not being deleted: the chart starts at a deletionTimestamp
+            }
+            let reason_of = |t: &str| {
+                item["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == t)
+                    .and_then(|c| c["reason"].as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let deleting = reason_of("Deleting");
+            let state = reason_of("StateReadable");
+            let (leaf, label) = chart.walk(&deleting, &state);
+            let runbook = item["runbook"].as_str().map(str::to_string);
+            assert_eq!(
+                runbook,
+                leaf_runbook(&label),
+                "{} {}/{}: explain says row {} DELETING={deleting} STATE={state} runbook {:?}; the flowchart leads to {leaf} ({label})",
+                file.display(),
+                item["kind"],
+                item["name"],
+                item["row"],
+                runbook
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} deleting objects in the examples"
+    );
+}
