@@ -282,6 +282,10 @@ async fn protect_state(ctx: &Context, o: &Observed, suffix: &str) -> Result<(), 
             continue;
         }
         let ops = writes::add_finalizer_ops(&meta.metadata, names::PROTECT_FINALIZER);
+        if ops.is_empty() {
+            continue;
+        }
+        debug!(secret = %name, "adding the protection finalizer");
         match guarded_patch(&secrets, &meta.metadata, ops).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}
