@@ -300,19 +300,8 @@ async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets()
         },
     )
     .await;
-    // Lose the state: strip its finalizer and delete it.
-    env.secrets()
-        .patch(
-            &state,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("strip");
-    env.secrets()
-        .delete(&state, &Default::default())
-        .await
-        .expect("delete state");
+    // Lose the state.
+    env.lose_secret(&state).await;
     env.delete::<Tfm>("web-1").await;
     env.wait_deleting::<Tfm>("web-1", "Held", LONG).await;
     let (_, reason, _) = env

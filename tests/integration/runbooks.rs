@@ -17,7 +17,7 @@ use captf::api::names;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -238,19 +238,7 @@ async fn wait_protected(env: &Env, secret: &str) {
 /// Loses the state Secret: strips its protection finalizer and deletes it, again until
 /// it is really gone (the manager may put the finalizer back between the two writes).
 async fn lose_state(env: &Env, state: &str) {
-    wait_for("the state Secret to be gone", LONG, || async {
-        let _ = env
-            .secrets()
-            .patch(
-                state,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await;
-        let _ = env.secrets().delete(state, &DeleteParams::default()).await;
-        !env.secret_exists(state).await
-    })
-    .await;
+    env.lose_secret(state).await;
 }
 
 /// Deletes the object and waits for the first failed destroy attempt (so the backup exists).

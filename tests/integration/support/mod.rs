@@ -663,3 +663,20 @@ resource "terraform_data" "vm" {{
 "#
     )
 }
+
+impl Env {
+    /// Loses a state Secret for real: strips its finalizers and deletes it until it is gone
+    /// (the manager may put its protection finalizer back in between).
+    pub async fn lose_secret(&self, name: &str) {
+        wait_for("the Secret to be gone", Duration::from_secs(60), || async {
+            let strip = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+            let _ = self
+                .secrets()
+                .patch(name, &PatchParams::default(), &strip)
+                .await;
+            let _ = self.secrets().delete(name, &DeleteParams::default()).await;
+            !self.secret_exists(name).await
+        })
+        .await;
+    }
+}
