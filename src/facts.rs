@@ -500,3 +500,235 @@ pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Ext
     let (facts, extras) = gather(o, settings);
     (rules::decide(&facts), facts, extras)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The facts a pass gathers: the "current inputs when they build" rule, adoption, the
+    //! lock, and what counts as paused.
+
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::api::{ModuleSpec, TerraformSpec};
+    use crate::rules::{Action, Blocker};
+
+    fn meta(annotations: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("prod".into()),
+            namespace: Some("team-a".into()),
+            uid: Some("uid-1".into()),
+            deletion_timestamp: Some(Time("2026-12-01T10:00:00Z".parse().expect("time"))),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn spec() -> TerraformSpec {
+        TerraformSpec {
+            module: ModuleSpec {
+                source: None,
+                files: Some([("main.tf".to_string(), "# module".to_string())].into()),
+            },
+            variables: Some(
+                [("name".to_string(), serde_json::json!("prod"))]
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn observed(kind: Kind, annotations: &[(&str, &str)]) -> Observed {
+        Observed {
+            kind,
+            meta: meta(annotations),
+            spec: spec(),
+            cluster: None,
+            crd_deleting: false,
+            namespace_terminating: false,
+            jobs: vec![],
+            pods: vec![],
+            dependents: vec![],
+            state: None,
+            inputs_secret: None,
+            referenced_secrets: BTreeMap::new(),
+            referenced_config_maps: BTreeMap::new(),
+            lock: None,
+            now: "2026-12-01T12:00:00Z".parse().expect("time"),
+        }
+    }
+
+    fn rebuilt_sha(kind: Kind) -> String {
+        let suffix = names::state_suffix(kind, "prod");
+        let none = |_: VariablesSourceKind, _: &str, _: &str| None;
+        let inputs = inputs::build_from_spec(&spec(), "team-a", &suffix, &none).expect("builds");
+        Inputs::sha256_hex(&inputs.to_json_bytes())
+    }
+
+    fn blocker(o: &Observed) -> Option<Blocker> {
+        gather(o, &Settings::default()).0.blocker
+    }
+
+    #[test]
+    fn a_cluster_without_inputs_secret_destroys_from_current_inputs_when_they_build_and_match() {
+        let sha = rebuilt_sha(Kind::TerraformCluster);
+        let o = observed(Kind::TerraformCluster, &[(names::INPUTS_SHA256, &sha)]);
+        assert_eq!(blocker(&o), None);
+        let (_, extras) = gather(&o, &Settings::default());
+        assert!(
+            extras.inputs.is_some(),
+            "the rebuilt inputs render the destroy"
+        );
+    }
+
+    #[test]
+    fn a_changed_spec_that_no_longer_hashes_to_the_recorded_inputs_cannot_start() {
+        let o = observed(
+            Kind::TerraformMachinePool,
+            &[(names::INPUTS_SHA256, "0000")],
+        );
+        match blocker(&o) {
+            Some(Blocker::Inputs(m)) => assert!(m.contains("do not hash"), "{m}"),
+            other => panic!("expected an inputs blocker, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reference_that_does_not_resolve_cannot_start() {
+        let mut o = observed(Kind::TerraformCluster, &[]);
+        o.spec.variables_from = vec![crate::api::VariablesFrom {
+            kind: VariablesSourceKind::ConfigMap,
+            name: "gone".into(),
+            key: "vars.json".into(),
+        }];
+        assert!(matches!(blocker(&o), Some(Blocker::Inputs(m)) if m.contains("cannot be rebuilt")));
+    }
+
+    #[test]
+    fn a_machine_never_rebuilds_its_inputs() {
+        let sha = rebuilt_sha(Kind::TerraformMachine);
+        let o = observed(Kind::TerraformMachine, &[(names::INPUTS_SHA256, &sha)]);
+        assert!(matches!(blocker(&o), Some(Blocker::Inputs(m)) if m.contains("never rebuilds")));
+    }
+
+    #[test]
+    fn a_missing_credentials_secret_names_secret_and_key() {
+        let mut o = observed(Kind::TerraformCluster, &[]);
+        o.spec.env = vec![crate::api::EnvFromSecret {
+            name: "TOKEN".into(),
+            secret_key_ref: crate::api::SecretKeyRef {
+                name: "creds".into(),
+                key: "token".into(),
+            },
+        }];
+        assert_eq!(
+            blocker(&o),
+            Some(Blocker::Credentials {
+                secret: "creds".into(),
+                key: "token".into()
+            })
+        );
+        let secret = Secret {
+            data: Some([("token".to_string(), ByteString(b"x".to_vec()))].into()),
+            ..Default::default()
+        };
+        o.referenced_secrets.insert("creds".into(), secret);
+        assert_eq!(blocker(&o), None);
+    }
+
+    #[test]
+    fn a_crd_being_deleted_and_delete_for_move_count_as_paused() {
+        let mut o = observed(Kind::TerraformMachine, &[]);
+        o.crd_deleting = true;
+        assert_eq!(
+            gather(&o, &Settings::default()).0.paused,
+            Some(PauseCause::CrdDeleting)
+        );
+        let o = observed(
+            Kind::TerraformMachine,
+            &[(names::CLUSTERCTL_DELETE_FOR_MOVE, "")],
+        );
+        assert_eq!(
+            gather(&o, &Settings::default()).0.paused,
+            Some(PauseCause::DeleteForMove)
+        );
+        let mut o = observed(Kind::TerraformMachine, &[]);
+        o.cluster = Some(ClusterView {
+            name: "prod".into(),
+            spec_paused: true,
+            annotation_paused: false,
+        });
+        assert_eq!(
+            gather(&o, &Settings::default()).0.paused,
+            Some(PauseCause::ClusterSpec("prod".into()))
+        );
+    }
+
+    #[test]
+    fn a_namesake_that_neither_applied_nor_adopted_leaves_the_orphaned_state_alone() {
+        let mut o = observed(Kind::TerraformMachine, &[]);
+        let gz = {
+            use std::io::Write;
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            let _ = e.write_all(br#"{"version":4,"serial":3,"lineage":"l-1","resources":[{"mode":"managed","type":"terraform_data","name":"a","instances":[{}]}]}"#);
+            e.finish().expect("gzip")
+        };
+        let base = names::state_secret_name("prod.tfm");
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(base.clone()),
+                ..Default::default()
+            },
+            data: Some([("tfstate".to_string(), ByteString(gz))].into()),
+            ..Default::default()
+        };
+        o.state = Some(StateSecrets::from_secrets(&base, &[secret]));
+        let (d, _, extras) = decide(&o, &Settings::default());
+        assert!(extras.foreign_state);
+        assert_eq!((d.row, d.action), (Some(4), Action::RemoveFinalizer));
+        // With the adopt annotation, it is this object's state: a destroy starts.
+        o.meta = meta(&[(names::ADOPT, "true")]);
+        let (d, _, _) = decide(&o, &Settings::default());
+        assert_eq!(
+            d.row,
+            Some(9),
+            "adopted: its inputs are missing, so the destroy cannot start yet"
+        );
+    }
+
+    #[test]
+    fn a_lock_of_a_gone_pod_of_this_object_is_stale_and_any_other_lock_holds() {
+        let sha = rebuilt_sha(Kind::TerraformCluster);
+        let lease = |who: &str| -> Lease {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "lock-tfstate-default-prod.tfc", "annotations": {
+                    names::TF_LOCK_INFO: format!("{{\"ID\":\"abc\",\"Who\":\"{who}\",\"Created\":\"2026-12-01T09:00:00Z\"}}")
+                }},
+                "spec": {"holderIdentity": "abc"}
+            }))
+            .expect("lease")
+        };
+        let mut o = observed(Kind::TerraformCluster, &[(names::INPUTS_SHA256, &sha)]);
+        o.lock = Some(lease("root@captf-prod-tfc-destroy-1-x7k2p"));
+        let (f, extras) = gather(&o, &Settings::default());
+        assert_eq!(f.blocker, None);
+        assert!(extras.stale_lock);
+        o.lock = Some(lease("alice@laptop"));
+        match gather(&o, &Settings::default()).0.blocker {
+            Some(Blocker::LockHeld { holder, age }) => {
+                assert!(holder.contains("alice@laptop"));
+                assert!(age.is_some_and(|a| a.contains("3h")));
+            }
+            other => panic!("expected LockHeld, got {other:?}"),
+        }
+    }
+}
