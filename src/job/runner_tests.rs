@@ -118,6 +118,11 @@ fn shells() -> Vec<Shell> {
     let mut shells = vec![Shell::System];
     if Path::new(BUSYBOX).exists() {
         shells.push(Shell::Busybox);
+    } else if std::env::var_os("CAPTF_REQUIRE_BUSYBOX").is_some() {
+        // CI installs busybox (.ci/run): there, its absence is a failure, not a skip.
+        panic!(
+            "{BUSYBOX} is not installed but CAPTF_REQUIRE_BUSYBOX is set; install the busybox package"
+        );
     } else {
         eprintln!(
             "{BUSYBOX} is not installed: the runner script is tested with the system sh only"

@@ -5,6 +5,7 @@ mod cli;
 mod config;
 mod crds;
 mod deletion;
+mod manager;
 mod runbooks;
 mod support;
 mod testserver_smoke;
