@@ -2,6 +2,10 @@
 //! rendered destroy Jobs with the real `terraform`), the real manager in-process, and an
 //! apply path that does what the apply side does before deletion (inputs Secret,
 //! `applied-at`, a real `terraform apply` through the kubernetes backend, fingerprint).
+//!
+//! Shared by `tests/integration`, `examples/sandbox.rs` and `benches/scale.rs` (included
+//! with `#[path]`), so nothing here may use `CARGO_BIN_EXE_*` (examples do not get it):
+//! `Env::captf` lives in `tests/integration/deletion.rs`.
 
 #![allow(dead_code)]
 
@@ -93,6 +97,12 @@ impl Env {
     /// Starts the server, installs the CRDs (CAPTF's and a minimal CAPI Cluster CRD),
     /// creates the namespaces, and starts the Job runner.
     pub async fn start(tag: &str) -> Env {
+        Env::start_with(tag, None).await
+    }
+
+    /// As [`Env::start`], with at most `max_running` Job Pods running at once (the others
+    /// wait as Pending, as on a full node).
+    pub async fn start_with(tag: &str, max_running: Option<usize>) -> Env {
         require("terraform");
         // The manager logs on stderr when CAPTF_TEST_LOG is set.
         if std::env::var_os("CAPTF_TEST_LOG").is_some() {
@@ -144,6 +154,7 @@ impl Env {
                 extra_env: vec![("CHECKPOINT_DISABLE".into(), "1".into())],
                 work_root: dir.join("pods"),
                 termination_grace_override: Some(Duration::from_secs(10)),
+                max_running,
                 ..Default::default()
             },
         );
@@ -280,6 +291,77 @@ impl Env {
         module_body: &str,
         marker_dir: &Path,
     ) {
+        let (inputs, uid, suffix) = self.write_inputs::<K>(name, module_body, marker_dir).await;
+        let variables = inputs.variables.clone();
+        let work = self
+            .dir
+            .join(format!("apply-{}-{name}", K::KIND.short_name()));
+        std::fs::create_dir_all(&work).expect("work dir");
+        std::fs::write(work.join("main.tf"), module_body).expect("main.tf");
+        std::fs::write(
+            work.join("captf_backend_override.tf"),
+            "terraform {\n  backend \"kubernetes\" {}\n}\n",
+        )
+        .expect("override");
+        // The apply path passes the same backend labels as the destroy Job.
+        let labels = backend_labels(K::KIND, name, &uid);
+        let labels_hcl: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("    \"{k}\" = \"{v}\""))
+            .collect();
+        std::fs::write(
+            work.join("backend.hcl"),
+            format!(
+                "namespace = \"{NS}\"\nsecret_suffix = \"{suffix}\"\nconfig_path = \"{}\"\nlabels = {{\n{}\n}}\n",
+                self.server.kubeconfig_path().display(),
+                labels_hcl.join("\n")
+            ),
+        )
+        .expect("backend.hcl");
+        std::fs::write(
+            work.join("vars.tfvars.json"),
+            serde_json::to_vec(&variables).expect("vars"),
+        )
+        .expect("vars");
+        terraform(
+            &work,
+            &[
+                "init",
+                "-input=false",
+                "-no-color",
+                "-backend-config=backend.hcl",
+            ],
+        );
+        terraform(
+            &work,
+            &[
+                "apply",
+                "-auto-approve",
+                "-input=false",
+                "-no-color",
+                "-var-file=vars.tfvars.json",
+            ],
+        );
+        let (lineage, serial) = self.fingerprint(K::KIND, name).await;
+        self.annotate::<K>(
+            name,
+            &[
+                (names::STATE_LINEAGE, Some(lineage)),
+                (names::STATE_SERIAL, Some(serial.to_string())),
+            ],
+        )
+        .await;
+    }
+
+    /// The apply path's writes before Terraform runs: the inputs Secret (created, or
+    /// replaced), then `applied-at` and `inputs-sha256` on the object. Returns the inputs,
+    /// the object's uid and its state suffix.
+    pub async fn write_inputs<K: TerraformObject>(
+        &self,
+        name: &str,
+        module_body: &str,
+        marker_dir: &Path,
+    ) -> (Inputs, String, String) {
         let api = self.api::<K>();
         let obj = api.get(name).await.expect("object");
         let suffix = names::state_suffix(K::KIND, name);
@@ -339,65 +421,7 @@ impl Env {
             ],
         )
         .await;
-        let work = self
-            .dir
-            .join(format!("apply-{}-{name}", K::KIND.short_name()));
-        std::fs::create_dir_all(&work).expect("work dir");
-        std::fs::write(work.join("main.tf"), module_body).expect("main.tf");
-        std::fs::write(
-            work.join("captf_backend_override.tf"),
-            "terraform {\n  backend \"kubernetes\" {}\n}\n",
-        )
-        .expect("override");
-        // The apply path passes the same backend labels as the destroy Job.
-        let mut labels: BTreeMap<String, String> = inputs::owner_labels(K::KIND, name, &uid);
-        labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
-        let labels_hcl: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("    \"{k}\" = \"{v}\""))
-            .collect();
-        std::fs::write(
-            work.join("backend.hcl"),
-            format!(
-                "namespace = \"{NS}\"\nsecret_suffix = \"{suffix}\"\nconfig_path = \"{}\"\nlabels = {{\n{}\n}}\n",
-                self.server.kubeconfig_path().display(),
-                labels_hcl.join("\n")
-            ),
-        )
-        .expect("backend.hcl");
-        std::fs::write(
-            work.join("vars.tfvars.json"),
-            serde_json::to_vec(&variables).expect("vars"),
-        )
-        .expect("vars");
-        terraform(
-            &work,
-            &[
-                "init",
-                "-input=false",
-                "-no-color",
-                "-backend-config=backend.hcl",
-            ],
-        );
-        terraform(
-            &work,
-            &[
-                "apply",
-                "-auto-approve",
-                "-input=false",
-                "-no-color",
-                "-var-file=vars.tfvars.json",
-            ],
-        );
-        let (lineage, serial) = self.fingerprint(K::KIND, name).await;
-        self.annotate::<K>(
-            name,
-            &[
-                (names::STATE_LINEAGE, Some(lineage)),
-                (names::STATE_SERIAL, Some(serial.to_string())),
-            ],
-        )
-        .await;
+        (inputs, uid, suffix)
     }
 
     /// The lineage and serial of an object's state, read through the product's reader.
@@ -492,6 +516,14 @@ impl Env {
     }
 }
 
+/// The labels the apply path (and the destroy Job) give Terraform's backend: the owner
+/// labels and clusterctl's move label.
+pub fn backend_labels(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, String> {
+    let mut labels: BTreeMap<String, String> = inputs::owner_labels(kind, name, uid);
+    labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
+    labels
+}
+
 pub fn terraform(dir: &Path, args: &[&str]) {
     let out = Command::new(require("terraform"))
         .args(args)
@@ -538,15 +570,6 @@ pub type Tfm = TerraformMachine;
 pub type Tfmp = TerraformMachinePool;
 
 impl Env {
-    /// Runs the `captf` binary against the test server.
-    pub fn captf(&self, args: &[&str]) -> std::process::Output {
-        Command::new(env!("CARGO_BIN_EXE_captf"))
-            .args(args)
-            .env("KUBECONFIG", self.server.kubeconfig_path())
-            .output()
-            .expect("run captf")
-    }
-
     /// Writes (create, update, patch, delete) the server has answered so far.
     pub fn total_writes(&self) -> u64 {
         self.server
