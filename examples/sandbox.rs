@@ -51,7 +51,7 @@ fn line(what: &str, text: &str) {
 }
 
 fn main() -> ExitCode {
-    if !on_path("terraform") {
+    if !support::on_path("terraform") {
         eprintln!(
             "error: `terraform` is not on PATH. The sandbox runs the real Terraform (the apply, \
              and the destroy in each Job); install it (1.11.x) and run again."
@@ -79,11 +79,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn on_path(bin: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).any(|p| p.join(bin).is_file())
 }
 
 async fn sandbox() -> Result<(), String> {

@@ -70,7 +70,14 @@ pub async fn reconcile<K: TerraformObject>(
         // The object changed; the next pass decides on fresh facts.
         return Ok(Requeue::requeue(Duration::ZERO));
     }
-    write_status(&api, obj.as_ref(), &decision).await?;
+    // Our status write changes the resourceVersion; the guarded writes that follow in
+    // this pass (write-ahead attempt, cleanup marker, release) test the new one when
+    // nothing but the status changed, instead of failing on their own status write and
+    // redoing the pass.
+    let obj = match write_status(&api, obj.as_ref(), &decision).await? {
+        Some(written) if writes::only_status_changed(obj.as_ref(), &written) => Arc::new(written),
+        _ => obj,
+    };
     if deleting {
         ctx.metrics
             .decisions
@@ -309,11 +316,12 @@ async fn prune_destroy_jobs(ctx: &Context, o: &Observed, current: u32) -> Result
 }
 
 /// Merges the decision's conditions into the status; unchanged status is not rewritten.
+/// Returns the object as written, if it was.
 async fn write_status<K: TerraformObject>(
     api: &Api<K>,
     obj: &K,
     decision: &Decision,
-) -> Result<(), Error> {
+) -> Result<Option<K>, Error> {
     let existing: Vec<Condition> = obj
         .status()
         .map(|s| s.conditions.clone())
@@ -327,12 +335,12 @@ async fn write_status<K: TerraformObject>(
     );
     let same_generation = obj.status().and_then(|s| s.observed_generation) == generation;
     if !conditions::differ_ignoring_time(&existing, &merged) && same_generation {
-        return Ok(());
+        return Ok(None);
     }
     let status = json!({ "conditions": merged, "observedGeneration": generation });
     match writes::patch_status(api, &obj.name_any(), status).await {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
+        Ok(written) => Ok(Some(written)),
+        Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -65,6 +65,12 @@ pub struct Env {
     pub config: ManagerConfig,
 }
 
+/// Whether `bin` is an executable file on PATH.
+pub fn on_path(bin: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|p| p.join(bin).is_file())
+}
+
 pub fn require(bin: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
