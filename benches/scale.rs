@@ -679,7 +679,7 @@ async fn measure(
     );
     println!();
     println!(
-        "(b) is measured by polling the store every 50 ms (+-50 ms); {} of {n} objects had a Complete Job seen.",
+        "(b) from the bench's own watches (User-Agent captf-scale-bench, not counted as the manager's); {} of {n} objects had their Job seen Complete.",
         lat.len()
     );
     println!();
