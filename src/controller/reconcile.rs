@@ -46,12 +46,8 @@ pub async fn reconcile<K: TerraformObject>(
     let deleting = obj.meta().deletion_timestamp.is_some();
     ctx.metrics.reconciles.inc(&[K::KIND.as_str()]);
 
-    // The finalizer goes on at first sight, before anything can be created for the object,
-    // paused or not (as CAPI's controllers do) - except on an object clusterctl move is
-    // taking away: it strips the finalizers before it deletes the source copy, and one put
-    // back in between would hold that copy for ever.
-    let moving = annotation(obj.as_ref(), names::CLUSTERCTL_DELETE_FOR_MOVE).is_some();
-    if !deleting && !moving && !obj.finalizers().iter().any(|f| f == K::KIND.finalizer()) {
+    // The finalizer goes on at first sight, before anything can be created for the object.
+    if !deleting && !obj.finalizers().iter().any(|f| f == K::KIND.finalizer()) {
         let ops = writes::add_finalizer_ops(obj.meta(), K::KIND.finalizer());
         guarded_patch(&api, obj.meta(), ops).await?;
         return Ok(Requeue::await_change());
@@ -74,9 +70,13 @@ pub async fn reconcile<K: TerraformObject>(
         // The object changed; the next pass decides on fresh facts.
         return Ok(Requeue::requeue(Duration::ZERO));
     }
+    // Our status write changes the resourceVersion; the guarded writes that follow in
+    // this pass (write-ahead attempt, cleanup marker, release) test the new one when
+    // nothing but the status changed, instead of failing on their own status write and
+    // redoing the pass.
     let obj = match write_status(&api, obj.as_ref(), &decision).await? {
-        Some(updated) => Arc::new(updated),
-        None => obj,
+        Some(written) if writes::only_status_changed(obj.as_ref(), &written) => Arc::new(written),
+        _ => obj,
     };
     if deleting {
         ctx.metrics
@@ -235,9 +235,7 @@ async fn bookkeeping<K: TerraformObject>(
     }
 
     prune_destroy_jobs(ctx, o, facts.attempt).await?;
-    // Not while Terraform may be writing the state: its writes (a get, then an update)
-    // would conflict with this one and fail the run.
-    if facts.cleanup.is_none() && facts.unfinished_jobs.is_empty() {
+    if facts.cleanup.is_none() {
         protect_state(ctx, o, &suffix).await?;
     }
 
@@ -286,10 +284,6 @@ async fn protect_state(ctx: &Context, o: &Observed, suffix: &str) -> Result<(), 
             continue;
         }
         let ops = writes::add_finalizer_ops(&meta.metadata, names::PROTECT_FINALIZER);
-        if ops.is_empty() {
-            continue;
-        }
-        debug!(secret = %name, "adding the protection finalizer");
         match guarded_patch(&secrets, &meta.metadata, ops).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}
@@ -322,7 +316,7 @@ async fn prune_destroy_jobs(ctx: &Context, o: &Observed, current: u32) -> Result
 }
 
 /// Merges the decision's conditions into the status; unchanged status is not rewritten.
-/// Returns the object as written (its new resourceVersion guards the writes that follow).
+/// Returns the object as written, if it was.
 async fn write_status<K: TerraformObject>(
     api: &Api<K>,
     obj: &K,
@@ -345,7 +339,7 @@ async fn write_status<K: TerraformObject>(
     }
     let status = json!({ "conditions": merged, "observedGeneration": generation });
     match writes::patch_status(api, &obj.name_any(), status).await {
-        Ok(updated) => Ok(Some(updated)),
+        Ok(written) => Ok(Some(written)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e),
     }

@@ -14,6 +14,19 @@ use crate::support::*;
 
 const LONG: Duration = Duration::from_secs(90);
 
+impl Env {
+    /// Runs the `captf` binary against the test server (here, not in `support`: only
+    /// integration tests and benches get `CARGO_BIN_EXE_captf`, and `support` is shared
+    /// with the sandbox example).
+    pub fn captf(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
+            .args(args)
+            .env("KUBECONFIG", self.server.kubeconfig_path())
+            .output()
+            .expect("run captf")
+    }
+}
+
 fn destroyed(markers: &std::path::Path, name: &str) -> bool {
     (0..2).all(|i| markers.join(format!("{name}-{i}.destroyed")).exists())
 }

@@ -2,6 +2,10 @@
 //! rendered destroy Jobs with the real `terraform`), the real manager in-process, and an
 //! apply path that does what the apply side does before deletion (inputs Secret,
 //! `applied-at`, a real `terraform apply` through the kubernetes backend, fingerprint).
+//!
+//! Shared by `tests/integration`, `examples/sandbox.rs` and `benches/scale.rs` (included
+//! with `#[path]`), so nothing here may use `CARGO_BIN_EXE_*` (examples do not get it):
+//! `Env::captf` lives in `tests/integration/deletion.rs`.
 
 #![allow(dead_code)]
 
@@ -61,6 +65,12 @@ pub struct Env {
     pub config: ManagerConfig,
 }
 
+/// Whether `bin` is an executable file on PATH.
+pub fn on_path(bin: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|p| p.join(bin).is_file())
+}
+
 pub fn require(bin: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
@@ -93,6 +103,12 @@ impl Env {
     /// Starts the server, installs the CRDs (CAPTF's and a minimal CAPI Cluster CRD),
     /// creates the namespaces, and starts the Job runner.
     pub async fn start(tag: &str) -> Env {
+        Env::start_with(tag, None).await
+    }
+
+    /// As [`Env::start`], with at most `max_running` Job Pods running at once (the others
+    /// wait as Pending, as on a full node).
+    pub async fn start_with(tag: &str, max_running: Option<usize>) -> Env {
         require("terraform");
         // The manager logs on stderr when CAPTF_TEST_LOG is set.
         if std::env::var_os("CAPTF_TEST_LOG").is_some() {
@@ -144,6 +160,7 @@ impl Env {
                 extra_env: vec![("CHECKPOINT_DISABLE".into(), "1".into())],
                 work_root: dir.join("pods"),
                 termination_grace_override: Some(Duration::from_secs(10)),
+                max_running,
                 ..Default::default()
             },
         );
@@ -280,6 +297,105 @@ impl Env {
         module_body: &str,
         marker_dir: &Path,
     ) {
+        let (inputs, uid, suffix) = self.write_inputs::<K>(name, module_body, marker_dir).await;
+        let variables = inputs.variables.clone();
+        let work = self
+            .dir
+            .join(format!("apply-{}-{name}", K::KIND.short_name()));
+        std::fs::create_dir_all(&work).expect("work dir");
+        std::fs::write(work.join("main.tf"), module_body).expect("main.tf");
+        std::fs::write(
+            work.join("captf_backend_override.tf"),
+            "terraform {\n  backend \"kubernetes\" {}\n}\n",
+        )
+        .expect("override");
+        // The apply path passes the same backend labels as the destroy Job.
+        let labels = backend_labels(K::KIND, name, &uid);
+        let labels_hcl: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("    \"{k}\" = \"{v}\""))
+            .collect();
+        std::fs::write(
+            work.join("backend.hcl"),
+            format!(
+                "namespace = \"{NS}\"\nsecret_suffix = \"{suffix}\"\nconfig_path = \"{}\"\nlabels = {{\n{}\n}}\n",
+                self.server.kubeconfig_path().display(),
+                labels_hcl.join("\n")
+            ),
+        )
+        .expect("backend.hcl");
+        std::fs::write(
+            work.join("vars.tfvars.json"),
+            serde_json::to_vec(&variables).expect("vars"),
+        )
+        .expect("vars");
+        // `init` creates the state Secret, and the manager puts its protection finalizer
+        // on it as soon as it sees it. Terraform's backend writes with the resourceVersion
+        // it read, so a write of the manager in between makes it fail with a conflict. The
+        // real apply path runs Terraform in a Job, and the manager leaves the state alone
+        // while a Job of the object is unfinished; here Terraform runs outside a Job, so
+        // run `init` again after a conflict and let the manager protect the Secret before
+        // the apply writes it.
+        let init = [
+            "init",
+            "-input=false",
+            "-no-color",
+            "-backend-config=backend.hcl",
+        ];
+        if try_terraform(&work, &init).is_err() {
+            terraform(&work, &init);
+        }
+        if self.manager.is_some() {
+            let state = names::state_secret_name(&suffix);
+            wait_for(
+                "the manager to protect the new state Secret",
+                Duration::from_secs(30),
+                || async {
+                    self.secrets()
+                        .get_opt(&state)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|s| {
+                            s.metadata
+                                .finalizers
+                                .unwrap_or_default()
+                                .contains(&names::PROTECT_FINALIZER.to_string())
+                        })
+                },
+            )
+            .await;
+        }
+        terraform(
+            &work,
+            &[
+                "apply",
+                "-auto-approve",
+                "-input=false",
+                "-no-color",
+                "-var-file=vars.tfvars.json",
+            ],
+        );
+        let (lineage, serial) = self.fingerprint(K::KIND, name).await;
+        self.annotate::<K>(
+            name,
+            &[
+                (names::STATE_LINEAGE, Some(lineage)),
+                (names::STATE_SERIAL, Some(serial.to_string())),
+            ],
+        )
+        .await;
+    }
+
+    /// The apply path's writes before Terraform runs: the inputs Secret (created, or
+    /// replaced), then `applied-at` and `inputs-sha256` on the object. Returns the inputs,
+    /// the object's uid and its state suffix.
+    pub async fn write_inputs<K: TerraformObject>(
+        &self,
+        name: &str,
+        module_body: &str,
+        marker_dir: &Path,
+    ) -> (Inputs, String, String) {
         let api = self.api::<K>();
         let obj = api.get(name).await.expect("object");
         let suffix = names::state_suffix(K::KIND, name);
@@ -339,92 +455,7 @@ impl Env {
             ],
         )
         .await;
-        let work = self
-            .dir
-            .join(format!("apply-{}-{name}", K::KIND.short_name()));
-        std::fs::create_dir_all(&work).expect("work dir");
-        std::fs::write(work.join("main.tf"), module_body).expect("main.tf");
-        std::fs::write(
-            work.join("captf_backend_override.tf"),
-            "terraform {\n  backend \"kubernetes\" {}\n}\n",
-        )
-        .expect("override");
-        // The apply path passes the same backend labels as the destroy Job.
-        let mut labels: BTreeMap<String, String> = inputs::owner_labels(K::KIND, name, &uid);
-        labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
-        let labels_hcl: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("    \"{k}\" = \"{v}\""))
-            .collect();
-        std::fs::write(
-            work.join("backend.hcl"),
-            format!(
-                "namespace = \"{NS}\"\nsecret_suffix = \"{suffix}\"\nconfig_path = \"{}\"\nlabels = {{\n{}\n}}\n",
-                self.server.kubeconfig_path().display(),
-                labels_hcl.join("\n")
-            ),
-        )
-        .expect("backend.hcl");
-        std::fs::write(
-            work.join("vars.tfvars.json"),
-            serde_json::to_vec(&variables).expect("vars"),
-        )
-        .expect("vars");
-        // `init` creates the state Secret, and the manager puts its protection finalizer
-        // on it as soon as it sees it. Terraform's backend writes with the resourceVersion
-        // it read, so a write of the manager in between makes it fail with a conflict: run
-        // `init` again in that case, and let the manager protect the Secret before the
-        // apply writes it (see the report of the runbooks branch: the same race exists for
-        // a real first apply Job).
-        let init = [
-            "init",
-            "-input=false",
-            "-no-color",
-            "-backend-config=backend.hcl",
-        ];
-        if try_terraform(&work, &init).is_err() {
-            terraform(&work, &init);
-        }
-        if self.manager.is_some() {
-            let state = names::state_secret_name(&suffix);
-            wait_for(
-                "the manager to protect the new state Secret",
-                Duration::from_secs(30),
-                || async {
-                    self.secrets()
-                        .get_opt(&state)
-                        .await
-                        .ok()
-                        .flatten()
-                        .is_some_and(|s| {
-                            s.metadata
-                                .finalizers
-                                .unwrap_or_default()
-                                .contains(&names::PROTECT_FINALIZER.to_string())
-                        })
-                },
-            )
-            .await;
-        }
-        terraform(
-            &work,
-            &[
-                "apply",
-                "-auto-approve",
-                "-input=false",
-                "-no-color",
-                "-var-file=vars.tfvars.json",
-            ],
-        );
-        let (lineage, serial) = self.fingerprint(K::KIND, name).await;
-        self.annotate::<K>(
-            name,
-            &[
-                (names::STATE_LINEAGE, Some(lineage)),
-                (names::STATE_SERIAL, Some(serial.to_string())),
-            ],
-        )
-        .await;
+        (inputs, uid, suffix)
     }
 
     /// The lineage and serial of an object's state, read through the product's reader.
@@ -519,6 +550,14 @@ impl Env {
     }
 }
 
+/// The labels the apply path (and the destroy Job) give Terraform's backend: the owner
+/// labels and clusterctl's move label.
+pub fn backend_labels(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, String> {
+    let mut labels: BTreeMap<String, String> = inputs::owner_labels(kind, name, uid);
+    labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
+    labels
+}
+
 pub fn terraform(dir: &Path, args: &[&str]) {
     if let Err(e) = try_terraform(dir, args) {
         panic!("{e}");
@@ -574,15 +613,6 @@ pub type Tfm = TerraformMachine;
 pub type Tfmp = TerraformMachinePool;
 
 impl Env {
-    /// Runs the `captf` binary against the test server.
-    pub fn captf(&self, args: &[&str]) -> std::process::Output {
-        Command::new(env!("CARGO_BIN_EXE_captf"))
-            .args(args)
-            .env("KUBECONFIG", self.server.kubeconfig_path())
-            .output()
-            .expect("run captf")
-    }
-
     /// Writes (create, update, patch, delete) the server has answered so far.
     pub fn total_writes(&self) -> u64 {
         self.server

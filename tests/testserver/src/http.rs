@@ -349,7 +349,12 @@ async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Bod
             "the server does not allow this method on the requested resource",
         ));
     };
-    state.log.record(verb, &rr.rt.plural, &rr.sub);
+    let client = crate::requestlog::client_of(
+        req.headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    state.log.record(&client, verb, &rr.rt.plural, &rr.sub);
     if let Some(e) = state.faults.take(verb, &rr.rt.plural, &rr.sub) {
         return error_response(&e);
     }

@@ -51,6 +51,9 @@ pub struct JobRunnerOptions {
     pub work_root: PathBuf,
     /// Use this grace period instead of the Pod's `terminationGracePeriodSeconds`.
     pub termination_grace_override: Option<Duration>,
+    /// At most this many container processes at once; other Pods stay `Pending` (no
+    /// status written) until one ends, as on a node without room. Unbounded when `None`.
+    pub max_running: Option<usize>,
 }
 
 impl Default for JobRunnerOptions {
@@ -64,6 +67,7 @@ impl Default for JobRunnerOptions {
                 store::random_suffix()
             )),
             termination_grace_override: None,
+            max_running: None,
         }
     }
 }
@@ -358,6 +362,13 @@ impl Runner {
             if deleting {
                 self.finished.insert(uid.clone());
                 self.remove_pod(&rt, &pod);
+                continue;
+            }
+            if self
+                .opts
+                .max_running
+                .is_some_and(|max| self.procs.len() >= max)
+            {
                 continue;
             }
             match self.prepare(&pod) {

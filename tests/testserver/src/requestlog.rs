@@ -5,11 +5,22 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 type Counts = BTreeMap<(String, String, String), u64>;
+type ClientCounts = BTreeMap<(String, String, String, String), u64>;
 
 /// Request counters. Cloning shares the counters.
 #[derive(Clone, Debug, Default)]
 pub struct RequestLog {
     counts: Arc<Mutex<Counts>>,
+    by_client: Arc<Mutex<ClientCounts>>,
+}
+
+/// The client of a request: its `User-Agent` up to the first `/` or space (`kube-rs`,
+/// `kubectl`, `HashiCorp`, `curl`, …), or `-` without one.
+pub fn client_of(user_agent: Option<&str>) -> String {
+    match user_agent.map(str::trim) {
+        Some(ua) if !ua.is_empty() => ua.split(['/', ' ']).next().unwrap_or_default().to_string(),
+        _ => "-".into(),
+    }
 }
 
 /// Verbs that write.
@@ -20,11 +31,31 @@ impl RequestLog {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn record(&self, verb: &str, resource: &str, subresource: &str) {
+    pub(crate) fn record(&self, client: &str, verb: &str, resource: &str, subresource: &str) {
         *self
             .lock()
             .entry((verb.into(), resource.into(), subresource.into()))
             .or_default() += 1;
+        *self
+            .by_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((
+                client.into(),
+                verb.into(),
+                resource.into(),
+                subresource.into(),
+            ))
+            .or_default() += 1;
+    }
+
+    /// All counters by client (see [`client_of`]): (client, verb, resource, subresource)
+    /// -> count.
+    pub fn snapshot_by_client(&self) -> BTreeMap<(String, String, String, String), u64> {
+        self.by_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Requests with this verb, resource (plural) and subresource ("" for the main resource).
@@ -52,5 +83,9 @@ impl RequestLog {
     /// Zero every counter.
     pub fn reset(&self) {
         self.lock().clear();
+        self.by_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }

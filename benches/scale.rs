@@ -1,0 +1,700 @@
+//! `cargo bench --bench scale`: N TerraformMachines (500 by default, `CAPTF_SCALE_N`)
+//! deleted at once; the `captf manager` binary runs as its own process against the test API
+//! server, the destroy Jobs run through the local Job runner with the real `terraform`, at
+//! most `CAPTF_SCALE_JOBS` (4) at a time.
+//!
+//! Setup: one machine is applied for real (the harness's `apply`: inputs Secret, annotations,
+//! `terraform apply` through the kubernetes backend); the other N-1 get the same inputs
+//! Secret and annotations, and a state Secret cloned from the real one (the same format,
+//! the instance paths and lineage rewritten per object), so Terraform runs N destroys and
+//! one apply.
+//!
+//! Measured over the deletion (from the delete to the last release): API requests per
+//! deletion by the manager (requests without a User-Agent: kube-rs sends none, Terraform's
+//! backend and the runner script do), the time from each destroy Job's completion to the
+//! object's release, the manager's peak RSS (VmHWM), and reconcile passes per second (the
+//! manager's `decision` log lines).
+
+#[path = "../tests/integration/support/mod.rs"]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use captf::api::names::{self, Kind};
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use support::{Env, MANAGER_NS, NS, Tfm, backend_labels, module};
+
+const TFM_API: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
+
+fn env_usize(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}
+
+fn main() {
+    if !support::on_path("terraform") {
+        eprintln!("error: `terraform` is not on PATH; the scale bench runs the real destroys");
+        std::process::exit(2);
+    }
+    let n = env_usize("CAPTF_SCALE_N", 500);
+    let jobs = env_usize("CAPTF_SCALE_JOBS", 4);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    if let Err(e) = runtime.block_on(bench(n, jobs)) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn name_of(i: usize) -> String {
+    format!("m-{i:04}")
+}
+
+fn vm_hwm_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn gunzip(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_string(&mut out)
+        .expect("gunzip the template state");
+    out
+}
+
+fn gzip(text: &str) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(text.as_bytes()).expect("gzip");
+    enc.finish().expect("gzip")
+}
+
+/// A lineage per object (Terraform's are UUIDs; any unique string is read the same way).
+fn lineage(i: usize) -> String {
+    format!("5ca1e000-0000-4000-8000-{i:012}")
+}
+
+async fn bench(n: usize, jobs: usize) -> Result<(), String> {
+    let started = Instant::now();
+    println!(
+        "scale bench: {n} TerraformMachines, destroy Jobs run by the local runner with the real terraform, {jobs} at a time"
+    );
+    let env = Env::start_with("scale", Some(jobs)).await;
+    let markers = env.markers();
+    let uid = env.create_cluster("scale").await;
+
+    // The objects.
+    let names: Vec<String> = (0..n).map(name_of).collect();
+    futures::stream::iter(names.iter())
+        .for_each_concurrent(16, |name| {
+            let env = &env;
+            let uid = &uid;
+            let markers = &markers;
+            async move {
+                env.create_object::<Tfm>(name, "scale", uid, markers).await;
+            }
+        })
+        .await;
+
+    // One real apply; its state Secret is the template of the others.
+    let body = module(0);
+    env.apply::<Tfm>(&names[0], &body, &markers).await;
+    let template_name =
+        names::state_secret_name(&names::state_suffix(Kind::TerraformMachine, &names[0]));
+    let template = env
+        .secrets()
+        .get(&template_name)
+        .await
+        .map_err(|e| format!("the real apply left no state Secret: {e}"))?;
+    let template_state = gunzip(
+        &template
+            .data
+            .as_ref()
+            .and_then(|d| d.get(names::TF_STATE_KEY))
+            .ok_or("the template state Secret has no tfstate")?
+            .0,
+    );
+    let first_path = format!("{}/{}-", markers.display(), names[0]);
+    futures::stream::iter(names.iter().enumerate().skip(1))
+        .for_each_concurrent(16, |(i, name)| {
+            let env = &env;
+            let template = &template;
+            let template_state = &template_state;
+            let first_path = &first_path;
+            let markers = &markers;
+            let body = &body;
+            async move {
+                let (_, uid, suffix) = env.write_inputs::<Tfm>(name, body, markers).await;
+                let text =
+                    template_state.replace(first_path, &format!("{}/{name}-", markers.display()));
+                let mut state: Value = serde_json::from_str(&text).expect("state JSON");
+                state["lineage"] = json!(lineage(i));
+                let serial = state["serial"].as_u64().unwrap_or(1);
+                let mut secret = template.clone();
+                let meta = &mut secret.metadata;
+                meta.uid = None;
+                meta.resource_version = None;
+                meta.creation_timestamp = None;
+                meta.managed_fields = None;
+                meta.finalizers = None;
+                meta.name = Some(names::state_secret_name(&suffix));
+                let labels = meta.labels.get_or_insert_with(Default::default);
+                labels.extend(backend_labels(Kind::TerraformMachine, name, &uid));
+                labels.insert(names::TF_LABEL_SUFFIX.into(), suffix.clone());
+                secret.data = Some(
+                    [(
+                        names::TF_STATE_KEY.to_string(),
+                        ByteString(gzip(&state.to_string())),
+                    )]
+                    .into(),
+                );
+                env.secrets()
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .expect("create a state Secret");
+                env.annotate::<Tfm>(
+                    name,
+                    &[
+                        (names::STATE_LINEAGE, Some(lineage(i))),
+                        (names::STATE_SERIAL, Some(serial.to_string())),
+                    ],
+                )
+                .await;
+            }
+        })
+        .await;
+    println!(
+        "  setup: {n} objects created, 1 applied by terraform, {} states cloned from it ({:.1}s)",
+        n - 1,
+        started.elapsed().as_secs_f64()
+    );
+
+    // The manager, as its own process.
+    let log_path = env.dir.join("manager.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    let mut manager: Child = Command::new(env!("CARGO_BIN_EXE_captf"))
+        .args([
+            "manager",
+            "--metrics-bind-address=",
+            "--health-probe-bind-address=",
+            "--destroy-backoff-base",
+            "300ms",
+            "--destroy-backoff-max",
+            "3s",
+            "--rbac-sweep-interval",
+            "1s",
+            "--manager-namespace",
+            MANAGER_NS,
+        ])
+        .env("KUBECONFIG", env.server.kubeconfig_path())
+        .env("RUST_LOG", "info,kube=warn")
+        .env("CAPTF_LOG_FORMAT", "json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .map_err(|e| format!("cannot start the manager: {e}"))?;
+    let pid = manager.id();
+    let result = measure(
+        &env,
+        &mut manager,
+        pid,
+        &names,
+        &log_path,
+        &markers,
+        n,
+        jobs,
+    )
+    .await;
+    let _ = manager.kill();
+    let _ = manager.wait();
+    let kept = std::env::temp_dir().join("captf-scale-manager.log");
+    if std::fs::copy(&log_path, &kept).is_ok() {
+        println!("\n(the manager's log: {})", kept.display());
+    }
+    env.shutdown().await;
+    result
+}
+
+/// Objects with the manager's finalizer, a status, and a protected state Secret.
+fn settled(store: &captf_testserver::Store, names: &[String]) -> usize {
+    let objs = store.list(TFM_API, "terraformmachines", Some(NS));
+    let protected: BTreeSet<String> = store
+        .list("v1", "secrets", Some(NS))
+        .iter()
+        .filter(|s| {
+            s["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x == names::PROTECT_FINALIZER))
+        })
+        .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    objs.iter()
+        .filter(|o| {
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            names.iter().any(|n| n == name)
+                && o["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty())
+                && o["status"]["observedGeneration"].is_i64()
+                && protected.contains(&names::state_secret_name(&names::state_suffix(
+                    Kind::TerraformMachine,
+                    name,
+                )))
+        })
+        .count()
+}
+
+/// What the bench's watches saw, with the moment they saw it.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<SeenInner>>);
+
+#[derive(Default)]
+struct SeenInner {
+    jobs: BTreeSet<String>,
+    complete: HashMap<String, Instant>,
+    released: HashMap<String, Instant>,
+}
+
+impl Seen {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SeenInner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn counts(&self) -> (usize, usize, usize) {
+        let s = self.lock();
+        (s.jobs.len(), s.complete.len(), s.released.len())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn take(
+        &self,
+    ) -> (
+        HashMap<String, Instant>,
+        HashMap<String, Instant>,
+        BTreeSet<String>,
+    ) {
+        let mut s = self.lock();
+        (
+            std::mem::take(&mut s.complete),
+            std::mem::take(&mut s.released),
+            std::mem::take(&mut s.jobs),
+        )
+    }
+}
+
+/// A client of the test server whose requests carry `User-Agent: captf-scale-bench`, so
+/// that they are not counted as the manager's.
+async fn bench_client(kubeconfig: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("config");
+    cfg.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static("captf-scale-bench"),
+    ));
+    kube::Client::try_from(cfg).expect("client")
+}
+
+/// Records when each object's destroy Job is first seen Complete.
+async fn watch_jobs(kubeconfig: std::path::PathBuf, seen: Seen) {
+    let api: Api<Job> = Api::namespaced(bench_client(&kubeconfig).await, NS);
+    let stream = watcher(api, watcher::Config::default());
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        let (watcher::Event::Apply(j) | watcher::Event::InitApply(j)) = (match ev {
+            Ok(e) => e,
+            Err(_) => continue,
+        }) else {
+            continue;
+        };
+        let Some(owner) = j.labels().get(names::LABEL_OWNER_NAME).cloned() else {
+            continue;
+        };
+        let complete = j
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Complete" && c.status == "True")
+            });
+        let mut s = seen.lock();
+        s.jobs.insert(j.name_any());
+        if complete {
+            s.complete.entry(owner).or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// Records when each object goes (its finalizer removed).
+async fn watch_releases(kubeconfig: std::path::PathBuf, seen: Seen) {
+    let api: Api<Tfm> = Api::namespaced(bench_client(&kubeconfig).await, NS);
+    let stream = watcher(api, watcher::Config::default());
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        if let Ok(watcher::Event::Delete(o)) = ev {
+            seen.lock()
+                .released
+                .entry(o.name_any())
+                .or_insert_with(Instant::now);
+        }
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    env: &Env,
+    manager: &mut Child,
+    pid: u32,
+    names: &[String],
+    log_path: &Path,
+    markers: &Path,
+    n: usize,
+    jobs: usize,
+) -> Result<(), String> {
+    let store = env.server.store();
+    let log = env.server.request_log();
+    // Let the manager take the objects in (finalizer, first status, protected state) and
+    // go quiet, so that what follows is the deletion only.
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(st)) = manager.try_wait() {
+            return Err(format!(
+                "the manager exited ({st}); its log: {}",
+                log_path.display()
+            ));
+        }
+        if settled(&store, names) == n {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            return Err(format!(
+                "only {} of {n} objects were taken in by the manager in 120s",
+                settled(&store, names)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut last = log.snapshot().values().sum::<u64>();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = log.snapshot().values().sum::<u64>();
+        // Only watch bookmarks and the RBAC sweep's reads remain.
+        if now - last < 20 {
+            break;
+        }
+        last = now;
+    }
+    println!(
+        "  the manager took the {n} objects in ({:.1}s); RSS before the deletion: {:.1} MiB",
+        t.elapsed().as_secs_f64(),
+        vm_hwm_kib(pid, "VmRSS:").unwrap_or(0) as f64 / 1024.0
+    );
+
+    // Delete all at once (in-process: not counted as API requests).
+    log.reset();
+    let log_offset = std::fs::metadata(log_path).map(|m| m.len()).unwrap_or(0);
+    let t0 = Instant::now();
+    let wall0 = jiff::Timestamp::now();
+    for name in names {
+        store
+            .delete(TFM_API, "terraformmachines", Some(NS), name)
+            .map_err(|e| format!("delete {name}: {e:?}"))?;
+    }
+    println!("  deleted {n} objects at once; waiting for the releases");
+
+    let seen = Seen::default();
+    let watchers = [
+        tokio::spawn(watch_jobs(
+            env.server.kubeconfig_path().to_path_buf(),
+            seen.clone(),
+        )),
+        tokio::spawn(watch_releases(
+            env.server.kubeconfig_path().to_path_buf(),
+            seen.clone(),
+        )),
+    ];
+    let mut last_report = Instant::now();
+    let timeout = Duration::from_secs(120 + n as u64 * 2);
+    loop {
+        let (created, complete, released) = seen.counts();
+        if released >= n {
+            break;
+        }
+        if let Ok(Some(st)) = manager.try_wait() {
+            return Err(format!(
+                "the manager exited ({st}); its log: {}",
+                log_path.display()
+            ));
+        }
+        if t0.elapsed() > timeout {
+            return Err(format!(
+                "{released} of {n} objects released after {timeout:?}"
+            ));
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            println!(
+                "  … {:>4.0}s: {created} destroy Jobs created, {complete} complete, {released} released",
+                t0.elapsed().as_secs_f64(),
+            );
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for w in watchers {
+        w.abort();
+    }
+    let (complete_seen, gone, jobs_created) = seen.take();
+    let window = t0.elapsed();
+    let wall1 = jiff::Timestamp::now();
+    // The runner RBAC goes with the sweep once nothing is left: part of the deletions' cost.
+    let swept = tokio::time::timeout(Duration::from_secs(10), async {
+        while store
+            .get("v1", "serviceaccounts", Some(NS), names::RUNNER_NAME)
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .is_ok();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let peak_kib = vm_hwm_kib(pid, "VmHWM:").unwrap_or(0);
+    let by_client = log.snapshot_by_client();
+
+    // (a) requests per deletion.
+    let manager_client = "-";
+    let mut per: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut clients: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let is_write = |v: &str| captf_testserver::requestlog::WRITE_VERBS.contains(&v);
+    for ((client, verb, resource, sub), count) in &by_client {
+        let e = clients.entry(client.clone()).or_default();
+        if is_write(verb) {
+            e.0 += count;
+        } else {
+            e.1 += count;
+        }
+        if client == manager_client {
+            let res = if sub.is_empty() {
+                resource.clone()
+            } else {
+                format!("{resource}/{sub}")
+            };
+            *per.entry((verb.to_string(), res)).or_default() += count;
+        }
+    }
+    let sum = |f: &dyn Fn(&str, &str) -> bool| -> u64 {
+        per.iter()
+            .filter(|((v, r), _)| f(v, r))
+            .map(|(_, c)| *c)
+            .sum()
+    };
+    let object_resources = [
+        "terraformmachines",
+        "secrets",
+        "jobs",
+        "pods",
+        "leases",
+        "serviceaccounts",
+        "roles",
+        "rolebindings",
+    ];
+    let object_writes = sum(&|v, r| is_write(v) && object_resources.contains(&r));
+    let status_writes = sum(&|v, r| is_write(v) && r.ends_with("/status"));
+    let event_writes = sum(&|v, r| is_write(v) && r == "events");
+    let reads = sum(&|v, _| !is_write(v));
+    let per_del = |x: u64| x as f64 / n as f64;
+
+    // (b) Job completion -> release.
+    let mut lat: Vec<Duration> = names
+        .iter()
+        .filter_map(|name| {
+            let c = complete_seen.get(name)?;
+            let g = gone.get(name)?;
+            Some(g.saturating_duration_since(*c))
+        })
+        .collect();
+    lat.sort();
+
+    // (d) reconcile passes: the manager's `decision` lines during the deletion.
+    let text = std::fs::read_to_string(log_path).unwrap_or_default();
+    let mut buckets: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut passes = 0u64;
+    for l in text.get(log_offset as usize..).unwrap_or_default().lines() {
+        let Ok(v) = serde_json::from_str::<Value>(l) else {
+            continue;
+        };
+        // The `decision` line of each pass (its `message` field is the decision's).
+        if !v["fields"]["action"].is_string() {
+            continue;
+        }
+        let Some(ts) = v["timestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        else {
+            continue;
+        };
+        if ts < wall0 || ts > wall1 {
+            continue;
+        }
+        passes += 1;
+        *buckets.entry(ts.as_second()).or_default() += 1;
+    }
+    let peak_rate = buckets.values().copied().max().unwrap_or(0);
+    let destroyed = (0..n)
+        .filter(|i| {
+            (0..2).all(|k| {
+                markers
+                    .join(format!("{}-{k}.destroyed", name_of(*i)))
+                    .exists()
+            })
+        })
+        .count();
+
+    println!();
+    println!(
+        "Deleted {n} TerraformMachines in {:.1}s ({} destroy Jobs, {} at a time; {destroyed}/{n} objects' instances destroyed by terraform; runner RBAC swept: {})",
+        window.as_secs_f64(),
+        jobs_created.len(),
+        jobs,
+        if swept { "yes" } else { "NO" }
+    );
+    println!();
+    println!("{:<58} {:>12}   target", "measure", "figure");
+    println!("{}", "-".repeat(96));
+    let row = |what: &str, figure: String, target: &str, ok: Option<bool>| {
+        let mark = match ok {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "",
+        };
+        println!("{what:<58} {figure:>12}   {target:<12} {mark}");
+    };
+    let ow = per_del(object_writes);
+    row(
+        "(a) writes of objects/Secrets/Jobs/Pods/Leases/RBAC per deletion",
+        format!("{ow:.2}"),
+        "<= 12",
+        Some(ow <= 12.0),
+    );
+    row(
+        "    status writes per deletion",
+        format!("{:.2}", per_del(status_writes)),
+        "",
+        None,
+    );
+    row(
+        "    Event writes per deletion",
+        format!("{:.2}", per_del(event_writes)),
+        "",
+        None,
+    );
+    row(
+        "    reads (get/list/watch) per deletion",
+        format!("{:.2}", per_del(reads)),
+        "",
+        None,
+    );
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    let p50 = percentile(&lat, 0.50);
+    let p95 = percentile(&lat, 0.95);
+    let max = lat.last().copied().unwrap_or_default();
+    row(
+        "(b) destroy Job Complete -> object released, p50",
+        ms(p50),
+        "< 1 s",
+        Some(p50 < Duration::from_secs(1)),
+    );
+    row(
+        "                                              p95",
+        ms(p95),
+        "< 1 s",
+        Some(p95 < Duration::from_secs(1)),
+    );
+    row(
+        "                                              max",
+        ms(max),
+        "< 1 s",
+        Some(max < Duration::from_secs(1)),
+    );
+    let mib = peak_kib as f64 / 1024.0;
+    row(
+        "(c) manager peak RSS (VmHWM)",
+        format!("{mib:.1} MiB"),
+        "< 100 MiB",
+        Some(mib < 100.0),
+    );
+    row(
+        "(d) reconcile passes per second, mean over the deletion",
+        format!("{:.1}", passes as f64 / window.as_secs_f64()),
+        "",
+        None,
+    );
+    row(
+        "                                   peak (1 s buckets)",
+        format!("{peak_rate}"),
+        "",
+        None,
+    );
+    row(
+        "    reconcile passes per deletion",
+        format!("{:.2}", per_del(passes)),
+        "",
+        None,
+    );
+    println!();
+    println!(
+        "(b) from the bench's own watches (User-Agent captf-scale-bench, not counted as the manager's); {} of {n} objects had their Job seen Complete.",
+        lat.len()
+    );
+    println!();
+    println!(
+        "Manager requests during the deletion, per deletion (verb resource: total / per deletion):"
+    );
+    for ((verb, res), count) in &per {
+        println!("  {verb:<8} {res:<28} {count:>7}  {:>6.2}", per_del(*count));
+    }
+    println!();
+    println!(
+        "All clients (by User-Agent; the manager's kube-rs sends none: \"-\"): writes / reads"
+    );
+    for (client, (w, r)) in &clients {
+        println!("  {client:<12} {w:>7} / {r:>7}");
+    }
+    Ok(())
+}

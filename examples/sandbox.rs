@@ -1,0 +1,537 @@
+//! `cargo run --release --example sandbox`: a whole clean teardown in one process.
+//!
+//! Starts the test API server, the local Job runner (which runs the destroy Jobs with the
+//! real `terraform`) and the real manager (`captf::controller::run`), creates a CAPI
+//! Cluster `prod` with a TerraformCluster, two TerraformMachines and a TerraformMachinePool
+//! (a module of `terraform_data` instances), applies them through the real Terraform as the
+//! apply path would, deletes the Cluster, and prints the teardown as it happens: decision
+//! changes, Jobs, Events, then an inventory of what is left in the namespace and the destroy
+//! markers Terraform wrote. Exit status 0 when everything was destroyed and released, 1 when
+//! the teardown did not complete in time or left something behind, 2 when `terraform` is
+//! missing. Manager logs go to stderr with `CAPTF_SANDBOX_LOG=1`.
+
+#[path = "../tests/integration/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use captf::api::TerraformObject;
+use captf::api::names::{self, Kind};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ListParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use support::{Env, NS, Tfc, Tfm, Tfmp, module, wait_for};
+
+/// How long the teardown may take before the sandbox gives up (it takes a few seconds).
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(45);
+const CLUSTER: &str = "prod";
+const OBJECTS: [(Kind, &str); 4] = [
+    (Kind::TerraformMachine, "web-1"),
+    (Kind::TerraformMachine, "web-2"),
+    (Kind::TerraformMachinePool, "pool"),
+    (Kind::TerraformCluster, "prod"),
+];
+
+fn now() -> String {
+    jiff::Zoned::now().strftime("%H:%M:%S%.3f").to_string()
+}
+
+fn line(what: &str, text: &str) {
+    println!("{}  {what:<36}  {text}", now());
+}
+
+fn main() -> ExitCode {
+    if !support::on_path("terraform") {
+        eprintln!(
+            "error: `terraform` is not on PATH. The sandbox runs the real Terraform (the apply, \
+             and the destroy in each Job); install it (1.11.x) and run again."
+        );
+        return ExitCode::from(2);
+    }
+    if std::env::var("CAPTF_SANDBOX_LOG").as_deref() == Ok("1") {
+        captf::telemetry::init();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(sandbox()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("\nerror: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn sandbox() -> Result<(), String> {
+    let started = Instant::now();
+    println!(
+        "CAPTF sandbox: test API server + local Job runner (real terraform) + the real manager, in one process"
+    );
+    let mut env = Env::start("sandbox").await;
+    env.start_manager();
+    let markers = env.markers();
+
+    let uid = env.create_cluster(CLUSTER).await;
+    env.create_object::<Tfc>("prod", CLUSTER, &uid, &markers)
+        .await;
+    env.create_object::<Tfm>("web-1", CLUSTER, &uid, &markers)
+        .await;
+    env.create_object::<Tfm>("web-2", CLUSTER, &uid, &markers)
+        .await;
+    env.create_object::<Tfmp>("pool", CLUSTER, &uid, &markers)
+        .await;
+    line(
+        &format!("Cluster {NS}/{CLUSTER}"),
+        "created with TerraformCluster prod, TerraformMachines web-1 and web-2, TerraformMachinePool pool",
+    );
+    wait_for("the manager's finalizers", TEARDOWN_TIMEOUT, || async {
+        has_finalizer::<Tfc>(&env, "prod").await
+            && has_finalizer::<Tfm>(&env, "web-1").await
+            && has_finalizer::<Tfm>(&env, "web-2").await
+            && has_finalizer::<Tfmp>(&env, "pool").await
+    })
+    .await;
+    line("manager", "put its finalizer on the four objects");
+
+    // What the apply path does: inputs Secret, applied-at, `terraform apply` through the
+    // kubernetes backend, the state's fingerprint on the object.
+    let body = module(0);
+    env.apply::<Tfc>("prod", &body, &markers).await;
+    env.apply::<Tfm>("web-1", &body, &markers).await;
+    env.apply::<Tfm>("web-2", &body, &markers).await;
+    env.apply::<Tfmp>("pool", &body, &markers).await;
+    line(
+        "terraform apply",
+        "4 states in Secrets (terraform_data.vm[0], vm[1] each); inputs Secrets and fingerprints recorded",
+    );
+
+    let watchers = vec![
+        tokio::spawn(watch_objects::<Tfc>(env.client.clone())),
+        tokio::spawn(watch_objects::<Tfm>(env.client.clone())),
+        tokio::spawn(watch_objects::<Tfmp>(env.client.clone())),
+        tokio::spawn(watch_jobs(env.client.clone())),
+        tokio::spawn(watch_events(env.client.clone())),
+    ];
+    // Let the watchers list what exists before the deletion starts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    println!();
+    line(
+        &format!("Cluster {NS}/{CLUSTER}"),
+        "DELETE (background): the garbage collector deletes the four objects it owns",
+    );
+    let deleted_at = Instant::now();
+    env.delete_cluster(CLUSTER).await;
+
+    let all_gone = async {
+        loop {
+            let mut left = 0;
+            for (kind, name) in OBJECTS {
+                if exists(&env, kind, name).await {
+                    left += 1;
+                }
+            }
+            if left == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if tokio::time::timeout(TEARDOWN_TIMEOUT, all_gone)
+        .await
+        .is_err()
+    {
+        let mut report = Vec::new();
+        for (kind, name) in OBJECTS {
+            if let Some(conds) = deleting_condition(&env, kind, name).await {
+                report.push(format!("  {kind} {NS}/{name}: {conds}"));
+            }
+        }
+        for w in &watchers {
+            w.abort();
+        }
+        env.shutdown().await;
+        return Err(format!(
+            "the teardown did not complete within {TEARDOWN_TIMEOUT:?}; still there:\n{}",
+            report.join("\n")
+        ));
+    }
+    let teardown = deleted_at.elapsed();
+    // The runner RBAC goes with the periodic sweep once no CAPTF object is left.
+    let rbac_swept = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), NS);
+            if matches!(sas.get_opt(names::RUNNER_NAME).await, Ok(None)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .is_ok();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for w in &watchers {
+        w.abort();
+    }
+
+    println!();
+    println!(
+        "Teardown complete in {:.1}s (all four objects released).",
+        teardown.as_secs_f64()
+    );
+    println!("\nLeft in namespace {NS}:");
+    let left = inventory(&env.client).await?;
+    let destroyed = destroy_markers(&markers);
+    println!(
+        "\nTerraform destroy markers (one file per terraform_data instance, written by its destroy provisioner):"
+    );
+    let mut missing = Vec::new();
+    for (_, name) in OBJECTS {
+        let mut have = Vec::new();
+        for i in 0..2 {
+            let instance = format!("{name}-{i}");
+            if destroyed.contains_key(&instance) {
+                have.push(format!("vm[{i}]"));
+            } else {
+                missing.push(instance);
+            }
+        }
+        println!("  {name:<6} destroyed: {}", have.join(", "));
+    }
+    println!(
+        "\n{} of 8 instances destroyed by terraform; {} object(s) left; done in {:.1}s overall.",
+        8 - missing.len(),
+        left,
+        started.elapsed().as_secs_f64()
+    );
+    env.shutdown().await;
+    if !missing.is_empty() {
+        return Err(format!("Terraform did not destroy {}", missing.join(", ")));
+    }
+    if left > 0 || !rbac_swept {
+        return Err(format!(
+            "the teardown left {left} object(s) in namespace {NS}{}",
+            if rbac_swept {
+                ""
+            } else {
+                " (the runner RBAC was not swept within 10s)"
+            }
+        ));
+    }
+    Ok(())
+}
+
+async fn has_finalizer<K: TerraformObject>(env: &Env, name: &str) -> bool {
+    env.object::<K>(name)
+        .await
+        .is_some_and(|o| o.finalizers().iter().any(|f| f == K::KIND.finalizer()))
+}
+
+async fn exists(env: &Env, kind: Kind, name: &str) -> bool {
+    match kind {
+        Kind::TerraformCluster => env.exists::<Tfc>(name).await,
+        Kind::TerraformMachine => env.exists::<Tfm>(name).await,
+        Kind::TerraformMachinePool => env.exists::<Tfmp>(name).await,
+    }
+}
+
+async fn deleting_condition(env: &Env, kind: Kind, name: &str) -> Option<String> {
+    let c = match kind {
+        Kind::TerraformCluster => env.condition::<Tfc>(name, "Deleting").await,
+        Kind::TerraformMachine => env.condition::<Tfm>(name, "Deleting").await,
+        Kind::TerraformMachinePool => env.condition::<Tfmp>(name, "Deleting").await,
+    };
+    match c {
+        Some((s, r, m)) => Some(format!("Deleting={s} {r}: {m}")),
+        None => Some("no Deleting condition yet".into()),
+    }
+}
+
+/// A watch stream of `api` that survives reconnects (the watcher re-lists itself).
+fn events_of<K>(api: Api<K>) -> impl Stream<Item = watcher::Event<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    watcher(api, watcher::Config::default()).filter_map(|r| async move { r.ok() })
+}
+
+/// Prints an object's deletion, each change of its Deleting condition (and of
+/// DeletionBlocked while it is True), and its release.
+async fn watch_objects<K>(client: Client)
+where
+    K: TerraformObject + Send + Sync + 'static,
+{
+    let api: Api<K> = Api::namespaced(client, NS);
+    let mut seen: BTreeMap<String, (bool, String, String)> = BTreeMap::new();
+    let stream = events_of(api);
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+                let name = o.name_any();
+                let who = format!("{} {NS}/{name}", K::KIND);
+                let deleting = o.meta().deletion_timestamp.is_some();
+                if !deleting {
+                    continue;
+                }
+                let cond = |t: &str| {
+                    o.status()
+                        .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
+                        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+                };
+                let entry =
+                    seen.entry(name.clone())
+                        .or_insert((false, String::new(), String::new()));
+                if !entry.0 {
+                    entry.0 = true;
+                    line(&who, "deletion requested (deletionTimestamp set)");
+                }
+                if let Some((_, r, m)) = cond("DeletionBlocked").filter(|(s, _, _)| s == "True") {
+                    let text = format!("DeletionBlocked={r}  {m}");
+                    if entry.2 != text {
+                        line(&who, &text);
+                        entry.2 = text;
+                    }
+                }
+                // NotDeleting is what the object said before this deletion was looked at.
+                if let Some((_, r, m)) = cond("Deleting").filter(|(_, r, _)| r != "NotDeleting") {
+                    let text = format!("Deleting={r}  {m}");
+                    if entry.1 != text {
+                        line(&who, &text);
+                        entry.1 = text;
+                    }
+                }
+            }
+            watcher::Event::Delete(o) => {
+                let name = o.name_any();
+                line(
+                    &format!("{} {NS}/{name}", K::KIND),
+                    "released: finalizer removed, object gone",
+                );
+                seen.remove(&name);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Prints each Job when it is created, when it finishes and when it is deleted.
+async fn watch_jobs(client: Client) {
+    let api: Api<Job> = Api::namespaced(client, NS);
+    let mut seen: BTreeMap<String, (Instant, bool)> = BTreeMap::new();
+    let stream = events_of(api);
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            watcher::Event::Apply(j) | watcher::Event::InitApply(j) => {
+                let name = j.name_any();
+                let who = format!("Job {NS}/{name}");
+                let entry = seen.entry(name.clone()).or_insert_with(|| {
+                    let labels = j.labels();
+                    let owner = format!(
+                        "{} {}",
+                        labels
+                            .get(names::LABEL_OWNER_KIND)
+                            .map(String::as_str)
+                            .unwrap_or("?"),
+                        labels
+                            .get(names::LABEL_OWNER_NAME)
+                            .map(String::as_str)
+                            .unwrap_or("?")
+                    );
+                    let attempt = labels
+                        .get(names::LABEL_ATTEMPT)
+                        .map(String::as_str)
+                        .unwrap_or("?");
+                    line(
+                        &who,
+                        &format!("created: terraform destroy, attempt {attempt} for {owner}"),
+                    );
+                    (Instant::now(), false)
+                });
+                if entry.1 {
+                    continue;
+                }
+                let done = j
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|cs| {
+                        cs.iter().find(|c| {
+                            (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                        })
+                    })
+                    .map(|c| c.type_.clone());
+                if let Some(t) = done {
+                    entry.1 = true;
+                    line(
+                        &who,
+                        &format!(
+                            "finished: {t} ({:.1}s after it was seen created)",
+                            entry.0.elapsed().as_secs_f64()
+                        ),
+                    );
+                }
+            }
+            watcher::Event::Delete(j) => {
+                line(&format!("Job {NS}/{}", j.name_any()), "deleted");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Prints each Event the manager records (events.k8s.io/v1).
+async fn watch_events(client: Client) {
+    let api: Api<Event> = Api::namespaced(client, NS);
+    let mut seen: BTreeMap<String, i32> = BTreeMap::new();
+    let stream = events_of(api);
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        if let watcher::Event::Apply(e) | watcher::Event::InitApply(e) = ev {
+            let count = e.deprecated_count.unwrap_or(1);
+            let key = e.name_any();
+            if seen.get(&key) == Some(&count) {
+                continue;
+            }
+            seen.insert(key, count);
+            let regarding = e
+                .regarding
+                .as_ref()
+                .map(|r| {
+                    format!(
+                        "{} {}/{}",
+                        r.kind.clone().unwrap_or_default(),
+                        r.namespace.clone().unwrap_or_default(),
+                        r.name.clone().unwrap_or_default()
+                    )
+                })
+                .unwrap_or_default();
+            line(
+                &regarding,
+                &format!(
+                    "Event {} {}: {}",
+                    e.type_.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    e.note.clone().unwrap_or_default()
+                ),
+            );
+        }
+    }
+}
+
+/// Prints what is left in the namespace; returns how many objects that is.
+async fn inventory(client: &Client) -> Result<usize, String> {
+    async fn names_of<K>(api: Api<K>, filter: impl Fn(&K) -> bool) -> Result<Vec<String>, String>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        Ok(api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| format!("listing: {e}"))?
+            .items
+            .iter()
+            .filter(|o| filter(o))
+            .map(|o| o.name_any())
+            .collect())
+    }
+    let c = client.clone();
+    let runner = |n: String| n == names::RUNNER_NAME;
+    let rows: Vec<(&str, Vec<String>)> = vec![
+        (
+            "TerraformClusters",
+            names_of(Api::<Tfc>::namespaced(c.clone(), NS), |_| true).await?,
+        ),
+        (
+            "TerraformMachines",
+            names_of(Api::<Tfm>::namespaced(c.clone(), NS), |_| true).await?,
+        ),
+        (
+            "TerraformMachinePools",
+            names_of(Api::<Tfmp>::namespaced(c.clone(), NS), |_| true).await?,
+        ),
+        (
+            "Secrets (state, inputs, backup)",
+            names_of(Api::<Secret>::namespaced(c.clone(), NS), |_| true).await?,
+        ),
+        (
+            "Jobs",
+            names_of(Api::<Job>::namespaced(c.clone(), NS), |_| true).await?,
+        ),
+        (
+            "Pods",
+            names_of(Api::<Pod>::namespaced(c.clone(), NS), |_| true).await?,
+        ),
+        (
+            "Leases (terraform locks)",
+            names_of(Api::<Lease>::namespaced(c.clone(), NS), |_| true).await?,
+        ),
+        (
+            "runner ServiceAccount",
+            names_of(Api::<ServiceAccount>::namespaced(c.clone(), NS), |o| {
+                runner(o.name_any())
+            })
+            .await?,
+        ),
+        (
+            "runner Role",
+            names_of(Api::<Role>::namespaced(c.clone(), NS), |o| {
+                runner(o.name_any())
+            })
+            .await?,
+        ),
+        (
+            "runner RoleBinding",
+            names_of(Api::<RoleBinding>::namespaced(c.clone(), NS), |o| {
+                runner(o.name_any())
+            })
+            .await?,
+        ),
+    ];
+    let mut total = 0;
+    for (what, items) in rows {
+        total += items.len();
+        let shown = if items.is_empty() {
+            "none".to_string()
+        } else {
+            items.join(", ")
+        };
+        println!("  {what:<32} {shown}");
+    }
+    Ok(total)
+}
+
+/// `<name>-<i>` -> the marker file, for every instance Terraform destroyed.
+fn destroy_markers(dir: &Path) -> BTreeMap<String, std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".destroyed")
+                .map(|n| (n.to_string(), e.path()))
+        })
+        .collect()
+}
