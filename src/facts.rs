@@ -189,6 +189,12 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
     };
 
     let (attempt, last_attempt) = destroy_history(o, &suffix);
+    let attempt_unstarted = attempt > 0
+        && annotation(&o.meta, names::DESTROY_FAILED_AT).is_none()
+        && !o.jobs.iter().any(|j| {
+            job::operation_of(j) == Some(names::OPERATION_DESTROY)
+                && job::attempt_of(j) == Some(attempt)
+        });
     let blocker = blocker(o, &suffix, &namespace, &mut extras);
 
     let facts = Facts {
@@ -205,6 +211,7 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
         abandon: annotation(&o.meta, names::ABANDON) == Some("true"),
         attempt,
         last_attempt,
+        attempt_unstarted,
         blocker,
         now: o.now,
         backoff: settings.backoff,

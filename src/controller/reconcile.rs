@@ -430,9 +430,22 @@ async fn start_attempt<K: TerraformObject>(
         (names::DESTROY_FAILED_AT, None),
         (names::CLUSTERCTL_BLOCK_MOVE, Some("true".to_string())),
     ];
-    guarded_patch(api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
+    let written = guarded_patch(api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     let created = writes::create_if_absent(&jobs, &job).await?;
+    if !created {
+        // The name is taken. By this attempt's own Job (a restart): nothing to do. By a
+        // Job of an earlier object of this name: move on to the next number.
+        let existing = jobs.get_opt(&job.name_any()).await?;
+        let foreign = existing
+            .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != obj.meta().uid.as_ref());
+        if foreign {
+            let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
+            let bump = [(names::DESTROY_ATTEMPT, Some((n + 1).to_string()))];
+            guarded_patch(api, current, annotation_ops(current, &bump)).await?;
+            return Ok(Requeue::requeue(Duration::ZERO));
+        }
+    }
     if created {
         ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
         publish(

@@ -195,6 +195,10 @@ pub struct Facts {
     /// The number in `A/destroy-attempt` (0 when none).
     pub attempt: u32,
     pub last_attempt: LastAttempt,
+    /// The attempt in `A/destroy-attempt` was written but its Job never seen (a restart
+    /// between the write-ahead record and the Job's creation): that same attempt starts,
+    /// under the same Job name, so no attempt is lost or repeated.
+    pub attempt_unstarted: bool,
     /// Why a destroy cannot start now, if anything keeps it.
     pub blocker: Option<Blocker>,
     pub now: Timestamp,
@@ -505,7 +509,11 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
         let d = Desired::new(cond::DELETING, Status::True, reason::CLEANING_UP, msg);
         return finish(Some(8), Action::CleanUp, d, others, None, None, None);
     }
-    let next = f.attempt + 1;
+    let next = if f.attempt_unstarted && f.last_attempt == LastAttempt::NoneFinished {
+        f.attempt
+    } else {
+        f.attempt + 1
+    };
     let failure = match &f.last_attempt {
         LastAttempt::NoneFinished => None,
         LastAttempt::Succeeded => Some((

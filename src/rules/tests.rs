@@ -23,6 +23,7 @@ fn facts() -> Facts {
         abandon: false,
         attempt: 0,
         last_attempt: LastAttempt::NoneFinished,
+        attempt_unstarted: false,
         blocker: None,
         now: t("2026-12-01T12:00:00Z"),
         backoff: Backoff::default(),
@@ -247,6 +248,16 @@ fn row7_numbers_the_attempt_after_the_recorded_one() {
         ..facts()
     });
     assert_eq!(d.start_attempt, Some(4));
+}
+
+#[test]
+fn row7_restarts_an_attempt_recorded_but_never_started_under_the_same_number() {
+    let d = decide(&Facts {
+        attempt: 2,
+        attempt_unstarted: true,
+        ..facts()
+    });
+    assert_eq!((d.row, d.start_attempt), (Some(7), Some(2)));
 }
 
 #[test]
