@@ -66,7 +66,7 @@ pub async fn reconcile<K: TerraformObject>(
     info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, message = %decision.deleting().message, "decision");
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
-    if bookkeeping(&ctx, &api, obj.as_ref(), &observed, &facts).await? {
+    if bookkeeping(&ctx, &api, obj.as_ref(), &observed, &facts, &decision).await? {
         // The object changed; the next pass decides on fresh facts.
         return Ok(Requeue::requeue(Duration::ZERO));
     }
@@ -164,6 +164,7 @@ async fn bookkeeping<K: TerraformObject>(
     obj: &K,
     o: &Observed,
     facts: &Facts,
+    decision: &Decision,
 ) -> Result<bool, Error> {
     let mut edits: Vec<(&str, Option<String>)> = Vec::new();
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
@@ -224,13 +225,21 @@ async fn bookkeeping<K: TerraformObject>(
     }
 
     // block-move: on while a Job is unfinished, and from deletion until the finalizer goes.
-    let want_block = facts.deleting || !facts.unfinished_jobs.is_empty();
+    // When the action itself writes the object (the attempt number, the cleanup marker,
+    // the release), block-move goes into that write instead of one of its own.
+    let action_writes_object = decision.start_attempt.is_some()
+        || matches!(
+            decision.action,
+            Action::CleanUp | Action::Abandon | Action::RemoveFinalizer
+        );
+    let want_block = (facts.deleting && !action_writes_object) || !facts.unfinished_jobs.is_empty();
+    let keep_block = facts.deleting;
     match (
         want_block,
         annotation(obj, names::CLUSTERCTL_BLOCK_MOVE).is_some(),
     ) {
         (true, false) => edits.push((names::CLUSTERCTL_BLOCK_MOVE, Some("true".into()))),
-        (false, true) => edits.push((names::CLUSTERCTL_BLOCK_MOVE, None)),
+        (false, true) if !keep_block => edits.push((names::CLUSTERCTL_BLOCK_MOVE, None)),
         _ => {}
     }
 
@@ -664,10 +673,13 @@ async fn cleanup<K: TerraformObject>(
     if annotation(obj, names::CLEANUP_STARTED).is_none() {
         let ops = annotation_ops(
             obj.meta(),
-            &[(
-                names::CLEANUP_STARTED,
-                Some(names::CLEANUP_DESTROYED.into()),
-            )],
+            &[
+                (
+                    names::CLEANUP_STARTED,
+                    Some(names::CLEANUP_DESTROYED.into()),
+                ),
+                (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
+            ],
         );
         if let Some(updated) = guarded_patch(api, obj.meta(), ops).await? {
             current = updated;
@@ -675,15 +687,31 @@ async fn cleanup<K: TerraformObject>(
     }
     delete_jobs(ctx, &ns, o).await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut names_left = Vec::new();
     for base in [
         names::inputs_secret_name(&suffix),
         names::state_secret_name(&suffix),
         names::backup_secret_name(&suffix),
         names::errored_secret_name(&suffix),
     ] {
-        for name in chunk_names(&secrets, &base).await? {
-            writes::delete_if_present(&secrets, &name).await?;
-            writes::remove_finalizer_if_present(&secrets, &name, names::PROTECT_FINALIZER).await?;
+        names_left.extend(chunk_names(&secrets, &base).await?);
+    }
+    // The protection finalizers first (the cleanup marker is written: a crash from here on
+    // resumes the cleanup), then one delete of everything labelled as this object's, then
+    // whatever that missed (a state Secret written without the owner labels).
+    for name in &names_left {
+        writes::remove_finalizer_if_present(&secrets, name, names::PROTECT_FINALIZER).await?;
+    }
+    let uid = obj.meta().uid.clone().unwrap_or_default();
+    if !uid.is_empty() && !names_left.is_empty() {
+        let lp = ListParams::default().labels(&observe::owner_selector(&uid));
+        secrets
+            .delete_collection(&kube::api::DeleteParams::background(), &lp)
+            .await?;
+    }
+    for name in &names_left {
+        if secrets.get_metadata_opt(name).await?.is_some() {
+            writes::delete_if_present(&secrets, name).await?;
         }
     }
     delete_lock_if_free(ctx, &ns, &suffix, o).await?;
@@ -723,10 +751,13 @@ async fn abandon<K: TerraformObject>(
     if annotation(obj, names::CLEANUP_STARTED).is_none() {
         let ops = annotation_ops(
             obj.meta(),
-            &[(
-                names::CLEANUP_STARTED,
-                Some(names::CLEANUP_ABANDONED.into()),
-            )],
+            &[
+                (
+                    names::CLEANUP_STARTED,
+                    Some(names::CLEANUP_ABANDONED.into()),
+                ),
+                (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
+            ],
         );
         if let Some(updated) = guarded_patch(api, obj.meta(), ops).await? {
             current = updated;
