@@ -153,29 +153,13 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
     env.shutdown().await;
 }
 
-/// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running (it has
-/// put its finalizer on the object) with the given retry backoff base.
+/// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running.
 async fn machine_env(
     tag: &str,
     fail_destroys: u32,
     backoff_base: Duration,
 ) -> (Env, std::path::PathBuf) {
-    let mut env = Env::start(tag).await;
-    env.config.settings.backoff.base = backoff_base;
-    env.start_manager();
-    let markers = env.markers();
-    let uid = env.create_cluster("prod").await;
-    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
-        .await;
-    wait_for("the finalizer", LONG, || async {
-        env.object::<Tfm>("web-1")
-            .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
-    env.apply::<Tfm>("web-1", &module(fail_destroys), &markers)
-        .await;
-    (env, markers)
+    Env::with_machine(tag, &module(fail_destroys), backoff_base).await
 }
 
 const FAST: Duration = Duration::from_millis(300);
@@ -544,20 +528,7 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
 }
 
 async fn machine_with(tag: &str, module_body: &str) -> (Env, std::path::PathBuf) {
-    let mut env = Env::start(tag).await;
-    env.start_manager();
-    let markers = env.markers();
-    let uid = env.create_cluster("prod").await;
-    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
-        .await;
-    wait_for("the finalizer", LONG, || async {
-        env.object::<Tfm>("web-1")
-            .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
-    env.apply::<Tfm>("web-1", module_body, &markers).await;
-    (env, markers)
+    Env::with_machine(tag, module_body, FAST).await
 }
 
 fn destroy_jobs(env: &Env) -> Vec<serde_json::Value> {

@@ -198,41 +198,12 @@ fn check_vars(path: &str, kind: &str, name: &str) -> String {
 /// finalizer is on the object) with the given retry backoff base. With `paused`, the
 /// object carries its own `cluster.x-k8s.io/paused` from the start.
 async fn machine(tag: &str, fail_destroys: u32, backoff_base: Duration) -> (Env, PathBuf) {
-    let mut env = Env::start(tag).await;
-    env.config.settings.backoff.base = backoff_base;
-    env.config.settings.backoff.max = backoff_base * 4;
-    env.start_manager();
-    let markers = env.markers();
-    let uid = env.create_cluster("prod").await;
-    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
-        .await;
-    wait_for("the finalizer", LONG, || async {
-        env.object::<Tfm>("web-1")
-            .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
-    env.apply::<Tfm>("web-1", &module(fail_destroys), &markers)
-        .await;
-    (env, markers)
+    Env::with_machine(tag, &module(fail_destroys), backoff_base).await
 }
 
 /// Waits for the state Secret's protection finalizer (set by the manager after apply).
 async fn wait_protected(env: &Env, secret: &str) {
-    wait_for("the protection finalizer on the state", LONG, || async {
-        env.secrets()
-            .get_opt(secret)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|s| {
-                s.metadata
-                    .finalizers
-                    .unwrap_or_default()
-                    .contains(&names::PROTECT_FINALIZER.to_string())
-            })
-    })
-    .await;
+    env.wait_protected(secret).await;
 }
 
 /// Loses the state Secret: strips its protection finalizer and deletes it, again until

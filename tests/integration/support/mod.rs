@@ -346,25 +346,8 @@ impl Env {
             terraform(&work, &init);
         }
         if self.manager.is_some() {
-            let state = names::state_secret_name(&suffix);
-            wait_for(
-                "the manager to protect the new state Secret",
-                Duration::from_secs(30),
-                || async {
-                    self.secrets()
-                        .get_opt(&state)
-                        .await
-                        .ok()
-                        .flatten()
-                        .is_some_and(|s| {
-                            s.metadata
-                                .finalizers
-                                .unwrap_or_default()
-                                .contains(&names::PROTECT_FINALIZER.to_string())
-                        })
-                },
-            )
-            .await;
+            self.wait_protected(&names::state_secret_name(&suffix))
+                .await;
         }
         terraform(
             &work,
@@ -707,6 +690,62 @@ impl Env {
             let _ = self.secrets().delete(name, &DeleteParams::default()).await;
             !self.secret_exists(name).await
         })
+        .await;
+    }
+}
+
+impl Env {
+    /// A Cluster `prod` with one applied TerraformMachine `web-1` of `module_body`, the
+    /// manager running (its finalizer is on the object) with the given retry backoff base
+    /// (capped at four times it).
+    pub async fn with_machine(
+        tag: &str,
+        module_body: &str,
+        backoff_base: Duration,
+    ) -> (Env, PathBuf) {
+        let mut env = Env::start(tag).await;
+        env.config.settings.backoff.base = backoff_base;
+        env.config.settings.backoff.max = backoff_base * 4;
+        env.start_manager();
+        let markers = env.markers();
+        let uid = env.create_cluster("prod").await;
+        env.create_object::<TerraformMachine>("web-1", "prod", &uid, &markers)
+            .await;
+        env.wait_finalizer::<TerraformMachine>("web-1").await;
+        env.apply::<TerraformMachine>("web-1", module_body, &markers)
+            .await;
+        (env, markers)
+    }
+
+    /// Waits until the manager has put its finalizer on the object.
+    pub async fn wait_finalizer<K: TerraformObject>(&self, name: &str) {
+        wait_for("the finalizer", Duration::from_secs(60), || async {
+            self.object::<K>(name)
+                .await
+                .is_some_and(|o| o.meta().finalizers.is_some())
+        })
+        .await;
+    }
+
+    /// Waits until a Secret carries the protection finalizer.
+    pub async fn wait_protected(&self, secret: &str) {
+        wait_for(
+            "the protection finalizer",
+            Duration::from_secs(60),
+            || async {
+                self.secrets()
+                    .get_opt(secret)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|s| {
+                        s.metadata
+                            .finalizers
+                            .unwrap_or_default()
+                            .contains(&names::PROTECT_FINALIZER.to_string())
+                    })
+            },
+        )
         .await;
     }
 }
