@@ -112,3 +112,32 @@ async fn probes_and_metrics_answer() {
 }
 
 const LONG_WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_filter_and_namespace_limit_what_a_manager_handles() {
+    let mut env = Env::start("filter").await;
+    env.config.watch_filter = Some("blue".into());
+    env.config.namespace = Some(NS.into());
+    env.start_manager();
+    let markers = env.markers();
+    let uid = env.create_cluster("prod").await;
+    for (name, filter) in [("blue-1", "blue"), ("green-1", "green")] {
+        env.create_object::<Tfm>(name, "prod", &uid, &markers).await;
+        env.api::<Tfm>()
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {captf::api::names::CAPI_WATCH_FILTER_LABEL: filter}}})),
+            )
+            .await
+            .expect("label");
+    }
+    env.wait_finalizer::<Tfm>("blue-1").await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let green = env.object::<Tfm>("green-1").await.expect("green");
+    assert!(
+        green.metadata.finalizers.is_none(),
+        "another manager's object is left alone"
+    );
+    env.shutdown().await;
+}
