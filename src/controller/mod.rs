@@ -147,19 +147,35 @@ where
     }
 }
 
-/// The object a Job, Pod or Secret belongs to, from its owner labels.
-fn owner_of<K: TerraformObject>(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<K>> {
+/// The object a Job, Pod or Secret belongs to, from its owner labels. The name label of
+/// a name longer than a label value is cut and hashed, so the uid label is looked up in the
+/// store first.
+fn owner_of<K: TerraformObject>(
+    store: &Store<K>,
+    meta: &kube::api::ObjectMeta,
+) -> Option<ObjectRef<K>> {
     let labels = meta.labels.as_ref()?;
     if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
         return None;
+    }
+    if let Some(uid) = labels.get(names::LABEL_OWNER_UID)
+        && let Some(obj) = store
+            .state()
+            .into_iter()
+            .find(|o| o.meta().uid.as_ref() == Some(uid))
+    {
+        return Some(ObjectRef::from_obj(obj.as_ref()));
     }
     let name = labels.get(names::LABEL_OWNER_NAME)?;
     Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
 }
 
 /// The object a state Secret belongs to, from Terraform's suffix label.
-fn state_owner<K: TerraformObject>(meta: &kube::api::ObjectMeta) -> Option<ObjectRef<K>> {
-    if let Some(r) = owner_of::<K>(meta) {
+fn state_owner<K: TerraformObject>(
+    store: &Store<K>,
+    meta: &kube::api::ObjectMeta,
+) -> Option<ObjectRef<K>> {
+    if let Some(r) = owner_of::<K>(store, meta) {
         return Some(r);
     }
     let suffix = meta.labels.as_ref()?.get(names::TF_LABEL_SUFFIX)?;
@@ -223,22 +239,26 @@ where
     let store = c.store();
     let mut c = c
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
-        .watches(scoped::<Job>(&client, &ns), owned.clone(), |j: Job| {
-            owner_of::<K>(&j.metadata)
+        .watches(scoped::<Job>(&client, &ns), owned.clone(), {
+            let store = store.clone();
+            move |j: Job| owner_of::<K>(&store, &j.metadata)
         })
-        .watches(scoped::<Pod>(&client, &ns), owned.clone(), |p: Pod| {
-            owner_of::<K>(&p.metadata)
+        .watches(scoped::<Pod>(&client, &ns), owned.clone(), {
+            let store = store.clone();
+            move |p: Pod| owner_of::<K>(&store, &p.metadata)
         })
         // Secrets by metadata only: state Secrets can be megabytes.
-        .watches(
-            scoped::<PartialObjectMeta<Secret>>(&client, &ns),
-            owned,
-            |s: PartialObjectMeta<Secret>| owner_of::<K>(&s.metadata),
-        )
+        .watches(scoped::<PartialObjectMeta<Secret>>(&client, &ns), owned, {
+            let store = store.clone();
+            move |s: PartialObjectMeta<Secret>| owner_of::<K>(&store, &s.metadata)
+        })
         .watches(
             scoped::<PartialObjectMeta<Secret>>(&client, &ns),
             watcher::Config::default().labels(&format!("{}=true", names::TF_LABEL_STATE)),
-            |s: PartialObjectMeta<Secret>| state_owner::<K>(&s.metadata),
+            {
+                let store = store.clone();
+                move |s: PartialObjectMeta<Secret>| state_owner::<K>(&store, &s.metadata)
+            },
         );
     let crd_store = store.clone();
     c = c.watches(
