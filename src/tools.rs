@@ -3,7 +3,6 @@
 //! gathering as the controllers.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -425,11 +424,4 @@ async fn explain_kind<K: TerraformObject>(
         ));
     }
     Ok(())
-}
-
-/// Reads all of a reader, up to `limit` bytes.
-pub fn read_limited(mut r: impl Read, limit: u64) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    r.by_ref().take(limit).read_to_end(&mut buf)?;
-    Ok(buf)
 }

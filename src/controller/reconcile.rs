@@ -23,7 +23,7 @@ use super::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use super::{Context, Error};
 use crate::api::TerraformObject;
 use crate::api::conditions::{self, Condition};
-use crate::api::names::{self, Kind};
+use crate::api::names;
 use crate::facts::{self, Extras, Observed};
 use crate::job::{self, JobOutcome, JobRequest};
 use crate::rules::{Action, Decision, Facts};
@@ -181,23 +181,21 @@ async fn bookkeeping<K: TerraformObject>(
                 reason, error_tail, ..
             } = job::outcome(j, &o.pods)
         {
-            {
-                let at = job_finished_at(j).unwrap_or(o.now);
-                edits.push((names::DESTROY_FAILED_AT, Some(at.to_string())));
-                ctx.metrics
-                    .destroy_failures
-                    .inc(&[K::KIND.as_str(), &reason]);
-                let text = error_tail.unwrap_or(reason);
-                publish(
-                    ctx,
-                    obj,
-                    EventType::Warning,
-                    "DestroyFailed",
-                    "Destroy",
-                    &format!("destroy attempt {} failed: {text}", facts.attempt),
-                )
-                .await;
-            }
+            let at = job_finished_at(j).unwrap_or(o.now);
+            edits.push((names::DESTROY_FAILED_AT, Some(at.to_string())));
+            ctx.metrics
+                .destroy_failures
+                .inc(&[K::KIND.as_str(), &reason]);
+            let text = error_tail.unwrap_or(reason);
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "DestroyFailed",
+                "Destroy",
+                &format!("destroy attempt {} failed: {text}", facts.attempt),
+            )
+            .await;
         }
     }
 
@@ -572,28 +570,21 @@ fn owner_labels<K: TerraformObject>(obj: &K) -> std::collections::BTreeMap<Strin
 }
 
 /// The names of a chunked Secret set that exist (base and parts), from a read.
-fn chunk_names(
-    secrets: &Api<Secret>,
-    base: &str,
-) -> impl std::future::Future<Output = Result<Vec<String>, Error>> {
-    let secrets = secrets.clone();
-    let base = base.to_string();
-    async move {
-        let mut out = Vec::new();
-        if secrets.get_metadata_opt(&base).await?.is_some() {
-            out.push(base.clone());
-        }
-        let mut n = 1;
-        while secrets
-            .get_metadata_opt(&names::part_secret_name(&base, n))
-            .await?
-            .is_some()
-        {
-            out.push(names::part_secret_name(&base, n));
-            n += 1;
-        }
-        Ok(out)
+async fn chunk_names(secrets: &Api<Secret>, base: &str) -> Result<Vec<String>, Error> {
+    let mut out = Vec::new();
+    if secrets.get_metadata_opt(base).await?.is_some() {
+        out.push(base.to_string());
     }
+    let mut n = 1;
+    while secrets
+        .get_metadata_opt(&names::part_secret_name(base, n))
+        .await?
+        .is_some()
+    {
+        out.push(names::part_secret_name(base, n));
+        n += 1;
+    }
+    Ok(out)
 }
 
 /// Deletes the object's Jobs (their Pods go with them) and Pods left without a Job.
@@ -920,9 +911,4 @@ async fn publish_ref(
     if let Err(e) = ctx.recorder.publish(&ev, reference).await {
         debug!(error = %e, "could not publish an Event");
     }
-}
-
-/// Which kind an object reference names, for mappers.
-pub fn kind_of(text: &str) -> Option<Kind> {
-    Kind::parse(text)
 }

@@ -128,10 +128,12 @@ pub async fn remove_finalizer_if_present<K>(
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
-    let Some(obj) = api.get_opt(name).await? else {
+    // Metadata only: this is also used on state Secrets, which can be megabytes.
+    let Some(obj) = api.get_metadata_opt(name).await? else {
         return Ok(());
     };
-    match guarded_patch(api, obj.meta(), remove_finalizer_ops(obj.meta(), finalizer)).await {
+    let meta = &obj.metadata;
+    match guarded_patch(api, meta, remove_finalizer_ops(meta, finalizer)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e),

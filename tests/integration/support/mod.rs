@@ -586,10 +586,6 @@ where
     }
 }
 
-pub fn all_kinds_gone() -> [Kind; 3] {
-    Kind::ALL
-}
-
 /// Typed aliases for brevity in scenarios.
 pub type Tfc = TerraformCluster;
 pub type Tfm = TerraformMachine;
