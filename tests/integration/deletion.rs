@@ -172,12 +172,7 @@ async fn scenario_05_never_applied_is_released_at_once_without_a_job() {
     let uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
         .await;
-    wait_for("the finalizer", LONG, || async {
-        env.object::<Tfm>("web-1")
-            .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
+    env.wait_finalizer::<Tfm>("web-1").await;
     env.delete::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", LONG).await;
     assert_eq!(
@@ -480,12 +475,7 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
         .unwrap_or_default();
     env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
         .await;
-    wait_for("the finalizer", LONG, || async {
-        env.object::<Tfm>("web-1")
-            .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
+    env.wait_finalizer::<Tfm>("web-1").await;
     env.delete::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", LONG).await;
     assert!(
@@ -508,12 +498,7 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
         .create(&Default::default(), &again)
         .await
         .expect("recreate");
-    wait_for("the finalizer", LONG, || async {
-        env.object::<Tfm>("web-1")
-            .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
+    env.wait_finalizer::<Tfm>("web-1").await;
     env.delete::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", LONG).await;
     assert!(

@@ -38,6 +38,15 @@ pub const MANAGER_NS: &str = "captf-system";
 /// `marker_dir`, so a test can see that Terraform really destroyed them. With
 /// `fail_destroys` > 0, the destroy provisioner fails that many times first.
 pub fn module(fail_destroys: u32) -> String {
+    destroy_module(&format!(
+        "if [ $n -le {fail_destroys} ]; then echo 'Error: the cloud said no (attempt '$n')' >&2; exit 1; fi"
+    ))
+}
+
+/// Two `terraform_data` instances whose destroy provisioner counts its runs in
+/// `<marker>.tries`, runs `first_runs` (a shell snippet that may test `$n`), then leaves
+/// `<marker>.destroyed`.
+fn destroy_module(first_runs: &str) -> String {
     format!(
         r#"variable "name" {{ type = string }}
 variable "marker_dir" {{ type = string }}
@@ -46,7 +55,7 @@ resource "terraform_data" "vm" {{
   input = "${{var.marker_dir}}/${{var.name}}-${{count.index}}"
   provisioner "local-exec" {{
     when    = destroy
-    command = "n=$(cat '${{self.input}}.tries' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${{self.input}}.tries'; if [ $n -le {fail_destroys} ]; then echo 'Error: the cloud said no (attempt '$n')' >&2; exit 1; fi; touch '${{self.input}}.destroyed'"
+    command = "n=$(cat '${{self.input}}.tries' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${{self.input}}.tries'; {first_runs}; touch '${{self.input}}.destroyed'"
   }}
 }}
 "#
@@ -658,19 +667,7 @@ impl Env {
 /// A module whose destroy provisioner sleeps `seconds` on its first run (to be
 /// interrupted, or to be seen running) and succeeds afterwards.
 pub fn sleepy_module(seconds: u32) -> String {
-    format!(
-        r#"variable "name" {{ type = string }}
-variable "marker_dir" {{ type = string }}
-resource "terraform_data" "vm" {{
-  count = 2
-  input = "${{var.marker_dir}}/${{var.name}}-${{count.index}}"
-  provisioner "local-exec" {{
-    when    = destroy
-    command = "n=$(cat '${{self.input}}.tries' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${{self.input}}.tries'; if [ $n -le 1 ]; then sleep {seconds}; fi; touch '${{self.input}}.destroyed'"
-  }}
-}}
-"#
-    )
+    destroy_module(&format!("if [ $n -le 1 ]; then sleep {seconds}; fi"))
 }
 
 impl Env {
