@@ -176,6 +176,29 @@ async fn bookkeeping<K: TerraformObject>(
             .jobs
             .iter()
             .find(|j| j.metadata.name.as_deref() == Some(name.as_str()));
+        // Its Job is gone while its Pod is still there (the Job was deleted by hand, or
+        // by foreground deletion of something else): the attempt was aborted. Recorded
+        // now, because the Pod goes too once Terraform has saved its state, and the next
+        // attempt then continues from that state.
+        let pod_left = o.pods.iter().any(|p| {
+            let l = p.metadata.labels.as_ref();
+            l.and_then(|l| l.get(names::LABEL_OPERATION))
+                .map(String::as_str)
+                == Some(names::OPERATION_DESTROY)
+                && l.and_then(|l| l.get(names::LABEL_ATTEMPT)) == Some(&facts.attempt.to_string())
+        });
+        if job.is_none() && pod_left {
+            edits.push((names::DESTROY_FAILED_AT, Some(o.now.to_string())));
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "DestroyInterrupted",
+                "Destroy",
+                &format!("the Job of destroy attempt {} was deleted while it ran; the next attempt continues from the state Terraform saves", facts.attempt),
+            )
+            .await;
+        }
         if let Some(j) = job
             && let JobOutcome::Failed {
                 reason, error_tail, ..

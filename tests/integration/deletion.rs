@@ -762,5 +762,11 @@ async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attemp
         "interrupted once, then the next attempt finished it"
     );
     assert!(env.server.request_log().count("create", "jobs", "") >= 2);
+    assert!(
+        env.event_reasons("web-1")
+            .contains(&"DestroyInterrupted".to_string()),
+        "{:?}",
+        env.event_reasons("web-1")
+    );
     env.shutdown().await;
 }
