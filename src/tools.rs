@@ -378,26 +378,13 @@ pub async fn explain_live(
     ns: Option<&str>,
     settings: &Settings,
 ) -> Result<Vec<Explained>, ToolError> {
-    let cluster_api = discover_cluster_api(client).await;
+    let cluster_api = crate::controller::discover_cluster(client).await;
     let mut out = Vec::new();
     explain_kind::<TerraformCluster>(client, ns, cluster_api.as_ref(), settings, &mut out).await?;
     explain_kind::<TerraformMachine>(client, ns, cluster_api.as_ref(), settings, &mut out).await?;
     explain_kind::<TerraformMachinePool>(client, ns, cluster_api.as_ref(), settings, &mut out)
         .await?;
     Ok(out)
-}
-
-async fn discover_cluster_api(client: &Client) -> Option<kube::api::ApiResource> {
-    let discovery = kube::discovery::Discovery::new(client.clone())
-        .filter(&[names::CAPI_GROUP])
-        .run()
-        .await
-        .ok()?;
-    discovery
-        .groups()
-        .flat_map(|g| g.recommended_resources())
-        .map(|(ar, _)| ar)
-        .find(|ar| ar.kind == "Cluster")
 }
 
 async fn explain_kind<K: TerraformObject>(

@@ -120,7 +120,7 @@ pub struct Context {
 }
 
 /// Finds the served version of the CAPI Cluster (any version of the group).
-async fn discover_cluster(client: &Client) -> Option<ApiResource> {
+pub async fn discover_cluster(client: &Client) -> Option<ApiResource> {
     let discovery = kube::discovery::Discovery::new(client.clone())
         .filter(&[names::CAPI_GROUP])
         .run()

@@ -577,19 +577,13 @@ fn backup_secret<K: TerraformObject>(obj: &K, ns: &str, name: &str, chunk: &[u8]
     }
 }
 
+/// The owner labels, as every Secret and Job of the object carries them.
 fn owner_labels<K: TerraformObject>(obj: &K) -> std::collections::BTreeMap<String, String> {
-    [
-        (
-            names::LABEL_OWNER_KIND.to_string(),
-            K::KIND.as_str().to_string(),
-        ),
-        (names::LABEL_OWNER_NAME.to_string(), obj.name_any()),
-        (
-            names::LABEL_OWNER_UID.to_string(),
-            obj.meta().uid.clone().unwrap_or_default(),
-        ),
-    ]
-    .into()
+    crate::inputs::owner_labels(
+        K::KIND,
+        &obj.name_any(),
+        obj.meta().uid.as_deref().unwrap_or_default(),
+    )
 }
 
 /// The names of a chunked Secret set that exist (base and parts), from a read.
