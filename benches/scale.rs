@@ -210,7 +210,7 @@ async fn bench(n: usize, jobs: usize) -> Result<(), String> {
             "--manager-namespace",
             MANAGER_NS,
         ])
-        .env("KUBECONFIG", env.server.kubeconfig_path())
+        .env("KUBECONFIG", env.server().kubeconfig_path())
         .env("RUST_LOG", "info,kube=warn")
         .env("CAPTF_LOG_FORMAT", "json")
         .stdin(Stdio::null())
@@ -387,8 +387,8 @@ async fn measure(
     n: usize,
     jobs: usize,
 ) -> Result<(), String> {
-    let store = env.server.store();
-    let log = env.server.request_log();
+    let store = env.server().store();
+    let log = env.server().request_log();
     // Let the manager take the objects in (finalizer, first status, protected state) and
     // go quiet, so that what follows is the deletion only.
     let t = Instant::now();
@@ -441,11 +441,11 @@ async fn measure(
     let seen = Seen::default();
     let watchers = [
         tokio::spawn(watch_jobs(
-            env.server.kubeconfig_path().to_path_buf(),
+            env.server().kubeconfig_path().to_path_buf(),
             seen.clone(),
         )),
         tokio::spawn(watch_releases(
-            env.server.kubeconfig_path().to_path_buf(),
+            env.server().kubeconfig_path().to_path_buf(),
             seen.clone(),
         )),
     ];

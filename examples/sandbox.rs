@@ -86,7 +86,7 @@ async fn sandbox() -> Result<(), String> {
     println!(
         "CAPTF sandbox: test API server + local Job runner (real terraform) + the real manager, in one process"
     );
-    let mut env = Env::start("sandbox").await;
+    let mut env = Env::start_local("sandbox").await;
     env.start_manager();
     let markers = env.markers();
 

@@ -12,8 +12,6 @@ use kube::api::{Api, ListParams};
 
 use crate::support::*;
 
-const LONG: Duration = Duration::from_secs(90);
-
 impl Env {
     /// Runs the `captf` binary against the test server (here, not in `support`: only
     /// integration tests and benches get `CARGO_BIN_EXE_captf`, and `support` is shared
@@ -21,14 +19,10 @@ impl Env {
     pub fn captf(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
             .args(args)
-            .env("KUBECONFIG", self.server.kubeconfig_path())
+            .env("KUBECONFIG", self.kubeconfig_path())
             .output()
             .expect("run captf")
     }
-}
-
-fn destroyed(markers: &std::path::Path, name: &str) -> bool {
-    (0..2).all(|i| markers.join(format!("{name}-{i}.destroyed")).exists())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -39,13 +33,13 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
     let uid = env.create_cluster("prod").await;
     env.create_object::<Tfc>("prod", "prod", &uid, &markers)
         .await;
-    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+    env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
         .await;
     env.create_object::<Tfm>("web-2", "prod", &uid, &markers)
         .await;
     env.create_object::<Tfmp>("pool", "prod", &uid, &markers)
         .await;
-    wait_for("finalizers on first sight", LONG, || async {
+    wait_for("finalizers on first sight", long(), || async {
         env.object::<Tfm>("web-1").await.is_some_and(|o| {
             o.metadata
                 .finalizers
@@ -74,14 +68,14 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
     env.delete_cluster("prod").await;
 
     // The cluster holds on its dependents first.
-    wait_for("the cluster to report its dependents", LONG, || async {
+    wait_for("the cluster to report its dependents", long(), || async {
         match env.condition::<Tfc>("prod", "DeletionBlocked").await {
             Some((s, r, _)) if s == "True" && r == "DependentsExist" => true,
             _ => !env.exists::<Tfm>("web-1").await, // dependents may already be gone
         }
     })
     .await;
-    wait_for("every object to be released", LONG, || async {
+    wait_for("every object to be released", long(), || async {
         !env.exists::<Tfm>("web-1").await
             && !env.exists::<Tfm>("web-2").await
             && !env.exists::<Tfmp>("pool").await
@@ -91,18 +85,11 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
 
     // Terraform really destroyed every instance, machines and pool before the cluster.
     for name in ["web-1", "web-2", "pool", "prod"] {
-        assert!(
-            destroyed(&markers, name),
-            "{name} was not destroyed by Terraform"
-        );
+        assert!(env.destroyed(name), "{name} was not destroyed by Terraform");
     }
-    let cluster_done = std::fs::metadata(markers.join("prod-0.destroyed"))
-        .and_then(|m| m.modified())
-        .expect("marker");
+    let cluster_done = env.destroyed_at("prod").expect("destroyed");
     for name in ["web-1", "web-2", "pool"] {
-        let t = std::fs::metadata(markers.join(format!("{name}-0.destroyed")))
-            .and_then(|m| m.modified())
-            .expect("marker");
+        let t = env.destroyed_at(name).expect("destroyed");
         assert!(t <= cluster_done, "{name} was destroyed after the cluster");
     }
     // State, inputs, backups, Jobs, the lock Lease and the runner RBAC are gone.
@@ -120,7 +107,7 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
         ] {
             assert!(!env.secret_exists(&secret).await, "{secret} is left");
         }
-        let lease: Api<Lease> = Api::namespaced(env.client.clone(), NS);
+        let lease: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
         assert!(
             lease
                 .get_opt(&names::lock_lease_name(&suffix))
@@ -130,7 +117,7 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
             "lock Lease of {name} is left"
         );
     }
-    let jobs: Api<Job> = Api::namespaced(env.client.clone(), NS);
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
     assert!(
         jobs.list(&ListParams::default())
             .await
@@ -139,26 +126,23 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
             .is_empty(),
         "Jobs are left"
     );
-    wait_for("the RBAC sweep", LONG, || async {
-        let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), NS);
+    wait_for("the RBAC sweep", long(), || async {
+        let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
         sas.get_opt(names::RUNNER_NAME).await.expect("sa").is_none()
     })
     .await;
     assert!(
         env.event_reasons("web-1")
+            .await
             .contains(&"DestroyStarted".to_string()),
         "{:?}",
-        env.event_reasons("web-1")
+        env.event_reasons("web-1").await
     );
     env.shutdown().await;
 }
 
 /// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running.
-async fn machine_env(
-    tag: &str,
-    fail_destroys: u32,
-    backoff_base: Duration,
-) -> (Env, std::path::PathBuf) {
+async fn machine_env(tag: &str, fail_destroys: u32, backoff_base: Duration) -> Env {
     Env::with_machine(tag, &module(fail_destroys), backoff_base).await
 }
 
@@ -168,15 +152,14 @@ const FAST: Duration = Duration::from_millis(300);
 async fn scenario_05_never_applied_is_released_at_once_without_a_job() {
     let mut env = Env::start("never").await;
     env.start_manager();
-    let markers = env.markers();
     let uid = env.create_cluster("prod").await;
-    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+    env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
         .await;
     env.wait_finalizer::<Tfm>("web-1").await;
     env.delete::<Tfm>("web-1").await;
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     assert_eq!(
-        env.server.request_log().count("create", "jobs", ""),
+        env.jobs_created(),
         0,
         "no Job for an object that never applied"
     );
@@ -185,17 +168,20 @@ async fn scenario_05_never_applied_is_released_at_once_without_a_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_07_failing_destroy_is_retried_with_backoff_across_a_restart() {
-    let (mut env, markers) = machine_env("retry", 2, Duration::from_millis(800)).await;
+    let mut env = machine_env("retry", 2, Duration::from_millis(800)).await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
-        .wait_deleting::<Tfm>("web-1", "DestroyFailed", LONG)
+        .wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
         .await;
     assert!(
         msg.contains("the cloud said no"),
         "Terraform's error is in the condition: {msg}"
     );
+    // The first failure seen is attempt 1's, or attempt 2's when the machine is so loaded
+    // that the retry ran before this poll.
     assert!(
-        msg.contains("attempt 1 failed") && msg.contains("runbooks/DestroyFailed.md"),
+        (msg.contains("attempt 1 failed") || msg.contains("attempt 2 failed"))
+            && msg.contains("runbooks/DestroyFailed.md"),
         "{msg}"
     );
     let attempt = env
@@ -206,22 +192,22 @@ async fn scenario_07_failing_destroy_is_retried_with_backoff_across_a_restart() 
     // A restart does not reset the attempt count or the schedule.
     env.stop_manager().await;
     env.start_manager();
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     assert_eq!(
-        env.tries(&markers, "web-1"),
+        env.tries("web-1"),
         3,
         "two failures, then success: three attempts"
     );
-    assert!(destroyed(&markers, "web-1"));
+    assert!(env.destroyed("web-1"));
     // tries == 3 above: Terraform ran exactly three times, so no attempt ran twice.
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_06_corrupt_state_holds_until_restored_from_the_backup() {
-    let (env, markers) = machine_env("corrupt", 2, Duration::from_secs(4)).await;
+    let env = machine_env("corrupt", 2, Duration::from_secs(4)).await;
     env.delete::<Tfm>("web-1").await;
-    env.wait_deleting::<Tfm>("web-1", "DestroyFailed", LONG)
+    env.wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
         .await;
     let backup = names::backup_secret_name("web-1.tfm");
     assert!(
@@ -242,7 +228,7 @@ async fn scenario_06_corrupt_state_holds_until_restored_from_the_backup() {
         .replace(&state, &Default::default(), &s)
         .await
         .expect("damage");
-    env.wait_deleting::<Tfm>("web-1", "Held", LONG).await;
+    env.wait_deleting::<Tfm>("web-1", "Held", long()).await;
     let (_, reason, msg) = env
         .condition::<Tfm>("web-1", "StateReadable")
         .await
@@ -255,15 +241,15 @@ async fn scenario_06_corrupt_state_holds_until_restored_from_the_backup() {
         "terraformmachine/web-1",
         "--from-backup",
         "-n",
-        NS,
+        &env.ns,
     ]);
     assert!(
         out.status.success(),
         "restore: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert!(destroyed(&markers, "web-1"));
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
     assert!(
         !env.secret_exists(&backup).await,
         "cleanup removes the backup after a verified-empty destroy"
@@ -273,11 +259,11 @@ async fn scenario_06_corrupt_state_holds_until_restored_from_the_backup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets() {
-    let (env, markers) = machine_env("lost", 0, FAST).await;
+    let env = machine_env("lost", 0, FAST).await;
     let state = names::state_secret_name("web-1.tfm");
     wait_for(
         "the protection finalizer on the state Secret",
-        LONG,
+        long(),
         || async {
             env.secrets().get(&state).await.is_ok_and(|s| {
                 s.metadata
@@ -291,20 +277,20 @@ async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets()
     // Lose the state.
     env.lose_secret(&state).await;
     env.delete::<Tfm>("web-1").await;
-    env.wait_deleting::<Tfm>("web-1", "Held", LONG).await;
+    env.wait_deleting::<Tfm>("web-1", "Held", long()).await;
     let (_, reason, _) = env
         .condition::<Tfm>("web-1", "StateReadable")
         .await
         .expect("StateReadable");
     assert_eq!(reason, "StateLost");
     assert_eq!(
-        env.server.request_log().count("create", "jobs", ""),
+        env.jobs_created(),
         0,
         "never a destroy against a missing state"
     );
     env.annotate::<Tfm>("web-1", &[(names::ABANDON, Some("true".into()))])
         .await;
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     let inputs = env
         .secrets()
         .get(&names::inputs_secret_name("web-1.tfm"))
@@ -326,10 +312,11 @@ async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets()
     );
     assert!(
         env.event_reasons("web-1")
+            .await
             .contains(&"Abandoned".to_string())
     );
-    assert!(!destroyed(&markers, "web-1"), "abandon never destroys");
-    let orphans = env.captf(&["orphans", "-n", NS, "-o", "json"]);
+    assert!(!env.destroyed("web-1"), "abandon never destroys");
+    let orphans = env.captf(&["orphans", "-n", &env.ns, "-o", "json"]);
     assert!(
         orphans.status.success(),
         "{}",
@@ -341,7 +328,7 @@ async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_02_paused_cluster_starts_nothing_until_unpaused() {
-    let (env, markers) = machine_env("paused", 0, FAST).await;
+    let env = machine_env("paused", 0, FAST).await;
     env.cluster_api()
         .patch(
             "prod",
@@ -351,14 +338,10 @@ async fn scenario_02_paused_cluster_starts_nothing_until_unpaused() {
         .await
         .expect("pause");
     env.delete::<Tfm>("web-1").await;
-    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", LONG).await;
+    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
     assert!(msg.contains("prod"), "{msg}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        env.server.request_log().count("create", "jobs", ""),
-        0,
-        "nothing starts while paused"
-    );
+    assert_eq!(env.jobs_created(), 0, "nothing starts while paused");
     assert!(env.exists::<Tfm>("web-1").await);
     env.cluster_api()
         .patch(
@@ -368,21 +351,24 @@ async fn scenario_02_paused_cluster_starts_nothing_until_unpaused() {
         )
         .await
         .expect("unpause");
-    env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert!(destroyed(&markers, "web-1"));
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_09_manager_restarted_after_every_write_loses_and_repeats_nothing() {
-    let (mut env, markers) = machine_env("crash", 0, FAST).await;
+    if test_server_only("it stops the manager after each write the server counts") {
+        return;
+    }
+    let mut env = machine_env("crash", 0, FAST).await;
     env.stop_manager().await;
     env.delete::<Tfm>("web-1").await;
     let start = std::time::Instant::now();
     let mut restarts = 0;
     while env.exists::<Tfm>("web-1").await {
         assert!(
-            start.elapsed() < LONG,
+            start.elapsed() < long(),
             "not released after {restarts} restarts"
         );
         let before = env.total_writes();
@@ -397,11 +383,11 @@ async fn scenario_09_manager_restarted_after_every_write_loses_and_repeats_nothi
     }
     assert!(restarts > 3, "the manager was restarted {restarts} times");
     assert_eq!(
-        env.tries(&markers, "web-1"),
+        env.tries("web-1"),
         1,
         "Terraform destroyed once: no duplicate Job"
     );
-    assert!(destroyed(&markers, "web-1"));
+    assert!(env.destroyed("web-1"));
     for secret in [
         names::state_secret_name("web-1.tfm"),
         names::inputs_secret_name("web-1.tfm"),
@@ -414,28 +400,31 @@ async fn scenario_09_manager_restarted_after_every_write_loses_and_repeats_nothi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_10_transient_api_errors_and_conflicts_do_not_stop_a_deletion() {
-    let (env, markers) = machine_env("faults", 0, FAST).await;
-    env.server.faults().fail_next(4, Some("patch"), None, 500);
-    env.server
+    if test_server_only("it injects API errors with the server's fault switch") {
+        return;
+    }
+    let env = machine_env("faults", 0, FAST).await;
+    env.server().faults().fail_next(4, Some("patch"), None, 500);
+    env.server()
         .faults()
         .fail_next(2, Some("create"), Some("jobs"), 503);
-    env.server
+    env.server()
         .faults()
         .fail_next(3, Some("delete"), Some("secrets"), 500);
-    env.server
+    env.server()
         .faults()
         .fail_next(3, Some("patch"), Some("terraformmachines"), 409);
-    env.server.faults().add_latency(Duration::from_millis(10));
+    env.server().faults().add_latency(Duration::from_millis(10));
     env.delete::<Tfm>("web-1").await;
-    env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert!(destroyed(&markers, "web-1"));
-    assert_eq!(env.tries(&markers, "web-1"), 1);
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    assert_eq!(env.tries("web-1"), 1);
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_object_adopts() {
-    let (mut env, markers) = machine_env("orphan", 0, FAST).await;
+    let mut env = machine_env("orphan", 0, FAST).await;
     let saved = env.object::<Tfm>("web-1").await.expect("object");
     // While the manager is down, delete the object and strip its finalizer by hand.
     env.stop_manager().await;
@@ -448,16 +437,24 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
         )
         .await
         .expect("strip");
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     env.start_manager();
-    let out = env.captf(&["orphans", "-n", NS, "-o", "json"]);
+    let out = env.captf(&["orphans", "-n", &env.ns, "-o", "json"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let secrets: Vec<String> = env
-        .server
-        .store()
-        .list("v1", "secrets", Some(NS))
+        .secrets()
+        .list(&Default::default())
+        .await
+        .expect("secrets")
+        .items
         .iter()
-        .map(|s| format!("{} {}", s["metadata"]["name"], s["metadata"]["labels"]))
+        .map(|s| {
+            format!(
+                "{} {:?}",
+                s.metadata.name.as_deref().unwrap_or_default(),
+                s.metadata.labels
+            )
+        })
         .collect();
     assert!(
         text.contains("tfstate-default-web-1.tfm") && text.contains("captf-inputs-web-1.tfm"),
@@ -473,13 +470,13 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
         .metadata
         .uid
         .unwrap_or_default();
-    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+    env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
         .await;
     env.wait_finalizer::<Tfm>("web-1").await;
     env.delete::<Tfm>("web-1").await;
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(
-        !destroyed(&markers, "web-1"),
+        !env.destroyed("web-1"),
         "a fresh namesake must not destroy the orphan's infrastructure"
     );
     assert!(
@@ -500,9 +497,9 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
         .expect("recreate");
     env.wait_finalizer::<Tfm>("web-1").await;
     env.delete::<Tfm>("web-1").await;
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(
-        destroyed(&markers, "web-1"),
+        env.destroyed("web-1"),
         "the adopted object runs the destroy"
     );
     assert!(
@@ -512,49 +509,36 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
     env.shutdown().await;
 }
 
-async fn machine_with(tag: &str, module_body: &str) -> (Env, std::path::PathBuf) {
+async fn machine_with(tag: &str, module_body: &str) -> Env {
     Env::with_machine(tag, module_body, FAST).await
-}
-
-fn destroy_jobs(env: &Env) -> Vec<serde_json::Value> {
-    env.server
-        .store()
-        .list("batch/v1", "jobs", Some(NS))
-        .into_iter()
-        .filter(|j| j["metadata"]["labels"][names::LABEL_OPERATION] == "destroy")
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_02b_foreground_deletion_keeps_the_running_destroy_job() {
-    let (env, markers) = machine_with("foreground", &sleepy_module(2)).await;
+    let env = machine_with("foreground", &sleepy_module(2)).await;
     env.api::<Tfm>()
         .delete("web-1", &kube::api::DeleteParams::foreground())
         .await
         .expect("foreground delete");
-    wait_for("the destroy Job to run", LONG, || async {
-        !destroy_jobs(&env).is_empty()
+    wait_for("the destroy Job to run", long(), || async {
+        !env.destroy_jobs().await.is_empty()
     })
     .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(
-        destroy_jobs(&env).len(),
+        env.destroy_jobs().await.len(),
         1,
         "the garbage collector left the destroy Job alone"
     );
-    env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert!(destroyed(&markers, "web-1"));
-    assert_eq!(
-        env.tries(&markers, "web-1"),
-        1,
-        "the destroy was not interrupted"
-    );
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    assert_eq!(env.tries("web-1"), 1, "the destroy was not interrupted");
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_03_a_running_apply_job_is_waited_for() {
-    let (env, markers) = machine_env("applyjob", 0, FAST).await;
+    let env = machine_env("applyjob", 0, FAST).await;
     let obj = env.object::<Tfm>("web-1").await.expect("object");
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     let labels = serde_json::json!({
@@ -563,29 +547,32 @@ async fn scenario_03_a_running_apply_job_is_waited_for() {
     });
     let job: Job = serde_json::from_value(serde_json::json!({
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": NS, "labels": labels},
+        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": env.ns, "labels": labels},
         "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never",
             "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sh", "-c", "sleep 2"]}]}}}
     }))
     .expect("job");
-    Api::<Job>::namespaced(env.client.clone(), NS)
+    Api::<Job>::namespaced(env.client.clone(), &env.ns)
         .create(&Default::default(), &job)
         .await
         .expect("apply job");
-    wait_for("the apply Job to run", LONG, || async {
-        env.server
-            .store()
-            .get("batch/v1", "jobs", Some(NS), "captf-web-1-tfm-apply-1")
-            .is_some_and(|j| j["status"]["active"] == 1)
+    wait_for("the apply Job to run", long(), || async {
+        Api::<Job>::namespaced(env.client.clone(), &env.ns)
+            .get_opt("captf-web-1-tfm-apply-1")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|j| j.status?.active)
+            == Some(1)
     })
     .await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
-        .wait_deleting::<Tfm>("web-1", "WaitingForJob", LONG)
+        .wait_deleting::<Tfm>("web-1", "WaitingForJob", long())
         .await;
     assert!(msg.contains("captf-web-1-tfm-apply-1"), "{msg}");
     assert!(
-        destroy_jobs(&env).is_empty(),
+        env.destroy_jobs().await.is_empty(),
         "the destroy waits for the apply Job"
     );
     let block = env.object::<Tfm>("web-1").await.and_then(|o| {
@@ -598,14 +585,14 @@ async fn scenario_03_a_running_apply_job_is_waited_for() {
         block.is_some(),
         "block-move while a Job runs and the object is deleting"
     );
-    env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert!(destroyed(&markers, "web-1"));
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_abandon_copies_out() {
-    let (env, markers) = machine_env("nsterm", 0, FAST).await;
+    let env = machine_env("nsterm", 0, FAST).await;
     let uid = env
         .cluster_api()
         .get("prod")
@@ -614,12 +601,12 @@ async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_aband
         .metadata
         .uid
         .unwrap_or_default();
-    env.create_object::<Tfm>("web-0", "prod", &uid, &markers)
+    env.create_object::<Tfm>("web-0", "prod", &uid, &env.markers())
         .await;
     let state = names::state_secret_name("web-1.tfm");
     wait_for(
         "finalizers on the object and the state Secret",
-        LONG,
+        long(),
         || async {
             env.object::<Tfm>("web-0")
                 .await
@@ -633,12 +620,12 @@ async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_aband
     )
     .await;
     Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
-        .delete(NS, &Default::default())
+        .delete(&env.ns, &Default::default())
         .await
         .expect("delete namespace");
-    env.wait_gone::<Tfm>("web-0", LONG).await; // never applied: no Job needed
+    env.wait_gone::<Tfm>("web-0", long()).await; // never applied: no Job needed
     let msg = env
-        .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", LONG)
+        .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
         .await;
     assert!(
         msg.contains("terminating") && msg.contains("runbooks/DestroyCannotStart.md"),
@@ -654,19 +641,19 @@ async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_aband
     );
     env.annotate::<Tfm>("web-1", &[(names::ABANDON, Some("true".into()))])
         .await;
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     let copies: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(env.client.clone(), MANAGER_NS);
+        Api::namespaced(env.client.clone(), &env.manager_ns);
     let copy = copies
-        .get(&names::abandoned_copy_name(NS, "web-1.tfm"))
+        .get(&names::abandoned_copy_name(&env.ns, "web-1.tfm"))
         .await
         .expect("the copy in the manager's namespace");
     let data = copy.data.unwrap_or_default();
     assert!(data.contains_key("tfstate") && data.contains_key("inputs.json"));
-    assert!(!destroyed(&markers, "web-1"));
-    wait_for("the namespace to go", LONG, || async {
+    assert!(!env.destroyed("web-1"));
+    wait_for("the namespace to go", long(), || async {
         Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
-            .get_opt(NS)
+            .get_opt(&env.ns)
             .await
             .expect("ns")
             .is_none()
@@ -677,9 +664,9 @@ async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_aband
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_11_clusterctl_move_runs_no_destroy_in_the_source() {
-    let (env, markers) = machine_env("move", 0, FAST).await;
+    let env = machine_env("move", 0, FAST).await;
     let state = names::state_secret_name("web-1.tfm");
-    wait_for("the state Secret protected", LONG, || async {
+    wait_for("the state Secret protected", long(), || async {
         env.secrets()
             .get(&state)
             .await
@@ -717,10 +704,13 @@ async fn scenario_11_clusterctl_move_runs_no_destroy_in_the_source() {
         .await
         .expect("strip");
     env.delete::<Tfm>("web-1").await;
-    env.wait_gone::<Tfm>("web-1", LONG).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(destroy_jobs(&env).is_empty(), "no destroy in the source");
-    assert!(!destroyed(&markers, "web-1"));
+    assert!(
+        env.destroy_jobs().await.is_empty(),
+        "no destroy in the source"
+    );
+    assert!(!env.destroyed("web-1"));
     for name in [state, names::inputs_secret_name("web-1.tfm")] {
         let s = env
             .secrets()
@@ -740,33 +730,34 @@ async fn scenario_11_clusterctl_move_runs_no_destroy_in_the_source() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attempt_continues() {
-    let (env, markers) = machine_with("sigterm", &sleepy_module(60)).await;
+    let env = machine_with("sigterm", &sleepy_module(60)).await;
     env.delete::<Tfm>("web-1").await;
     wait_for(
         "the destroy to be running its provisioner",
-        LONG,
-        || async { env.tries(&markers, "web-1") >= 1 },
+        long(),
+        || async { env.destroy_provisioner_started("web-1").await },
     )
     .await;
     // Someone deletes the running Job by hand: its Pod gets SIGTERM.
     let job = names::job_name("web-1.tfm", names::OPERATION_DESTROY, 1);
-    Api::<Job>::namespaced(env.client.clone(), NS)
+    Api::<Job>::namespaced(env.client.clone(), &env.ns)
         .delete(&job, &kube::api::DeleteParams::background())
         .await
         .expect("delete job");
-    env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert!(destroyed(&markers, "web-1"));
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
     assert_eq!(
-        env.tries(&markers, "web-1"),
+        env.tries("web-1"),
         2,
         "interrupted once, then the next attempt finished it"
     );
-    assert!(env.server.request_log().count("create", "jobs", "") >= 2);
+    assert!(env.jobs_created() >= 2);
     assert!(
         env.event_reasons("web-1")
+            .await
             .contains(&"DestroyInterrupted".to_string()),
         "{:?}",
-        env.event_reasons("web-1")
+        env.event_reasons("web-1").await
     );
     env.shutdown().await;
 }

@@ -12,9 +12,9 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_stops_renewing() {
     let env = Env::start("leader").await;
-    let api: Api<Lease> = Api::namespaced(env.client.clone(), MANAGER_NS);
+    let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.manager_ns);
     let cfg = |who: &str| LeaderConfig {
-        namespace: MANAGER_NS.into(),
+        namespace: env.manager_ns.clone(),
         name: "captf-manager-leader".into(),
         identity: who.into(),
         lease_duration: Duration::from_secs(1),
@@ -117,7 +117,7 @@ const LONG_WAIT: Duration = Duration::from_secs(30);
 async fn watch_filter_and_namespace_limit_what_a_manager_handles() {
     let mut env = Env::start("filter").await;
     env.config.watch_filter = Some("blue".into());
-    env.config.namespace = Some(NS.into());
+    env.config.namespace = Some(env.ns.clone());
     env.start_manager();
     let markers = env.markers();
     let uid = env.create_cluster("prod").await;

@@ -142,7 +142,7 @@ pub async fn run_runbook(env: &Env, path: &str) -> RunbookRun {
         .current_dir(&work)
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-        .env("KUBECONFIG", env.server.kubeconfig_path())
+        .env("KUBECONFIG", env.kubeconfig_path())
         .env("HOME", &home)
         .env("LANG", "C.UTF-8")
         .stdin(std::process::Stdio::null())
@@ -178,9 +178,9 @@ pub async fn run_runbook(env: &Env, path: &str) -> RunbookRun {
 // ---------------------------------------------------------------------------------------
 // Scenarios
 
-fn destroyed(markers: &Path, name: &str) -> bool {
-    (0..2).all(|i| markers.join(format!("{name}-{i}.destroyed")).exists())
-}
+/// Why the runbooks run on the test server only: their commands name the namespace
+/// `team-a`, and a real cluster shared by tests gives each test a fresh namespace.
+const TEAM_A: &str = "the runbooks' commands name the namespace team-a";
 
 /// The runbook's variables match the names the scenarios use.
 fn check_vars(path: &str, kind: &str, name: &str) -> String {
@@ -197,7 +197,7 @@ fn check_vars(path: &str, kind: &str, name: &str) -> String {
 /// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running (its
 /// finalizer is on the object) with the given retry backoff base. With `paused`, the
 /// object carries its own `cluster.x-k8s.io/paused` from the start.
-async fn machine(tag: &str, fail_destroys: u32, backoff_base: Duration) -> (Env, PathBuf) {
+async fn machine(tag: &str, fail_destroys: u32, backoff_base: Duration) -> Env {
     Env::with_machine(tag, &module(fail_destroys), backoff_base).await
 }
 
@@ -290,9 +290,9 @@ async fn wait_held(env: &Env, reason: &str) -> String {
 }
 
 /// After a destroy and cleanup: the object is gone and so are its Secrets.
-async fn assert_destroyed_and_cleaned(env: &Env, markers: &Path, suffix: &str) {
+async fn assert_destroyed_and_cleaned(env: &Env, suffix: &str) {
     assert!(!env.exists::<Tfm>("web-1").await, "the object is released");
-    assert!(destroyed(markers, "web-1"), "Terraform destroyed web-1");
+    assert!(env.destroyed("web-1"), "Terraform destroyed web-1");
     for secret in [
         names::state_secret_name(suffix),
         names::inputs_secret_name(suffix),
@@ -304,9 +304,12 @@ async fn assert_destroyed_and_cleaned(env: &Env, markers: &Path, suffix: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_paused() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/Paused.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
-    let (env, markers) = machine("rb-paused", 0, Duration::from_millis(300)).await;
+    let env = machine("rb-paused", 0, Duration::from_millis(300)).await;
     env.annotate::<Tfm>("web-1", &[(names::CAPI_PAUSED, Some("true".into()))])
         .await;
     env.delete::<Tfm>("web-1").await;
@@ -319,15 +322,18 @@ async fn runbook_paused() {
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("paused=true"), "{}", run.stdout);
     env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_waiting_for_job() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/WaitingForJob.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
-    let (env, markers) = machine("rb-waiting", 0, Duration::from_millis(300)).await;
+    let env = machine("rb-waiting", 0, Duration::from_millis(300)).await;
     let uid = env
         .object::<Tfm>("web-1")
         .await
@@ -363,12 +369,15 @@ async fn runbook_waiting_for_job() {
     let msg = wait_deleting(&env, "WaitingForJob").await;
     assert!(msg.contains("apply Job captf-web-1-tfm-apply-1"), "{msg}");
     run_runbook(&env, RB).await;
-    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_dependents_exist() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/DependentsExist.md";
     let suffix = check_vars(RB, "terraformcluster", "prod");
     let mut env = Env::start("rb-dependents").await;
@@ -413,7 +422,7 @@ async fn runbook_dependents_exist() {
     );
     assert!(!env.exists::<Tfc>("prod").await);
     assert!(!env.exists::<Tfm>("web-1").await);
-    assert!(destroyed(&markers, "web-1") && destroyed(&markers, "prod"));
+    assert!(env.destroyed("web-1") && env.destroyed("prod"));
     for secret in [
         names::state_secret_name(&suffix),
         names::inputs_secret_name(&suffix),
@@ -426,11 +435,14 @@ async fn runbook_dependents_exist() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_lost() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/StateLost.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     // One failed attempt first, so the backup the runbook restores exists; the retry is
     // far enough away to lose the state before it.
-    let (env, markers) = machine("rb-lost", 1, Duration::from_secs(4)).await;
+    let env = machine("rb-lost", 1, Duration::from_secs(4)).await;
     let state = names::state_secret_name(&suffix);
     wait_protected(&env, &state).await;
     first_attempt_fails(&env).await;
@@ -439,30 +451,36 @@ async fn runbook_state_lost() {
     wait_held(&env, "StateLost").await;
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("restored"), "{}", run.stdout);
-    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_corrupt() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/StateCorrupt.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
-    let (env, markers) = machine("rb-corrupt", 1, Duration::from_secs(4)).await;
+    let env = machine("rb-corrupt", 1, Duration::from_secs(4)).await;
     first_attempt_fails(&env).await;
     write_state_bytes(&env, b"this is not gzip".to_vec()).await;
     wait_held(&env, "StateCorrupt").await;
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("StateCorrupt"), "{}", run.stdout);
     env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_encrypted() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/StateEncrypted.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
-    let (env, markers) = machine("rb-encrypted", 1, Duration::from_secs(4)).await;
+    let env = machine("rb-encrypted", 1, Duration::from_secs(4)).await;
     first_attempt_fails(&env).await;
     let current = state_json(&env).await;
     let encrypted = json!({
@@ -475,15 +493,18 @@ async fn runbook_state_encrypted() {
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("StateEncrypted"), "{}", run.stdout);
     env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_inconsistent() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/StateInconsistent.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
-    let (env, markers) = machine("rb-inconsistent", 1, Duration::from_secs(4)).await;
+    let env = machine("rb-inconsistent", 1, Duration::from_secs(4)).await;
     first_attempt_fails(&env).await;
     // An older copy written over the state: its serial is below the recorded one.
     let recorded: u64 = env
@@ -500,17 +521,20 @@ async fn runbook_state_inconsistent() {
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("StateInconsistent"), "{}", run.stdout);
     env.wait_gone::<Tfm>("web-1", LONG).await;
-    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_destroy_failed() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/DestroyFailed.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     // One failure, and a retry delay long enough for the runbook's reading commands to
     // run against that failed attempt before the next one starts.
-    let (env, markers) = machine("rb-failed", 1, Duration::from_secs(4)).await;
+    let env = machine("rb-failed", 1, Duration::from_secs(4)).await;
     env.delete::<Tfm>("web-1").await;
     let msg = wait_deleting(&env, "DestroyFailed").await;
     assert!(
@@ -523,16 +547,19 @@ async fn runbook_destroy_failed() {
         "the Job's log shows Terraform's error: {}",
         run.stdout
     );
-    assert_eq!(env.tries(&markers, "web-1"), 2, "one failure, then success");
-    assert_destroyed_and_cleaned(&env, &markers, &suffix).await;
+    assert_eq!(env.tries("web-1"), 2, "one failure, then success");
+    assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_destroy_cannot_start() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/DestroyCannotStart.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
-    let (env, markers) = machine("rb-cannot-start", 0, Duration::from_millis(300)).await;
+    let env = machine("rb-cannot-start", 0, Duration::from_millis(300)).await;
     wait_protected(&env, &names::state_secret_name(&suffix)).await;
     // The runbook's main path: the namespace is being deleted with the object in it.
     let namespaces: Api<Namespace> = Api::all(env.client.clone());
@@ -545,7 +572,7 @@ async fn runbook_destroy_cannot_start() {
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("phase=Terminating"), "{}", run.stdout);
     assert!(!env.exists::<Tfm>("web-1").await, "released");
-    assert!(!destroyed(&markers, "web-1"), "abandon never destroys");
+    assert!(!env.destroyed("web-1"), "abandon never destroys");
     // The copy kept in the manager's namespace.
     let copies: Api<Secret> = Api::namespaced(env.client.clone(), MANAGER_NS);
     let copy = copies
@@ -564,10 +591,13 @@ async fn runbook_destroy_cannot_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_abandon() {
+    if test_server_only(TEAM_A) {
+        return;
+    }
     const RB: &str = "runbooks/Abandon.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     // Held as StateLost, as the runbook shows.
-    let (env, markers) = machine("rb-abandon", 0, Duration::from_millis(300)).await;
+    let env = machine("rb-abandon", 0, Duration::from_millis(300)).await;
     let state = names::state_secret_name(&suffix);
     wait_protected(&env, &state).await;
     lose_state(&env, &state).await;
@@ -575,7 +605,7 @@ async fn runbook_abandon() {
     wait_held(&env, "StateLost").await;
     let run = run_runbook(&env, RB).await;
     assert!(!env.exists::<Tfm>("web-1").await, "released");
-    assert!(!destroyed(&markers, "web-1"), "abandon never destroys");
+    assert!(!env.destroyed("web-1"), "abandon never destroys");
     let inputs = env
         .secrets()
         .get(&names::inputs_secret_name(&suffix))

@@ -22,10 +22,13 @@ use captf::inputs::{self, Backend, Inputs, Module, OwnerRef, Runner};
 use captf::rules::Backoff;
 use captf::state::{self, StateContent};
 use captf_testserver::{JobRunner, JobRunnerOptions, TestServer};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams,
+    PostParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
@@ -46,7 +49,16 @@ pub fn module(fail_destroys: u32) -> String {
 /// Two `terraform_data` instances whose destroy provisioner counts its runs in
 /// `<marker>.tries`, runs `first_runs` (a shell snippet that may test `$n`), then leaves
 /// `<marker>.destroyed`.
+///
+/// On a real cluster each attempt runs in a fresh Pod, so the count cannot be kept in a
+/// file: `$n` is then the attempt number, read off the Pod's `HOSTNAME`
+/// (`<job name>-<random>`, the Job name ending in `-destroy-<attempt>`).
 fn destroy_module(first_runs: &str) -> String {
+    let count = if real_cluster().is_some() {
+        "a=$${HOSTNAME%-*}; n=$${a##*-}"
+    } else {
+        "n=$(cat '${self.input}.tries' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${self.input}.tries'"
+    };
     format!(
         r#"variable "name" {{ type = string }}
 variable "marker_dir" {{ type = string }}
@@ -55,16 +67,31 @@ resource "terraform_data" "vm" {{
   input = "${{var.marker_dir}}/${{var.name}}-${{count.index}}"
   provisioner "local-exec" {{
     when    = destroy
-    command = "n=$(cat '${{self.input}}.tries' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${{self.input}}.tries'; {first_runs}; touch '${{self.input}}.destroyed'"
+    command = "{count}; {first_runs}; touch '${{self.input}}.destroyed'"
   }}
 }}
 "#
     )
 }
 
+/// Where the end-to-end tests run.
+pub enum Cluster {
+    /// The test API server and the local Job runner, in this process (the default).
+    Local {
+        server: TestServer,
+        runner: Option<JobRunner>,
+    },
+    /// The cluster of `CAPTF_E2E_KUBECONFIG`: the manager still runs in this process, the
+    /// Jobs run in Pods there with the runner image, and what Terraform did is read off
+    /// the cluster by [`Witness`].
+    External {
+        kubeconfig: PathBuf,
+        witness: Witness,
+    },
+}
+
 pub struct Env {
-    pub server: TestServer,
-    pub runner: Option<JobRunner>,
+    pub cluster: Cluster,
     pub client: Client,
     pub manager: Option<(
         tokio::sync::oneshot::Sender<()>,
@@ -72,6 +99,49 @@ pub struct Env {
     )>,
     pub dir: PathBuf,
     pub config: ManagerConfig,
+    /// The objects' namespace: [`NS`] on the test server, a fresh `captf-e2e-…` one on a
+    /// real cluster (tests there share the cluster).
+    pub ns: String,
+    /// The manager's namespace: [`MANAGER_NS`], or a fresh one on a real cluster.
+    pub manager_ns: String,
+}
+
+/// The kubeconfig of a real cluster to run the end-to-end tests against
+/// (`CAPTF_E2E_KUBECONFIG`), if set.
+pub fn real_cluster() -> Option<PathBuf> {
+    std::env::var_os("CAPTF_E2E_KUBECONFIG")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// True, and says why on stderr, when the tests run against a real cluster and this test
+/// needs something only the test API server has (its fault switch, its request counters).
+/// Use as `if test_server_only("…") { return; }`.
+pub fn test_server_only(why: &str) -> bool {
+    if real_cluster().is_some() {
+        eprintln!("skipped with CAPTF_E2E_KUBECONFIG: this test needs the test API server ({why})");
+        return true;
+    }
+    false
+}
+
+/// How long a scenario waits for a step: 90 s on the test server; 10 minutes on a real
+/// cluster, where the first destroy Job also pulls the runner image.
+pub fn long() -> Duration {
+    if real_cluster().is_some() {
+        Duration::from_secs(600)
+    } else {
+        Duration::from_secs(90)
+    }
+}
+
+/// The runner image of the inputs the tests write (`CAPTF_E2E_RUNNER_IMAGE` overrides it
+/// for a real cluster; the local Job runner ignores images).
+pub fn runner_image() -> String {
+    std::env::var("CAPTF_E2E_RUNNER_IMAGE")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "hashicorp/terraform:1.11.4".into())
 }
 
 /// Whether `bin` is an executable file on PATH.
@@ -108,15 +178,71 @@ fn rand_suffix() -> String {
     format!("{n:x}")
 }
 
+/// The minimal CAPI `Cluster` CRD the tests need when Cluster API is not installed.
+fn cluster_crd() -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "clusters.cluster.x-k8s.io"},
+        "spec": {"group": "cluster.x-k8s.io", "scope": "Namespaced",
+            "names": {"kind": "Cluster", "plural": "clusters", "singular": "cluster", "listKind": "ClusterList"},
+            "versions": [{"name": "v1beta2", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                "subresources": {"status": {}}}]}
+    }))
+    .expect("cluster CRD")
+}
+
+async fn create_namespace(client: &Client, name: &str, labels: BTreeMap<String, String>) {
+    let n = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &n)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+}
+
+/// The manager settings of every scenario: fast retries (300 ms .. 3 s) and sweeps.
+fn test_config(manager_ns: &str) -> ManagerConfig {
+    ManagerConfig {
+        concurrency: 4,
+        settings: Settings {
+            backoff: Backoff {
+                base: Duration::from_millis(300),
+                max: Duration::from_secs(3),
+            },
+            ..Settings::default()
+        },
+        manager_namespace: manager_ns.into(),
+        identity: "test-manager".into(),
+        rbac_sweep_every: Duration::from_millis(500),
+        ..Default::default()
+    }
+}
+
 impl Env {
-    /// Starts the server, installs the CRDs (CAPTF's and a minimal CAPI Cluster CRD),
-    /// creates the namespaces, and starts the Job runner.
+    /// The environment of one scenario: on a real cluster when `CAPTF_E2E_KUBECONFIG` is
+    /// set ([`Env::start_external`]), otherwise on the test server ([`Env::start_local`]).
     pub async fn start(tag: &str) -> Env {
+        match real_cluster() {
+            Some(kubeconfig) => Env::start_external(tag, &kubeconfig).await,
+            None => Env::start_local(tag).await,
+        }
+    }
+
+    /// Starts the test server, installs the CRDs (CAPTF's and a minimal CAPI Cluster CRD),
+    /// creates the namespaces, and starts the Job runner.
+    pub async fn start_local(tag: &str) -> Env {
         Env::start_with(tag, None).await
     }
 
-    /// As [`Env::start`], with at most `max_running` Job Pods running at once (the others
-    /// wait as Pending, as on a full node).
+    /// As [`Env::start_local`], with at most `max_running` Job Pods running at once (the
+    /// others wait as Pending, as on a full node).
     pub async fn start_with(tag: &str, max_running: Option<usize>) -> Env {
         require("terraform");
         // The manager logs on stderr when CAPTF_TEST_LOG is set.
@@ -124,43 +250,15 @@ impl Env {
             captf::telemetry::init();
         }
         let server = TestServer::start().await;
-        let kubeconfig = Kubeconfig::read_from(server.kubeconfig_path()).expect("kubeconfig");
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("config");
-        let client = Client::try_from(config).expect("client");
+        let client = client_for(server.kubeconfig_path()).await;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in captf::api::crds() {
+        for crd in captf::api::crds().into_iter().chain([cluster_crd()]) {
             crds.create(&PostParams::default(), &crd)
                 .await
                 .expect("create CRD");
         }
-        let cluster_crd: CustomResourceDefinition = serde_json::from_value(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": "clusters.cluster.x-k8s.io"},
-            "spec": {"group": "cluster.x-k8s.io", "scope": "Namespaced",
-                "names": {"kind": "Cluster", "plural": "clusters", "singular": "cluster", "listKind": "ClusterList"},
-                "versions": [{"name": "v1beta2", "served": true, "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                    "subresources": {"status": {}}}]}
-        }))
-        .expect("cluster CRD");
-        crds.create(&PostParams::default(), &cluster_crd)
-            .await
-            .expect("create Cluster CRD");
-        let namespaces: Api<Namespace> = Api::all(client.clone());
         for ns in [NS, MANAGER_NS] {
-            let n = Namespace {
-                metadata: ObjectMeta {
-                    name: Some(ns.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            namespaces
-                .create(&PostParams::default(), &n)
-                .await
-                .expect("namespace");
+            create_namespace(&client, ns, BTreeMap::new()).await;
         }
         let dir = temp_dir(tag);
         let runner = JobRunner::start(
@@ -173,31 +271,131 @@ impl Env {
                 ..Default::default()
             },
         );
-        let config = ManagerConfig {
-            concurrency: 4,
-            settings: Settings {
-                backoff: Backoff {
-                    base: Duration::from_millis(300),
-                    max: Duration::from_secs(3),
-                },
-                ..Settings::default()
-            },
-            manager_namespace: MANAGER_NS.into(),
-            identity: "test-manager".into(),
-            rbac_sweep_every: Duration::from_millis(500),
-            ..Default::default()
-        };
         Env {
-            server,
-            runner: Some(runner),
+            cluster: Cluster::Local {
+                server,
+                runner: Some(runner),
+            },
             client,
             manager: None,
             dir,
-            config,
+            config: test_config(MANAGER_NS),
+            ns: NS.into(),
+            manager_ns: MANAGER_NS.into(),
         }
     }
 
+    /// The environment on the cluster of `kubeconfig`: CAPTF's CRDs installed (or
+    /// replaced), the Cluster CRD created when Cluster API is not installed, two fresh
+    /// namespaces labelled `captf-e2e=true`, and the manager (when started) limited to the
+    /// objects' namespace. Nothing of the test server is available ([`Env::server`]
+    /// panics); see [`Witness`] for what replaces the markers and counters.
+    pub async fn start_external(tag: &str, kubeconfig: &Path) -> Env {
+        require("terraform");
+        if std::env::var_os("CAPTF_TEST_LOG").is_some() {
+            captf::telemetry::init();
+        }
+        let client = client_for(kubeconfig).await;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in captf::api::crds() {
+            match crds.get_opt(&crd.name_any()).await.expect("get CRD") {
+                None => {
+                    let _ = crds.create(&PostParams::default(), &crd).await;
+                }
+                Some(old) => {
+                    let mut crd = crd;
+                    crd.metadata.resource_version = old.metadata.resource_version;
+                    // Another test may have replaced it in between: that one is as new.
+                    let _ = crds
+                        .replace(&crd.name_any(), &PostParams::default(), &crd)
+                        .await;
+                }
+            }
+        }
+        if crds
+            .get_opt("clusters.cluster.x-k8s.io")
+            .await
+            .expect("get CRD")
+            .is_none()
+        {
+            let _ = crds.create(&PostParams::default(), &cluster_crd()).await;
+        }
+        let id = format!("{}-{}", tag.to_lowercase(), rand_suffix());
+        let ns = format!("captf-e2e-{id}");
+        let manager_ns = format!("{ns}-sys");
+        let labels: BTreeMap<String, String> =
+            [("captf-e2e".to_string(), "true".to_string())].into();
+        for n in [&ns, &manager_ns] {
+            create_namespace(&client, n, labels.clone()).await;
+        }
+        // Custom resources are served a moment after their CRD is established.
+        wait_for("the CRDs to be served", Duration::from_secs(60), || async {
+            Api::<TerraformMachine>::namespaced(client.clone(), &ns)
+                .list(&Default::default())
+                .await
+                .is_ok()
+                && Api::<TerraformCluster>::namespaced(client.clone(), &ns)
+                    .list(&Default::default())
+                    .await
+                    .is_ok()
+                && Api::<TerraformMachinePool>::namespaced(client.clone(), &ns)
+                    .list(&Default::default())
+                    .await
+                    .is_ok()
+                && cluster_api(&client, &ns)
+                    .list(&Default::default())
+                    .await
+                    .is_ok()
+        })
+        .await;
+        let witness = Witness::start(client.clone(), &ns);
+        let mut config = test_config(&manager_ns);
+        config.namespace = Some(ns.clone());
+        config.identity = format!("test-manager-{id}");
+        Env {
+            cluster: Cluster::External {
+                kubeconfig: kubeconfig.to_path_buf(),
+                witness,
+            },
+            client,
+            manager: None,
+            dir: temp_dir(tag),
+            config,
+            ns,
+            manager_ns,
+        }
+    }
+
+    /// Whether this environment is a real cluster.
+    pub fn is_external(&self) -> bool {
+        matches!(self.cluster, Cluster::External { .. })
+    }
+
+    /// The test server. Panics on a real cluster: gate the test with [`test_server_only`].
+    pub fn server(&self) -> &TestServer {
+        match &self.cluster {
+            Cluster::Local { server, .. } => server,
+            Cluster::External { .. } => {
+                panic!("this test needs the test API server: gate it with test_server_only()")
+            }
+        }
+    }
+
+    /// The kubeconfig kubectl, captf and Terraform's backend use.
+    pub fn kubeconfig_path(&self) -> &Path {
+        match &self.cluster {
+            Cluster::Local { server, .. } => server.kubeconfig_path(),
+            Cluster::External { kubeconfig, .. } => kubeconfig,
+        }
+    }
+
+    /// The directory the test modules' destroy provisioners leave their markers in. On a
+    /// real cluster they run in Pods, so this is `.` (Terraform's working directory there,
+    /// thrown away with the Pod) and [`Witness`] tells what happened instead.
     pub fn markers(&self) -> PathBuf {
+        if self.is_external() {
+            return PathBuf::from(".");
+        }
         let d = self.dir.join("markers");
         std::fs::create_dir_all(&d).expect("markers dir");
         d
@@ -227,31 +425,40 @@ impl Env {
         }
     }
 
+    /// Stops everything. On a real cluster, also strips the finalizers the test left in its
+    /// two namespaces and deletes them (a test that panicked leaves them for inspection:
+    /// README, "End-to-end tests on a real cluster").
     pub async fn shutdown(mut self) {
         self.stop_manager().await;
-        if let Some(r) = self.runner.take() {
-            r.stop().await;
+        match self.cluster {
+            Cluster::Local { server, runner } => {
+                if let Some(r) = runner {
+                    r.stop().await;
+                }
+                server.shutdown().await;
+            }
+            Cluster::External { witness, .. } => {
+                witness.stop();
+                for ns in [&self.ns, &self.manager_ns] {
+                    strip_finalizers(&self.client, ns).await;
+                    let _ = Api::<Namespace>::all(self.client.clone())
+                        .delete(ns, &DeleteParams::background())
+                        .await;
+                }
+            }
         }
-        self.server.shutdown().await;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 
     pub fn cluster_api(&self) -> Api<DynamicObject> {
-        let ar = ApiResource {
-            group: "cluster.x-k8s.io".into(),
-            version: "v1beta2".into(),
-            api_version: "cluster.x-k8s.io/v1beta2".into(),
-            kind: "Cluster".into(),
-            plural: "clusters".into(),
-        };
-        Api::namespaced_with(self.client.clone(), NS, &ar)
+        cluster_api(&self.client, &self.ns)
     }
 
     /// Creates the CAPI Cluster `name`; returns its uid.
     pub async fn create_cluster(&self, name: &str) -> String {
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": {"name": name, "namespace": NS}, "spec": {}
+            "metadata": {"name": name, "namespace": self.ns}, "spec": {}
         }))
         .expect("cluster");
         let created = self
@@ -263,11 +470,11 @@ impl Env {
     }
 
     pub fn api<K: TerraformObject>(&self) -> Api<K> {
-        Api::namespaced(self.client.clone(), NS)
+        Api::namespaced(self.client.clone(), &self.ns)
     }
 
     pub fn secrets(&self) -> Api<Secret> {
-        Api::namespaced(self.client.clone(), NS)
+        Api::namespaced(self.client.clone(), &self.ns)
     }
 
     /// Creates a CAPTF object owned by the Cluster `cluster` (uid `cluster_uid`).
@@ -281,7 +488,7 @@ impl Env {
         let obj: K = serde_json::from_value(json!({
             "apiVersion": names::API_VERSION, "kind": K::KIND.as_str(),
             "metadata": {
-                "name": name, "namespace": NS,
+                "name": name, "namespace": self.ns,
                 "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster},
                 "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": cluster, "uid": cluster_uid}]
             },
@@ -320,6 +527,7 @@ impl Env {
         .expect("override");
         // The apply path passes the same backend labels as the destroy Job.
         let labels = backend_labels(K::KIND, name, &uid);
+        let ns = &self.ns;
         let labels_hcl: Vec<String> = labels
             .iter()
             .map(|(k, v)| format!("    \"{k}\" = \"{v}\""))
@@ -327,8 +535,8 @@ impl Env {
         std::fs::write(
             work.join("backend.hcl"),
             format!(
-                "namespace = \"{NS}\"\nsecret_suffix = \"{suffix}\"\nconfig_path = \"{}\"\nlabels = {{\n{}\n}}\n",
-                self.server.kubeconfig_path().display(),
+                "namespace = \"{ns}\"\nsecret_suffix = \"{suffix}\"\nconfig_path = \"{}\"\nlabels = {{\n{}\n}}\n",
+                self.kubeconfig_path().display(),
                 labels_hcl.join("\n")
             ),
         )
@@ -404,16 +612,16 @@ impl Env {
         let inputs = Inputs {
             version: 1,
             runner: Runner {
-                image: "hashicorp/terraform:1.11.4".into(),
+                image: runner_image(),
             },
             module: Module::Files([("main.tf".to_string(), module_body.to_string())].into()),
             variables: variables.clone(),
             env: vec![],
             backend: Backend {
-                namespace: NS.into(),
+                namespace: self.ns.clone(),
                 secret_suffix: suffix.clone(),
             },
-            timeout_seconds: Some(120),
+            timeout_seconds: Some(if self.is_external() { 900 } else { 120 }),
             lock_file: None,
         };
         let secret = inputs::inputs_secret(
@@ -422,7 +630,7 @@ impl Env {
                 kind: K::KIND,
                 name,
                 uid: &uid,
-                namespace: NS,
+                namespace: &self.ns,
                 suffix: &suffix,
             },
         );
@@ -531,13 +739,15 @@ impl Env {
     }
 
     /// Event reasons recorded about an object (events.k8s.io/v1).
-    pub fn event_reasons(&self, name: &str) -> Vec<String> {
-        self.server
-            .store()
-            .list("events.k8s.io/v1", "events", Some(NS))
+    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        Api::<Event>::namespaced(self.client.clone(), &self.ns)
+            .list(&Default::default())
+            .await
+            .expect("list events")
+            .items
             .into_iter()
-            .filter(|e| e["regarding"]["name"] == name)
-            .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.reason)
             .collect()
     }
 }
@@ -603,7 +813,7 @@ pub type Tfmp = TerraformMachinePool;
 impl Env {
     /// Writes (create, update, patch, delete) the server has answered so far.
     pub fn total_writes(&self) -> u64 {
-        self.server
+        self.server()
             .request_log()
             .snapshot()
             .iter()
@@ -655,12 +865,92 @@ impl Env {
         .await;
     }
 
-    /// How many times Terraform ran the destroy provisioner of an instance.
-    pub fn tries(&self, markers: &Path, name: &str) -> u32 {
-        std::fs::read_to_string(markers.join(format!("{name}-0.tries")))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
+    /// How many times Terraform ran the destroy provisioner of an instance of `name` (the
+    /// module's `.tries` marker). On a real cluster, where the markers stay in the Pods:
+    /// how many destroy Jobs of `name` were created.
+    pub fn tries(&self, name: &str) -> u32 {
+        match &self.cluster {
+            Cluster::Local { .. } => {
+                std::fs::read_to_string(self.markers().join(format!("{name}-0.tries")))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0)
+            }
+            Cluster::External { witness, .. } => witness.destroy_jobs(name),
+        }
+    }
+
+    /// Whether Terraform destroyed both instances of `name`: their destroy markers; on a
+    /// real cluster, a state of `name` that held instances was seen holding none.
+    pub fn destroyed(&self, name: &str) -> bool {
+        self.destroyed_at(name).is_some()
+    }
+
+    /// When Terraform destroyed `name` (see [`Env::destroyed`]).
+    pub fn destroyed_at(&self, name: &str) -> Option<std::time::SystemTime> {
+        match &self.cluster {
+            Cluster::Local { .. } => {
+                let markers = self.markers();
+                let times: Vec<_> = (0..2)
+                    .map(|i| {
+                        std::fs::metadata(markers.join(format!("{name}-{i}.destroyed")))
+                            .and_then(|m| m.modified())
+                            .ok()
+                    })
+                    .collect::<Option<_>>()?;
+                times.into_iter().max()
+            }
+            Cluster::External { witness, .. } => witness.emptied_at(name),
+        }
+    }
+
+    /// Jobs created so far: the server's request counter; on a real cluster, the Jobs the
+    /// witness saw.
+    pub fn jobs_created(&self) -> u64 {
+        match &self.cluster {
+            Cluster::Local { server, .. } => server.request_log().count("create", "jobs", ""),
+            Cluster::External { witness, .. } => witness.jobs() as u64,
+        }
+    }
+
+    /// The destroy Jobs in the namespace now.
+    pub async fn destroy_jobs(&self) -> Vec<Job> {
+        let lp = ListParams::default().labels(&format!(
+            "{}={}",
+            names::LABEL_OPERATION,
+            names::OPERATION_DESTROY
+        ));
+        Api::<Job>::namespaced(self.client.clone(), &self.ns)
+            .list(&lp)
+            .await
+            .expect("list jobs")
+            .items
+    }
+
+    /// Whether a destroy of `name` has reached its destroy provisioner: the `.tries`
+    /// marker; on a real cluster, the log of a destroy Pod of `name`.
+    pub async fn destroy_provisioner_started(&self, name: &str) -> bool {
+        if !self.is_external() {
+            return self.tries(name) >= 1;
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let lp = ListParams::default().labels(&format!(
+            "{}={name},{}={}",
+            names::LABEL_OWNER_NAME,
+            names::LABEL_OPERATION,
+            names::OPERATION_DESTROY
+        ));
+        let Ok(list) = pods.list(&lp).await else {
+            return false;
+        };
+        for pod in list.items {
+            if let Ok(log) = pods.logs(&pod.name_any(), &Default::default()).await
+                && log.contains("local-exec")
+            {
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -674,7 +964,7 @@ impl Env {
     /// Loses a state Secret for real: strips its finalizers and deletes it until it is gone
     /// (the manager may put its protection finalizer back in between).
     pub async fn lose_secret(&self, name: &str) {
-        wait_for("the Secret to be gone", Duration::from_secs(60), || async {
+        wait_for("the Secret to be gone", long(), || async {
             let strip = Patch::Merge(json!({"metadata": {"finalizers": null}}));
             let _ = self
                 .secrets()
@@ -691,11 +981,7 @@ impl Env {
     /// A Cluster `prod` with one applied TerraformMachine `web-1` of `module_body`, the
     /// manager running (its finalizer is on the object) with the given retry backoff base
     /// (capped at four times it).
-    pub async fn with_machine(
-        tag: &str,
-        module_body: &str,
-        backoff_base: Duration,
-    ) -> (Env, PathBuf) {
+    pub async fn with_machine(tag: &str, module_body: &str, backoff_base: Duration) -> Env {
         let mut env = Env::start(tag).await;
         env.config.settings.backoff.base = backoff_base;
         env.config.settings.backoff.max = backoff_base * 4;
@@ -707,12 +993,12 @@ impl Env {
         env.wait_finalizer::<TerraformMachine>("web-1").await;
         env.apply::<TerraformMachine>("web-1", module_body, &markers)
             .await;
-        (env, markers)
+        env
     }
 
     /// Waits until the manager has put its finalizer on the object.
     pub async fn wait_finalizer<K: TerraformObject>(&self, name: &str) {
-        wait_for("the finalizer", Duration::from_secs(60), || async {
+        wait_for("the finalizer", long(), || async {
             self.object::<K>(name)
                 .await
                 .is_some_and(|o| o.meta().finalizers.is_some())
@@ -722,23 +1008,188 @@ impl Env {
 
     /// Waits until a Secret carries the protection finalizer.
     pub async fn wait_protected(&self, secret: &str) {
-        wait_for(
-            "the protection finalizer",
-            Duration::from_secs(60),
-            || async {
-                self.secrets()
-                    .get_opt(secret)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|s| {
-                        s.metadata
-                            .finalizers
-                            .unwrap_or_default()
-                            .contains(&names::PROTECT_FINALIZER.to_string())
-                    })
-            },
-        )
+        wait_for("the protection finalizer", long(), || async {
+            self.secrets()
+                .get_opt(secret)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|s| {
+                    s.metadata
+                        .finalizers
+                        .unwrap_or_default()
+                        .contains(&names::PROTECT_FINALIZER.to_string())
+                })
+        })
         .await;
+    }
+}
+
+async fn client_for(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", kubeconfig.display()));
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+fn cluster_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: "cluster.x-k8s.io".into(),
+        version: "v1beta2".into(),
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Cluster".into(),
+        plural: "clusters".into(),
+    };
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// Removes every finalizer from the CAPTF objects, Clusters and Secrets of `ns`, so that
+/// the namespace of a finished test on a real cluster can go.
+async fn strip_finalizers(client: &Client, ns: &str) {
+    async fn strip<K>(api: Api<K>)
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let Ok(list) = api.list(&Default::default()).await else {
+            return;
+        };
+        let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        for o in list.items {
+            if o.meta().finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+                let name = o.meta().name.clone().unwrap_or_default();
+                let _ = api.patch(&name, &PatchParams::default(), &patch).await;
+            }
+        }
+    }
+    strip(Api::<TerraformCluster>::namespaced(client.clone(), ns)).await;
+    strip(Api::<TerraformMachine>::namespaced(client.clone(), ns)).await;
+    strip(Api::<TerraformMachinePool>::namespaced(client.clone(), ns)).await;
+    strip(Api::<Secret>::namespaced(client.clone(), ns)).await;
+    strip(cluster_api(client, ns)).await;
+}
+
+/// What a real cluster shows of the deletions in one namespace, recorded by watches from
+/// the start of the test, in place of the markers Terraform leaves on this machine and the
+/// test server's request counters: every version of every state Secret (so the state
+/// Terraform wrote after a destroy is seen even though cleanup deletes it right after),
+/// and every Job created.
+#[derive(Clone)]
+pub struct Witness {
+    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
+    tasks: std::sync::Arc<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// The last version of each `tfstate-default-*` Secret (base and parts).
+    secrets: BTreeMap<String, Secret>,
+    /// State suffixes whose state was seen with a managed resource instance.
+    had_instances: std::collections::BTreeSet<String>,
+    /// State suffix → when its state, after holding instances, was seen holding none.
+    emptied: BTreeMap<String, std::time::SystemTime>,
+    /// Job uid → (owner name label, operation label).
+    jobs: BTreeMap<String, (String, String)>,
+}
+
+const STATE_PREFIX: &str = "tfstate-default-";
+
+impl Witness {
+    fn start(client: Client, ns: &str) -> Witness {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let jobs: Api<Job> = Api::namespaced(client, ns);
+        let s = seen.clone();
+        let watch_secrets = tokio::spawn(async move {
+            let mut stream = watcher(secrets, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                if let Ok(watcher::Event::Apply(sec) | watcher::Event::InitApply(sec)) = ev {
+                    s.lock().expect("witness").record_secret(sec);
+                }
+            }
+        });
+        let s = seen.clone();
+        let watch_jobs = tokio::spawn(async move {
+            let mut stream = watcher(jobs, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                if let Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) = ev {
+                    let label = |k: &str| job.labels().get(k).cloned().unwrap_or_default();
+                    let entry = (
+                        label(names::LABEL_OWNER_NAME),
+                        label(names::LABEL_OPERATION),
+                    );
+                    let uid = job.uid().unwrap_or_default();
+                    s.lock().expect("witness").jobs.insert(uid, entry);
+                }
+            }
+        });
+        Witness {
+            seen,
+            tasks: std::sync::Arc::new(vec![watch_secrets, watch_jobs]),
+        }
+    }
+
+    fn stop(&self) {
+        for t in self.tasks.iter() {
+            t.abort();
+        }
+    }
+
+    /// When a state of the object `name` (any kind) was seen emptied.
+    fn emptied_at(&self, name: &str) -> Option<std::time::SystemTime> {
+        let seen = self.seen.lock().expect("witness");
+        seen.emptied
+            .iter()
+            .find(|(suffix, _)| suffix.rsplit_once('.').is_some_and(|(n, _)| n == name))
+            .map(|(_, t)| *t)
+    }
+
+    /// Destroy Jobs of the object `name` seen so far.
+    fn destroy_jobs(&self, name: &str) -> u32 {
+        let seen = self.seen.lock().expect("witness");
+        seen.jobs
+            .values()
+            .filter(|(owner, op)| owner == name && op == names::OPERATION_DESTROY)
+            .count() as u32
+    }
+
+    fn jobs(&self) -> usize {
+        self.seen.lock().expect("witness").jobs.len()
+    }
+}
+
+impl Seen {
+    fn record_secret(&mut self, secret: Secret) {
+        let name = secret.name_any();
+        let Some(rest) = name.strip_prefix(STATE_PREFIX) else {
+            return;
+        };
+        // `<suffix>` or `<suffix>-part-<N>`.
+        let suffix = match rest.rsplit_once("-part-") {
+            Some((base, n)) if n.parse::<u32>().is_ok() => base.to_string(),
+            _ => rest.to_string(),
+        };
+        self.secrets.insert(name, secret);
+        let base = names::state_secret_name(&suffix);
+        let all: Vec<Secret> = self.secrets.values().cloned().collect();
+        let content = state::read(
+            &state::StateSecrets::from_secrets(&base, &all),
+            state::DEFAULT_DECOMPRESSION_CAP,
+        );
+        if let StateContent::Parsed {
+            managed_instances, ..
+        } = content
+        {
+            if managed_instances > 0 {
+                self.had_instances.insert(suffix);
+            } else if self.had_instances.contains(&suffix) {
+                self.emptied
+                    .entry(suffix)
+                    .or_insert_with(std::time::SystemTime::now);
+            }
+        }
     }
 }

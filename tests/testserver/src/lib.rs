@@ -28,6 +28,9 @@
 //!   not waited for: a simplification of the real CRD cleanup finalizer).
 //! - A fault switch ([`Faults`]) and request counters ([`RequestLog`]).
 //! - A local Job runner ([`JobRunner`]) standing in for the Job controller and the kubelet.
+//! - The binary `captf-testserver --kubeconfig PATH` runs the server and the Job runner as
+//!   a process of their own, for the end-to-end tests' real-cluster mode
+//!   (`CAPTF_E2E_KUBECONFIG`) to be exercised without a real cluster.
 //!
 //! # What it deliberately does not model
 //! - Scheduling (the Job runner binds its own Pods), admission (webhooks, quotas; defaulting
