@@ -496,6 +496,44 @@ fn builtin_types() -> Vec<ResourceType> {
     ]
 }
 
+/// What the real API server does when it creates a Job whose `spec.manualSelector` is not
+/// true (kubernetes `pkg/registry/batch/job/strategy.go`, `generateSelector`): the Pod
+/// template gets the `job-name` and `controller-uid` labels, in their legacy and
+/// `batch.kubernetes.io/` forms, unless already set, and the selector matches
+/// `batch.kubernetes.io/controller-uid`. So `kubectl logs job/NAME` and label selectors
+/// find this Job's Pods and no other's.
+fn generate_job_selector(job: &mut Value) {
+    if job["spec"]["manualSelector"].as_bool() == Some(true) {
+        return;
+    }
+    let name = meta_str(job, "name").unwrap_or_default().to_string();
+    let uid = meta_str(job, "uid").unwrap_or_default().to_string();
+    let labels = &mut job["spec"]["template"]["metadata"]["labels"];
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    for (key, value) in [
+        ("job-name", &name),
+        ("batch.kubernetes.io/job-name", &name),
+        ("controller-uid", &uid),
+        ("batch.kubernetes.io/controller-uid", &uid),
+    ] {
+        if labels.get(key).is_none() {
+            labels[key] = json!(value);
+        }
+    }
+    let match_labels = &mut job["spec"]["selector"]["matchLabels"];
+    if !match_labels.is_object() {
+        *match_labels = json!({});
+    }
+    if match_labels
+        .get("batch.kubernetes.io/controller-uid")
+        .is_none()
+    {
+        match_labels["batch.kubernetes.io/controller-uid"] = json!(uid);
+    }
+}
+
 /// Resource types a CRD object declares (one per served version).
 fn crd_types(crd: &Value) -> Result<Vec<ResourceType>, String> {
     let spec = &crd["spec"];
@@ -1045,6 +1083,9 @@ impl Store {
             m.remove("deletionGracePeriodSeconds");
             m.remove("managedFields");
             m.remove("selfLink");
+        }
+        if rt.crd.is_none() && rt.group == "batch" && rt.plural == "jobs" {
+            generate_job_selector(&mut obj);
         }
         if rt.crd.is_none() && rt.plural == "customresourcedefinitions" {
             let types = crd_types(&obj).map_err(|e| ApiError::invalid(rt, &name, "spec", &e))?;
@@ -1606,6 +1647,41 @@ mod tests {
         assert_eq!(
             err.to_status()["details"],
             json!({"name": "a", "kind": "configmaps"})
+        );
+    }
+
+    #[test]
+    fn a_job_gets_a_selector_of_its_own_uid_unless_manual() {
+        let s = Store::new();
+        let job = s
+            .create(json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default"},
+                "spec": {"template": {"metadata": {"labels": {"app": "x", "job-name": "mine"}},
+                    "spec": {"containers": [{"name": "c"}], "restartPolicy": "Never"}}}}))
+            .expect("create");
+        let uid = job["metadata"]["uid"].as_str().expect("uid");
+        assert_eq!(
+            job["spec"]["selector"],
+            json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+        );
+        assert_eq!(
+            job["spec"]["template"]["metadata"]["labels"],
+            json!({"app": "x", "job-name": "mine", "batch.kubernetes.io/job-name": "j",
+                "controller-uid": uid, "batch.kubernetes.io/controller-uid": uid}),
+            "labels already set are kept"
+        );
+        let manual = s
+            .create(json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "m", "namespace": "default"},
+                "spec": {"manualSelector": true, "selector": {"matchLabels": {"app": "m"}},
+                    "template": {"metadata": {"labels": {"app": "m"}},
+                    "spec": {"containers": [{"name": "c"}], "restartPolicy": "Never"}}}}))
+            .expect("create");
+        assert_eq!(
+            manual["spec"]["selector"],
+            json!({"matchLabels": {"app": "m"}})
+        );
+        assert_eq!(
+            manual["spec"]["template"]["metadata"]["labels"],
+            json!({"app": "m"})
         );
     }
 

@@ -413,6 +413,29 @@ async fn kubectl_against_the_server() {
         "logs",
     );
     assert_eq!(logs, "hello from the job\n");
+    // A second Job: `kubectl logs job/NAME` finds the Pods through the selector the server
+    // generated for each Job, so it reads this Job's Pod, not the first one's.
+    let second = JOB
+        .replace("name: hello", "name: second")
+        .replace("hello from the job", "second job speaking");
+    std::fs::write(dir.join("job2.yaml"), second).expect("write");
+    let job2 = dir.join("job2.yaml").to_string_lossy().into_owned();
+    ok(
+        &kubectl(&srv, &dir, &["create", "-f", &job2, "--validate=false"]).await,
+        "create the second job",
+    );
+    eventually(Duration::from_secs(10), || {
+        store
+            .get("batch/v1", "jobs", Some("x"), "second")
+            .filter(|j| j["status"]["succeeded"] == 1)
+    })
+    .await
+    .expect("the second job completed");
+    let logs = ok(
+        &kubectl(&srv, &dir, &["logs", "-n", "x", "job/second"]).await,
+        "logs job/second",
+    );
+    assert_eq!(logs, "second job speaking\n");
     let plain = ok(
         &kubectl(&srv, &dir, &["get", "pods", "-n", "x"]).await,
         "get without -o (no server-side table)",
