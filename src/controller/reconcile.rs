@@ -26,7 +26,7 @@ use crate::api::conditions::{self, Condition};
 use crate::api::names;
 use crate::facts::{self, Extras, Observed};
 use crate::job::{self, JobOutcome, JobRequest};
-use crate::rules::{Action, Decision, Facts};
+use crate::rules::{self, Action, Blocker, Decision, Facts};
 use crate::state::{self, StateSecrets};
 
 /// How often an object is looked at again when nothing it watches changes.
@@ -62,7 +62,23 @@ pub async fn reconcile<K: TerraformObject>(
     if facts::state_needed(&pre) {
         observe::observe_secrets(&ctx.client, &mut observed).await?;
     }
-    let (decision, facts, extras) = facts::decide(&observed, &ctx.settings);
+    let (mut decision, mut facts, extras) = facts::decide(&observed, &ctx.settings);
+    // Starting an attempt needs its Job, which only the manager can render (its templates):
+    // a Job that does not render is one more thing that keeps the destroy from starting,
+    // and the rule table turns it into row 9 like the others.
+    let mut job = None;
+    if let (Some(n), Some(inputs)) = (decision.start_attempt, extras.inputs.as_ref()) {
+        let suffix = names::state_suffix(K::KIND, &obj.name_any());
+        let cluster = facts::owning_cluster(obj.meta());
+        let request = owner_request(obj.as_ref(), &suffix, cluster.as_deref(), n, inputs);
+        match job::render(&ctx.templates, &request) {
+            Ok(j) => job = Some((j, job::secret_labels(&request))),
+            Err(e) => {
+                facts.blocker = Some(Blocker::JobDoesNotRender(e.to_string()));
+                decision = rules::decide(&facts);
+            }
+        }
+    }
     info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, message = %decision.deleting().message, "decision");
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
@@ -123,9 +139,21 @@ pub async fn reconcile<K: TerraformObject>(
             .await;
             Ok(Requeue::await_change())
         }
-        Action::StartDestroy | Action::RetryLater => match decision.start_attempt {
-            Some(n) => start_attempt(&ctx, &api, obj.as_ref(), &observed, &extras, n).await,
-            None => {
+        Action::StartDestroy | Action::RetryLater => match (decision.start_attempt, job) {
+            (Some(n), Some((job, labels))) => {
+                start_attempt(
+                    &ctx,
+                    &api,
+                    obj.as_ref(),
+                    &observed,
+                    &extras,
+                    n,
+                    job,
+                    &labels,
+                )
+                .await
+            }
+            _ => {
                 let wait = decision
                     .next_retry_at
                     .map(|at| until(at, facts.now))
@@ -406,8 +434,10 @@ fn owner_request<'a, K: TerraformObject>(
     }
 }
 
-/// Starts destroy attempt `n`: backup (first attempt), runner RBAC, stale lock, the
-/// write-ahead attempt number, then the Job (creating an existing name is a no-op).
+/// Starts destroy attempt `n` with its rendered `job`: backup (first attempt), the
+/// backend's `labels` on the state Secrets, runner RBAC, stale lock, the write-ahead
+/// attempt number, then the Job (creating an existing name is a no-op).
+#[allow(clippy::too_many_arguments)]
 async fn start_attempt<K: TerraformObject>(
     ctx: &Context,
     api: &Api<K>,
@@ -415,38 +445,14 @@ async fn start_attempt<K: TerraformObject>(
     o: &Observed,
     extras: &Extras,
     n: u32,
+    job: Job,
+    backend_labels: &BTreeMap<String, String>,
 ) -> Result<Requeue, Error> {
     let ns = obj.namespace().unwrap_or_default();
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
-    let Some(inputs) = extras.inputs.as_ref() else {
-        return Ok(Requeue::requeue(ctx.settings.backoff.base));
-    };
-    let cluster = facts::owning_cluster(obj.meta());
-    let request = owner_request(obj, &suffix, cluster.as_deref(), n, inputs);
-    let job = match job::render(&ctx.templates, &request) {
-        Ok(j) => j,
-        Err(e) => {
-            let msg = format!(
-                "destroy attempt {n} cannot start: the Job does not render: {e}; see runbooks/DestroyCannotStart.md"
-            );
-            warn!(%msg);
-            publish(
-                ctx,
-                obj,
-                EventType::Warning,
-                "DestroyCannotStart",
-                "RenderJob",
-                &msg,
-            )
-            .await;
-            return Ok(Requeue::requeue(
-                ctx.settings.backoff.base.max(Duration::from_secs(1)),
-            ));
-        }
-    };
     if let Some(state) = &o.state {
         ensure_backup(ctx, obj, &ns, &suffix, state).await?;
-        ensure_backend_labels(ctx, &ns, state, &job::secret_labels(&request)).await?;
+        ensure_backend_labels(ctx, &ns, state, backend_labels).await?;
     }
     super::rbac::ensure_runner_rbac(ctx, &ns).await?;
     if extras.stale_lock {

@@ -119,6 +119,10 @@ pub enum Blocker {
     NamespaceTerminating(String),
     /// Terraform's lock is held by something that is not a gone Pod of this object.
     LockHeld { holder: String, age: Option<String> },
+    /// The attempt's Job does not render from the inputs and the manager's templates (an
+    /// inline module too large for the Pod, a template the operator broke). Only the
+    /// manager knows its templates, so only it reports this; `captf explain` cannot.
+    JobDoesNotRender(String),
 }
 
 impl Blocker {
@@ -141,6 +145,9 @@ impl Blocker {
                     "Terraform's state lock is held by {holder}; it is never broken by CAPTF"
                 ),
             },
+            Blocker::JobDoesNotRender(why) => format!(
+                "its Job does not render ({why}); fix the inputs, or the manager's --templates-dir"
+            ),
         }
     }
 }

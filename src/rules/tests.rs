@@ -386,6 +386,10 @@ fn row9_cannot_start_names_what_keeps_it() {
             Blocker::Inputs("the inputs Secret captf-inputs-web-1.tfm is missing".into()),
             "captf-inputs-web-1.tfm",
         ),
+        (
+            Blocker::JobDoesNotRender("the files are 300000 bytes, at most 262144".into()),
+            "does not render (the files are 300000 bytes",
+        ),
     ] {
         let d = decide(&Facts {
             blocker: Some(blocker),

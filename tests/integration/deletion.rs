@@ -761,3 +761,27 @@ async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attemp
     );
     env.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_09c_a_job_that_does_not_render_cannot_start_until_the_inputs_are_fixed() {
+    // An inline module too large for the Pod's annotations (at most 256 KiB of files).
+    let huge = format!("{}\n# {}\n", module(0), "x".repeat(300 * 1024));
+    let env = Env::with_machine("norender", &huge, FAST).await;
+    env.delete::<Tfm>("web-1").await;
+    let msg = env
+        .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
+        .await;
+    assert!(
+        msg.contains("does not render") && msg.contains("runbooks/DestroyCannotStart.md"),
+        "{msg}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.jobs_created(), 0, "no Job starts");
+    assert!(env.exists::<Tfm>("web-1").await, "nothing is released");
+    // The apply side fixes the inputs (the same resources, a module that fits).
+    env.write_inputs::<Tfm>("web-1", &module(0), &env.markers())
+        .await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    env.shutdown().await;
+}
