@@ -1,0 +1,140 @@
+//! Uninstalling CAPTF (deleting its CRDs) while objects remain: an uninstall is not a
+//! teardown. The test server deletes a CRD as apiextensions-apiserver does (cleanup
+//! finalizer, instances deleted and held by their finalizers), so this runs end to end.
+
+use std::time::Duration;
+
+use captf::api::names::{self, Kind};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::support::*;
+
+const LONG: Duration = Duration::from_secs(90);
+const FAST: Duration = Duration::from_millis(300);
+/// How many manager passes the "nothing happens" window lasts.
+const PASSES: u64 = 5;
+
+fn crd_terminating(crd: &CustomResourceDefinition) -> bool {
+    crd.metadata.deletion_timestamp.is_some()
+        && crd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Terminating" && c.status == "True")
+            })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_02_uninstalling_captf_destroys_nothing() {
+    let (env, markers) = Env::with_machine("uninstall", &module(0), FAST).await;
+    let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
+    let state_secret = names::state_secret_name(&suffix);
+    let inputs_secret = names::inputs_secret_name(&suffix);
+    assert!(
+        env.secret_exists(&state_secret).await,
+        "applied: state saved"
+    );
+    let crd_name = Kind::TerraformMachine.crd_name();
+    assert_eq!(
+        crd_name,
+        "terraformmachines.infrastructure.cluster.x-k8s.io"
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+
+    // The uninstall: delete the TerraformMachine CRD.
+    crds.delete(&crd_name, &DeleteParams::default())
+        .await
+        .expect("delete the CRD");
+
+    // The CRD's cleanup deletes the object; the manager's finalizer holds it.
+    wait_for("the object to be marked for deletion", LONG, || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", LONG).await;
+    assert!(
+        msg.contains("its CustomResourceDefinition is being deleted")
+            && msg.contains("runbooks/Paused.md"),
+        "{msg}"
+    );
+    let (status, reason, paused) = env
+        .condition::<Tfm>("web-1", "Paused")
+        .await
+        .expect("Paused condition");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Paused"));
+    assert!(
+        paused.contains("CustomResourceDefinition is being deleted"),
+        "{paused}"
+    );
+
+    // A bounded "nothing happens" window: several more passes of the manager, each one
+    // triggered by an edit of the object (each pass reads the CRD once).
+    let log = env.server.request_log();
+    for i in 0..PASSES {
+        let before = log.count("get", "customresourcedefinitions", "");
+        env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some(i.to_string()))])
+            .await;
+        wait_for("one more manager pass", LONG, || async {
+            log.count("get", "customresourcedefinitions", "") > before
+        })
+        .await;
+    }
+    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", LONG).await;
+    assert!(msg.contains("CustomResourceDefinition"), "{msg}");
+    assert_eq!(
+        log.count("create", "jobs", ""),
+        0,
+        "no destroy Job during an uninstall"
+    );
+    assert_eq!(
+        env.tries(&markers, "web-1"),
+        0,
+        "Terraform destroyed nothing"
+    );
+    assert!(!markers.join("web-1-0.destroyed").exists());
+    assert!(!markers.join("web-1-1.destroyed").exists());
+    let obj = env.object::<Tfm>("web-1").await.expect("the object stays");
+    assert!(
+        obj.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&Kind::TerraformMachine.finalizer().to_string()),
+        "nothing released: the manager's finalizer stays"
+    );
+    assert!(env.secret_exists(&state_secret).await, "state kept");
+    assert!(env.secret_exists(&inputs_secret).await, "inputs kept");
+    let crd = crds.get_opt(&crd_name).await.expect("get CRD");
+    assert!(
+        crd.as_ref().is_some_and(crd_terminating),
+        "the CRD stays, terminating, while the object is held: {crd:?}"
+    );
+
+    // runbooks/Paused.md, "The CRD is being deleted": strip the object's finalizer.
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip the finalizer");
+    env.wait_gone::<Tfm>("web-1", LONG).await;
+    // The CRD's finalizer is released only once no instance is left in storage.
+    wait_for("the CRD to go", LONG, || async {
+        crds.get_opt(&crd_name).await.expect("get CRD").is_none()
+    })
+    .await;
+    assert_eq!(log.count("create", "jobs", ""), 0, "still no Job");
+    assert_eq!(env.tries(&markers, "web-1"), 0, "still nothing destroyed");
+    assert!(
+        env.secret_exists(&state_secret).await,
+        "the state Secret stays: the infrastructure is not lost track of"
+    );
+    env.shutdown().await;
+}
