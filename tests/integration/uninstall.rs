@@ -138,3 +138,40 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
     );
     env.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing() {
+    let (env, markers) = Env::with_machine("uninstall-fault", &module(0), FAST).await;
+    let crd_name = Kind::TerraformMachine.crd_name();
+    Api::<CustomResourceDefinition>::all(env.client.clone())
+        .delete(&crd_name, &DeleteParams::default())
+        .await
+        .expect("delete the CRD");
+    env.wait_deleting::<Tfm>("web-1", "Paused", LONG).await;
+    // The next passes cannot read the CRD: that is not "the CRD is not being deleted".
+    let log = env.server.request_log();
+    let before = log.count("get", "customresourcedefinitions", "");
+    env.server
+        .faults()
+        .fail_next(3, Some("get"), Some("customresourcedefinitions"), 500);
+    env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some("1".into()))])
+        .await;
+    wait_for(
+        "the failed reads and a good one after them",
+        LONG,
+        || async { log.count("get", "customresourcedefinitions", "") > before + 3 },
+    )
+    .await;
+    env.wait_deleting::<Tfm>("web-1", "Paused", LONG).await;
+    assert_eq!(
+        log.count("create", "jobs", ""),
+        0,
+        "no destroy Job on a failed read"
+    );
+    assert_eq!(
+        env.tries(&markers, "web-1"),
+        0,
+        "Terraform destroyed nothing"
+    );
+    env.shutdown().await;
+}
