@@ -55,11 +55,11 @@ pub async fn observe<K: TerraformObject>(
             .map(|c| ClusterView::from_value(&serde_json::to_value(&c).unwrap_or_default())),
         _ => None,
     };
+    // A failed read fails the pass: it must never count as "the CRD is not being deleted",
+    // or a transient error during an uninstall would start a destroy.
     let crd_deleting = Api::<CustomResourceDefinition>::all(client.clone())
         .get_opt(&K::KIND.crd_name())
-        .await
-        .ok()
-        .flatten()
+        .await?
         .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
     let namespace_terminating = Api::<Namespace>::all(client.clone())
         .get_opt(&ns)

@@ -9,3 +9,4 @@ mod manager;
 mod runbooks;
 mod support;
 mod testserver_smoke;
+mod uninstall;

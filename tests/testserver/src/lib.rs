@@ -24,8 +24,13 @@
 //! - Deletion: finalizers, `deletionTimestamp`, graceful Pod deletion, a garbage collector
 //!   (background, foreground, orphan), namespace termination (403 `NamespaceTerminating`).
 //!   Jobs default to Orphan propagation as batch/v1 does; everything else to Background.
-//!   Deleting a CRD removes it and all its objects at once (finalizers on those objects are
-//!   not waited for: a simplification of the real CRD cleanup finalizer).
+//! - CRD deletion as apiextensions-apiserver does it (see [`crds`]): the first DELETE adds
+//!   the `customresourcecleanup.apiextensions.k8s.io` finalizer and `Terminating=True`;
+//!   creating instances then gets 405 "create not allowed while custom resource definition
+//!   is terminating" while every other verb keeps working; the finalizer controller deletes
+//!   every instance as a normal DELETE does (finalizers hold them) and, once none is left,
+//!   removes its finalizer, and the CRD and its types go. Removing the finalizer by hand
+//!   leaves the remaining instances in storage, unserved, until a CRD serves them again.
 //! - A fault switch ([`Faults`]) and request counters ([`RequestLog`]).
 //! - A local Job runner ([`JobRunner`]) standing in for the Job controller and the kubelet.
 //! - The binary `captf-testserver --kubeconfig PATH` runs the server and the Job runner as
@@ -50,6 +55,7 @@
 //!   `finalize` subresource and namespace status conditions, CRD conversion, `dryRun`.
 //! - BOOKMARK events come every [`watch::BOOKMARK_INTERVAL`] (1 s) instead of about a minute.
 
+pub mod crds;
 pub mod faults;
 mod gc;
 mod http;
@@ -87,7 +93,8 @@ static SERVER_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 
 impl TestServer {
     /// Start a server on `127.0.0.1:<free port>` (plain HTTP) with the `default` and
-    /// `kube-system` namespaces, the garbage collector and the namespace controller.
+    /// `kube-system` namespaces, the garbage collector, the namespace controller and the
+    /// CRD finalizer controller.
     /// Panics if it cannot bind or write its kubeconfig (test setup failure).
     pub async fn start() -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -118,6 +125,7 @@ impl TestServer {
             tokio::spawn(http::serve(listener, state, shutdown_rx)),
             tokio::spawn(gc::run(store.clone())),
             tokio::spawn(namespaces::run(store.clone())),
+            tokio::spawn(crds::run(store.clone())),
         ];
         TestServer {
             url,

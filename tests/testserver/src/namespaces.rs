@@ -38,9 +38,13 @@ pub(crate) fn pass(store: &Store) {
         return;
     };
     for (ns, uid) in terminating {
+        // What discovery finds: instances left in storage by a CRD that is gone are unseen.
         let content: Vec<&(String, String, serde_json::Value)> = snapshot
             .iter()
-            .filter(|(_, _, o)| store::meta_str(o, "namespace") == Some(ns.as_str()))
+            .filter(|(g, p, o)| {
+                store::meta_str(o, "namespace") == Some(ns.as_str())
+                    && store.any_type(g, p).is_some()
+            })
             .collect();
         for (g, p, o) in &content {
             if store::is_deleting(o) {

@@ -13,6 +13,8 @@ use base64::Engine;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, watch};
 
+use crate::crds;
+
 /// How many watch events are kept for watches that resume from a resourceVersion.
 pub const HISTORY_LIMIT: usize = 10_000;
 
@@ -1029,6 +1031,15 @@ impl Store {
         };
         let mut name = meta_str(&obj, "name").unwrap_or_default().to_string();
         let mut inner = self.lock();
+        if let Some(crd) = &rt.crd {
+            let key = (
+                crds::GROUP.to_string(),
+                crds::PLURAL.to_string(),
+                String::new(),
+                crd.clone(),
+            );
+            crds::refuse_create(rt, inner.objects.get(&key))?;
+        }
         if name.is_empty() {
             match meta_str(&obj, "generateName") {
                 Some(g) if !g.is_empty() => {
@@ -1087,7 +1098,7 @@ impl Store {
         if rt.crd.is_none() && rt.group == "batch" && rt.plural == "jobs" {
             generate_job_selector(&mut obj);
         }
-        if rt.crd.is_none() && rt.plural == "customresourcedefinitions" {
+        if crds::is_crd_resource(rt) {
             let types = crd_types(&obj).map_err(|e| ApiError::invalid(rt, &name, "spec", &e))?;
             if inner
                 .types
@@ -1215,6 +1226,9 @@ impl Store {
         let mut new = if status_only {
             let mut n = old.clone();
             n["status"] = obj.get("status").cloned().unwrap_or(Value::Null);
+            if crds::is_crd_resource(rt) {
+                crds::status_write_metadata(&obj, &mut n);
+            }
             if n["status"].is_null()
                 && let Some(m) = n.as_object_mut()
             {
@@ -1293,7 +1307,7 @@ impl Store {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
             meta_mut(&mut new).insert("generation".into(), json!(g));
         }
-        if rt.crd.is_none() && rt.plural == "customresourcedefinitions" && !status_only {
+        if crds::is_crd_resource(rt) && !status_only {
             let types = crd_types(&new).map_err(|e| ApiError::invalid(rt, name, "spec", &e))?;
             let crd_name = name.to_string();
             inner
@@ -1331,30 +1345,12 @@ impl Store {
         inner.rv = inner.rv.saturating_add(1);
         let rv = inner.rv;
         meta_mut(&mut last).insert("resourceVersion".into(), json!(rv.to_string()));
-        if rt.crd.is_none() && rt.plural == "customresourcedefinitions" {
-            let crd_name = key.3.clone();
-            let gone: Vec<ResourceType> = inner
-                .types
-                .iter()
-                .filter(|t| t.crd.as_deref() == Some(crd_name.as_str()))
-                .cloned()
-                .collect();
+        if crds::is_crd_resource(rt) {
+            // Its types stop being served. Instances still stored (the cleanup finalizer
+            // was removed by hand) stay in storage, unserved, as on a real server.
             inner
                 .types
-                .retain(|t| t.crd.as_deref() != Some(crd_name.as_str()));
-            for t in gone {
-                let keys: Vec<ObjKey> = inner
-                    .objects
-                    .keys()
-                    .filter(|(g, p, _, _)| t.is(g, p))
-                    .cloned()
-                    .collect();
-                for k in keys {
-                    if let Some(o) = inner.objects.get(&k).cloned() {
-                        self.remove_locked(inner, &t, &k, o);
-                    }
-                }
-            }
+                .retain(|t| t.crd.as_deref() != Some(key.3.as_str()));
         }
         self.emit(inner, key, EventType::Deleted, last, None);
     }
@@ -1417,6 +1413,21 @@ impl Store {
                 format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted"),
             )
             .with_details(json!({"name": name, "kind": "namespaces"})));
+        }
+        if crds::is_crd_resource(rt) && !is_deleting(&obj) {
+            let prev = obj.clone();
+            crds::mark_deleting(&mut obj);
+            inner.rv += 1;
+            meta_mut(&mut obj).insert("resourceVersion".into(), json!(inner.rv.to_string()));
+            inner.objects.insert(key.clone(), obj.clone());
+            self.emit(
+                &mut inner,
+                &key,
+                EventType::Modified,
+                obj.clone(),
+                Some(prev),
+            );
+            return Ok((Self::present(rt, &obj), false));
         }
         let uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
         let default_policy = if rt.group == "batch" && rt.plural == "jobs" {
@@ -1744,7 +1755,7 @@ mod tests {
     }
 
     #[test]
-    fn crd_registers_types_and_deletion_removes_objects() {
+    fn crd_registers_types_and_its_finalizer_deletes_objects() {
         let s = Store::new();
         s.create(json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
             "metadata": {"name": "widgets.example.com"},
@@ -1756,13 +1767,36 @@ mod tests {
         assert!(rt.status_subresource);
         s.create(json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "default"}}))
             .expect("cr");
-        s.delete(
-            "apiextensions.k8s.io/v1",
-            "customresourcedefinitions",
-            None,
-            "widgets.example.com",
-        )
-        .expect("delete");
+        let crd = s
+            .delete(
+                "apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                None,
+                "widgets.example.com",
+            )
+            .expect("delete");
+        assert!(is_deleting(&crd));
+        assert_eq!(finalizers(&crd), vec![crds::CLEANUP_FINALIZER.to_string()]);
+        assert!(
+            s.get("example.com/v1", "widgets", Some("default"), "w")
+                .is_some()
+        );
+        // The finalizer controller (not running in a bare Store) deletes the instances,
+        // then releases the CRD.
+        crds::pass(&s);
+        assert!(
+            s.get("example.com/v1", "widgets", Some("default"), "w")
+                .is_none()
+        );
+        assert!(
+            s.get(
+                "apiextensions.k8s.io/v1",
+                "customresourcedefinitions",
+                None,
+                "widgets.example.com"
+            )
+            .is_none()
+        );
         assert!(s.resource_type("example.com/v1", "Widget").is_none());
     }
 

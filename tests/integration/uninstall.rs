@@ -1,0 +1,177 @@
+//! Uninstalling CAPTF (deleting its CRDs) while objects remain: an uninstall is not a
+//! teardown. The test server deletes a CRD as apiextensions-apiserver does (cleanup
+//! finalizer, instances deleted and held by their finalizers), so this runs end to end.
+
+use std::time::Duration;
+
+use captf::api::names::{self, Kind};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::support::*;
+
+const FAST: Duration = Duration::from_millis(300);
+/// Why these run on the test server only: they delete a CAPTF CRD, which would take the
+/// objects of every other test (and any other user) of a shared cluster with it, and they
+/// count the manager's passes with the server's request counter.
+const UNINSTALL: &str = "it deletes a CAPTF CRD, which a shared cluster cannot afford";
+/// How many manager passes the "nothing happens" window lasts.
+const PASSES: u64 = 5;
+
+fn crd_terminating(crd: &CustomResourceDefinition) -> bool {
+    crd.metadata.deletion_timestamp.is_some()
+        && crd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Terminating" && c.status == "True")
+            })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_02_uninstalling_captf_destroys_nothing() {
+    if test_server_only(UNINSTALL) {
+        return;
+    }
+    let env = Env::with_machine("uninstall", &module(0), FAST).await;
+    let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
+    let state_secret = names::state_secret_name(&suffix);
+    let inputs_secret = names::inputs_secret_name(&suffix);
+    assert!(
+        env.secret_exists(&state_secret).await,
+        "applied: state saved"
+    );
+    let crd_name = Kind::TerraformMachine.crd_name();
+    assert_eq!(
+        crd_name,
+        "terraformmachines.infrastructure.cluster.x-k8s.io"
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+
+    // The uninstall: delete the TerraformMachine CRD.
+    crds.delete(&crd_name, &DeleteParams::default())
+        .await
+        .expect("delete the CRD");
+
+    // The CRD's cleanup deletes the object; the manager's finalizer holds it.
+    wait_for("the object to be marked for deletion", long(), || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
+    assert!(
+        msg.contains("its CustomResourceDefinition is being deleted")
+            && msg.contains("runbooks/Paused.md"),
+        "{msg}"
+    );
+    let (status, reason, paused) = env
+        .condition::<Tfm>("web-1", "Paused")
+        .await
+        .expect("Paused condition");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Paused"));
+    assert!(
+        paused.contains("CustomResourceDefinition is being deleted"),
+        "{paused}"
+    );
+
+    // A bounded "nothing happens" window: several more passes of the manager, each one
+    // triggered by an edit of the object (each pass reads the CRD once).
+    let log = env.server().request_log();
+    for i in 0..PASSES {
+        let before = log.count("get", "customresourcedefinitions", "");
+        env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some(i.to_string()))])
+            .await;
+        wait_for("one more manager pass", long(), || async {
+            log.count("get", "customresourcedefinitions", "") > before
+        })
+        .await;
+    }
+    let msg = env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
+    assert!(msg.contains("CustomResourceDefinition"), "{msg}");
+    assert_eq!(
+        log.count("create", "jobs", ""),
+        0,
+        "no destroy Job during an uninstall"
+    );
+    assert_eq!(env.tries("web-1"), 0, "Terraform destroyed nothing");
+    assert!(!env.destroyed("web-1"));
+    let obj = env.object::<Tfm>("web-1").await.expect("the object stays");
+    assert!(
+        obj.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&Kind::TerraformMachine.finalizer().to_string()),
+        "nothing released: the manager's finalizer stays"
+    );
+    assert!(env.secret_exists(&state_secret).await, "state kept");
+    assert!(env.secret_exists(&inputs_secret).await, "inputs kept");
+    let crd = crds.get_opt(&crd_name).await.expect("get CRD");
+    assert!(
+        crd.as_ref().is_some_and(crd_terminating),
+        "the CRD stays, terminating, while the object is held: {crd:?}"
+    );
+
+    // runbooks/Paused.md, "The CRD is being deleted": strip the object's finalizer.
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip the finalizer");
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    // The CRD's finalizer is released only once no instance is left in storage.
+    wait_for("the CRD to go", long(), || async {
+        crds.get_opt(&crd_name).await.expect("get CRD").is_none()
+    })
+    .await;
+    assert_eq!(log.count("create", "jobs", ""), 0, "still no Job");
+    assert_eq!(env.tries("web-1"), 0, "still nothing destroyed");
+    assert!(
+        env.secret_exists(&state_secret).await,
+        "the state Secret stays: the infrastructure is not lost track of"
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing() {
+    if test_server_only(UNINSTALL) {
+        return;
+    }
+    let env = Env::with_machine("uninstall-fault", &module(0), FAST).await;
+    let crd_name = Kind::TerraformMachine.crd_name();
+    Api::<CustomResourceDefinition>::all(env.client.clone())
+        .delete(&crd_name, &DeleteParams::default())
+        .await
+        .expect("delete the CRD");
+    env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
+    // The next passes cannot read the CRD: that is not "the CRD is not being deleted".
+    let log = env.server().request_log();
+    let before = log.count("get", "customresourcedefinitions", "");
+    env.server()
+        .faults()
+        .fail_next(3, Some("get"), Some("customresourcedefinitions"), 500);
+    env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some("1".into()))])
+        .await;
+    wait_for(
+        "the failed reads and a good one after them",
+        long(),
+        || async { log.count("get", "customresourcedefinitions", "") > before + 3 },
+    )
+    .await;
+    env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
+    assert_eq!(
+        log.count("create", "jobs", ""),
+        0,
+        "no destroy Job on a failed read"
+    );
+    assert_eq!(env.tries("web-1"), 0, "Terraform destroyed nothing");
+    env.shutdown().await;
+}
