@@ -14,6 +14,9 @@
 //!   customresourcedefinitions; events.k8s.io/v1 events (stored separately from core/v1
 //!   events, unlike the real server which shares their storage). Custom resources are served
 //!   as soon as their CRD is created (every served version, same objects, no conversion).
+//! - A created Job gets the selector and Pod-template labels of its own uid (`job-name`,
+//!   `controller-uid` and their `batch.kubernetes.io/` forms) unless `manualSelector` is
+//!   true, as the real Job registry generates them.
 //! - Legacy discovery (`/api`, `/api/v1`, `/apis`, `/apis/<g>`, `/apis/<g>/<v>`), `/version`,
 //!   `/healthz`, `/livez`, `/readyz`.
 //! - Verbs get, list (label and field selectors), watch (resume from a resourceVersion, bounded
