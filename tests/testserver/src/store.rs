@@ -796,9 +796,15 @@ impl Store {
             .collect()
     }
 
-    /// Every live uid, with whether that object waits for its dependents (foreground deletion).
-    pub(crate) fn uid_states(&self) -> HashMap<String, bool> {
-        self.lock()
+    /// Every live uid, with whether that object waits for its dependents (foreground
+    /// deletion), and the objects `keep` selects, read under one lock: the garbage collector
+    /// must never see a dependent without the owner that was created before it.
+    pub(crate) fn uid_states_and_snapshot(
+        &self,
+        keep: impl Fn(&str, &str, &str, &Value) -> bool,
+    ) -> (HashMap<String, bool>, Vec<(String, String, Value)>) {
+        let inner = self.lock();
+        let uids = inner
             .objects
             .values()
             .filter_map(|o| {
@@ -806,7 +812,14 @@ impl Store {
                     is_deleting(o) && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER);
                 meta_str(o, "uid").map(|u| (u.to_string(), waiting))
             })
-            .collect()
+            .collect();
+        let selected = inner
+            .objects
+            .iter()
+            .filter(|((g, p, n, _), v)| keep(g, p, n, v))
+            .map(|((g, p, _, _), v)| (g.clone(), p.clone(), v.clone()))
+            .collect();
+        (uids, selected)
     }
 
     /// The first served type for a group/plural (used by controllers that hold snapshots).
