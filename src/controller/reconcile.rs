@@ -265,7 +265,9 @@ async fn bookkeeping<K: TerraformObject>(
     }
 
     prune_destroy_jobs(ctx, o, facts.attempt).await?;
-    if facts.cleanup.is_none() {
+    // Not while a Job of the object runs: Terraform writes the state with the
+    // resourceVersion it read, and a finalizer added in between fails that write.
+    if facts.cleanup.is_none() && facts.unfinished_jobs.is_empty() {
         protect_state(ctx, o, &suffix).await?;
     }
 

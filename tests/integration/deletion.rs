@@ -770,3 +770,69 @@ async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attemp
     );
     env.shutdown().await;
 }
+
+/// The state Secret gets no protection finalizer while a Job of the object runs (Terraform
+/// writes the state with the resourceVersion it read, and a finalizer added in between
+/// fails that write); it gets it back once the Job has finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
+    let (env, _markers) = machine_env("protect-running", 0, FAST).await;
+    let state = names::state_secret_name("web-1.tfm");
+    env.wait_protected(&state).await;
+    let obj = env.object::<Tfm>("web-1").await.expect("object");
+    let uid = obj.metadata.uid.clone().unwrap_or_default();
+    let labels = serde_json::json!({
+        names::LABEL_OWNER_KIND: "TerraformMachine", names::LABEL_OWNER_NAME: "web-1",
+        names::LABEL_OWNER_UID: uid, names::LABEL_OPERATION: "apply", names::LABEL_ATTEMPT: "1"
+    });
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": NS, "labels": labels},
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sh", "-c", "sleep 4"]}]}}}
+    }))
+    .expect("job");
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), NS);
+    jobs.create(&Default::default(), &job)
+        .await
+        .expect("apply job");
+    let active = || {
+        env.server
+            .store()
+            .get("batch/v1", "jobs", Some(NS), "captf-web-1-tfm-apply-1")
+            .is_some_and(|j| j["status"]["active"] == 1)
+    };
+    wait_for("the apply Job to run", LONG, || async { active() }).await;
+    // As after a restore, or a state Terraform wrote anew: no protection finalizer.
+    let protected = || async {
+        env.secrets()
+            .get_metadata(&state)
+            .await
+            .expect("state Secret")
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&names::PROTECT_FINALIZER.to_string())
+    };
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    env.secrets()
+        .patch(
+            &state,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("strip the finalizer");
+    // The change of the Secret and the Job's own changes trigger passes meanwhile.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(active(), "the Job still runs");
+    assert!(
+        !protected().await,
+        "no finalizer is added to the state Secret while a Job of the object runs"
+    );
+    wait_for("the finalizer back after the Job", LONG, || async {
+        !active() && protected().await
+    })
+    .await;
+    env.shutdown().await;
+}
