@@ -117,6 +117,66 @@ pub struct Context {
     pub cluster_api: Option<ApiResource>,
     /// Namespaces where the runner RBAC is known to exist.
     pub rbac_ready: Mutex<BTreeSet<String>>,
+    /// Objects this manager released.
+    pub released: Released,
+}
+
+impl Context {
+    /// The context of the passes, as `run` makes it (a test can run passes itself).
+    pub fn new(
+        client: Client,
+        cfg: &ManagerConfig,
+        templates: Templates,
+        metrics: Arc<Metrics>,
+        cluster_api: Option<ApiResource>,
+    ) -> Context {
+        Context {
+            client: client.clone(),
+            settings: cfg.settings,
+            templates,
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: "captf-manager".into(),
+                    instance: Some(cfg.identity.clone()),
+                },
+            ),
+            metrics,
+            manager_namespace: cfg.manager_namespace.clone(),
+            watch_namespace: cfg.namespace.clone(),
+            cluster_api,
+            rbac_ready: Mutex::new(BTreeSet::new()),
+            released: Released::default(),
+        }
+    }
+}
+
+/// The uids of the objects this manager released (removed its finalizer from), for ten
+/// minutes. A pass can start from a cached copy that is older than the release: the
+/// release's own writes trigger the object again, and the cache may not have seen them yet
+/// when that pass starts. Such a pass would decide on a copy without the cleanup marker
+/// while the Secrets are already gone (and hold the object as `StateLost`, with a Warning
+/// Event), or redo the cleanup. A released object never needs a pass again: no finalizer
+/// can be added to an object being deleted.
+#[derive(Default)]
+pub struct Released(Mutex<std::collections::HashMap<String, std::time::Instant>>);
+
+impl Released {
+    const KEEP: Duration = Duration::from_secs(600);
+
+    pub fn insert(&self, uid: &str) {
+        let now = std::time::Instant::now();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, at| now.duration_since(*at) < Self::KEEP);
+        map.insert(uid.to_string(), now);
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(uid)
+    }
 }
 
 /// Finds the served version of the CAPI Cluster (any version of the group).
@@ -356,23 +416,13 @@ pub async fn run(
             "no cluster.x-k8s.io Cluster resource is served: only the objects' own pause annotations count"
         );
     }
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        settings: cfg.settings,
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        &cfg,
         templates,
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "captf-manager".into(),
-                instance: Some(cfg.identity.clone()),
-            },
-        ),
         metrics,
-        manager_namespace: cfg.manager_namespace.clone(),
-        watch_namespace: cfg.namespace.clone(),
         cluster_api,
-        rbac_ready: Mutex::new(BTreeSet::new()),
-    });
+    ));
     ready.0.store(true, std::sync::atomic::Ordering::Relaxed);
     info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
     let sweep = tokio::spawn(rbac::sweep_forever(ctx.clone(), cfg.rbac_sweep_every));

@@ -44,6 +44,13 @@ pub async fn reconcile<K: TerraformObject>(
     let ns = obj.namespace().unwrap_or_default();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let deleting = obj.meta().deletion_timestamp.is_some();
+    if deleting
+        && let Some(uid) = obj.meta().uid.as_deref()
+        && ctx.released.contains(uid)
+    {
+        debug!("released by an earlier pass; this cached copy is older than the release");
+        return Ok(Requeue::await_change());
+    }
     ctx.metrics.reconciles.inc(&[K::KIND.as_str()]);
 
     // The finalizer goes on at first sight, before anything can be created for the object.
@@ -111,7 +118,7 @@ pub async fn reconcile<K: TerraformObject>(
             Ok(Requeue::requeue(RESYNC))
         }
         Action::RemoveFinalizer => {
-            release(&api, obj.as_ref()).await?;
+            release(&ctx, &api, obj.as_ref()).await?;
             publish(
                 &ctx,
                 obj.as_ref(),
@@ -377,15 +384,19 @@ async fn write_status<K: TerraformObject>(
     }
 }
 
-/// Removes the object finalizer and block-move in one write.
-async fn release<K: TerraformObject>(api: &Api<K>, obj: &K) -> Result<(), Error> {
+/// Removes the object finalizer and block-move in one write, and remembers the release.
+async fn release<K: TerraformObject>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<(), Error> {
     let mut ops = annotation_ops(obj.meta(), &[(names::CLUSTERCTL_BLOCK_MOVE, None)]);
     ops.extend(remove_finalizer_ops(obj.meta(), K::KIND.finalizer()));
     match guarded_patch(api, obj.meta(), ops).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
     }
+    if let Some(uid) = obj.meta().uid.as_deref() {
+        ctx.released.insert(uid);
+    }
+    Ok(())
 }
 
 fn owner_request<'a, K: TerraformObject>(
@@ -734,7 +745,7 @@ async fn cleanup<K: TerraformObject>(
         "destroy verified: Jobs, state, inputs and backup Secrets deleted; releasing",
     )
     .await;
-    release(api, &current).await
+    release(ctx, api, &current).await
 }
 
 /// SPEC section 7: releases without a destroy, keeping the Secrets.
@@ -808,7 +819,7 @@ async fn abandon<K: TerraformObject>(
         publish(ctx, obj, EventType::Warning, "Abandoned", "Abandon", &format!("released without a destroy; Secrets kept and marked abandoned; the state described: {described}")).await;
     }
     ctx.metrics.decisions.inc(&[K::KIND.as_str(), "abandon"]);
-    release(api, &current).await
+    release(ctx, api, &current).await
 }
 
 /// In a terminating namespace the kept Secrets would go with it: copy the joined state and

@@ -836,3 +836,56 @@ async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
     .await;
     env.shutdown().await;
 }
+
+/// A pass that starts from a copy of the object cached before its release (the release's
+/// own writes trigger the object again, and the cache can lag behind them) does nothing:
+/// neither a second cleanup nor a hold as `StateLost` because the Secrets are gone. The
+/// passes are run here one by one, with the manager's context, instead of by a manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
+    use captf::controller::{Context, discover_cluster, reconcile::reconcile};
+    use std::sync::Arc;
+
+    let env = Env::start("stale-copy").await;
+    let markers = env.markers();
+    let cluster_uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &markers)
+        .await;
+    let ctx = Arc::new(Context::new(
+        env.client.clone(),
+        &env.config,
+        captf::job::Templates::embedded(),
+        Arc::default(),
+        discover_cluster(&env.client).await,
+    ));
+    let pass = || async {
+        match env.object::<Tfm>("web-1").await {
+            Some(o) => {
+                reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
+                false
+            }
+            None => true,
+        }
+    };
+    pass().await; // the finalizer
+    env.apply::<Tfm>("web-1", &module(0), &markers).await;
+    env.delete::<Tfm>("web-1").await;
+    let stale = env
+        .object::<Tfm>("web-1")
+        .await
+        .expect("the deleting object");
+    wait_for("the release, pass by pass", LONG, pass).await;
+    assert!(destroyed(&markers, "web-1"));
+    let before = env.event_reasons("web-1");
+    assert!(before.contains(&"CleanedUp".to_string()), "{before:?}");
+
+    reconcile(Arc::new(stale), ctx.clone())
+        .await
+        .expect("the pass on the stale copy");
+    assert_eq!(
+        env.event_reasons("web-1"),
+        before,
+        "the pass on a copy older than the release published nothing"
+    );
+    env.shutdown().await;
+}
