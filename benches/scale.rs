@@ -13,7 +13,10 @@
 //! deletion by the manager (requests without a User-Agent: kube-rs sends none, Terraform's
 //! backend and the runner script do), the time from each destroy Job's completion to the
 //! object's release, the manager's peak RSS (VmHWM), and reconcile passes per second (the
-//! manager's `decision` log lines).
+//! manager's `decision` log lines). It also prints the three slowest releases by name and the
+//! CPU seconds of the manager, the test server and the Jobs' processes. The manager logs to
+//! `captf-scale-manager.log` in the temp directory, at `CAPTF_SCALE_RUST_LOG` (default
+//! `info,kube=warn`).
 
 #[path = "../tests/integration/support/mod.rs"]
 mod support;
@@ -211,7 +214,10 @@ async fn bench(n: usize, jobs: usize) -> Result<(), String> {
             MANAGER_NS,
         ])
         .env("KUBECONFIG", env.server().kubeconfig_path())
-        .env("RUST_LOG", "info,kube=warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("CAPTF_SCALE_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+        )
         .env("CAPTF_LOG_FORMAT", "json")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -368,6 +374,26 @@ async fn watch_releases(kubeconfig: std::path::PathBuf, seen: Seen) {
     }
 }
 
+/// utime + stime (field `at`, counted after the command name) of a `/proc/*/stat` file, in
+/// seconds; `at` 13 gives cutime + cstime (reaped children).
+fn cpu_seconds(path: &str, at: usize) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // USER_HZ is 100 on Linux.
+    (ticks(at) + ticks(at + 1)) / 100.0
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -495,6 +521,11 @@ async fn measure(
     .is_ok();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let peak_kib = vm_hwm_kib(pid, "VmHWM:").unwrap_or(0);
+    // CPU seconds since each process started: the manager's, this process's (the test
+    // server and the runner), and the Jobs' processes (reaped children of this one).
+    let cpu_manager = cpu_seconds(&format!("/proc/{pid}/stat"), 11);
+    let cpu_server = cpu_seconds("/proc/self/stat", 11);
+    let cpu_jobs = cpu_seconds("/proc/self/stat", 13);
     let by_client = log.snapshot_by_client();
 
     // (a) requests per deletion.
@@ -550,6 +581,18 @@ async fn measure(
         })
         .collect();
     lat.sort();
+    // The slowest releases by name, with when (from the delete): where to look in the log.
+    let mut slowest: Vec<(Duration, &String)> = names
+        .iter()
+        .filter_map(|name| {
+            let c = complete_seen.get(name)?;
+            let g = gone.get(name)?;
+            Some((g.saturating_duration_since(*c), name))
+        })
+        .collect();
+    slowest.sort();
+    slowest.reverse();
+    slowest.truncate(3);
 
     // (d) reconcile passes: the manager's `decision` lines during the deletion.
     let text = std::fs::read_to_string(log_path).unwrap_or_default();
@@ -681,6 +724,18 @@ async fn measure(
     println!(
         "(b) from the bench's own watches (User-Agent captf-scale-bench, not counted as the manager's); {} of {n} objects had their Job seen Complete.",
         lat.len()
+    );
+    for (d, name) in &slowest {
+        println!(
+            "    slowest: {name} {:.0} ms (its Job seen Complete {:.1} s after the delete)",
+            d.as_secs_f64() * 1000.0,
+            complete_seen[*name]
+                .saturating_duration_since(t0)
+                .as_secs_f64()
+        );
+    }
+    println!(
+        "CPU seconds since start: manager {cpu_manager:.1}, test server and runner {cpu_server:.1}, Job processes {cpu_jobs:.1}"
     );
     println!();
     println!(

@@ -38,44 +38,69 @@ pub async fn observe<K: TerraformObject>(
     let uid = meta.uid.clone().unwrap_or_default();
     let client = client.clone();
     let lp = ListParams::default().labels(&owner_selector(&uid));
-    let jobs = Api::<Job>::namespaced(client.clone(), &ns)
-        .list(&lp)
-        .await?
-        .items;
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns)
-        .list(&lp)
-        .await?
-        .items;
-
-    let cluster_name = facts::owning_cluster(&meta);
-    let cluster = match (&cluster_name, cluster_api) {
-        (Some(name), Some(ar)) => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
-            .get_opt(name)
+    // The Jobs before the Pods (a Pod listed first could belong to a Job created after);
+    // the other reads are independent of them and of each other, and run at the same time.
+    let jobs_and_pods = async {
+        let jobs = Api::<Job>::namespaced(client.clone(), &ns)
+            .list(&lp)
             .await?
-            .map(|c| ClusterView::from_value(&serde_json::to_value(&c).unwrap_or_default())),
-        _ => None,
+            .items;
+        let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+            .list(&lp)
+            .await?
+            .items;
+        Ok::<_, Error>((jobs, pods))
     };
-    // A failed read fails the pass: it must never count as "the CRD is not being deleted",
-    // or a transient error during an uninstall would start a destroy.
-    let crd_deleting = Api::<CustomResourceDefinition>::all(client.clone())
-        .get_opt(&K::KIND.crd_name())
-        .await?
-        .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
-    let namespace_terminating = Api::<Namespace>::all(client.clone())
-        .get_opt(&ns)
-        .await?
-        .is_some_and(|n| {
-            n.metadata.deletion_timestamp.is_some()
-                || n.status.and_then(|s| s.phase).as_deref() == Some("Terminating")
-        });
-    let dependents = if K::KIND == Kind::TerraformCluster && meta.deletion_timestamp.is_some() {
-        match &cluster_name {
-            Some(c) => dependents(&client, &ns, c).await?,
-            None => Vec::new(),
+    let cluster_name = facts::owning_cluster(&meta);
+    let cluster = async {
+        Ok::<_, Error>(match (&cluster_name, cluster_api) {
+            (Some(name), Some(ar)) => {
+                Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
+                    .get_opt(name)
+                    .await?
+                    .map(|c| ClusterView::from_value(&serde_json::to_value(&c).unwrap_or_default()))
+            }
+            _ => None,
+        })
+    };
+    let crd_deleting = async {
+        Ok::<_, Error>(
+            // A failed read fails the pass: it must never count as "the CRD is not being
+            // deleted", or a transient error during an uninstall would start a destroy.
+            Api::<CustomResourceDefinition>::all(client.clone())
+                .get_opt(&K::KIND.crd_name())
+                .await?
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_some()),
+        )
+    };
+    let namespace_terminating = async {
+        Ok::<_, Error>(
+            Api::<Namespace>::all(client.clone())
+                .get_opt(&ns)
+                .await?
+                .is_some_and(|n| {
+                    n.metadata.deletion_timestamp.is_some()
+                        || n.status.and_then(|s| s.phase).as_deref() == Some("Terminating")
+                }),
+        )
+    };
+    let dependents = async {
+        if K::KIND == Kind::TerraformCluster && meta.deletion_timestamp.is_some() {
+            match &cluster_name {
+                Some(c) => dependents(&client, &ns, c).await,
+                None => Ok(Vec::new()),
+            }
+        } else {
+            Ok(Vec::new())
         }
-    } else {
-        Vec::new()
     };
+    let ((jobs, pods), cluster, crd_deleting, namespace_terminating, dependents) = futures::try_join!(
+        jobs_and_pods,
+        cluster,
+        crd_deleting,
+        namespace_terminating,
+        dependents
+    )?;
     Ok(Observed {
         kind: K::KIND,
         meta,

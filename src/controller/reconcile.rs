@@ -44,6 +44,13 @@ pub async fn reconcile<K: TerraformObject>(
     let ns = obj.namespace().unwrap_or_default();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let deleting = obj.meta().deletion_timestamp.is_some();
+    if deleting
+        && let Some(uid) = obj.meta().uid.as_deref()
+        && ctx.released.contains(uid)
+    {
+        debug!("released by an earlier pass; this cached copy is older than the release");
+        return Ok(Requeue::await_change());
+    }
     ctx.metrics.reconciles.inc(&[K::KIND.as_str()]);
 
     // The finalizer goes on at first sight, before anything can be created for the object.
@@ -127,7 +134,7 @@ pub async fn reconcile<K: TerraformObject>(
             Ok(Requeue::requeue(RESYNC))
         }
         Action::RemoveFinalizer => {
-            release(&api, obj.as_ref()).await?;
+            release(&ctx, &api, obj.as_ref()).await?;
             publish(
                 &ctx,
                 obj.as_ref(),
@@ -293,7 +300,9 @@ async fn bookkeeping<K: TerraformObject>(
     }
 
     prune_destroy_jobs(ctx, o, facts.attempt).await?;
-    if facts.cleanup.is_none() {
+    // Not while a Job of the object runs: Terraform writes the state with the
+    // resourceVersion it read, and a finalizer added in between fails that write.
+    if facts.cleanup.is_none() && facts.unfinished_jobs.is_empty() {
         protect_state(ctx, o, &suffix).await?;
     }
 
@@ -403,15 +412,19 @@ async fn write_status<K: TerraformObject>(
     }
 }
 
-/// Removes the object finalizer and block-move in one write.
-async fn release<K: TerraformObject>(api: &Api<K>, obj: &K) -> Result<(), Error> {
+/// Removes the object finalizer and block-move in one write, and remembers the release.
+async fn release<K: TerraformObject>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<(), Error> {
     let mut ops = annotation_ops(obj.meta(), &[(names::CLUSTERCTL_BLOCK_MOVE, None)]);
     ops.extend(remove_finalizer_ops(obj.meta(), K::KIND.finalizer()));
     match guarded_patch(api, obj.meta(), ops).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
     }
+    if let Some(uid) = obj.meta().uid.as_deref() {
+        ctx.released.insert(uid);
+    }
+    Ok(())
 }
 
 fn owner_request<'a, K: TerraformObject>(
@@ -450,16 +463,30 @@ async fn start_attempt<K: TerraformObject>(
 ) -> Result<Requeue, Error> {
     let ns = obj.namespace().unwrap_or_default();
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
-    if let Some(state) = &o.state {
-        ensure_backup(ctx, obj, &ns, &suffix, state).await?;
-        ensure_backend_labels(ctx, &ns, state, backend_labels).await?;
-    }
-    super::rbac::ensure_runner_rbac(ctx, &ns).await?;
-    if extras.stale_lock {
-        let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-        info!("clearing Terraform's lock held by a gone Pod of this object");
-        writes::delete_if_present(&leases, &names::lock_lease_name(&suffix)).await?;
-    }
+    // What the Job needs, all before the attempt number is written; independent of each
+    // other, so their requests run at once.
+    let backup_and_labels = async {
+        if let Some(state) = &o.state {
+            futures::try_join!(
+                ensure_backup(ctx, obj, &ns, &suffix, state),
+                ensure_backend_labels(ctx, &ns, state, backend_labels),
+            )?;
+        }
+        Ok::<_, Error>(())
+    };
+    let stale_lock = async {
+        if extras.stale_lock {
+            let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+            info!("clearing Terraform's lock held by a gone Pod of this object");
+            writes::delete_if_present(&leases, &names::lock_lease_name(&suffix)).await?;
+        }
+        Ok::<_, Error>(())
+    };
+    futures::try_join!(
+        backup_and_labels,
+        super::rbac::ensure_runner_rbac(ctx, &ns),
+        stale_lock,
+    )?;
     // Write-ahead: the attempt number is on the object before its Job exists.
     let edits = [
         (names::DESTROY_ATTEMPT, Some(n.to_string())),
@@ -594,18 +621,32 @@ fn owner_labels<K: TerraformObject>(obj: &K) -> std::collections::BTreeMap<Strin
 
 /// The names of a chunked Secret set that exist (base and parts), from a read.
 async fn chunk_names(secrets: &Api<Secret>, base: &str) -> Result<Vec<String>, Error> {
-    let mut out = Vec::new();
-    if secrets.get_metadata_opt(base).await?.is_some() {
-        out.push(base.to_string());
-    }
-    let mut n = 1;
-    while secrets
-        .get_metadata_opt(&names::part_secret_name(base, n))
+    Ok(chunk_metas(secrets, base)
         .await?
-        .is_some()
-    {
-        out.push(names::part_secret_name(base, n));
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .collect())
+}
+
+/// The metadata of a chunked Secret set's members that exist (base and parts), from a
+/// read: the base and the first part at once, then the parts up to the first gap.
+async fn chunk_metas(
+    secrets: &Api<Secret>,
+    base: &str,
+) -> Result<Vec<kube::core::PartialObjectMeta<Secret>>, Error> {
+    let first = names::part_secret_name(base, 1);
+    let (base_meta, mut part) = futures::try_join!(
+        secrets.get_metadata_opt(base),
+        secrets.get_metadata_opt(&first)
+    )?;
+    let mut out: Vec<_> = base_meta.into_iter().collect();
+    let mut n = 1;
+    while let Some(meta) = part {
+        out.push(meta);
         n += 1;
+        part = secrets
+            .get_metadata_opt(&names::part_secret_name(base, n))
+            .await?;
     }
     Ok(out)
 }
@@ -699,46 +740,75 @@ async fn cleanup<K: TerraformObject>(
             current = updated;
         }
     }
-    delete_jobs(ctx, &ns, o).await?;
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut names_left = Vec::new();
-    for base in [
-        names::inputs_secret_name(&suffix),
-        names::state_secret_name(&suffix),
-        names::backup_secret_name(&suffix),
-        names::errored_secret_name(&suffix),
-    ] {
-        names_left.extend(chunk_names(&secrets, &base).await?);
-    }
-    // The protection finalizers first (the cleanup marker is written: a crash from here on
-    // resumes the cleanup), then one delete of everything labelled as this object's, then
-    // whatever that missed (a state Secret written without the owner labels).
-    for name in &names_left {
-        writes::remove_finalizer_if_present(&secrets, name, names::PROTECT_FINALIZER).await?;
-    }
+    // The cleanup marker is written: a crash from here on resumes the cleanup. The Jobs,
+    // the Secrets and the lock are independent of each other: their requests run at once
+    // (each part keeps its own order), and the release comes after all of them.
     let uid = obj.meta().uid.clone().unwrap_or_default();
-    if !uid.is_empty() && !names_left.is_empty() {
-        let lp = ListParams::default().labels(&observe::owner_selector(&uid));
+    futures::try_join!(
+        delete_jobs(ctx, &ns, o),
+        delete_secrets(ctx, &ns, &suffix, &uid),
+        delete_lock_if_free(ctx, &ns, &suffix, o),
+    )?;
+    let (_, released) = tokio::join!(
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            "CleanedUp",
+            "CleanUp",
+            "destroy verified: Jobs, state, inputs and backup Secrets deleted; releasing",
+        ),
+        release(ctx, api, &current)
+    );
+    released
+}
+
+/// Deletes the object's inputs, state, backup and errored-state Secrets (and parts): their
+/// protection finalizers first, then one delete of everything labelled as this object's,
+/// then whatever that missed (a state Secret written without the owner labels). The reads
+/// of each step run at once.
+async fn delete_secrets(ctx: &Context, ns: &str, suffix: &str, uid: &str) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let bases = [
+        names::inputs_secret_name(suffix),
+        names::state_secret_name(suffix),
+        names::backup_secret_name(suffix),
+        names::errored_secret_name(suffix),
+    ];
+    let found: Vec<_> =
+        futures::future::try_join_all(bases.iter().map(|b| chunk_metas(&secrets, b)))
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+    futures::future::try_join_all(found.iter().map(|m| async {
+        let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
+        match guarded_patch(&secrets, &m.metadata, ops).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }))
+    .await?;
+    if !uid.is_empty() && !found.is_empty() {
+        let lp = ListParams::default().labels(&observe::owner_selector(uid));
         secrets
             .delete_collection(&kube::api::DeleteParams::background(), &lp)
             .await?;
     }
-    for name in &names_left {
-        if secrets.get_metadata_opt(name).await?.is_some() {
-            writes::delete_if_present(&secrets, name).await?;
-        }
-    }
-    delete_lock_if_free(ctx, &ns, &suffix, o).await?;
-    publish(
-        ctx,
-        obj,
-        EventType::Normal,
-        "CleanedUp",
-        "CleanUp",
-        "destroy verified: Jobs, state, inputs and backup Secrets deleted; releasing",
-    )
-    .await;
-    release(api, &current).await
+    futures::future::try_join_all(found.iter().filter_map(|m| m.metadata.name.clone()).map(
+        |name| {
+            let secrets = &secrets;
+            async move {
+                if secrets.get_metadata_opt(&name).await?.is_some() {
+                    writes::delete_if_present(secrets, &name).await?;
+                }
+                Ok::<_, Error>(())
+            }
+        },
+    ))
+    .await?;
+    Ok(())
 }
 
 /// SPEC section 7: releases without a destroy, keeping the Secrets.
@@ -812,7 +882,7 @@ async fn abandon<K: TerraformObject>(
         publish(ctx, obj, EventType::Warning, "Abandoned", "Abandon", &format!("released without a destroy; Secrets kept and marked abandoned; the state described: {described}")).await;
     }
     ctx.metrics.decisions.inc(&[K::KIND.as_str(), "abandon"]);
-    release(api, &current).await
+    release(ctx, api, &current).await
 }
 
 /// In a terminating namespace the kept Secrets would go with it: copy the joined state and

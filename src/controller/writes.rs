@@ -119,27 +119,6 @@ where
     Ok(Some(out))
 }
 
-/// Removes a finalizer from an object that may be gone; a gone object is fine.
-pub async fn remove_finalizer_if_present<K>(
-    api: &Api<K>,
-    name: &str,
-    finalizer: &str,
-) -> Result<(), Error>
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    // Metadata only: this is also used on state Secrets, which can be megabytes.
-    let Some(obj) = api.get_metadata_opt(name).await? else {
-        return Ok(());
-    };
-    let meta = &obj.metadata;
-    match guarded_patch(api, meta, remove_finalizer_ops(meta, finalizer)).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 /// Deletes with background propagation; "already gone" is success.
 pub async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
 where

@@ -785,3 +785,124 @@ async fn scenario_09c_a_job_that_does_not_render_cannot_start_until_the_inputs_a
     assert!(env.destroyed("web-1"));
     env.shutdown().await;
 }
+
+/// The state Secret gets no protection finalizer while a Job of the object runs (Terraform
+/// writes the state with the resourceVersion it read, and a finalizer added in between
+/// fails that write); it gets it back once the Job has finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
+    let env = machine_env("protect-running", 0, FAST).await;
+    let state = names::state_secret_name("web-1.tfm");
+    env.wait_protected(&state).await;
+    let obj = env.object::<Tfm>("web-1").await.expect("object");
+    let uid = obj.metadata.uid.clone().unwrap_or_default();
+    let labels = serde_json::json!({
+        names::LABEL_OWNER_KIND: "TerraformMachine", names::LABEL_OWNER_NAME: "web-1",
+        names::LABEL_OWNER_UID: uid, names::LABEL_OPERATION: "apply", names::LABEL_ATTEMPT: "1"
+    });
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": env.ns, "labels": labels},
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sh", "-c", "sleep 4"]}]}}}
+    }))
+    .expect("job");
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
+    jobs.create(&Default::default(), &job)
+        .await
+        .expect("apply job");
+    let active = || async {
+        jobs.get_opt("captf-web-1-tfm-apply-1")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|j| j.status?.active)
+            == Some(1)
+    };
+    wait_for("the apply Job to run", long(), active).await;
+    // As after a restore, or a state Terraform wrote anew: no protection finalizer.
+    let protected = || async {
+        env.secrets()
+            .get_metadata(&state)
+            .await
+            .expect("state Secret")
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&names::PROTECT_FINALIZER.to_string())
+    };
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    env.secrets()
+        .patch(
+            &state,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("strip the finalizer");
+    // The change of the Secret and the Job's own changes trigger passes meanwhile.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(active().await, "the Job still runs");
+    assert!(
+        !protected().await,
+        "no finalizer is added to the state Secret while a Job of the object runs"
+    );
+    wait_for("the finalizer back after the Job", long(), || async {
+        !active().await && protected().await
+    })
+    .await;
+    env.shutdown().await;
+}
+
+/// A pass that starts from a copy of the object cached before its release (the release's
+/// own writes trigger the object again, and the cache can lag behind them) does nothing:
+/// neither a second cleanup nor a hold as `StateLost` because the Secrets are gone. The
+/// passes are run here one by one, with the manager's context, instead of by a manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
+    use captf::controller::{Context, discover_cluster, reconcile::reconcile};
+    use std::sync::Arc;
+
+    let env = Env::start("stale-copy").await;
+    let markers = env.markers();
+    let cluster_uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &markers)
+        .await;
+    let ctx = Arc::new(Context::new(
+        env.client.clone(),
+        &env.config,
+        captf::job::Templates::embedded(),
+        Arc::default(),
+        discover_cluster(&env.client).await,
+    ));
+    let pass = || async {
+        match env.object::<Tfm>("web-1").await {
+            Some(o) => {
+                reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
+                false
+            }
+            None => true,
+        }
+    };
+    pass().await; // the finalizer
+    env.apply::<Tfm>("web-1", &module(0), &markers).await;
+    env.delete::<Tfm>("web-1").await;
+    let stale = env
+        .object::<Tfm>("web-1")
+        .await
+        .expect("the deleting object");
+    wait_for("the release, pass by pass", long(), pass).await;
+    assert!(env.destroyed("web-1"));
+    let before = env.event_reasons("web-1").await;
+    assert!(before.contains(&"CleanedUp".to_string()), "{before:?}");
+
+    reconcile(Arc::new(stale), ctx.clone())
+        .await
+        .expect("the pass on the stale copy");
+    assert_eq!(
+        env.event_reasons("web-1").await,
+        before,
+        "the pass on a copy older than the release published nothing"
+    );
+    env.shutdown().await;
+}

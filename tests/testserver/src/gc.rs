@@ -21,6 +21,21 @@ pub(crate) async fn run(store: Store) {
     }
 }
 
+/// The whole object the snapshot's metadata `seen` describes, if it has not changed since
+/// (the update that follows then tests the same resourceVersion).
+fn current(
+    store: &Store,
+    rt: &store::ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    seen: &Value,
+) -> Option<Value> {
+    let o = store.get_rt(rt, ns, name).ok()?;
+    (o["metadata"]["uid"] == seen["metadata"]["uid"]
+        && o["metadata"]["resourceVersion"] == seen["metadata"]["resourceVersion"])
+        .then_some(o)
+}
+
 /// One pass over the objects that have owners or wait for their dependents.
 pub(crate) fn pass(store: &Store) {
     let waiting_for_dependents = |o: &Value| {
@@ -62,7 +77,9 @@ pub(crate) fn pass(store: &Store) {
             }
         } else if dangling {
             // Some owners are gone for good: drop the dangling references.
-            let mut o = obj.clone();
+            let Some(mut o) = current(store, &rt, ns.as_deref(), &name, obj) else {
+                continue;
+            };
             if let Some(list) = o["metadata"]["ownerReferences"].as_array_mut() {
                 list.retain(|r| r["uid"].as_str().is_some_and(|u| owners.contains_key(u)));
             }
@@ -87,7 +104,9 @@ pub(crate) fn pass(store: &Store) {
         };
         let ns = store::meta_str(obj, "namespace").map(str::to_string);
         let name = store::meta_str(obj, "name").unwrap_or_default().to_string();
-        let mut o = obj.clone();
+        let Some(mut o) = current(store, &rt, ns.as_deref(), &name, obj) else {
+            continue;
+        };
         let rest: Vec<String> = store::finalizers(obj)
             .into_iter()
             .filter(|f| f != FOREGROUND_FINALIZER)

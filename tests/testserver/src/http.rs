@@ -416,11 +416,7 @@ async fn dispatch(
     match verb {
         "list" => {
             let (l, f) = selectors(&q)?;
-            let (rv, items) = store.list_rt(rt, ns);
-            let items: Vec<Value> = items
-                .into_iter()
-                .filter(|o| l.matches(o) && f.matches(o))
-                .collect();
+            let (rv, items) = store.list_rt_where(rt, ns, |o| l.matches(o) && f.matches(o));
             Ok(json_response(
                 200,
                 &json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
@@ -513,9 +509,9 @@ async fn dispatch(
             let (l, f) = selectors(&q)?;
             let mut opts = DeleteOptions::from_json(&parse_body(&body)?)?;
             apply_delete_query(&mut opts, &q)?;
-            let (_, items) = store.list_rt(rt, ns);
+            let (_, items) = store.list_rt_where(rt, ns, |o| l.matches(o) && f.matches(o));
             let mut deleted = Vec::new();
-            for o in items.into_iter().filter(|o| l.matches(o) && f.matches(o)) {
+            for o in items {
                 let n = store::meta_str(&o, "name").unwrap_or_default().to_string();
                 let ons = store::meta_str(&o, "namespace").map(str::to_string);
                 if let Ok((d, _)) = store.delete_rt(rt, ons.as_deref(), &n, &opts) {

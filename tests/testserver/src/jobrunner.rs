@@ -172,6 +172,13 @@ fn condition(type_: &str, reason: &str, message: &str) -> Value {
         "lastProbeTime": now, "lastTransitionTime": now})
 }
 
+fn pod_finished(pod: &Value) -> bool {
+    matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
+}
+
 fn has_condition(job: &Value, type_: &str) -> Option<Value> {
     job["status"]["conditions"]
         .as_array()?
@@ -294,15 +301,30 @@ impl Runner {
         }
     }
 
-    fn pod_snapshot(&self) -> Vec<Value> {
-        self.store.list("v1", "pods", None)
+    /// The Pods of this node there is something to do about: running here, being deleted,
+    /// or unfinished while there is room to start one. Only those are cloned: in a long run
+    /// most Pods are finished or wait for room, and cloning them all on every store change
+    /// was most of the runner's work, done while holding the store's lock.
+    fn pod_snapshot(&self, rt: &ResourceType) -> Vec<Value> {
+        let full = self
+            .opts
+            .max_running
+            .is_some_and(|max| self.procs.len() >= max);
+        self.store.view_rt(rt, |p| {
+            let running_here =
+                store::meta_str(p, "uid").is_some_and(|u| self.procs.contains_key(u));
+            let wanted = running_here
+                || p["spec"]["nodeName"] == NODE_NAME
+                    && (store::is_deleting(p) || !full && !pod_finished(p));
+            wanted.then(|| p.clone())
+        })
     }
 
     async fn reconcile_pods(&mut self, exit_tx: &mpsc::UnboundedSender<(String, i32)>) {
         let Some(rt) = pods_rt(&self.store) else {
             return;
         };
-        let pods = self.pod_snapshot();
+        let pods = self.pod_snapshot(&rt);
         let present: HashSet<String> = pods
             .iter()
             .filter_map(|p| store::meta_str(p, "uid").map(str::to_string))
@@ -855,8 +877,48 @@ impl Runner {
         let Some(prt) = pods_rt(&self.store) else {
             return;
         };
-        let jobs = self.store.list("batch/v1", "jobs", None);
-        let pods = self.pod_snapshot();
+        // Views, not clones: finished Jobs need nothing, only unfinished Pods count (as
+        // active), and of those only a few fields are read. The whole Job is read when its
+        // status is written or a Pod is made from its template.
+        let jobs = self.store.view_rt(&jrt, |j| {
+            let finished =
+                has_condition(j, "Complete").is_some() || has_condition(j, "Failed").is_some();
+            (!finished).then(|| {
+                let mut meta = json!({"namespace": j["metadata"]["namespace"], "name": j["metadata"]["name"],
+                    "uid": j["metadata"]["uid"]});
+                if let Some(t) = j["metadata"].get("deletionTimestamp") {
+                    meta["deletionTimestamp"] = t.clone();
+                }
+                json!({"metadata": meta, "status": j["status"],
+                    "spec": {"suspend": j["spec"]["suspend"], "backoffLimit": j["spec"]["backoffLimit"],
+                        "activeDeadlineSeconds": j["spec"]["activeDeadlineSeconds"]}})
+            })
+        });
+        let pods = self.store.view_rt(&prt, |p| {
+            (!pod_finished(p)).then(|| {
+                let m = &p["metadata"];
+                let mut meta = json!({"namespace": m["namespace"], "name": m["name"], "uid": m["uid"],
+                    "labels": {"controller-uid": m["labels"]["controller-uid"]},
+                    "ownerReferences": m["ownerReferences"]});
+                if let Some(t) = m.get("deletionTimestamp") {
+                    meta["deletionTimestamp"] = t.clone();
+                }
+                json!({"metadata": meta, "status": {"phase": p["status"]["phase"]}})
+            })
+        });
+        let mut by_job: HashMap<String, Vec<&Value>> = HashMap::new();
+        for p in &pods {
+            let mut owners: Vec<String> =
+                store::owner_refs(p).into_iter().map(|(u, _)| u).collect();
+            if let Some(u) = p["metadata"]["labels"]["controller-uid"].as_str() {
+                owners.push(u.to_string());
+            }
+            owners.sort();
+            owners.dedup();
+            for u in owners {
+                by_job.entry(u).or_default().push(p);
+            }
+        }
         for job in jobs {
             let juid = store::meta_str(&job, "uid").unwrap_or_default().to_string();
             let ns = store::meta_str(&job, "namespace")
@@ -874,17 +936,7 @@ impl Runner {
             if suspended && job["status"]["startTime"].is_null() {
                 continue;
             }
-            let own: Vec<&Value> = pods
-                .iter()
-                .filter(|p| {
-                    store::owner_refs(p).iter().any(|(u, _)| *u == juid)
-                        || p["metadata"]["labels"]["controller-uid"] == juid.as_str()
-                })
-                .collect();
-            let active: Vec<&&Value> = own
-                .iter()
-                .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
-                .collect();
+            let active: Vec<&&Value> = by_job.get(&juid).into_iter().flatten().collect();
             let succeeded = self
                 .results
                 .values()
@@ -980,19 +1032,26 @@ impl Runner {
             {
                 m.remove("conditions");
             }
-            if status != job["status"] {
-                let mut j = job.clone();
-                j["status"] = status;
-                if self
-                    .store
-                    .update_rt(&jrt, Some(&ns), &name, j, true)
-                    .is_err()
-                {
+            if status != job["status"] || create_pod {
+                let Ok(mut full) = self.store.get_rt(&jrt, Some(&ns), &name) else {
+                    continue;
+                };
+                if store::meta_str(&full, "uid") != Some(juid.as_str()) {
                     continue;
                 }
-            }
-            if create_pod {
-                self.create_pod(&prt, &job);
+                if status != job["status"] {
+                    full["status"] = status;
+                    match self
+                        .store
+                        .update_rt(&jrt, Some(&ns), &name, full.clone(), true)
+                    {
+                        Ok(_) => {}
+                        Err(_) => continue,
+                    }
+                }
+                if create_pod {
+                    self.create_pod(&prt, &full);
+                }
             }
         }
     }

@@ -274,6 +274,9 @@ struct Inner {
     compacted: u64,
 }
 
+/// (group, plural, object) of a snapshot.
+pub(crate) type GroupPluralObject = (String, String, Value);
+
 /// Handle to the object store. Cheap to clone; all clones share the same data.
 #[derive(Clone)]
 pub struct Store {
@@ -837,12 +840,12 @@ impl Store {
     }
 
     /// Every live uid, with whether that object waits for its dependents (foreground
-    /// deletion), and the objects `keep` selects, read under one lock: the garbage collector
+    /// deletion), and the metadata of the objects `keep` selects, read under one lock: the garbage collector
     /// must never see a dependent without the owner that was created before it.
     pub(crate) fn uid_states_and_snapshot(
         &self,
         keep: impl Fn(&str, &str, &str, &Value) -> bool,
-    ) -> (HashMap<String, bool>, Vec<(String, String, Value)>) {
+    ) -> (HashMap<String, bool>, Vec<GroupPluralObject>) {
         let inner = self.lock();
         let uids = inner
             .objects
@@ -853,11 +856,18 @@ impl Store {
                 meta_str(o, "uid").map(|u| (u.to_string(), waiting))
             })
             .collect();
+        // Metadata only: all the collector reads, and far less to clone under the lock.
         let selected = inner
             .objects
             .iter()
             .filter(|((g, p, n, _), v)| keep(g, p, n, v))
-            .map(|((g, p, _, _), v)| (g.clone(), p.clone(), v.clone()))
+            .map(|((g, p, _, _), v)| {
+                (
+                    g.clone(),
+                    p.clone(),
+                    serde_json::json!({"metadata": v["metadata"].clone()}),
+                )
+            })
             .collect();
         (uids, selected)
     }
@@ -908,16 +918,44 @@ impl Store {
 
     /// (resourceVersion, items) for a resource, optionally in one namespace.
     pub(crate) fn list_rt(&self, rt: &ResourceType, ns: Option<&str>) -> (u64, Vec<Value>) {
+        self.list_rt_where(rt, ns, |_| true)
+    }
+
+    /// [`Store::list_rt`] of the objects `keep` selects (a selector): only those are cloned.
+    pub(crate) fn list_rt_where(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        keep: impl Fn(&Value) -> bool,
+    ) -> (u64, Vec<Value>) {
         let inner = self.lock();
         let items = inner
             .objects
             .iter()
-            .filter(|((g, p, n, _), _)| {
-                rt.is(g, p) && ns.is_none_or(|ns| !rt.namespaced || n == ns)
+            .filter(|((g, p, n, _), o)| {
+                rt.is(g, p) && ns.is_none_or(|ns| !rt.namespaced || n == ns) && keep(o)
             })
             .map(|(_, o)| Self::present(rt, o))
             .collect();
         (inner.rv, items)
+    }
+
+    /// What `view` takes from each object of a resource (all namespaces), read under the
+    /// lock without cloning whole objects: for controllers that look at a few fields of many
+    /// objects on every change (a full list would hold the lock, and every API request, for
+    /// as long as it takes to clone them all).
+    pub(crate) fn view_rt<T>(
+        &self,
+        rt: &ResourceType,
+        view: impl Fn(&Value) -> Option<T>,
+    ) -> Vec<T> {
+        let inner = self.lock();
+        inner
+            .objects
+            .iter()
+            .filter(|((g, p, _, _), _)| rt.is(g, p))
+            .filter_map(|(_, o)| view(o))
+            .collect()
     }
 
     /// Subscribe to events and read the history after `rv` atomically.
