@@ -117,6 +117,8 @@ pub struct Context {
     pub cluster_api: Option<ApiResource>,
     /// Namespaces where the runner RBAC is known to exist.
     pub rbac_ready: Mutex<BTreeSet<String>>,
+    /// Held while the runner RBAC is being created.
+    pub rbac_creating: tokio::sync::Mutex<()>,
     /// Objects this manager released.
     pub released: Released,
 }
@@ -146,6 +148,7 @@ impl Context {
             watch_namespace: cfg.namespace.clone(),
             cluster_api,
             rbac_ready: Mutex::new(BTreeSet::new()),
+            rbac_creating: tokio::sync::Mutex::new(()),
             released: Released::default(),
         }
     }

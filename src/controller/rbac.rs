@@ -19,12 +19,19 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=captf";
 
 /// Makes sure the runner RBAC exists in `ns` (remembered per namespace).
 pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
-    if ctx
-        .rbac_ready
-        .lock()
-        .map(|s| s.contains(ns))
-        .unwrap_or(false)
-    {
+    let ready = || {
+        ctx.rbac_ready
+            .lock()
+            .map(|s| s.contains(ns))
+            .unwrap_or(false)
+    };
+    if ready() {
+        return Ok(());
+    }
+    // One creator at a time: the passes that start many destroys at once would otherwise
+    // all create the same three objects.
+    let _one = ctx.rbac_creating.lock().await;
+    if ready() {
         return Ok(());
     }
     create_if_absent(

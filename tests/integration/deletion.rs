@@ -168,7 +168,10 @@ async fn scenario_05_never_applied_is_released_at_once_without_a_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_07_failing_destroy_is_retried_with_backoff_across_a_restart() {
-    let mut env = machine_env("retry", 2, Duration::from_millis(800)).await;
+    // The failure is recorded at the Job's finish time, which has whole seconds: with a
+    // backoff under about a second the next attempt can start at once, and the failure of
+    // attempt 1 is shown for a few milliseconds only.
+    let mut env = machine_env("retry", 2, Duration::from_secs(2)).await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
