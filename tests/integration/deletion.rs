@@ -539,9 +539,9 @@ async fn scenario_02b_foreground_deletion_keeps_the_running_destroy_job() {
     env.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn scenario_03_a_running_apply_job_is_waited_for() {
-    let env = machine_env("applyjob", 0, FAST).await;
+/// Starts the apply Job `captf-web-1-tfm-apply-1` of `web-1` as the apply path would (owner
+/// labels, operation `apply`), running `sleep seconds`; returns the Jobs API.
+async fn start_apply_job(env: &Env, seconds: u32) -> Api<Job> {
     let obj = env.object::<Tfm>("web-1").await.expect("object");
     let uid = obj.metadata.uid.clone().unwrap_or_default();
     let labels = serde_json::json!({
@@ -552,23 +552,31 @@ async fn scenario_03_a_running_apply_job_is_waited_for() {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": env.ns, "labels": labels},
         "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never",
-            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sh", "-c", "sleep 2"]}]}}}
+            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sh", "-c", format!("sleep {seconds}")]}]}}}
     }))
     .expect("job");
-    Api::<Job>::namespaced(env.client.clone(), &env.ns)
-        .create(&Default::default(), &job)
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
+    jobs.create(&Default::default(), &job)
         .await
         .expect("apply job");
-    wait_for("the apply Job to run", long(), || async {
-        Api::<Job>::namespaced(env.client.clone(), &env.ns)
-            .get_opt("captf-web-1-tfm-apply-1")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|j| j.status?.active)
-            == Some(1)
-    })
-    .await;
+    jobs
+}
+
+/// Whether the apply Job started by [`start_apply_job`] runs.
+async fn apply_job_active(jobs: &Api<Job>) -> bool {
+    jobs.get_opt("captf-web-1-tfm-apply-1")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|j| j.status?.active)
+        == Some(1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_03_a_running_apply_job_is_waited_for() {
+    let env = machine_env("applyjob", 0, FAST).await;
+    let jobs = start_apply_job(&env, 2).await;
+    wait_for("the apply Job to run", long(), || apply_job_active(&jobs)).await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "WaitingForJob", long())
@@ -797,31 +805,8 @@ async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
     let env = machine_env("protect-running", 0, FAST).await;
     let state = names::state_secret_name("web-1.tfm");
     env.wait_protected(&state).await;
-    let obj = env.object::<Tfm>("web-1").await.expect("object");
-    let uid = obj.metadata.uid.clone().unwrap_or_default();
-    let labels = serde_json::json!({
-        names::LABEL_OWNER_KIND: "TerraformMachine", names::LABEL_OWNER_NAME: "web-1",
-        names::LABEL_OWNER_UID: uid, names::LABEL_OPERATION: "apply", names::LABEL_ATTEMPT: "1"
-    });
-    let job: Job = serde_json::from_value(serde_json::json!({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": env.ns, "labels": labels},
-        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never",
-            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sh", "-c", "sleep 4"]}]}}}
-    }))
-    .expect("job");
-    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
-    jobs.create(&Default::default(), &job)
-        .await
-        .expect("apply job");
-    let active = || async {
-        jobs.get_opt("captf-web-1-tfm-apply-1")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|j| j.status?.active)
-            == Some(1)
-    };
+    let jobs = start_apply_job(&env, 4).await;
+    let active = || apply_job_active(&jobs);
     wait_for("the apply Job to run", long(), active).await;
     // As after a restore, or a state Terraform wrote anew: no protection finalizer.
     let protected = || async {
