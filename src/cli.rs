@@ -82,7 +82,8 @@ pub struct ManagerArgs {
     /// Only objects whose cluster.x-k8s.io/watch-filter label has this value.
     #[arg(long)]
     pub watch_filter: Option<String>,
-    /// Parallel reconciles per kind.
+    /// Parallel reconciles per kind, in the order they were triggered (and as many again
+    /// for the reconciles that follow a finished Job).
     #[arg(long, default_value_t = 10)]
     pub concurrency: u16,
     /// Base of the destroy retry backoff.
