@@ -152,14 +152,7 @@ fn instance_type(crd: &Value, name: &str) -> Option<ResourceType> {
 /// Run the finalizer controller until the store's change channel closes or the task is
 /// aborted.
 pub(crate) async fn run(store: Store) {
-    let mut changes = store.subscribe_changes();
-    loop {
-        pass(&store);
-        if changes.changed().await.is_err() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    store::run_on_changes(store, pass).await
 }
 
 /// One pass over the CRDs being deleted that still carry the cleanup finalizer.

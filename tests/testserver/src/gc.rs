@@ -10,15 +10,7 @@ use crate::store::{self, DeleteOptions, FOREGROUND_FINALIZER, Propagation, Store
 
 /// Run the collector until the store's change channel closes or the task is aborted.
 pub(crate) async fn run(store: Store) {
-    let mut changes = store.subscribe_changes();
-    loop {
-        pass(&store);
-        if changes.changed().await.is_err() {
-            return;
-        }
-        // Let a burst of writes settle before the next pass.
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    store::run_on_changes(store, pass).await
 }
 
 /// The whole object the snapshot's metadata `seen` describes, if it has not changed since

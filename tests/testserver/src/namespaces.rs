@@ -8,14 +8,7 @@ use crate::store::{self, DeleteOptions, Propagation, Store};
 
 /// Run the controller until the store's change channel closes or the task is aborted.
 pub(crate) async fn run(store: Store) {
-    let mut changes = store.subscribe_changes();
-    loop {
-        pass(&store);
-        if changes.changed().await.is_err() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    store::run_on_changes(store, pass).await
 }
 
 pub(crate) fn pass(store: &Store) {

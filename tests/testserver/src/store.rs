@@ -995,6 +995,15 @@ impl Store {
         (inner.rv, items, rx)
     }
 
+    /// Stores `obj` as a modification of `prev` under a new resourceVersion (written into
+    /// `obj`) and tells the watchers.
+    fn put_modified_locked(&self, inner: &mut Inner, key: &ObjKey, obj: &mut Value, prev: Value) {
+        inner.rv += 1;
+        meta_mut(obj).insert("resourceVersion".into(), json!(inner.rv.to_string()));
+        inner.objects.insert(key.clone(), obj.clone());
+        self.emit(inner, key, EventType::Modified, obj.clone(), Some(prev));
+    }
+
     fn emit(
         &self,
         inner: &mut Inner,
@@ -1468,16 +1477,7 @@ impl Store {
         if crds::is_crd_resource(rt) && !is_deleting(&obj) {
             let prev = obj.clone();
             crds::mark_deleting(&mut obj);
-            inner.rv += 1;
-            meta_mut(&mut obj).insert("resourceVersion".into(), json!(inner.rv.to_string()));
-            inner.objects.insert(key.clone(), obj.clone());
-            self.emit(
-                &mut inner,
-                &key,
-                EventType::Modified,
-                obj.clone(),
-                Some(prev),
-            );
+            self.put_modified_locked(&mut inner, &key, &mut obj, prev);
             return Ok((Self::present(rt, &obj), false));
         }
         let uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
@@ -1496,16 +1496,7 @@ impl Store {
             if !already {
                 Self::mark_deleting(&mut obj, 0);
                 obj["status"]["phase"] = json!("Terminating");
-                inner.rv += 1;
-                meta_mut(&mut obj).insert("resourceVersion".into(), json!(inner.rv.to_string()));
-                inner.objects.insert(key.clone(), obj.clone());
-                self.emit(
-                    &mut inner,
-                    &key,
-                    EventType::Modified,
-                    obj.clone(),
-                    Some(prev),
-                );
+                self.put_modified_locked(&mut inner, &key, &mut obj, prev);
             }
             return Ok((obj, false));
         }
@@ -1525,17 +1516,7 @@ impl Store {
             if running_on_node && grace > 0 {
                 if !already {
                     Self::mark_deleting(&mut obj, grace);
-                    inner.rv += 1;
-                    meta_mut(&mut obj)
-                        .insert("resourceVersion".into(), json!(inner.rv.to_string()));
-                    inner.objects.insert(key.clone(), obj.clone());
-                    self.emit(
-                        &mut inner,
-                        &key,
-                        EventType::Modified,
-                        obj.clone(),
-                        Some(prev),
-                    );
+                    self.put_modified_locked(&mut inner, &key, &mut obj, prev);
                 }
                 return Ok((Self::present(rt, &obj), false));
             }
@@ -1559,16 +1540,7 @@ impl Store {
             return Ok((Self::present(rt, &obj), true));
         }
         Self::mark_deleting(&mut obj, 0);
-        inner.rv += 1;
-        meta_mut(&mut obj).insert("resourceVersion".into(), json!(inner.rv.to_string()));
-        inner.objects.insert(key.clone(), obj.clone());
-        self.emit(
-            &mut inner,
-            &key,
-            EventType::Modified,
-            obj.clone(),
-            Some(prev),
-        );
+        self.put_modified_locked(&mut inner, &key, &mut obj, prev);
         Ok((Self::present(rt, &obj), false))
     }
 
@@ -1609,10 +1581,7 @@ impl Store {
                     meta_mut(&mut o).remove("ownerReferences");
                 }
             }
-            inner.rv += 1;
-            meta_mut(&mut o).insert("resourceVersion".into(), json!(inner.rv.to_string()));
-            inner.objects.insert(k.clone(), o.clone());
-            self.emit(inner, &k, EventType::Modified, o, Some(prev));
+            self.put_modified_locked(inner, &k, &mut o, prev);
         }
     }
 }
@@ -1658,6 +1627,20 @@ fn default_pod_spec(spec: &mut Value) {
                 c["terminationMessagePolicy"] = json!("File");
             }
         }
+    }
+}
+
+/// Runs a controller's `pass` once, then again after each change of the store (letting a
+/// burst of writes settle for 5 ms first), until the change channel closes or the task is
+/// aborted.
+pub(crate) async fn run_on_changes(store: Store, pass: fn(&Store)) {
+    let mut changes = store.subscribe_changes();
+    loop {
+        pass(&store);
+        if changes.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
 
