@@ -330,6 +330,26 @@ fn verb_of(
 }
 
 async fn handle(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Body> {
+    if !crate::requestlog::tracing_on() {
+        return handle_request(state, req).await;
+    }
+    let started = std::time::Instant::now();
+    let line = format!(
+        "{} {} {}",
+        req.method(),
+        req.uri(),
+        crate::requestlog::client_of(
+            req.headers()
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+        )
+    );
+    let resp = handle_request(state, req).await;
+    crate::requestlog::trace(started, &line, resp.status().as_u16());
+    resp
+}
+
+async fn handle_request(state: Arc<ServerState>, req: Request<Incoming>) -> Response<Body> {
     let latency = state.faults.latency();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;

@@ -2,7 +2,9 @@
 //! Only resource requests are counted (not discovery); requests failed by the fault switch count.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::io::Write;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 type Counts = BTreeMap<(String, String, String), u64>;
 type ClientCounts = BTreeMap<(String, String, String, String), u64>;
@@ -88,4 +90,36 @@ impl RequestLog {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
     }
+}
+
+/// The request trace, for investigations: with `CAPTF_TESTSERVER_TRACE=FILE` set, every
+/// request is appended to FILE as one line when its response head is ready:
+/// `<unix start, µs> <µs to the response head> <status> <method> <uri> <client>`. A watch's
+/// line is written when the watch starts streaming. Off (and free) without the variable.
+static TRACE: LazyLock<Option<Mutex<std::io::BufWriter<std::fs::File>>>> = LazyLock::new(|| {
+    let path = std::env::var_os("CAPTF_TESTSERVER_TRACE")?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .inspect_err(|e| eprintln!("captf-testserver: CAPTF_TESTSERVER_TRACE {path:?}: {e}"))
+        .ok()?;
+    Some(Mutex::new(std::io::BufWriter::new(file)))
+});
+
+pub(crate) fn tracing_on() -> bool {
+    TRACE.is_some()
+}
+
+pub(crate) fn trace(started: Instant, line: &str, status: u16) {
+    let Some(trace) = TRACE.as_ref() else { return };
+    let took = started.elapsed();
+    let start = SystemTime::now()
+        .checked_sub(took)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let mut w = trace.lock().unwrap_or_else(|e| e.into_inner());
+    // The buffer is flushed per line so that a trace read while the server runs is whole.
+    let _ = writeln!(w, "{} {} {status} {line}", start.as_micros(), took.as_micros());
+    let _ = w.flush();
 }
