@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams};
+use kube::core::ObjectMeta;
 
 use kube::Client;
 use kube::api::ApiResource;
@@ -18,7 +19,7 @@ use kube::api::ApiResource;
 use super::Error;
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
-use crate::facts::{self, ClusterView, Observed};
+use crate::facts::{self, ClusterView, Observed, Settings};
 use crate::inputs;
 use crate::state::StateSecrets;
 
@@ -33,23 +34,61 @@ pub async fn observe<K: TerraformObject>(
     cluster_api: Option<&ApiResource>,
     obj: &K,
 ) -> Result<Observed, Error> {
+    Ok(observe_rounds(client, cluster_api, obj, |_| false).await?.0)
+}
+
+/// The base state Secret's metadata as a pass read it: `None` when the pass did not read
+/// the state, `Some(None)` when that Secret does not exist.
+pub type StateMeta = Option<Option<ObjectMeta>>;
+
+/// One reconcile pass's observation: [`observe`], then the Secrets and the lock when the
+/// rule table needs the state ([`facts::state_needed`]), always read after the Jobs are
+/// listed, so that a Job seen finished is followed by a read of the state it left. When
+/// the Jobs, the Cluster, the CRD and the dependents already say the state will be needed
+/// (the usual pass of a deletion), the Secrets are read at the same time as the Pods; a
+/// read that the Pods then make unnecessary is dropped, so the decision is the one made
+/// without it.
+pub async fn observe_pass<K: TerraformObject>(
+    client: &Client,
+    cluster_api: Option<&ApiResource>,
+    obj: &K,
+    settings: &Settings,
+) -> Result<(Observed, StateMeta), Error> {
+    let needed = |o: &Observed| facts::state_needed(&facts::gather(o, settings).0);
+    let (mut o, early) = observe_rounds(client, cluster_api, obj, needed).await?;
+    if !needed(&o) {
+        return Ok((o, None));
+    }
+    let read = match early {
+        Some(read) => read,
+        None => read_secrets(client, &o).await?,
+    };
+    let meta = read.apply(&mut o);
+    Ok((o, Some(meta)))
+}
+
+/// The reads of [`observe`] in two rounds: the Jobs with the Cluster, the CRD, the
+/// Namespace and the dependents; then the Pods (a Pod listed before the Jobs could belong
+/// to a Job created after), with the Secrets at the same time when `secrets_now` says so
+/// of what the first round read.
+async fn observe_rounds<K: TerraformObject>(
+    client: &Client,
+    cluster_api: Option<&ApiResource>,
+    obj: &K,
+    secrets_now: impl Fn(&Observed) -> bool,
+) -> Result<(Observed, Option<SecretsRead>), Error> {
     let meta = obj.meta().clone();
     let ns = obj.namespace().unwrap_or_default();
     let uid = meta.uid.clone().unwrap_or_default();
     let client = client.clone();
     let lp = ListParams::default().labels(&owner_selector(&uid));
-    // The Jobs before the Pods (a Pod listed first could belong to a Job created after);
-    // the other reads are independent of them and of each other, and run at the same time.
-    let jobs_and_pods = async {
-        let jobs = Api::<Job>::namespaced(client.clone(), &ns)
-            .list(&lp)
-            .await?
-            .items;
-        let pods = Api::<Pod>::namespaced(client.clone(), &ns)
-            .list(&lp)
-            .await?
-            .items;
-        Ok::<_, Error>((jobs, pods))
+    let jobs = async {
+        Ok::<_, Error>(
+            Api::<Job>::namespaced(client.clone(), &ns)
+                .list(&lp)
+                .await?
+                .items,
+        )
     };
     let cluster_name = facts::owning_cluster(&meta);
     let cluster = async {
@@ -94,14 +133,14 @@ pub async fn observe<K: TerraformObject>(
             Ok(Vec::new())
         }
     };
-    let ((jobs, pods), cluster, crd_deleting, namespace_terminating, dependents) = futures::try_join!(
-        jobs_and_pods,
+    let (jobs, cluster, crd_deleting, namespace_terminating, dependents) = futures::try_join!(
+        jobs,
         cluster,
         crd_deleting,
         namespace_terminating,
         dependents
     )?;
-    Ok(Observed {
+    let mut o = Observed {
         kind: K::KIND,
         meta,
         spec: obj.terraform().clone(),
@@ -109,7 +148,7 @@ pub async fn observe<K: TerraformObject>(
         crd_deleting,
         namespace_terminating,
         jobs,
-        pods,
+        pods: Vec::new(),
         dependents,
         state: None,
         inputs_secret: None,
@@ -117,7 +156,27 @@ pub async fn observe<K: TerraformObject>(
         referenced_config_maps: BTreeMap::new(),
         lock: None,
         now: Timestamp::now(),
-    })
+    };
+    let read_now = secrets_now(&o);
+    let pods = async {
+        Ok::<_, Error>(
+            Api::<Pod>::namespaced(client.clone(), &ns)
+                .list(&lp)
+                .await?
+                .items,
+        )
+    };
+    let secrets = async {
+        if read_now {
+            Ok(Some(read_secrets(&client, &o).await?))
+        } else {
+            Ok(None)
+        }
+    };
+    let (pods, secrets) = futures::try_join!(pods, secrets)?;
+    o.pods = pods;
+    o.now = Timestamp::now();
+    Ok((o, secrets))
 }
 
 /// The machines and pools of a cluster, listed live whatever `--watch-filter` says.
@@ -141,15 +200,51 @@ async fn dependents(client: &Client, ns: &str, cluster: &str) -> Result<Vec<Stri
     Ok(out)
 }
 
+/// The Secrets, ConfigMaps and lock of one object, as read for a pass.
+pub struct SecretsRead {
+    state: StateSecrets,
+    state_meta: Option<ObjectMeta>,
+    inputs_secret: Option<Secret>,
+    referenced_secrets: BTreeMap<String, Secret>,
+    referenced_config_maps: BTreeMap<String, ConfigMap>,
+    lock: Option<Lease>,
+}
+
+impl SecretsRead {
+    /// Puts what was read into `o`; returns the base state Secret's metadata.
+    fn apply(self, o: &mut Observed) -> Option<ObjectMeta> {
+        o.state = Some(self.state);
+        o.inputs_secret = self.inputs_secret;
+        o.referenced_secrets = self.referenced_secrets;
+        o.referenced_config_maps = self.referenced_config_maps;
+        o.lock = self.lock;
+        o.now = Timestamp::now();
+        self.state_meta
+    }
+}
+
 /// Reads the state Secrets, the inputs Secret, what they reference, and the lock.
 pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Error> {
+    read_secrets(client, o).await?.apply(o);
+    Ok(())
+}
+
+/// The reads of [`observe_secrets`]: the state, the inputs and the lock at once, then what
+/// the inputs (or, without them, the spec) reference, at once.
+async fn read_secrets(client: &Client, o: &Observed) -> Result<SecretsRead, Error> {
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let name = o.meta.name.clone().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, &name);
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
-    o.state =
-        Some(read_chunked(&secrets, &names::state_secret_name(&suffix), Some(&suffix)).await?);
-    o.inputs_secret = secrets.get_opt(&names::inputs_secret_name(&suffix)).await?;
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let state_name = names::state_secret_name(&suffix);
+    let inputs_name = names::inputs_secret_name(&suffix);
+    let lock_name = names::lock_lease_name(&suffix);
+    let ((state, state_meta), inputs_secret, lock) = futures::try_join!(
+        read_chunked_with_meta(&secrets, &state_name, Some(&suffix)),
+        async { Ok(secrets.get_opt(&inputs_name).await?) },
+        async { Ok(leases.get_opt(&lock_name).await?) },
+    )?;
 
     // Names the inputs (or, without them, the spec) reference.
     let mut secret_names: Vec<String> = o
@@ -165,8 +260,7 @@ pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Er
             VariablesSourceKind::ConfigMap => config_maps.push(v.name.clone()),
         }
     }
-    if let Some(Ok(i)) = o
-        .inputs_secret
+    if let Some(Ok(i)) = inputs_secret
         .as_ref()
         .map(|s| inputs::from_secret(s, &ns, &suffix))
     {
@@ -174,22 +268,27 @@ pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Er
     }
     secret_names.sort();
     secret_names.dedup();
-    for s in secret_names {
-        if let Some(secret) = secrets.get_opt(&s).await? {
-            o.referenced_secrets.insert(s, secret);
-        }
-    }
+    config_maps.sort();
+    config_maps.dedup();
     let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
-    for c in config_maps {
-        if let Some(cm) = cms.get_opt(&c).await? {
-            o.referenced_config_maps.insert(c, cm);
-        }
-    }
-    o.lock = Api::<Lease>::namespaced(client.clone(), &ns)
-        .get_opt(&names::lock_lease_name(&suffix))
-        .await?;
-    o.now = Timestamp::now();
-    Ok(())
+    let (found_secrets, found_maps) = futures::try_join!(
+        futures::future::try_join_all(secret_names.into_iter().map(|s| {
+            let secrets = &secrets;
+            async move { Ok::<_, Error>(secrets.get_opt(&s).await?.map(|v| (s, v))) }
+        })),
+        futures::future::try_join_all(config_maps.into_iter().map(|c| {
+            let cms = &cms;
+            async move { Ok::<_, Error>(cms.get_opt(&c).await?.map(|v| (c, v))) }
+        })),
+    )?;
+    Ok(SecretsRead {
+        state,
+        state_meta,
+        inputs_secret,
+        referenced_secrets: found_secrets.into_iter().flatten().collect(),
+        referenced_config_maps: found_maps.into_iter().flatten().collect(),
+        lock,
+    })
 }
 
 /// Reads a chunked Secret (a state or a backup) and its parts. Parts are listed by
@@ -199,29 +298,48 @@ pub async fn read_chunked(
     base: &str,
     tf_suffix: Option<&str>,
 ) -> Result<StateSecrets, Error> {
-    let mut found: Vec<Secret> = Vec::new();
-    if let Some(s) = secrets.get_opt(base).await? {
-        found.push(s);
-    } else {
-        return Ok(StateSecrets::from_secrets(base, &[]));
-    }
-    if let Some(suffix) = tf_suffix {
-        let lp = ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
-        for s in secrets.list(&lp).await?.items {
-            if s.metadata
+    Ok(read_chunked_with_meta(secrets, base, tf_suffix).await?.0)
+}
+
+/// [`read_chunked`], with the base Secret's metadata. With Terraform's suffix label, the
+/// base and the list of parts are read at the same time (the list is dropped when there is
+/// no base).
+async fn read_chunked_with_meta(
+    secrets: &Api<Secret>,
+    base: &str,
+    tf_suffix: Option<&str>,
+) -> Result<(StateSecrets, Option<ObjectMeta>), Error> {
+    let listed = async {
+        match tf_suffix {
+            Some(suffix) => {
+                let lp =
+                    ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
+                Ok::<_, Error>(Some(secrets.list(&lp).await?.items))
+            }
+            None => Ok(None),
+        }
+    };
+    let (base_secret, listed) =
+        futures::try_join!(async { Ok(secrets.get_opt(base).await?) }, listed)?;
+    let Some(base_secret) = base_secret else {
+        return Ok((StateSecrets::from_secrets(base, &[]), None));
+    };
+    let meta = base_secret.metadata.clone();
+    let mut found = vec![base_secret];
+    match listed {
+        Some(items) => found.extend(items.into_iter().filter(|s| {
+            s.metadata
                 .name
                 .as_deref()
                 .is_some_and(|n| names::part_index(base, n).is_some())
-            {
+        })),
+        None => {
+            let mut n = 1;
+            while let Some(s) = secrets.get_opt(&names::part_secret_name(base, n)).await? {
                 found.push(s);
+                n += 1;
             }
         }
-    } else {
-        let mut n = 1;
-        while let Some(s) = secrets.get_opt(&names::part_secret_name(base, n)).await? {
-            found.push(s);
-            n += 1;
-        }
     }
-    Ok(StateSecrets::from_secrets(base, &found))
+    Ok((StateSecrets::from_secrets(base, &found), Some(meta)))
 }

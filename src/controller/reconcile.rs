@@ -18,7 +18,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
-use super::observe::{self, owner_selector};
+use super::observe::{self, StateMeta, owner_selector};
 use super::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use super::{Context, Error};
 use crate::api::TerraformObject;
@@ -63,12 +63,13 @@ pub async fn reconcile<K: TerraformObject>(
         return Ok(Requeue::await_change());
     }
 
-    let mut observed =
-        observe::observe(&ctx.client, ctx.cluster_api.as_ref(), obj.as_ref()).await?;
-    let (pre, _) = facts::gather(&observed, &ctx.settings);
-    if facts::state_needed(&pre) {
-        observe::observe_secrets(&ctx.client, &mut observed).await?;
-    }
+    let (observed, state_meta) = observe::observe_pass(
+        &ctx.client,
+        ctx.cluster_api.as_ref(),
+        obj.as_ref(),
+        &ctx.settings,
+    )
+    .await?;
     let (mut decision, mut facts, extras) = facts::decide(&observed, &ctx.settings);
     // Starting an attempt needs its Job, which only the manager can render (its templates):
     // a Job that does not render is one more thing that keeps the destroy from starting,
@@ -89,7 +90,17 @@ pub async fn reconcile<K: TerraformObject>(
     info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, message = %decision.deleting().message, "decision");
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
-    if bookkeeping(&ctx, &api, obj.as_ref(), &observed, &facts, &decision).await? {
+    if bookkeeping(
+        &ctx,
+        &api,
+        obj.as_ref(),
+        &observed,
+        &state_meta,
+        &facts,
+        &decision,
+    )
+    .await?
+    {
         // The object changed; the next pass decides on fresh facts.
         return Ok(Requeue::requeue(Duration::ZERO));
     }
@@ -97,9 +108,16 @@ pub async fn reconcile<K: TerraformObject>(
     // this pass (write-ahead attempt, cleanup marker, release) test the new one when
     // nothing but the status changed, instead of failing on their own status write and
     // redoing the pass.
-    let obj = match write_status(&api, obj.as_ref(), &decision).await? {
-        Some(written) if writes::only_status_changed(obj.as_ref(), &written) => Arc::new(written),
-        _ => obj,
+    // The cleanup writes its status itself, after its marker.
+    let obj = if decision.action == Action::CleanUp {
+        obj
+    } else {
+        match write_status(&api, obj.as_ref(), &decision).await? {
+            Some(written) if writes::only_status_changed(obj.as_ref(), &written) => {
+                Arc::new(written)
+            }
+            _ => obj,
+        }
     };
     if deleting {
         ctx.metrics
@@ -169,7 +187,7 @@ pub async fn reconcile<K: TerraformObject>(
             }
         },
         Action::CleanUp => {
-            cleanup(&ctx, &api, obj.as_ref(), &observed).await?;
+            cleanup(&ctx, &api, obj.as_ref(), &observed, &decision).await?;
             Ok(Requeue::await_change())
         }
         Action::Abandon => {
@@ -198,6 +216,7 @@ async fn bookkeeping<K: TerraformObject>(
     api: &Api<K>,
     obj: &K,
     o: &Observed,
+    state_meta: &StateMeta,
     facts: &Facts,
     decision: &Decision,
 ) -> Result<bool, Error> {
@@ -303,7 +322,7 @@ async fn bookkeeping<K: TerraformObject>(
     // Not while a Job of the object runs: Terraform writes the state with the
     // resourceVersion it read, and a finalizer added in between fails that write.
     if facts.cleanup.is_none() && facts.unfinished_jobs.is_empty() {
-        protect_state(ctx, o, &suffix).await?;
+        protect_state(ctx, o, state_meta, &suffix).await?;
     }
 
     let ops = annotation_ops(obj.meta(), &edits);
@@ -326,8 +345,14 @@ fn job_finished_at(j: &Job) -> Option<Timestamp> {
 
 /// Puts the protection finalizer on the base state Secret, and on its parts once the
 /// namespace is terminating (before that, Terraform deletes parts itself when a state
-/// shrinks, and a part lingering in deletion would corrupt the next read).
-async fn protect_state(ctx: &Context, o: &Observed, suffix: &str) -> Result<(), Error> {
+/// shrinks, and a part lingering in deletion would corrupt the next read). The base's
+/// metadata is read again unless this pass read the state.
+async fn protect_state(
+    ctx: &Context,
+    o: &Observed,
+    state_meta: &StateMeta,
+    suffix: &str,
+) -> Result<(), Error> {
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let base = names::state_secret_name(suffix);
@@ -344,14 +369,18 @@ async fn protect_state(ctx: &Context, o: &Observed, suffix: &str) -> Result<(), 
         }
     }
     for name in targets {
-        let Some(meta) = secrets.get_metadata_opt(&name).await? else {
+        let meta = match state_meta {
+            Some(read) if name == base => read.clone(),
+            _ => secrets.get_metadata_opt(&name).await?.map(|m| m.metadata),
+        };
+        let Some(meta) = meta else {
             continue;
         };
-        if meta.metadata.deletion_timestamp.is_some() {
+        if meta.deletion_timestamp.is_some() {
             continue;
         }
-        let ops = writes::add_finalizer_ops(&meta.metadata, names::PROTECT_FINALIZER);
-        match guarded_patch(&secrets, &meta.metadata, ops).await {
+        let ops = writes::add_finalizer_ops(&meta, names::PROTECT_FINALIZER);
+        match guarded_patch(&secrets, &meta, ops).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
@@ -715,17 +744,24 @@ async fn delete_lock_if_free(
     Ok(())
 }
 
-/// SPEC section 6: after a destroy that left no managed resource instance.
+/// SPEC section 6: after a destroy that left no managed resource instance. The cleanup
+/// marker is written before the first delete (and before the status, which this action
+/// writes itself), with the reads of what there is to delete at the same time; then the
+/// status, the Jobs, the Secrets and the lock at once; the release after all of them.
 async fn cleanup<K: TerraformObject>(
     ctx: &Context,
     api: &Api<K>,
     obj: &K,
     o: &Observed,
+    decision: &Decision,
 ) -> Result<(), Error> {
     let ns = obj.namespace().unwrap_or_default();
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
-    let mut current = obj.clone();
-    if annotation(obj, names::CLEANUP_STARTED).is_none() {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let marker = async {
+        if annotation(obj, names::CLEANUP_STARTED).is_some() {
+            return Ok(None);
+        }
         let ops = annotation_ops(
             obj.meta(),
             &[
@@ -736,19 +772,24 @@ async fn cleanup<K: TerraformObject>(
                 (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
             ],
         );
-        if let Some(updated) = guarded_patch(api, obj.meta(), ops).await? {
-            current = updated;
-        }
-    }
-    // The cleanup marker is written: a crash from here on resumes the cleanup. The Jobs,
-    // the Secrets and the lock are independent of each other: their requests run at once
-    // (each part keeps its own order), and the release comes after all of them.
+        guarded_patch(api, obj.meta(), ops).await
+    };
+    let (marked, found) = futures::try_join!(marker, secret_metas(&secrets, &suffix))?;
+    let mut current = marked.unwrap_or_else(|| obj.clone());
+    // The cleanup marker is written: a crash from here on resumes the cleanup. Each part
+    // keeps its own order.
     let uid = obj.meta().uid.clone().unwrap_or_default();
-    futures::try_join!(
+    let (written, (), (), ()) = futures::try_join!(
+        write_status(api, &current, decision),
         delete_jobs(ctx, &ns, o),
-        delete_secrets(ctx, &ns, &suffix, &uid),
+        delete_secrets(&secrets, &found, &uid),
         delete_lock_if_free(ctx, &ns, &suffix, o),
     )?;
+    if let Some(w) = written
+        && writes::only_status_changed(&current, &w)
+    {
+        current = w;
+    }
     let (_, released) = tokio::join!(
         publish(
             ctx,
@@ -763,50 +804,70 @@ async fn cleanup<K: TerraformObject>(
     released
 }
 
-/// Deletes the object's inputs, state, backup and errored-state Secrets (and parts): their
-/// protection finalizers first, then one delete of everything labelled as this object's,
-/// then whatever that missed (a state Secret written without the owner labels). The reads
-/// of each step run at once.
-async fn delete_secrets(ctx: &Context, ns: &str, suffix: &str, uid: &str) -> Result<(), Error> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+/// The metadata of the object's inputs, state, backup and errored-state Secrets and their
+/// parts that exist, read at once.
+async fn secret_metas(
+    secrets: &Api<Secret>,
+    suffix: &str,
+) -> Result<Vec<kube::core::PartialObjectMeta<Secret>>, Error> {
     let bases = [
         names::inputs_secret_name(suffix),
         names::state_secret_name(suffix),
         names::backup_secret_name(suffix),
         names::errored_secret_name(suffix),
     ];
-    let found: Vec<_> =
-        futures::future::try_join_all(bases.iter().map(|b| chunk_metas(&secrets, b)))
+    Ok(
+        futures::future::try_join_all(bases.iter().map(|b| chunk_metas(secrets, b)))
             .await?
             .into_iter()
             .flatten()
-            .collect();
+            .collect(),
+    )
+}
+
+/// Deletes the Secrets `found` (from [`secret_metas`]): their protection finalizers off
+/// first, then one delete of everything labelled as the object's (`uid`), then by name
+/// whatever that delete did not return (a state Secret written without the owner labels).
+async fn delete_secrets(
+    secrets: &Api<Secret>,
+    found: &[kube::core::PartialObjectMeta<Secret>],
+    uid: &str,
+) -> Result<(), Error> {
     futures::future::try_join_all(found.iter().map(|m| async {
         let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
-        match guarded_patch(&secrets, &m.metadata, ops).await {
+        match guarded_patch(secrets, &m.metadata, ops).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(e),
         }
     }))
     .await?;
+    let mut left: Vec<String> = found
+        .iter()
+        .filter_map(|m| m.metadata.name.clone())
+        .collect();
+    // Whether the names left are known to exist (the labelled delete listed what it
+    // deleted), or must be read first.
+    let mut known = false;
     if !uid.is_empty() && !found.is_empty() {
         let lp = ListParams::default().labels(&observe::owner_selector(uid));
-        secrets
+        if let Some(deleted) = secrets
             .delete_collection(&kube::api::DeleteParams::background(), &lp)
-            .await?;
+            .await?
+            .left()
+        {
+            let gone: std::collections::BTreeSet<String> =
+                deleted.items.iter().map(|s| s.name_any()).collect();
+            left.retain(|n| !gone.contains(n));
+            known = true;
+        }
     }
-    futures::future::try_join_all(found.iter().filter_map(|m| m.metadata.name.clone()).map(
-        |name| {
-            let secrets = &secrets;
-            async move {
-                if secrets.get_metadata_opt(&name).await?.is_some() {
-                    writes::delete_if_present(secrets, &name).await?;
-                }
-                Ok::<_, Error>(())
-            }
-        },
-    ))
+    futures::future::try_join_all(left.into_iter().map(|name| async move {
+        if known || secrets.get_metadata_opt(&name).await?.is_some() {
+            writes::delete_if_present(secrets, &name).await?;
+        }
+        Ok::<_, Error>(())
+    }))
     .await?;
     Ok(())
 }

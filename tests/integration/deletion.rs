@@ -11,6 +11,8 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, ListParams};
 
 use crate::support::*;
+use captf::controller::{Context, discover_cluster, reconcile::reconcile};
+use std::sync::Arc;
 
 impl Env {
     /// Runs the `captf` binary against the test server (here, not in `support`: only
@@ -842,16 +844,11 @@ async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
     env.shutdown().await;
 }
 
-/// A pass that starts from a copy of the object cached before its release (the release's
-/// own writes trigger the object again, and the cache can lag behind them) does nothing:
-/// neither a second cleanup nor a hold as `StateLost` because the Secrets are gone. The
-/// passes are run here one by one, with the manager's context, instead of by a manager.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
-    use captf::controller::{Context, discover_cluster, reconcile::reconcile};
-    use std::sync::Arc;
-
-    let env = Env::start("stale-copy").await;
+/// A Cluster `prod` with a TerraformMachine `web-1` (its finalizer on, applied by
+/// Terraform), and the manager's context to run reconcile passes one by one instead of a
+/// manager.
+async fn passes_by_hand(tag: &str) -> (Env, Arc<Context>) {
+    let env = Env::start(tag).await;
     let markers = env.markers();
     let cluster_uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &markers)
@@ -863,23 +860,34 @@ async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
         Arc::default(),
         discover_cluster(&env.client).await,
     ));
-    let pass = || async {
-        match env.object::<Tfm>("web-1").await {
-            Some(o) => {
-                reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
-                false
-            }
-            None => true,
-        }
-    };
-    pass().await; // the finalizer
+    pass(&env, &ctx).await; // the finalizer
     env.apply::<Tfm>("web-1", &module(0), &markers).await;
+    (env, ctx)
+}
+
+/// One reconcile pass on `web-1` as it is now; true when it is gone.
+async fn pass(env: &Env, ctx: &Arc<Context>) -> bool {
+    match env.object::<Tfm>("web-1").await {
+        Some(o) => {
+            reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
+            false
+        }
+        None => true,
+    }
+}
+
+/// A pass that starts from a copy of the object cached before its release (the release's
+/// own writes trigger the object again, and the cache can lag behind them) does nothing:
+/// neither a second cleanup nor a hold as `StateLost` because the Secrets are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
+    let (env, ctx) = passes_by_hand("stale-copy").await;
     env.delete::<Tfm>("web-1").await;
     let stale = env
         .object::<Tfm>("web-1")
         .await
         .expect("the deleting object");
-    wait_for("the release, pass by pass", long(), pass).await;
+    wait_for("the release, pass by pass", long(), || pass(&env, &ctx)).await;
     assert!(env.destroyed("web-1"));
     let before = env.event_reasons("web-1").await;
     assert!(before.contains(&"CleanedUp".to_string()), "{before:?}");
@@ -892,5 +900,60 @@ async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
         before,
         "the pass on a copy older than the release published nothing"
     );
+    env.shutdown().await;
+}
+
+/// The cleanup deletes the object's Secrets with one request by their owner labels, and
+/// by name whatever that request did not delete: here the state Secret, whose owner labels
+/// were removed after the destroy (as a state Secret restored by hand can lack them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cleanup_deletes_a_state_secret_without_the_owner_labels() {
+    let (env, ctx) = passes_by_hand("unlabelled").await;
+    env.delete::<Tfm>("web-1").await;
+    let finished = || async {
+        env.destroy_jobs().await.iter().any(|j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Complete" && c.status == "True")
+                })
+        })
+    };
+    // Passes until the destroy Job exists; none while it runs, so that no pass cleans up
+    // before the labels are removed.
+    wait_for("the destroy Job, pass by pass", long(), || async {
+        !env.destroy_jobs().await.is_empty() || pass(&env, &ctx).await
+    })
+    .await;
+    wait_for("the destroy Job to complete", long(), finished).await;
+    let state = names::state_secret_name("web-1.tfm");
+    let unlabel = serde_json::json!({"metadata": {"labels": {names::LABEL_OWNER_UID: null}}});
+    env.secrets()
+        .patch(
+            &state,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&unlabel),
+        )
+        .await
+        .expect("remove the owner-uid label");
+    wait_for("the release, pass by pass", long(), || pass(&env, &ctx)).await;
+    assert!(env.destroyed("web-1"));
+    assert!(
+        env.secrets().get_opt(&state).await.expect("read").is_none(),
+        "the state Secret without the owner labels is deleted too"
+    );
+    let left: Vec<String> = env
+        .secrets()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap_or_default())
+        .filter(|n| n.contains("web-1"))
+        .collect();
+    assert!(left.is_empty(), "no Secret of web-1 is left: {left:?}");
     env.shutdown().await;
 }
