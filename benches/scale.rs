@@ -106,7 +106,10 @@ async fn bench(n: usize, jobs: usize) -> Result<(), String> {
     println!(
         "scale bench: {n} TerraformMachines, destroy Jobs run by the local runner with the real terraform, {jobs} at a time"
     );
-    let env = Env::start_with("scale", Some(jobs)).await;
+    let mut env = Env::start_with("scale", Some(jobs)).await;
+    // The product's default deadline: the N destroy Jobs wait for the runner's few slots,
+    // and a Job's deadline counts from its start, waiting included (as in Kubernetes).
+    env.job_timeout_seconds = 1800;
     let markers = env.markers();
     let uid = env.create_cluster("scale").await;
 

@@ -217,20 +217,31 @@ fn owner_of<K: TerraformObject>(
     store: &Store<K>,
     meta: &kube::api::ObjectMeta,
 ) -> Option<ObjectRef<K>> {
+    if let Some(obj) = cached_owner(store, meta) {
+        return Some(ObjectRef::from_obj(obj.as_ref()));
+    }
     let labels = meta.labels.as_ref()?;
     if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
         return None;
     }
-    if let Some(uid) = labels.get(names::LABEL_OWNER_UID)
-        && let Some(obj) = store
-            .state()
-            .into_iter()
-            .find(|o| o.meta().uid.as_ref() == Some(uid))
-    {
-        return Some(ObjectRef::from_obj(obj.as_ref()));
-    }
     let name = labels.get(names::LABEL_OWNER_NAME)?;
     Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
+}
+
+/// The cached object of kind `K` whose uid the owner labels of `meta` carry.
+fn cached_owner<K: TerraformObject>(
+    store: &Store<K>,
+    meta: &kube::api::ObjectMeta,
+) -> Option<Arc<K>> {
+    let labels = meta.labels.as_ref()?;
+    if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
+        return None;
+    }
+    let uid = labels.get(names::LABEL_OWNER_UID)?;
+    store
+        .state()
+        .into_iter()
+        .find(|o| o.meta().uid.as_ref() == Some(uid))
 }
 
 /// The object a state Secret belongs to, from Terraform's suffix label.
@@ -387,10 +398,19 @@ where
                 "a Job of the object finished: its pass takes the second lane"
             );
         }
-        match self.store.get(&ObjectRef::from_obj(obj.as_ref())) {
+        let result = match self.store.get(&ObjectRef::from_obj(obj.as_ref())) {
             Some(current) => pass(current).await,
             None => Ok(Requeue::await_change()),
+        };
+        // The pass after a Job failed (a conflict, an API error): its retry keeps the lane,
+        // or it would wait behind every pass triggered meanwhile.
+        if after_job
+            && result.is_err()
+            && let Some(uid) = obj.meta().uid.as_deref()
+        {
+            self.job_finished(uid);
         }
+        result
     }
 }
 
@@ -433,10 +453,12 @@ where
             let store = store.clone();
             let gate = gate.clone();
             move |j: Job| {
+                // Marked only for a cached object, which gets the pass that takes the mark.
                 if job_finished(&j)
-                    && let Some(uid) = j.labels().get(names::LABEL_OWNER_UID)
+                    && let Some(uid) =
+                        cached_owner::<K>(&store, &j.metadata).and_then(|o| o.meta().uid.clone())
                 {
-                    gate.job_finished(uid);
+                    gate.job_finished(&uid);
                 }
                 owner_of::<K>(&store, &j.metadata)
             }
@@ -697,6 +719,48 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), ["busy", "job-done", "a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn the_retry_of_a_failed_pass_after_a_job_keeps_the_second_lane() {
+        let (gate, objs) = gate(1, &["busy", "a", "job-done"]);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (release, hold) = tokio::sync::oneshot::channel();
+        let busy = start(&gate, &objs[0], &order, Some(hold));
+        settle().await;
+        gate.job_finished("uid-job-done");
+        let conflict = || {
+            Error::Kube(kube::Error::Api(
+                kube::core::Status::failure("the object has been modified", "Conflict")
+                    .with_code(409)
+                    .boxed(),
+            ))
+        };
+        let failed = gate
+            .run(objs[2].clone(), |_| async { Err::<Requeue, _>(conflict()) })
+            .await;
+        assert!(failed.is_err());
+        let waiting = start(&gate, &objs[1], &order, None);
+        settle().await;
+        let retry = start(&gate, &objs[2], &order, None);
+        settle().await;
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["busy", "job-done"],
+            "the retry ran while the first lane was still full"
+        );
+        // A pass that succeeds leaves no mark behind: the next one waits its turn.
+        let next = start(&gate, &objs[2], &order, None);
+        settle().await;
+        assert_eq!(*order.lock().unwrap(), ["busy", "job-done"]);
+        release.send(()).unwrap();
+        for t in [busy, waiting, retry, next] {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["busy", "job-done", "a", "job-done"]
+        );
     }
 
     #[tokio::test]

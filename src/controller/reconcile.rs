@@ -762,17 +762,21 @@ async fn cleanup<K: TerraformObject>(
         if annotation(obj, names::CLEANUP_STARTED).is_some() {
             return Ok(None);
         }
-        let ops = annotation_ops(
-            obj.meta(),
-            &[
-                (
-                    names::CLEANUP_STARTED,
-                    Some(names::CLEANUP_DESTROYED.into()),
-                ),
-                (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
-            ],
-        );
-        guarded_patch(api, obj.meta(), ops).await
+        // Before the status write of this pass, so the cached copy may lack the status
+        // an earlier pass wrote: that alone does not fail the marker.
+        writes::guarded_patch_past_status(api, obj, |meta| {
+            annotation_ops(
+                meta,
+                &[
+                    (
+                        names::CLEANUP_STARTED,
+                        Some(names::CLEANUP_DESTROYED.into()),
+                    ),
+                    (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
+                ],
+            )
+        })
+        .await
     };
     let (marked, found) = futures::try_join!(marker, secret_metas(&secrets, &suffix))?;
     let mut current = marked.unwrap_or_else(|| obj.clone());

@@ -119,6 +119,33 @@ where
     Ok(Some(out))
 }
 
+/// [`guarded_patch`] of `obj`; when the resourceVersion test fails and the object as it is
+/// now differs from `obj` in its status only (a status written by an earlier pass that the
+/// cache has not caught up with), once more on the object as it is now: the patch still
+/// acts on nothing the pass did not observe. `ops` must depend on the metadata only.
+pub async fn guarded_patch_past_status<K>(
+    api: &Api<K>,
+    obj: &K,
+    ops: impl Fn(&ObjectMeta) -> Vec<PatchOperation>,
+) -> Result<Option<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let conflict = match guarded_patch(api, obj.meta(), ops(obj.meta())).await {
+        Err(e) if e.is_conflict() => e,
+        done => return done,
+    };
+    match api
+        .get_opt(&obj.meta().name.clone().unwrap_or_default())
+        .await?
+    {
+        Some(now) if only_status_changed(obj, &now) => {
+            guarded_patch(api, now.meta(), ops(now.meta())).await
+        }
+        _ => Err(conflict),
+    }
+}
+
 /// Deletes with background propagation; "already gone" is success.
 pub async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
 where

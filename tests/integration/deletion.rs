@@ -957,3 +957,65 @@ async fn the_cleanup_deletes_a_state_secret_without_the_owner_labels() {
     assert!(left.is_empty(), "no Secret of web-1 is left: {left:?}");
     env.shutdown().await;
 }
+
+/// The cleanup pass writes its marker before its status, from a cached copy that can lack
+/// the status an earlier pass wrote. That alone does not fail the pass: it cleans up and
+/// releases at once. A copy that lacks a change of anything else still fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cleanup_pass_on_a_copy_without_the_latest_status_releases() {
+    use captf::controller::writes;
+    let (env, ctx) = passes_by_hand("past-status").await;
+    env.delete::<Tfm>("web-1").await;
+    wait_for("the destroy Job, pass by pass", long(), || async {
+        !env.destroy_jobs().await.is_empty() || pass(&env, &ctx).await
+    })
+    .await;
+    wait_for("the destroy Job to complete", long(), || async {
+        env.destroy_jobs().await.iter().any(|j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Complete" && c.status == "True")
+                })
+        })
+    })
+    .await;
+    let api: Api<Tfm> = Api::namespaced(env.client.clone(), &env.ns);
+    let stale = env.object::<Tfm>("web-1").await.expect("the object");
+    let mark = |meta: &kube::api::ObjectMeta| {
+        writes::annotation_ops(meta, &[("example.com/test", Some("x".into()))])
+    };
+
+    // Another annotation changed since the copy: the patch fails.
+    let other = serde_json::json!({"metadata": {"annotations": {"example.com/other": "y"}}});
+    let changed = api
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&other),
+        )
+        .await
+        .expect("annotate");
+    let err = writes::guarded_patch_past_status(&api, &stale, mark)
+        .await
+        .expect_err("a copy without the annotation change is refused");
+    assert!(err.is_conflict(), "{err}");
+
+    // Only the status changed since the copy: the patch goes through, and so does the pass.
+    let stale = changed;
+    let status = serde_json::json!({"observedGeneration": 0, "conditions": []});
+    writes::patch_status(&api, "web-1", status)
+        .await
+        .expect("a status write");
+    reconcile(Arc::new(stale), ctx.clone())
+        .await
+        .expect("the cleanup pass on the copy without the latest status");
+    assert!(
+        env.object::<Tfm>("web-1").await.is_none(),
+        "released by that one pass"
+    );
+    assert!(env.destroyed("web-1"));
+    env.shutdown().await;
+}

@@ -104,6 +104,9 @@ pub struct Env {
     pub ns: String,
     /// The manager's namespace: [`MANAGER_NS`], or a fresh one on a real cluster.
     pub manager_ns: String,
+    /// The `timeoutSeconds` (the Job's `activeDeadlineSeconds`) of the inputs written
+    /// from now on: 120 on the test server, 900 on a real cluster (image pulls).
+    pub job_timeout_seconds: i64,
 }
 
 /// The kubeconfig of a real cluster to run the end-to-end tests against
@@ -282,6 +285,7 @@ impl Env {
             config: test_config(MANAGER_NS),
             ns: NS.into(),
             manager_ns: MANAGER_NS.into(),
+            job_timeout_seconds: 120,
         }
     }
 
@@ -363,6 +367,7 @@ impl Env {
             config,
             ns,
             manager_ns,
+            job_timeout_seconds: 900,
         }
     }
 
@@ -621,7 +626,7 @@ impl Env {
                 namespace: self.ns.clone(),
                 secret_suffix: suffix.clone(),
             },
-            timeout_seconds: Some(if self.is_external() { 900 } else { 120 }),
+            timeout_seconds: Some(self.job_timeout_seconds),
             lock_file: None,
         };
         let secret = inputs::inputs_secret(
