@@ -120,6 +120,11 @@ pub(crate) fn trace(started: Instant, line: &str, status: u16) {
         .unwrap_or_default();
     let mut w = trace.lock().unwrap_or_else(|e| e.into_inner());
     // The buffer is flushed per line so that a trace read while the server runs is whole.
-    let _ = writeln!(w, "{} {} {status} {line}", start.as_micros(), took.as_micros());
+    let _ = writeln!(
+        w,
+        "{} {} {status} {line}",
+        start.as_micros(),
+        took.as_micros()
+    );
     let _ = w.flush();
 }
