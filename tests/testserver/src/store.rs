@@ -929,12 +929,8 @@ impl Store {
         keep: impl Fn(&Value) -> bool,
     ) -> (u64, Vec<Value>) {
         let inner = self.lock();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), o)| {
-                rt.is(g, p) && ns.is_none_or(|ns| !rt.namespaced || n == ns) && keep(o)
-            })
+        let items = objects_of(&inner.objects, rt, ns)
+            .filter(|(_, o)| keep(o))
             .map(|(_, o)| Self::present(rt, o))
             .collect();
         (inner.rv, items)
@@ -950,10 +946,7 @@ impl Store {
         view: impl Fn(&Value) -> Option<T>,
     ) -> Vec<T> {
         let inner = self.lock();
-        inner
-            .objects
-            .iter()
-            .filter(|((g, p, _, _), _)| rt.is(g, p))
+        objects_of(&inner.objects, rt, None)
             .filter_map(|(_, o)| view(o))
             .collect()
     }
@@ -986,10 +979,7 @@ impl Store {
     ) -> (u64, Vec<Value>, broadcast::Receiver<Arc<Event>>) {
         let inner = self.lock();
         let rx = self.events.subscribe();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|((g, p, _, _), _)| rt.is(g, p))
+        let items = objects_of(&inner.objects, rt, None)
             .map(|(_, o)| Self::present(rt, o))
             .collect();
         (inner.rv, items, rx)
@@ -1586,6 +1576,28 @@ impl Store {
     }
 }
 
+/// The stored objects of one resource (`rt`'s group and plural, any version), in namespace
+/// `ns` if the resource is namespaced and `ns` is given, else in all: one range of the ordered
+/// map (keys sort by group, plural, namespace, name), so a scan never touches other
+/// resources' or namespaces' objects.
+fn objects_of<'a>(
+    objects: &'a BTreeMap<ObjKey, Value>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+) -> impl Iterator<Item = (&'a ObjKey, &'a Value)> + use<'a> {
+    let ns = ns.filter(|_| rt.namespaced).map(str::to_string);
+    let start = (
+        rt.group.clone(),
+        rt.plural.clone(),
+        ns.clone().unwrap_or_default(),
+        String::new(),
+    );
+    let (group, plural) = (rt.group.clone(), rt.plural.clone());
+    objects.range(start..).take_while(move |((g, p, n, _), _)| {
+        *g == group && *p == plural && ns.as_ref().is_none_or(|ns| n == ns)
+    })
+}
+
 /// Secret `stringData` is write-only: merged into `data` (base64) on every write, as the
 /// apiserver does.
 fn fold_string_data(obj: &mut Value) {
@@ -1832,6 +1844,53 @@ mod tests {
             .is_none()
         );
         assert!(s.resource_type("example.com/v1", "Widget").is_none());
+    }
+
+    #[test]
+    fn lists_take_only_the_resource_and_namespace_asked_for() {
+        let s = Store::new();
+        for ns in ["a", "ab"] {
+            s.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+                .expect("namespace");
+        }
+        for (ns, name) in [("a", "x"), ("ab", "y"), ("default", "z")] {
+            s.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}}))
+                .expect("configmap");
+            s.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}}))
+                .expect("secret");
+        }
+        let names = |items: Vec<Value>| -> Vec<String> {
+            items
+                .iter()
+                .map(|o| {
+                    format!(
+                        "{}/{}",
+                        o["kind"].as_str().unwrap_or_default(),
+                        meta_str(o, "name").unwrap_or_default()
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            names(s.list("v1", "configmaps", Some("a"))),
+            ["ConfigMap/x"]
+        );
+        assert_eq!(
+            names(s.list("v1", "configmaps", None)),
+            ["ConfigMap/x", "ConfigMap/y", "ConfigMap/z"]
+        );
+        assert_eq!(names(s.list("v1", "secrets", Some("ab"))), ["Secret/y"]);
+        assert!(s.list("v1", "configmaps", Some("nowhere")).is_empty());
+        // A cluster-scoped resource ignores the namespace.
+        assert_eq!(
+            names(s.list("v1", "namespaces", Some("a"))),
+            [
+                "Namespace/a",
+                "Namespace/ab",
+                "Namespace/default",
+                "Namespace/kube-system"
+            ]
+        );
     }
 
     #[test]
