@@ -263,19 +263,100 @@ pub struct Event {
 /// (current resourceVersion, history to replay, live events).
 pub(crate) type WatchStart = (u64, Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
 
-type ObjKey = (String, String, String, String); // group, plural, namespace ("" if cluster), name
+/// group, plural, namespace ("" if cluster-scoped), name.
+pub(crate) type ObjKey = (String, String, String, String);
 
 struct Inner {
     rv: u64,
     types: Vec<ResourceType>,
+    /// Written only through [`Inner::put`] and [`Inner::take`], which keep the indexes below.
     objects: BTreeMap<ObjKey, Value>,
+    /// uid -> whether that object waits for its dependents, for every stored object.
+    uids: HashMap<String, bool>,
+    /// What the garbage collector reads of each object with `ownerReferences` or waiting for
+    /// its dependents (foreground deletion), in key order.
+    gc_watched: BTreeMap<ObjKey, GcEntry>,
     history: VecDeque<Arc<Event>>,
     /// Watches from a resourceVersion below this get 410 Expired.
     compacted: u64,
 }
 
-/// (group, plural, object) of a snapshot.
-pub(crate) type GroupPluralObject = (String, String, Value);
+/// What the garbage collector reads of an object: kept by the store on every write, so that a
+/// pass reads no object (looking objects up by their four-string key is what costs).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct GcEntry {
+    pub uid: String,
+    /// [`owner_refs`]: owner uid and `blockOwnerDeletion`.
+    pub owners: Vec<(String, bool)>,
+    pub deleting: bool,
+    /// Deleting in the foreground: waits for its dependents.
+    pub waiting: bool,
+}
+
+impl Inner {
+    /// Store `obj` under `key` (new or replacing), keeping the indexes.
+    fn put(&mut self, key: &ObjKey, obj: Value) {
+        let waiting = waits_for_dependents(&obj);
+        let uid = meta_str(&obj, "uid").unwrap_or_default();
+        if !uid.is_empty() && self.uids.get(uid) != Some(&waiting) {
+            self.uids.insert(uid.to_string(), waiting);
+        }
+        let owners = owner_refs(&obj);
+        if owners.is_empty() && !waiting {
+            self.gc_watched.remove(key);
+        } else {
+            let entry = GcEntry {
+                uid: uid.to_string(),
+                owners,
+                deleting: is_deleting(&obj),
+                waiting,
+            };
+            match self.gc_watched.get_mut(key) {
+                Some(e) => *e = entry,
+                None => {
+                    self.gc_watched.insert(key.clone(), entry);
+                }
+            }
+        }
+        self.objects.insert(key.clone(), obj);
+    }
+
+    /// Remove the object under `key`, keeping the indexes.
+    fn take(&mut self, key: &ObjKey) -> Option<Value> {
+        let obj = self.objects.remove(key)?;
+        if let Some(uid) = meta_str(&obj, "uid") {
+            self.uids.remove(uid);
+        }
+        self.gc_watched.remove(key);
+        Some(obj)
+    }
+}
+
+/// What the garbage collector reads, under the store's lock.
+pub(crate) struct GcView<'a> {
+    inner: &'a Inner,
+}
+
+impl GcView<'_> {
+    /// (group, plural, entry) of each object with `ownerReferences` or waiting for its
+    /// dependents, in key order.
+    pub(crate) fn watched(&self) -> impl Iterator<Item = (&ObjKey, &GcEntry)> {
+        self.inner.gc_watched.iter()
+    }
+
+    /// `Some(waits for its dependents)` if an object with this uid is stored.
+    pub(crate) fn uid_state(&self, uid: &str) -> Option<bool> {
+        self.inner.uids.get(uid).copied()
+    }
+
+    /// `{"metadata": ...}` of a stored object.
+    pub(crate) fn metadata(&self, key: &ObjKey) -> Option<Value> {
+        let o = self.inner.objects.get(key)?;
+        let mut m = Map::new();
+        m.insert("metadata".into(), o["metadata"].clone());
+        Some(Value::Object(m))
+    }
+}
 
 /// Handle to the object store. Cheap to clone; all clones share the same data.
 #[derive(Clone)]
@@ -367,6 +448,15 @@ pub(crate) fn finalizers(obj: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether an object is being deleted in the foreground: deleting, with the
+/// `foregroundDeletion` finalizer.
+pub(crate) fn waits_for_dependents(obj: &Value) -> bool {
+    is_deleting(obj)
+        && meta(obj)["finalizers"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|f| f.as_str() == Some(FOREGROUND_FINALIZER)))
 }
 
 pub(crate) fn is_deleting(obj: &Value) -> bool {
@@ -631,6 +721,8 @@ impl Store {
                 rv: 0,
                 types: builtin_types(),
                 objects: BTreeMap::new(),
+                uids: HashMap::new(),
+                gc_watched: BTreeMap::new(),
                 history: VecDeque::new(),
                 compacted: 0,
             })),
@@ -839,37 +931,11 @@ impl Store {
             .collect()
     }
 
-    /// Every live uid, with whether that object waits for its dependents (foreground
-    /// deletion), and the metadata of the objects `keep` selects, read under one lock: the garbage collector
-    /// must never see a dependent without the owner that was created before it.
-    pub(crate) fn uid_states_and_snapshot(
-        &self,
-        keep: impl Fn(&str, &str, &str, &Value) -> bool,
-    ) -> (HashMap<String, bool>, Vec<GroupPluralObject>) {
+    /// Run `read` on the garbage collector's view, under one lock: the collector must never
+    /// see a dependent without the owner that was created before it.
+    pub(crate) fn gc_read<T>(&self, read: impl FnOnce(&GcView<'_>) -> T) -> T {
         let inner = self.lock();
-        let uids = inner
-            .objects
-            .values()
-            .filter_map(|o| {
-                let waiting =
-                    is_deleting(o) && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER);
-                meta_str(o, "uid").map(|u| (u.to_string(), waiting))
-            })
-            .collect();
-        // Metadata only: all the collector reads, and far less to clone under the lock.
-        let selected = inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), v)| keep(g, p, n, v))
-            .map(|((g, p, _, _), v)| {
-                (
-                    g.clone(),
-                    p.clone(),
-                    serde_json::json!({"metadata": v["metadata"].clone()}),
-                )
-            })
-            .collect();
-        (uids, selected)
+        read(&GcView { inner: &inner })
     }
 
     /// The first served type for a group/plural (used by controllers that hold snapshots).
@@ -990,7 +1056,7 @@ impl Store {
     fn put_modified_locked(&self, inner: &mut Inner, key: &ObjKey, obj: &mut Value, prev: Value) {
         inner.rv += 1;
         meta_mut(obj).insert("resourceVersion".into(), json!(inner.rv.to_string()));
-        inner.objects.insert(key.clone(), obj.clone());
+        inner.put(key, obj.clone());
         self.emit(inner, key, EventType::Modified, obj.clone(), Some(prev));
     }
 
@@ -1172,7 +1238,7 @@ impl Store {
             });
             inner.types.extend(types);
         }
-        inner.objects.insert(key.clone(), obj.clone());
+        inner.put(&key, obj.clone());
         self.emit(&mut inner, &key, EventType::Added, obj.clone(), None);
         Ok(obj)
     }
@@ -1376,7 +1442,7 @@ impl Store {
             self.remove_locked(&mut inner, rt, &key, new.clone());
             return Ok(new);
         }
-        inner.objects.insert(key.clone(), new.clone());
+        inner.put(&key, new.clone());
         self.emit(
             &mut inner,
             &key,
@@ -1389,7 +1455,7 @@ impl Store {
 
     /// Remove an object now (the final step of any deletion), with a DELETED event.
     fn remove_locked(&self, inner: &mut Inner, rt: &ResourceType, key: &ObjKey, mut last: Value) {
-        if inner.objects.remove(key).is_none() {
+        if inner.take(key).is_none() {
             return;
         }
         inner.rv = inner.rv.saturating_add(1);
@@ -1554,10 +1620,11 @@ impl Store {
 
     /// Remove ownerReferences to `owner_uid` from every object (Orphan propagation).
     fn orphan_dependents_locked(&self, inner: &mut Inner, owner_uid: &str) {
+        // Every object with ownerReferences is in the collector's index.
         let keys: Vec<ObjKey> = inner
-            .objects
+            .gc_watched
             .iter()
-            .filter(|(_, o)| owner_refs(o).iter().any(|(u, _)| u == owner_uid))
+            .filter(|(_, e)| e.owners.iter().any(|(u, _)| u == owner_uid))
             .map(|(k, _)| k.clone())
             .collect();
         for k in keys {
