@@ -91,6 +91,7 @@ impl JobRunner {
             procs: HashMap::new(),
             finished: HashSet::new(),
             results: HashMap::new(),
+            result_counts: HashMap::new(),
             waiting: HashMap::new(),
         };
         let task = tokio::spawn(runner.run(stop_rx));
@@ -138,6 +139,8 @@ struct Runner {
     finished: HashSet<String>,
     /// Pod uid -> (job uid, succeeded) for every pod process that ended.
     results: HashMap<String, (String, bool)>,
+    /// Job uid -> (succeeded, failed) Pods in `results`.
+    result_counts: HashMap<String, (usize, usize)>,
     /// Pod uid -> last waiting reason written, to avoid rewriting the same status.
     waiting: HashMap<String, String>,
 }
@@ -179,12 +182,34 @@ fn pod_finished(pod: &Value) -> bool {
     )
 }
 
-fn has_condition(job: &Value, type_: &str) -> Option<Value> {
-    job["status"]["conditions"]
+/// The condition of this type with status True in a Job's `status`.
+fn true_condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+    status["conditions"]
         .as_array()?
         .iter()
         .find(|c| c["type"] == type_ && c["status"] == "True")
-        .cloned()
+}
+
+/// What the Job controller reads of an unfinished Job on every pass (the whole Job is read
+/// only when its status is written or a Pod is made from its template).
+struct JobView {
+    uid: String,
+    namespace: String,
+    name: String,
+    deleting: bool,
+    status: Value,
+    suspend: bool,
+    backoff_limit: Option<u64>,
+    active_deadline: Option<i64>,
+}
+
+/// What the Job controller reads of an unfinished Pod (an active Pod of its Jobs).
+struct ActivePod {
+    name: String,
+    /// The uids of its owners and its `controller-uid` label, sorted, without repeats.
+    jobs: Vec<String>,
+    running: bool,
+    deleting: bool,
 }
 
 /// `$(VAR)` expansion as the kubelet does it (`$$` escapes, unknown references stay).
@@ -265,6 +290,37 @@ pub fn rewrite_paths(s: &str, mounts: &[(String, PathBuf)]) -> String {
     out
 }
 
+/// What the kubelet side reads of a Pod on every pass.
+struct PodView {
+    uid: String,
+    namespace: String,
+    name: String,
+    /// `spec.nodeName` is this runner's node.
+    on_node: bool,
+    deleting: bool,
+    deletion_grace: Option<u64>,
+    /// Phase `Succeeded` or `Failed`.
+    finished: bool,
+    has_finalizers: bool,
+}
+
+impl PodView {
+    fn of(p: &Value) -> PodView {
+        PodView {
+            uid: store::meta_str(p, "uid").unwrap_or_default().to_string(),
+            namespace: store::meta_str(p, "namespace")
+                .unwrap_or_default()
+                .to_string(),
+            name: store::meta_str(p, "name").unwrap_or_default().to_string(),
+            on_node: p["spec"]["nodeName"] == NODE_NAME,
+            deleting: store::is_deleting(p),
+            deletion_grace: p["metadata"]["deletionGracePeriodSeconds"].as_u64(),
+            finished: pod_finished(p),
+            has_finalizers: !store::finalizers(p).is_empty(),
+        }
+    }
+}
+
 enum Prepared {
     Launch(Box<Launch>),
     Wait(String, String),
@@ -302,21 +358,23 @@ impl Runner {
     }
 
     /// The Pods of this node there is something to do about: running here, being deleted,
-    /// or unfinished while there is room to start one. Only those are cloned: in a long run
-    /// most Pods are finished or wait for room, and cloning them all on every store change
-    /// was most of the runner's work, done while holding the store's lock.
-    fn pod_snapshot(&self, rt: &ResourceType) -> Vec<Value> {
+    /// or unfinished while there is room to start one. Views, not clones: in a long run most
+    /// Pods are finished or wait for room, and cloning them on every store change was most of
+    /// the runner's work, done while holding the store's lock; the whole Pod is read only
+    /// when it is about to start.
+    fn pod_snapshot(&self, rt: &ResourceType) -> Vec<PodView> {
         let full = self
             .opts
             .max_running
             .is_some_and(|max| self.procs.len() >= max);
         self.store.view_rt(rt, |p| {
-            let running_here =
-                store::meta_str(p, "uid").is_some_and(|u| self.procs.contains_key(u));
-            let wanted = running_here
-                || p["spec"]["nodeName"] == NODE_NAME
-                    && (store::is_deleting(p) || !full && !pod_finished(p));
-            wanted.then(|| p.clone())
+            let uid = store::meta_str(p, "uid").unwrap_or_default();
+            let running_here = self.procs.contains_key(uid);
+            let on_node = p["spec"]["nodeName"] == NODE_NAME;
+            let deleting = store::is_deleting(p);
+            let finished = pod_finished(p);
+            let wanted = running_here || on_node && (deleting || !full && !finished);
+            wanted.then(|| PodView::of(p))
         })
     }
 
@@ -325,38 +383,25 @@ impl Runner {
             return;
         };
         let pods = self.pod_snapshot(&rt);
-        let present: HashSet<String> = pods
-            .iter()
-            .filter_map(|p| store::meta_str(p, "uid").map(str::to_string))
-            .collect();
+        let present: HashSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
         // Pods removed from the API while running (force deletion): kill at once.
         for (uid, p) in &mut self.procs {
-            if !present.contains(uid) && !p.killed {
+            if !present.contains(uid.as_str()) && !p.killed {
                 send_signal(-p.pid, libc::SIGKILL);
                 p.killed = true;
             }
         }
-        for pod in pods {
-            if pod["spec"]["nodeName"] != NODE_NAME {
+        for view in &pods {
+            if !view.on_node {
                 continue;
             }
-            let uid = store::meta_str(&pod, "uid").unwrap_or_default().to_string();
-            let ns = store::meta_str(&pod, "namespace")
-                .unwrap_or_default()
-                .to_string();
-            let name = store::meta_str(&pod, "name")
-                .unwrap_or_default()
-                .to_string();
-            let deleting = store::is_deleting(&pod);
-            if let Some(p) = self.procs.get_mut(&uid) {
-                if deleting && p.term_sent.is_none() {
-                    let grace = self.opts.termination_grace_override.unwrap_or_else(|| {
-                        Duration::from_secs(
-                            pod["metadata"]["deletionGracePeriodSeconds"]
-                                .as_u64()
-                                .unwrap_or(30),
-                        )
-                    });
+            let uid = &view.uid;
+            if let Some(p) = self.procs.get_mut(uid) {
+                if view.deleting && p.term_sent.is_none() {
+                    let grace = self
+                        .opts
+                        .termination_grace_override
+                        .unwrap_or_else(|| Duration::from_secs(view.deletion_grace.unwrap_or(30)));
                     p.grace = grace;
                     p.term_sent = Some(Instant::now());
                     send_signal(p.pid, libc::SIGTERM);
@@ -370,20 +415,15 @@ impl Runner {
                 }
                 continue;
             }
-            if self.finished.contains(&uid)
-                || matches!(
-                    pod["status"]["phase"].as_str(),
-                    Some("Succeeded" | "Failed")
-                )
-            {
-                if deleting {
-                    self.remove_pod(&rt, &pod);
+            if self.finished.contains(uid) || view.finished {
+                if view.deleting {
+                    self.remove_pod(&rt, view);
                 }
                 continue;
             }
-            if deleting {
+            if view.deleting {
                 self.finished.insert(uid.clone());
-                self.remove_pod(&rt, &pod);
+                self.remove_pod(&rt, view);
                 continue;
             }
             if self
@@ -393,9 +433,20 @@ impl Runner {
             {
                 continue;
             }
+            // The whole Pod, as it is now: if it changed since the view (deleted, finished,
+            // replaced), that change wakes the next pass, which sees it.
+            let Ok(pod) = self.store.get_rt(&rt, Some(&view.namespace), &view.name) else {
+                continue;
+            };
+            if store::meta_str(&pod, "uid") != Some(uid.as_str())
+                || store::is_deleting(&pod)
+                || pod_finished(&pod)
+            {
+                continue;
+            }
             match self.prepare(&pod) {
                 Prepared::Wait(reason, message) => {
-                    if self.waiting.get(&uid) != Some(&reason) {
+                    if self.waiting.get(uid) != Some(&reason) {
                         self.waiting.insert(uid.clone(), reason.clone());
                         let mut st = pod.clone();
                         st["status"]["containerStatuses"] = json!([{
@@ -403,7 +454,9 @@ impl Runner {
                             "image": pod["spec"]["containers"][0]["image"], "imageID": "",
                             "state": {"waiting": {"reason": reason, "message": message}}
                         }]);
-                        let _ = self.store.update_rt(&rt, Some(&ns), &name, st, true);
+                        let _ =
+                            self.store
+                                .update_rt(&rt, Some(&view.namespace), &view.name, st, true);
                     }
                 }
                 Prepared::Launch(l) => self.launch(&rt, &pod, *l, exit_tx),
@@ -411,13 +464,13 @@ impl Runner {
         }
     }
 
-    fn remove_pod(&mut self, rt: &ResourceType, pod: &Value) {
-        let uid = store::meta_str(pod, "uid").unwrap_or_default();
-        let ns = store::meta_str(pod, "namespace");
-        let name = store::meta_str(pod, "name").unwrap_or_default();
-        if store::finalizers(pod).is_empty() {
-            self.store.force_remove(rt, ns, name, uid);
-            self.store.set_log_path(uid, None);
+    /// The final removal of a Pod whose process ended or never started (as the kubelet's
+    /// final delete), unless finalizers hold it.
+    fn remove_pod(&mut self, rt: &ResourceType, pod: &PodView) {
+        if !pod.has_finalizers {
+            self.store
+                .force_remove(rt, Some(&pod.namespace), &pod.name, &pod.uid);
+            self.store.set_log_path(&pod.uid, None);
         }
     }
 
@@ -500,8 +553,7 @@ impl Runner {
                 let _ = std::fs::write(&l.log, format!("{e}\n"));
                 self.finished.insert(uid.clone());
                 if let Some(job_uid) = pod["metadata"]["labels"]["controller-uid"].as_str() {
-                    self.results
-                        .insert(uid.clone(), (job_uid.to_string(), false));
+                    self.record_result(&uid, job_uid, false);
                 }
                 let mut st = pod.clone();
                 st["status"] = json!({
@@ -514,6 +566,23 @@ impl Runner {
                 let _ = self.store.update_rt(rt, Some(&ns), &name, st, true);
             }
         }
+    }
+
+    /// Record how a Pod's process ended, for its Job's counts.
+    fn record_result(&mut self, pod_uid: &str, job_uid: &str, succeeded: bool) {
+        let count =
+            |counts: &mut HashMap<String, (usize, usize)>, job: &str, ok: bool, n: isize| {
+                let c = counts.entry(job.to_string()).or_default();
+                let slot = if ok { &mut c.0 } else { &mut c.1 };
+                *slot = slot.saturating_add_signed(n);
+            };
+        if let Some((j, ok)) = self
+            .results
+            .insert(pod_uid.to_string(), (job_uid.to_string(), succeeded))
+        {
+            count(&mut self.result_counts, &j, ok, -1);
+        }
+        count(&mut self.result_counts, job_uid, succeeded, 1);
     }
 
     fn on_exit(&mut self, uid: &str, code: i32) {
@@ -533,8 +602,7 @@ impl Runner {
             return;
         }
         if let Some(job_uid) = pod["metadata"]["labels"]["controller-uid"].as_str() {
-            self.results
-                .insert(uid.to_string(), (job_uid.to_string(), code == 0));
+            self.record_result(uid, job_uid, code == 0);
         }
         let mut message = std::fs::read(&p.term_log).unwrap_or_default();
         message.truncate(4096);
@@ -561,7 +629,7 @@ impl Runner {
             .update_rt(&rt, Some(&p.namespace), &p.name, st, true)
             .unwrap_or(pod);
         if store::is_deleting(&updated) {
-            self.remove_pod(&rt, &updated);
+            self.remove_pod(&rt, &PodView::of(&updated));
         }
     }
 
@@ -878,76 +946,63 @@ impl Runner {
             return;
         };
         // Views, not clones: finished Jobs need nothing, only unfinished Pods count (as
-        // active), and of those only a few fields are read. The whole Job is read when its
-        // status is written or a Pod is made from its template.
+        // active), and of those only a few fields are read.
         let jobs = self.store.view_rt(&jrt, |j| {
-            let finished =
-                has_condition(j, "Complete").is_some() || has_condition(j, "Failed").is_some();
-            (!finished).then(|| {
-                let mut meta = json!({"namespace": j["metadata"]["namespace"], "name": j["metadata"]["name"],
-                    "uid": j["metadata"]["uid"]});
-                if let Some(t) = j["metadata"].get("deletionTimestamp") {
-                    meta["deletionTimestamp"] = t.clone();
-                }
-                json!({"metadata": meta, "status": j["status"],
-                    "spec": {"suspend": j["spec"]["suspend"], "backoffLimit": j["spec"]["backoffLimit"],
-                        "activeDeadlineSeconds": j["spec"]["activeDeadlineSeconds"]}})
+            let status = &j["status"];
+            let finished = true_condition(status, "Complete").is_some()
+                || true_condition(status, "Failed").is_some();
+            (!finished).then(|| JobView {
+                uid: store::meta_str(j, "uid").unwrap_or_default().to_string(),
+                namespace: store::meta_str(j, "namespace")
+                    .unwrap_or_default()
+                    .to_string(),
+                name: store::meta_str(j, "name").unwrap_or_default().to_string(),
+                deleting: store::is_deleting(j),
+                status: status.clone(),
+                suspend: j["spec"]["suspend"].as_bool() == Some(true),
+                backoff_limit: j["spec"]["backoffLimit"].as_u64(),
+                active_deadline: j["spec"]["activeDeadlineSeconds"].as_i64(),
             })
         });
         let pods = self.store.view_rt(&prt, |p| {
             (!pod_finished(p)).then(|| {
-                let m = &p["metadata"];
-                let mut meta = json!({"namespace": m["namespace"], "name": m["name"], "uid": m["uid"],
-                    "labels": {"controller-uid": m["labels"]["controller-uid"]},
-                    "ownerReferences": m["ownerReferences"]});
-                if let Some(t) = m.get("deletionTimestamp") {
-                    meta["deletionTimestamp"] = t.clone();
+                let mut jobs: Vec<String> =
+                    store::owner_refs(p).into_iter().map(|(u, _)| u).collect();
+                if let Some(u) = p["metadata"]["labels"]["controller-uid"].as_str() {
+                    jobs.push(u.to_string());
                 }
-                json!({"metadata": meta, "status": {"phase": p["status"]["phase"]}})
+                jobs.sort();
+                jobs.dedup();
+                ActivePod {
+                    name: store::meta_str(p, "name").unwrap_or_default().to_string(),
+                    jobs,
+                    running: p["status"]["phase"] == "Running",
+                    deleting: store::is_deleting(p),
+                }
             })
         });
-        let mut by_job: HashMap<String, Vec<&Value>> = HashMap::new();
+        let mut by_job: HashMap<&str, Vec<&ActivePod>> = HashMap::new();
         for p in &pods {
-            let mut owners: Vec<String> =
-                store::owner_refs(p).into_iter().map(|(u, _)| u).collect();
-            if let Some(u) = p["metadata"]["labels"]["controller-uid"].as_str() {
-                owners.push(u.to_string());
-            }
-            owners.sort();
-            owners.dedup();
-            for u in owners {
-                by_job.entry(u).or_default().push(p);
+            for u in &p.jobs {
+                by_job.entry(u.as_str()).or_default().push(p);
             }
         }
         for job in jobs {
-            let juid = store::meta_str(&job, "uid").unwrap_or_default().to_string();
-            let ns = store::meta_str(&job, "namespace")
-                .unwrap_or_default()
-                .to_string();
-            let name = store::meta_str(&job, "name")
-                .unwrap_or_default()
-                .to_string();
-            if has_condition(&job, "Complete").is_some() || has_condition(&job, "Failed").is_some()
-            {
+            let juid = job.uid.clone();
+            let ns = job.namespace.clone();
+            let name = job.name.clone();
+            let suspended = job.suspend;
+            if suspended && job.status["startTime"].is_null() {
                 continue;
             }
-            let spec = &job["spec"];
-            let suspended = spec["suspend"].as_bool() == Some(true);
-            if suspended && job["status"]["startTime"].is_null() {
-                continue;
-            }
-            let active: Vec<&&Value> = by_job.get(&juid).into_iter().flatten().collect();
-            let succeeded = self
-                .results
-                .values()
-                .filter(|(j, ok)| *j == juid && *ok)
-                .count();
-            let failed = self
-                .results
-                .values()
-                .filter(|(j, ok)| *j == juid && !*ok)
-                .count();
-            let mut status = job["status"].clone();
+            let active: Vec<&ActivePod> = by_job
+                .get(juid.as_str())
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect();
+            let (succeeded, failed) = self.result_counts.get(&juid).copied().unwrap_or_default();
+            let mut status = job.status.clone();
             if !status.is_object() {
                 status = json!({});
             }
@@ -961,26 +1016,21 @@ impl Runner {
             if failed > 0 {
                 status["failed"] = json!(failed);
             }
-            status["ready"] = json!(
-                active
-                    .iter()
-                    .filter(|p| p["status"]["phase"] == "Running")
-                    .count()
-            );
-            status["terminating"] = json!(active.iter().filter(|p| store::is_deleting(p)).count());
+            status["ready"] = json!(active.iter().filter(|p| p.running).count());
+            status["terminating"] = json!(active.iter().filter(|p| p.deleting).count());
             let mut conditions: Vec<Value> =
                 status["conditions"].as_array().cloned().unwrap_or_default();
-            let target = has_condition(&job, "FailureTarget");
-            let success = has_condition(&job, "SuccessCriteriaMet");
-            let backoff = spec["backoffLimit"].as_u64().unwrap_or(6) as usize;
-            let deadline_passed = spec["activeDeadlineSeconds"].as_i64().is_some_and(|ads| {
+            let target = true_condition(&job.status, "FailureTarget");
+            let success = true_condition(&job.status, "SuccessCriteriaMet");
+            let backoff = job.backoff_limit.unwrap_or(6) as usize;
+            let deadline_passed = job.active_deadline.is_some_and(|ads| {
                 status["startTime"]
                     .as_str()
                     .and_then(|s| s.parse::<jiff::Timestamp>().ok())
                     .is_some_and(|st| jiff::Timestamp::now().as_second() >= st.as_second() + ads)
             });
             let mut create_pod = false;
-            if let Some(t) = &target {
+            if let Some(t) = target {
                 if active.is_empty() {
                     conditions.push(condition(
                         "Failed",
@@ -1016,30 +1066,28 @@ impl Runner {
                     "Job was active longer than specified deadline",
                 ));
                 for p in &active {
-                    let pname = store::meta_str(p, "name").unwrap_or_default();
                     let opts = DeleteOptions {
                         propagation: Some(Propagation::Background),
                         ..Default::default()
                     };
-                    let _ = self.store.delete_rt(&prt, Some(&ns), pname, &opts);
+                    let _ = self.store.delete_rt(&prt, Some(&ns), &p.name, &opts);
                 }
-            } else if active.is_empty() && !suspended && !store::is_deleting(&job) {
+            } else if active.is_empty() && !suspended && !job.deleting {
                 create_pod = true;
             }
-            status["conditions"] = json!(conditions);
-            if conditions.is_empty()
-                && let Some(m) = status.as_object_mut()
-            {
+            let no_conditions = conditions.is_empty();
+            status["conditions"] = Value::Array(conditions);
+            if no_conditions && let Some(m) = status.as_object_mut() {
                 m.remove("conditions");
             }
-            if status != job["status"] || create_pod {
+            if status != job.status || create_pod {
                 let Ok(mut full) = self.store.get_rt(&jrt, Some(&ns), &name) else {
                     continue;
                 };
                 if store::meta_str(&full, "uid") != Some(juid.as_str()) {
                     continue;
                 }
-                if status != job["status"] {
+                if status != job.status {
                     full["status"] = status;
                     match self
                         .store
