@@ -175,7 +175,7 @@ mod tests {
     #[test]
     fn a_dependent_created_during_a_pass_keeps_its_new_owner() {
         let store = Store::new();
-        // Objects that make each pass take a while.
+        // Other objects (not ones the collector's index holds).
         for i in 0..400 {
             store
                 .create(cm(&format!("filler-{i}"), None))
@@ -186,7 +186,14 @@ mod tests {
             let (store, stop) = (store.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
+                    // A pass reads under the store's lock throughout: back to back, passes
+                    // starve the creating thread (the server's collector runs at most every
+                    // 5 ms). Two at once, then a pause as long: the creator waits for the lock
+                    // half the time, so it often gets it between two reads, were there two.
+                    let t = std::time::Instant::now();
                     pass(&store);
+                    pass(&store);
+                    std::thread::sleep(t.elapsed());
                 }
             })
         };
