@@ -24,18 +24,21 @@
 //!   (`restartPolicy: OnFailure` behaves like `Never`), Pod backoff delays, indexed Jobs,
 //!   parallelism > 1, podFailurePolicy and successPolicy are not modelled.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::TestServer;
-use crate::store::{self, DeleteOptions, Propagation, ResourceType, Store, now_rfc3339};
+use crate::store::{
+    self, DeleteOptions, Event, EventType, Propagation, ResourceType, Store, now_rfc3339,
+};
 
 /// The node name the runner gives its Pods.
 pub const NODE_NAME: &str = "captf-local-runner";
@@ -93,6 +96,9 @@ impl JobRunner {
             results: HashMap::new(),
             result_counts: HashMap::new(),
             waiting: HashMap::new(),
+            pods: BTreeMap::new(),
+            jobs: HashMap::new(),
+            dirty: HashSet::new(),
         };
         let task = tokio::spawn(runner.run(stop_rx));
         JobRunner {
@@ -143,6 +149,14 @@ struct Runner {
     result_counts: HashMap<String, (usize, usize)>,
     /// Pod uid -> last waiting reason written, to avoid rewriting the same status.
     waiting: HashMap<String, String>,
+    /// What the runner reads of every Pod, by namespace and name, as of the store events
+    /// applied so far (an informer's cache: one snapshot, then the events after it).
+    pods: BTreeMap<(String, String), PodView>,
+    /// What the runner reads of every unfinished Job, by uid, as `pods`.
+    jobs: HashMap<String, JobView>,
+    /// Uids of the Jobs the next pass reconciles: those whose Job or Pods changed, that got
+    /// a result, or whose last write failed.
+    dirty: HashSet<String>,
 }
 
 /// When the runner goes (stopped, or its runtime shut down), no process group outlives it.
@@ -190,8 +204,8 @@ fn true_condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
         .find(|c| c["type"] == type_ && c["status"] == "True")
 }
 
-/// What the Job controller reads of an unfinished Job on every pass (the whole Job is read
-/// only when its status is written or a Pod is made from its template).
+/// What the Job controller reads of an unfinished Job (the whole Job is read only when its
+/// status is written or a Pod is made from its template).
 struct JobView {
     uid: String,
     namespace: String,
@@ -201,15 +215,36 @@ struct JobView {
     suspend: bool,
     backoff_limit: Option<u64>,
     active_deadline: Option<i64>,
+    /// When `activeDeadlineSeconds` passes (Unix seconds), once the Job has a `startTime`.
+    deadline: Option<i64>,
 }
 
-/// What the Job controller reads of an unfinished Pod (an active Pod of its Jobs).
-struct ActivePod {
-    name: String,
-    /// The uids of its owners and its `controller-uid` label, sorted, without repeats.
-    jobs: Vec<String>,
-    running: bool,
-    deleting: bool,
+impl JobView {
+    /// `None` for a finished Job (`Complete` or `Failed`): it needs nothing.
+    fn of(j: &Value) -> Option<JobView> {
+        let status = &j["status"];
+        let finished = true_condition(status, "Complete").is_some()
+            || true_condition(status, "Failed").is_some();
+        (!finished).then(|| JobView {
+            uid: store::meta_str(j, "uid").unwrap_or_default().to_string(),
+            namespace: store::meta_str(j, "namespace")
+                .unwrap_or_default()
+                .to_string(),
+            name: store::meta_str(j, "name").unwrap_or_default().to_string(),
+            deleting: store::is_deleting(j),
+            status: status.clone(),
+            suspend: j["spec"]["suspend"].as_bool() == Some(true),
+            backoff_limit: j["spec"]["backoffLimit"].as_u64(),
+            active_deadline: j["spec"]["activeDeadlineSeconds"].as_i64(),
+            deadline: j["spec"]["activeDeadlineSeconds"].as_i64().and_then(|ads| {
+                let start = status["startTime"]
+                    .as_str()?
+                    .parse::<jiff::Timestamp>()
+                    .ok()?;
+                Some(start.as_second() + ads)
+            }),
+        })
+    }
 }
 
 /// `$(VAR)` expansion as the kubelet does it (`$$` escapes, unknown references stay).
@@ -290,7 +325,9 @@ pub fn rewrite_paths(s: &str, mounts: &[(String, PathBuf)]) -> String {
     out
 }
 
-/// What the kubelet side reads of a Pod on every pass.
+/// What the runner reads of a Pod: the kubelet side, and the Job controller (an unfinished
+/// Pod is an active Pod of its Jobs).
+#[derive(Clone)]
 struct PodView {
     uid: String,
     namespace: String,
@@ -301,7 +338,11 @@ struct PodView {
     deletion_grace: Option<u64>,
     /// Phase `Succeeded` or `Failed`.
     finished: bool,
+    /// Phase `Running`.
+    running: bool,
     has_finalizers: bool,
+    /// The uids of its owners and its `controller-uid` label, sorted, without repeats.
+    jobs: Vec<String>,
 }
 
 impl PodView {
@@ -316,7 +357,18 @@ impl PodView {
             deleting: store::is_deleting(p),
             deletion_grace: p["metadata"]["deletionGracePeriodSeconds"].as_u64(),
             finished: pod_finished(p),
+            running: p["status"]["phase"] == "Running",
             has_finalizers: !store::finalizers(p).is_empty(),
+            jobs: {
+                let mut jobs: Vec<String> =
+                    store::owner_refs(p).into_iter().map(|(u, _)| u).collect();
+                if let Some(u) = p["metadata"]["labels"]["controller-uid"].as_str() {
+                    jobs.push(u.to_string());
+                }
+                jobs.sort();
+                jobs.dedup();
+                jobs
+            },
         }
     }
 }
@@ -344,45 +396,119 @@ fn decode_b64(v: &Value) -> Vec<u8> {
 impl Runner {
     async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(String, i32)>();
-        let mut changes = self.store.subscribe_changes();
+        let mut events = self.resync();
         loop {
+            // The caches take in every change made so far (the runner's own writes too)
+            // before each half of the pass reads them.
+            self.catch_up(&mut events);
             self.reconcile_pods(&exit_tx).await;
+            self.catch_up(&mut events);
             self.reconcile_jobs();
             tokio::select! {
                 _ = stop.changed() => break,
-                r = changes.changed() => if r.is_err() { break },
+                r = events.recv() => match r {
+                    Ok(ev) => self.apply(&ev),
+                    Err(broadcast::error::RecvError::Lagged(_)) => events = self.resync(),
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
                 Some((uid, code)) = exit_rx.recv() => self.on_exit(&uid, code),
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
         }
     }
 
+    /// Fill the caches from one snapshot of the Pods and Jobs, subscribed to the events after
+    /// it; every Job is reconciled in the next pass.
+    fn resync(&mut self) -> broadcast::Receiver<Arc<Event>> {
+        let (Some(prt), Some(jrt)) = (pods_rt(&self.store), jobs_rt(&self.store)) else {
+            return self.store.subscribe_and_read(|_| ()).0;
+        };
+        let (rx, (pods, jobs)) = self.store.subscribe_and_read(|objects| {
+            let pods: BTreeMap<(String, String), PodView> = objects
+                .of(&prt)
+                .map(|p| {
+                    let v = PodView::of(p);
+                    ((v.namespace.clone(), v.name.clone()), v)
+                })
+                .collect();
+            let jobs: HashMap<String, JobView> = objects
+                .of(&jrt)
+                .filter_map(JobView::of)
+                .map(|j| (j.uid.clone(), j))
+                .collect();
+            (pods, jobs)
+        });
+        self.pods = pods;
+        self.jobs = jobs;
+        self.dirty.extend(self.jobs.keys().cloned());
+        rx
+    }
+
+    /// Apply the events received so far.
+    fn catch_up(&mut self, events: &mut broadcast::Receiver<Arc<Event>>) {
+        loop {
+            match events.try_recv() {
+                Ok(ev) => self.apply(&ev),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => *events = self.resync(),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Apply one store event to the caches, and mark the Jobs it concerns.
+    fn apply(&mut self, ev: &Event) {
+        match (ev.group.as_str(), ev.plural.as_str()) {
+            ("batch", "jobs") => {
+                let uid = store::meta_str(&ev.object, "uid")
+                    .unwrap_or_default()
+                    .to_string();
+                match JobView::of(&ev.object).filter(|_| ev.kind != EventType::Deleted) {
+                    Some(j) => self.jobs.insert(uid.clone(), j),
+                    None => self.jobs.remove(&uid),
+                };
+                self.dirty.insert(uid);
+            }
+            ("", "pods") => {
+                let new = PodView::of(&ev.object);
+                let key = (new.namespace.clone(), new.name.clone());
+                let old = if ev.kind == EventType::Deleted {
+                    match self.pods.get(&key) {
+                        Some(p) if p.uid == new.uid => self.pods.remove(&key),
+                        _ => None,
+                    }
+                } else {
+                    self.pods.insert(key, new.clone())
+                };
+                for p in old.iter().chain([&new]) {
+                    self.dirty.extend(p.jobs.iter().cloned());
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// The Pods of this node there is something to do about: running here, being deleted,
-    /// or unfinished while there is room to start one. Views, not clones: in a long run most
-    /// Pods are finished or wait for room, and cloning them on every store change was most of
-    /// the runner's work, done while holding the store's lock; the whole Pod is read only
-    /// when it is about to start.
-    fn pod_snapshot(&self, rt: &ResourceType) -> Vec<PodView> {
+    /// or unfinished while there is room to start one. From the cache: the whole Pod is read
+    /// only when it is about to start.
+    fn pod_snapshot(&self) -> Vec<PodView> {
         let full = self
             .opts
             .max_running
             .is_some_and(|max| self.procs.len() >= max);
-        self.store.view_rt(rt, |p| {
-            let uid = store::meta_str(p, "uid").unwrap_or_default();
-            let running_here = self.procs.contains_key(uid);
-            let on_node = p["spec"]["nodeName"] == NODE_NAME;
-            let deleting = store::is_deleting(p);
-            let finished = pod_finished(p);
-            let wanted = running_here || on_node && (deleting || !full && !finished);
-            wanted.then(|| PodView::of(p))
-        })
+        self.pods
+            .values()
+            .filter(|p| {
+                self.procs.contains_key(&p.uid) || p.on_node && (p.deleting || !full && !p.finished)
+            })
+            .cloned()
+            .collect()
     }
 
     async fn reconcile_pods(&mut self, exit_tx: &mpsc::UnboundedSender<(String, i32)>) {
         let Some(rt) = pods_rt(&self.store) else {
             return;
         };
-        let pods = self.pod_snapshot(&rt);
+        let pods = self.pod_snapshot();
         let present: HashSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
         // Pods removed from the API while running (force deletion): kill at once.
         for (uid, p) in &mut self.procs {
@@ -583,6 +709,7 @@ impl Runner {
             count(&mut self.result_counts, &j, ok, -1);
         }
         count(&mut self.result_counts, job_uid, succeeded, 1);
+        self.dirty.insert(job_uid.to_string());
     }
 
     fn on_exit(&mut self, uid: &str, code: i32) {
@@ -945,48 +1072,33 @@ impl Runner {
         let Some(prt) = pods_rt(&self.store) else {
             return;
         };
-        // Views, not clones: finished Jobs need nothing, only unfinished Pods count (as
-        // active), and of those only a few fields are read.
-        let jobs = self.store.view_rt(&jrt, |j| {
-            let status = &j["status"];
-            let finished = true_condition(status, "Complete").is_some()
-                || true_condition(status, "Failed").is_some();
-            (!finished).then(|| JobView {
-                uid: store::meta_str(j, "uid").unwrap_or_default().to_string(),
-                namespace: store::meta_str(j, "namespace")
-                    .unwrap_or_default()
-                    .to_string(),
-                name: store::meta_str(j, "name").unwrap_or_default().to_string(),
-                deleting: store::is_deleting(j),
-                status: status.clone(),
-                suspend: j["spec"]["suspend"].as_bool() == Some(true),
-                backoff_limit: j["spec"]["backoffLimit"].as_u64(),
-                active_deadline: j["spec"]["activeDeadlineSeconds"].as_i64(),
-            })
-        });
-        let pods = self.store.view_rt(&prt, |p| {
-            (!pod_finished(p)).then(|| {
-                let mut jobs: Vec<String> =
-                    store::owner_refs(p).into_iter().map(|(u, _)| u).collect();
-                if let Some(u) = p["metadata"]["labels"]["controller-uid"].as_str() {
-                    jobs.push(u.to_string());
-                }
-                jobs.sort();
-                jobs.dedup();
-                ActivePod {
-                    name: store::meta_str(p, "name").unwrap_or_default().to_string(),
-                    jobs,
-                    running: p["status"]["phase"] == "Running",
-                    deleting: store::is_deleting(p),
-                }
-            })
-        });
-        let mut by_job: HashMap<&str, Vec<&ActivePod>> = HashMap::new();
-        for p in &pods {
-            for u in &p.jobs {
-                by_job.entry(u.as_str()).or_default().push(p);
+        // Only the Jobs whose inputs changed (their Job, their Pods, their results) and those
+        // whose deadline has passed, which time alone changes: the others' status would come
+        // out the same. Unfinished Jobs only, in namespace and name order.
+        let now = jiff::Timestamp::now().as_second();
+        for j in self.jobs.values() {
+            if j.deadline.is_some_and(|d| now >= d) {
+                self.dirty.insert(j.uid.clone());
             }
         }
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut jobs: Vec<&JobView> = dirty.iter().filter_map(|u| self.jobs.get(u)).collect();
+        if jobs.is_empty() {
+            return;
+        }
+        jobs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        // The active (unfinished) Pods of each Job.
+        let mut by_job: HashMap<&str, Vec<&PodView>> = HashMap::new();
+        for p in self.pods.values().filter(|p| !p.finished) {
+            for u in &p.jobs {
+                if dirty.contains(u) {
+                    by_job.entry(u.as_str()).or_default().push(p);
+                }
+            }
+        }
+        // (uid, namespace, name, status to write, Pod to create) per Job to write.
+        let mut writes: Vec<(String, String, String, Option<Value>, bool)> = Vec::new();
+        let mut deletes: Vec<(String, String)> = Vec::new();
         for job in jobs {
             let juid = job.uid.clone();
             let ns = job.namespace.clone();
@@ -995,7 +1107,7 @@ impl Runner {
             if suspended && job.status["startTime"].is_null() {
                 continue;
             }
-            let active: Vec<&ActivePod> = by_job
+            let active: Vec<&PodView> = by_job
                 .get(juid.as_str())
                 .into_iter()
                 .flatten()
@@ -1066,11 +1178,7 @@ impl Runner {
                     "Job was active longer than specified deadline",
                 ));
                 for p in &active {
-                    let opts = DeleteOptions {
-                        propagation: Some(Propagation::Background),
-                        ..Default::default()
-                    };
-                    let _ = self.store.delete_rt(&prt, Some(&ns), &p.name, &opts);
+                    deletes.push((ns.clone(), p.name.clone()));
                 }
             } else if active.is_empty() && !suspended && !job.deleting {
                 create_pod = true;
@@ -1081,30 +1189,44 @@ impl Runner {
                 m.remove("conditions");
             }
             if status != job.status || create_pod {
-                let Ok(mut full) = self.store.get_rt(&jrt, Some(&ns), &name) else {
+                let status = (status != job.status).then_some(status);
+                writes.push((juid, ns, name, status, create_pod));
+            }
+        }
+        for (ns, name) in deletes {
+            let opts = DeleteOptions {
+                propagation: Some(Propagation::Background),
+                ..Default::default()
+            };
+            let _ = self.store.delete_rt(&prt, Some(&ns), &name, &opts);
+        }
+        for (juid, ns, name, status, create_pod) in writes {
+            let Ok(mut full) = self.store.get_rt(&jrt, Some(&ns), &name) else {
+                continue;
+            };
+            if store::meta_str(&full, "uid") != Some(juid.as_str()) {
+                continue;
+            }
+            if let Some(status) = status {
+                full["status"] = status;
+                if self
+                    .store
+                    .update_rt(&jrt, Some(&ns), &name, full.clone(), true)
+                    .is_err()
+                {
+                    // Changed meanwhile (that change marks it again) or not written: retry.
+                    self.dirty.insert(juid);
                     continue;
-                };
-                if store::meta_str(&full, "uid") != Some(juid.as_str()) {
-                    continue;
                 }
-                if status != job.status {
-                    full["status"] = status;
-                    match self
-                        .store
-                        .update_rt(&jrt, Some(&ns), &name, full.clone(), true)
-                    {
-                        Ok(_) => {}
-                        Err(_) => continue,
-                    }
-                }
-                if create_pod {
-                    self.create_pod(&prt, &full);
-                }
+            }
+            if create_pod && !self.create_pod(&prt, &full) {
+                self.dirty.insert(juid);
             }
         }
     }
 
-    fn create_pod(&mut self, prt: &ResourceType, job: &Value) {
+    /// Create the Pod of a Job from its template; whether it was created.
+    fn create_pod(&self, prt: &ResourceType, job: &Value) -> bool {
         let juid = store::meta_str(job, "uid").unwrap_or_default();
         let jname = store::meta_str(job, "name").unwrap_or_default();
         let ns = store::meta_str(job, "namespace").unwrap_or_default();
@@ -1129,7 +1251,7 @@ impl Runner {
         if let Some(a) = tmpl["metadata"].get("annotations") {
             pod["metadata"]["annotations"] = a.clone();
         }
-        let _ = self.store.create_rt(prt, Some(ns), pod);
+        self.store.create_rt(prt, Some(ns), pod).is_ok()
     }
 }
 

@@ -332,6 +332,18 @@ impl Inner {
     }
 }
 
+/// The stored objects, read under the store's lock.
+pub(crate) struct Objects<'a> {
+    inner: &'a Inner,
+}
+
+impl Objects<'_> {
+    /// The objects of one resource (any version), in key order.
+    pub(crate) fn of(&self, rt: &ResourceType) -> impl Iterator<Item = &Value> {
+        objects_of(&self.inner.objects, rt, None).map(|(_, o)| o)
+    }
+}
+
 /// What the garbage collector reads, under the store's lock.
 pub(crate) struct GcView<'a> {
     inner: &'a Inner,
@@ -1036,6 +1048,17 @@ impl Store {
                 rx,
             )),
         }
+    }
+
+    /// Subscribe to the events and `read` the stored objects under one lock, as an informer
+    /// lists and watches: the events received are exactly the changes after what `read` saw.
+    pub(crate) fn subscribe_and_read<T>(
+        &self,
+        read: impl FnOnce(&Objects<'_>) -> T,
+    ) -> (broadcast::Receiver<Arc<Event>>, T) {
+        let inner = self.lock();
+        let rx = self.events.subscribe();
+        (rx, read(&Objects { inner: &inner }))
     }
 
     /// Subscribe and take a consistent snapshot of a resource's objects.
