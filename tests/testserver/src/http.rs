@@ -436,7 +436,8 @@ async fn dispatch(
     match verb {
         "list" => {
             let (l, f) = selectors(&q)?;
-            let (rv, items) = store.list_rt_where(rt, ns, |o| l.matches(o) && f.matches(o));
+            let (rv, items) =
+                store.list_rt_where(rt, ns, &l.required(), |o| l.matches(o) && f.matches(o));
             Ok(json_response(
                 200,
                 &json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
@@ -529,7 +530,8 @@ async fn dispatch(
             let (l, f) = selectors(&q)?;
             let mut opts = DeleteOptions::from_json(&parse_body(&body)?)?;
             apply_delete_query(&mut opts, &q)?;
-            let (_, items) = store.list_rt_where(rt, ns, |o| l.matches(o) && f.matches(o));
+            let (_, items) =
+                store.list_rt_where(rt, ns, &l.required(), |o| l.matches(o) && f.matches(o));
             let mut deleted = Vec::new();
             for o in items {
                 let n = store::meta_str(&o, "name").unwrap_or_default().to_string();

@@ -4,7 +4,7 @@
 //! (generation, status subresource, finalizers, graceful Pod deletion, propagation policy);
 //! the asynchronous controllers (GC, namespace lifecycle, Job runner) live in their own modules.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -276,6 +276,9 @@ struct Inner {
     /// What the garbage collector reads of each object with `ownerReferences` or waiting for
     /// its dependents (foreground deletion), in key order.
     gc_watched: BTreeMap<ObjKey, GcEntry>,
+    /// Label key -> label value -> keys of the objects (of any resource) with that label:
+    /// a list whose selector requires a label reads only those.
+    labels: HashMap<String, HashMap<String, BTreeSet<ObjKey>>>,
     history: VecDeque<Arc<Event>>,
     /// Watches from a resourceVersion below this get 410 Expired.
     compacted: u64,
@@ -318,7 +321,8 @@ impl Inner {
                 }
             }
         }
-        self.objects.insert(key.clone(), obj);
+        let old = self.objects.insert(key.clone(), obj);
+        reindex_labels(&mut self.labels, key, old.as_ref(), self.objects.get(key));
     }
 
     /// Remove the object under `key`, keeping the indexes.
@@ -328,7 +332,76 @@ impl Inner {
             self.uids.remove(uid);
         }
         self.gc_watched.remove(key);
+        reindex_labels(&mut self.labels, key, Some(&obj), None);
         Some(obj)
+    }
+
+    /// The keys of the objects that have all the labels in `required`, if there is such a
+    /// label: the smallest of their label index entries (a superset of the answer).
+    fn labelled(&self, required: &[(&str, &str)]) -> Option<&BTreeSet<ObjKey>> {
+        static NONE: BTreeSet<ObjKey> = BTreeSet::new();
+        required
+            .iter()
+            .map(|(k, v)| {
+                self.labels
+                    .get(*k)
+                    .and_then(|values| values.get(*v))
+                    .unwrap_or(&NONE)
+            })
+            .min_by_key(|keys| keys.len())
+    }
+}
+
+/// The labels of an object with string values (what label selectors read).
+fn string_labels(obj: Option<&Value>) -> impl Iterator<Item = (&str, &str)> {
+    obj.and_then(|o| o["metadata"]["labels"].as_object())
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
+}
+
+/// Move `key` in the label index from the labels of `old` to those of `new` (either `None`).
+fn reindex_labels(
+    index: &mut HashMap<String, HashMap<String, BTreeSet<ObjKey>>>,
+    key: &ObjKey,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) {
+    fn labels(o: Option<&Value>) -> Option<&Value> {
+        o.map(|o| &o["metadata"]["labels"])
+    }
+    if labels(old) == labels(new) {
+        return;
+    }
+    let has = |o: Option<&Value>, k: &str, v: &str| {
+        labels(o).and_then(|l| l.get(k)).and_then(Value::as_str) == Some(v)
+    };
+    for (k, v) in string_labels(old) {
+        if has(new, k, v) {
+            continue;
+        }
+        if let Some(values) = index.get_mut(k) {
+            if let Some(keys) = values.get_mut(v) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    values.remove(v);
+                }
+            }
+            if values.is_empty() {
+                index.remove(k);
+            }
+        }
+    }
+    for (k, v) in string_labels(new) {
+        if has(old, k, v) {
+            continue;
+        }
+        index
+            .entry(k.to_string())
+            .or_default()
+            .entry(v.to_string())
+            .or_default()
+            .insert(key.clone());
     }
 }
 
@@ -735,6 +808,7 @@ impl Store {
                 objects: BTreeMap::new(),
                 uids: HashMap::new(),
                 gc_watched: BTreeMap::new(),
+                labels: HashMap::new(),
                 history: VecDeque::new(),
                 compacted: 0,
             })),
@@ -996,21 +1070,38 @@ impl Store {
 
     /// (resourceVersion, items) for a resource, optionally in one namespace.
     pub(crate) fn list_rt(&self, rt: &ResourceType, ns: Option<&str>) -> (u64, Vec<Value>) {
-        self.list_rt_where(rt, ns, |_| true)
+        self.list_rt_where(rt, ns, &[], |_| true)
     }
 
     /// [`Store::list_rt`] of the objects `keep` selects (a selector): only those are cloned.
+    /// `keep` selects only objects with every label in `required` (a selector's equalities):
+    /// if there is one, only the objects with the rarest of them are read, from the label
+    /// index, instead of every object of the resource in the namespace.
     pub(crate) fn list_rt_where(
         &self,
         rt: &ResourceType,
         ns: Option<&str>,
+        required: &[(&str, &str)],
         keep: impl Fn(&Value) -> bool,
     ) -> (u64, Vec<Value>) {
         let inner = self.lock();
-        let items = objects_of(&inner.objects, rt, ns)
-            .filter(|(_, o)| keep(o))
-            .map(|(_, o)| Self::present(rt, o))
-            .collect();
+        let items = match inner.labelled(required) {
+            Some(keys) => {
+                let ns = ns.filter(|_| rt.namespaced);
+                keys.iter()
+                    .filter(|(g, p, n, _)| {
+                        *g == rt.group && *p == rt.plural && ns.is_none_or(|ns| n == ns)
+                    })
+                    .filter_map(|k| inner.objects.get(k))
+                    .filter(|o| keep(o))
+                    .map(|o| Self::present(rt, o))
+                    .collect()
+            }
+            None => objects_of(&inner.objects, rt, ns)
+                .filter(|(_, o)| keep(o))
+                .map(|(_, o)| Self::present(rt, o))
+                .collect(),
+        };
         (inner.rv, items)
     }
 
@@ -1980,6 +2071,63 @@ mod tests {
                 "Namespace/default",
                 "Namespace/kube-system"
             ]
+        );
+    }
+
+    /// Lists that read the label index give what a scan of every object gives, through
+    /// creates, relabels, label removals and deletes.
+    #[test]
+    fn label_index_lists_match_a_full_scan() {
+        use crate::selectors::LabelSelector;
+        let s = Store::new();
+        s.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}))
+            .expect("namespace");
+        let cm_rt = s.resource_type("v1", "configmaps").expect("type");
+        let secret_rt = s.resource_type("v1", "secrets").expect("type");
+        let check = |when: &str| {
+            for sel in ["a=1", "a=1,b=x", "b in (x)", "a==2,b!=x", "a=3", "b=x,a"] {
+                let l = LabelSelector::parse(sel).expect(sel);
+                for rt in [&cm_rt, &secret_rt] {
+                    for ns in [None, Some("default"), Some("other")] {
+                        let indexed = s.list_rt_where(rt, ns, &l.required(), |o| l.matches(o)).1;
+                        let scanned = s.list_rt_where(rt, ns, &[], |o| l.matches(o)).1;
+                        assert_eq!(indexed, scanned, "{when}: {sel} {} {ns:?}", rt.plural);
+                    }
+                }
+            }
+        };
+        for (i, ns) in ["default", "other", "default", "other", "default"]
+            .iter()
+            .enumerate()
+        {
+            let labels = json!({"a": (i % 2 + 1).to_string(), "b": if i < 3 { "x" } else { "y" }});
+            for kind in ["ConfigMap", "Secret"] {
+                s.create(json!({"apiVersion": "v1", "kind": kind,
+                    "metadata": {"name": format!("o{i}"), "namespace": ns, "labels": labels}}))
+                    .expect("create");
+            }
+        }
+        check("created");
+        let mut o = s
+            .get("v1", "configmaps", Some("default"), "o0")
+            .expect("o0");
+        o["metadata"]["labels"] = json!({"a": "3", "b": "x"});
+        s.update(o).expect("relabel");
+        let mut o = s.get("v1", "secrets", Some("other"), "o1").expect("o1");
+        o["metadata"]["labels"] = Value::Null;
+        s.update(o).expect("unlabel");
+        check("relabelled");
+        s.delete("v1", "configmaps", Some("default"), "o2")
+            .expect("delete");
+        s.delete("v1", "secrets", Some("default"), "o4")
+            .expect("delete");
+        check("deleted");
+        let l = LabelSelector::parse("a=3").expect("parse");
+        assert_eq!(
+            s.list_rt_where(&cm_rt, None, &l.required(), |o| l.matches(o))
+                .1
+                .len(),
+            1
         );
     }
 
