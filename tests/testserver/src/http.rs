@@ -438,11 +438,7 @@ async fn dispatch(
             let (l, f) = selectors(&q)?;
             let (rv, items) =
                 store.list_rt_where(rt, ns, &l.required(), |o| l.matches(o) && f.matches(o));
-            Ok(json_response(
-                200,
-                &json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
-                    "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
-            ))
+            Ok(json_response(200, &list_of(rt, rv, items)))
         }
         "watch" => {
             let (labels, fields) = selectors(&q)?;
@@ -542,8 +538,7 @@ async fn dispatch(
             }
             Ok(json_response(
                 200,
-                &json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
-                    "metadata": {"resourceVersion": store.resource_version().to_string()}, "items": deleted}),
+                &list_of(rt, store.resource_version(), deleted),
             ))
         }
         other => Err(ApiError::new(
@@ -552,6 +547,15 @@ async fn dispatch(
             format!("verb {other} is not supported"),
         )),
     }
+}
+
+/// A `<Kind>List` of `items` (moved in: `json!` would copy every item through the
+/// serializer).
+fn list_of(rt: &ResourceType, rv: u64, items: Vec<Value>) -> Value {
+    let mut list = json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
+        "metadata": {"resourceVersion": rv.to_string()}});
+    list["items"] = Value::Array(items);
+    list
 }
 
 fn is_namespace(rt: &ResourceType) -> bool {

@@ -85,7 +85,10 @@ impl Filter {
 }
 
 fn line(kind: &str, object: Value) -> Bytes {
-    let mut v = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    // The object is moved in: `json!` would copy it through the serializer.
+    let mut event = json!({"type": kind});
+    event["object"] = object;
+    let mut v = serde_json::to_vec(&event).unwrap_or_default();
     v.push(b'\n');
     Bytes::from(v)
 }
