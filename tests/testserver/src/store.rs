@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use base64::Engine;
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, watch};
 
@@ -258,6 +259,17 @@ pub struct Event {
     /// The object before the change (for MODIFIED), so watches with selectors can
     /// turn transitions into ADDED/DELETED as the apiserver does.
     pub prev: Option<Value>,
+    /// `object` as JSON, made once by the first watch that sends it (see [`Event::json`]).
+    json: OnceLock<Bytes>,
+}
+
+impl Event {
+    /// `object` serialized as JSON, once for every watch that sends it as stored.
+    pub fn json(&self) -> Bytes {
+        self.json
+            .get_or_init(|| Bytes::from(serde_json::to_vec(&self.object).unwrap_or_default()))
+            .clone()
+    }
 }
 
 /// (current resourceVersion, history to replay, live events).
@@ -1190,6 +1202,7 @@ impl Store {
             kind,
             object,
             prev,
+            json: OnceLock::new(),
         });
         inner.history.push_back(ev.clone());
         while inner.history.len() > HISTORY_LIMIT {
