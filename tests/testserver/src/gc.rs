@@ -11,8 +11,16 @@ use serde_json::{Value, json};
 use crate::store::{self, DeleteOptions, FOREGROUND_FINALIZER, Propagation, Store};
 
 /// Run the collector until the store's change channel closes or the task is aborted.
+/// A change that leaves what the collector decides from as it was when a pass found nothing
+/// to do (most changes: statuses, data, objects without owners) is no reason for a pass.
 pub(crate) async fn run(store: Store) {
-    store::run_on_changes(store, pass).await
+    let mut idle_at = None;
+    store::run_on_changes(store, move |s| {
+        if idle_at.is_none() || s.gc_read(|view| Some(view.generation())) != idle_at {
+            idle_at = pass_or_idle(s);
+        }
+    })
+    .await
 }
 
 /// The whole object the snapshot's metadata `seen` describes, if it has not changed since
@@ -45,7 +53,7 @@ enum Action {
 /// between two reads would show the Pod without its owner, and the Pod would be collected.
 /// The store keeps what the collector reads of each object with owners or waiting for its
 /// dependents, and every uid's state; only the objects acted on have their metadata cloned.
-fn plan(store: &Store) -> Vec<(String, String, Action)> {
+fn plan(store: &Store) -> (u64, Vec<(String, String, Action)>) {
     store.gc_read(|view| {
         let mut actions = Vec::new();
         let mut any_waiting = false;
@@ -85,7 +93,7 @@ fn plan(store: &Store) -> Vec<(String, String, Action)> {
             }
         }
         if !any_waiting {
-            return actions;
+            return (view.generation(), actions);
         }
         let blocking: HashSet<&str> = view
             .watched()
@@ -101,13 +109,23 @@ fn plan(store: &Store) -> Vec<(String, String, Action)> {
                 actions.push((key.0.clone(), key.1.clone(), Action::Release { meta }));
             }
         }
-        actions
+        (view.generation(), actions)
     })
 }
 
 /// One pass over the objects that have owners or wait for their dependents.
+#[cfg(test)]
 pub(crate) fn pass(store: &Store) {
-    for (group, plural, action) in plan(store) {
+    pass_or_idle(store);
+}
+
+/// [`pass`]; `Some(the generation it decided from)` if it found nothing to do.
+fn pass_or_idle(store: &Store) -> Option<u64> {
+    let (generation, actions) = plan(store);
+    if actions.is_empty() {
+        return Some(generation);
+    }
+    for (group, plural, action) in actions {
         let Some(rt) = store.any_type(&group, &plural) else {
             continue;
         };
@@ -152,6 +170,7 @@ pub(crate) fn pass(store: &Store) {
             }
         }
     }
+    None
 }
 
 #[cfg(test)]
@@ -168,6 +187,38 @@ mod tests {
                 "name": "owner", "uid": uid, "blockOwnerDeletion": true}]);
         }
         o
+    }
+
+    /// The generation an idle pass reports changes with what the collector decides from,
+    /// and only then.
+    #[test]
+    fn an_idle_pass_reports_what_it_decided_from() {
+        let store = Store::new();
+        let generation = |s: &Store| s.gc_read(|v| v.generation());
+        let owner = store.create(cm("owner", None)).expect("owner");
+        let uid = store::meta_str(&owner, "uid").unwrap_or_default();
+        store.create(cm("dependent", Some(uid))).expect("dependent");
+        let idle = pass_or_idle(&store).expect("nothing to do");
+        assert_eq!(idle, generation(&store));
+        // Data and status changes of owners and dependents: the same decisions.
+        for name in ["owner", "dependent"] {
+            let mut o = store
+                .get("v1", "configmaps", Some("default"), name)
+                .expect(name);
+            o["data"]["a"] = json!("2");
+            store.update(o).expect("update");
+        }
+        assert_eq!(generation(&store), idle);
+        store
+            .delete("v1", "configmaps", Some("default"), "owner")
+            .expect("delete");
+        assert_ne!(generation(&store), idle);
+        assert_eq!(pass_or_idle(&store), None, "the dependent is collected");
+        assert!(
+            store
+                .get("v1", "configmaps", Some("default"), "dependent")
+                .is_none()
+        );
     }
 
     /// A dependent created right after its owner, while a pass runs, is never collected: the

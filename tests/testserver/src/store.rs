@@ -288,6 +288,8 @@ struct Inner {
     /// What the garbage collector reads of each object with `ownerReferences` or waiting for
     /// its dependents (foreground deletion), in key order.
     gc_watched: BTreeMap<ObjKey, GcEntry>,
+    /// Bumped whenever `uids` or `gc_watched` changes: what the collector decides from.
+    gc_generation: u64,
     /// Label key -> label value -> keys of the objects (of any resource) with that label:
     /// a list whose selector requires a label reads only those.
     labels: HashMap<String, HashMap<String, BTreeSet<ObjKey>>>,
@@ -313,12 +315,14 @@ impl Inner {
     fn put(&mut self, key: &ObjKey, obj: Value) {
         let waiting = waits_for_dependents(&obj);
         let uid = meta_str(&obj, "uid").unwrap_or_default();
+        let mut changed = false;
         if !uid.is_empty() && self.uids.get(uid) != Some(&waiting) {
             self.uids.insert(uid.to_string(), waiting);
+            changed = true;
         }
         let owners = owner_refs(&obj);
         if owners.is_empty() && !waiting {
-            self.gc_watched.remove(key);
+            changed |= self.gc_watched.remove(key).is_some();
         } else {
             let entry = GcEntry {
                 uid: uid.to_string(),
@@ -327,11 +331,19 @@ impl Inner {
                 waiting,
             };
             match self.gc_watched.get_mut(key) {
-                Some(e) => *e = entry,
+                Some(e) if *e == entry => {}
+                Some(e) => {
+                    *e = entry;
+                    changed = true;
+                }
                 None => {
                     self.gc_watched.insert(key.clone(), entry);
+                    changed = true;
                 }
             }
+        }
+        if changed {
+            self.gc_generation += 1;
         }
         let old = self.objects.insert(key.clone(), obj);
         reindex_labels(&mut self.labels, key, old.as_ref(), self.objects.get(key));
@@ -340,10 +352,11 @@ impl Inner {
     /// Remove the object under `key`, keeping the indexes.
     fn take(&mut self, key: &ObjKey) -> Option<Value> {
         let obj = self.objects.remove(key)?;
-        if let Some(uid) = meta_str(&obj, "uid") {
-            self.uids.remove(uid);
+        if meta_str(&obj, "uid").is_some_and(|uid| self.uids.remove(uid).is_some())
+            | self.gc_watched.remove(key).is_some()
+        {
+            self.gc_generation += 1;
         }
-        self.gc_watched.remove(key);
         reindex_labels(&mut self.labels, key, Some(&obj), None);
         Some(obj)
     }
@@ -444,6 +457,11 @@ impl GcView<'_> {
     /// `Some(waits for its dependents)` if an object with this uid is stored.
     pub(crate) fn uid_state(&self, uid: &str) -> Option<bool> {
         self.inner.uids.get(uid).copied()
+    }
+
+    /// Changes whenever what [`GcView::watched`] and [`GcView::uid_state`] read changes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.inner.gc_generation
     }
 
     /// `{"metadata": ...}` of a stored object.
@@ -820,6 +838,7 @@ impl Store {
                 objects: BTreeMap::new(),
                 uids: HashMap::new(),
                 gc_watched: BTreeMap::new(),
+                gc_generation: 0,
                 labels: HashMap::new(),
                 history: VecDeque::new(),
                 compacted: 0,
@@ -1839,7 +1858,7 @@ fn default_pod_spec(spec: &mut Value) {
 /// Runs a controller's `pass` once, then again after each change of the store (letting a
 /// burst of writes settle for 5 ms first), until the change channel closes or the task is
 /// aborted.
-pub(crate) async fn run_on_changes(store: Store, pass: fn(&Store)) {
+pub(crate) async fn run_on_changes(store: Store, mut pass: impl FnMut(&Store)) {
     let mut changes = store.subscribe_changes();
     loop {
         pass(&store);
