@@ -206,7 +206,7 @@ fn group_doc(types: &[ResourceType], group: &str) -> Value {
 
 fn route(state: &ServerState, path: &str) -> Result<Route, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let types = state.store.types();
+    let types = state.store.types_shared();
     let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
         [] => {
             return Ok(Route::Doc(
@@ -286,9 +286,10 @@ fn route(state: &ServerState, path: &str) -> Result<Route, ApiError> {
         [plural, name, sub] => (None, *plural, Some(*name), *sub),
         _ => return Err(not_found_path()),
     };
-    let rt = state
-        .store
-        .type_by_plural(group, version, plural)
+    let rt = gv_types
+        .iter()
+        .find(|t| t.plural == plural)
+        .map(|t| (*t).clone())
         .ok_or_else(not_found_path)?;
     if namespace.is_some() && !rt.namespaced {
         return Err(not_found_path());

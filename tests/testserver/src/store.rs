@@ -280,7 +280,8 @@ pub(crate) type ObjKey = (String, String, String, String);
 
 struct Inner {
     rv: u64,
-    types: Vec<ResourceType>,
+    /// Shared with readers ([`Store::types_shared`]); changes copy it.
+    types: Arc<Vec<ResourceType>>,
     /// Written only through [`Inner::put`] and [`Inner::take`], which keep the indexes below.
     objects: BTreeMap<ObjKey, Value>,
     /// uid -> whether that object waits for its dependents, for every stored object.
@@ -834,7 +835,7 @@ impl Store {
         let store = Store {
             inner: Arc::new(Mutex::new(Inner {
                 rv: 0,
-                types: builtin_types(),
+                types: Arc::new(builtin_types()),
                 objects: BTreeMap::new(),
                 uids: HashMap::new(),
                 gc_watched: BTreeMap::new(),
@@ -994,9 +995,14 @@ impl Store {
         inner.compacted = inner.rv;
     }
 
+    /// All served resource types, shared (no copy): what the HTTP front end routes by.
+    pub(crate) fn types_shared(&self) -> Arc<Vec<ResourceType>> {
+        self.lock().types.clone()
+    }
+
     /// All served resource types.
     pub fn types(&self) -> Vec<ResourceType> {
-        self.lock().types.clone()
+        self.lock().types.to_vec()
     }
 
     // ---------- internals used by the HTTP layer and the controllers ----------
@@ -1018,20 +1024,6 @@ impl Store {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(pod_uid)
-            .cloned()
-    }
-
-    /// Find a type by group and plural (any served version).
-    pub(crate) fn type_by_plural(
-        &self,
-        group: &str,
-        version: &str,
-        plural: &str,
-    ) -> Option<ResourceType> {
-        self.lock()
-            .types
-            .iter()
-            .find(|t| t.group == group && t.version == version && t.plural == plural)
             .cloned()
     }
 
@@ -1382,7 +1374,7 @@ impl Store {
                 ],
                 "storedVersions": obj["spec"]["versions"].as_array().map(|vs| vs.iter().filter(|v| v["storage"].as_bool() == Some(true)).map(|v| v["name"].clone()).collect::<Vec<_>>()).unwrap_or_default()
             });
-            inner.types.extend(types);
+            Arc::make_mut(&mut inner.types).extend(types);
         }
         inner.put(&key, obj.clone());
         self.emit(&mut inner, &key, EventType::Added, obj.clone(), None);
@@ -1572,10 +1564,9 @@ impl Store {
         if crds::is_crd_resource(rt) && !status_only {
             let types = crd_types(&new).map_err(|e| ApiError::invalid(rt, name, "spec", &e))?;
             let crd_name = name.to_string();
-            inner
-                .types
-                .retain(|t| t.crd.as_deref() != Some(crd_name.as_str()));
-            inner.types.extend(types);
+            let served = Arc::make_mut(&mut inner.types);
+            served.retain(|t| t.crd.as_deref() != Some(crd_name.as_str()));
+            served.extend(types);
         }
         inner.rv += 1;
         let rv = inner.rv;
@@ -1610,9 +1601,7 @@ impl Store {
         if crds::is_crd_resource(rt) {
             // Its types stop being served. Instances still stored (the cleanup finalizer
             // was removed by hand) stay in storage, unserved, as on a real server.
-            inner
-                .types
-                .retain(|t| t.crd.as_deref() != Some(key.3.as_str()));
+            Arc::make_mut(&mut inner.types).retain(|t| t.crd.as_deref() != Some(key.3.as_str()));
         }
         self.emit(inner, key, EventType::Deleted, last, None);
     }
