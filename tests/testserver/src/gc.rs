@@ -1,8 +1,9 @@
 //! The garbage collector: deletes dependents whose owners (by `ownerReferences[].uid`) are all
 //! gone or being deleted in the foreground, drops dangling references from dependents that still
 //! have a live owner, and releases the `foregroundDeletion` finalizer once no dependent with
-//! `blockOwnerDeletion: true` remains. Runs asynchronously after every store change, as the
-//! real controller does (Orphan propagation is applied synchronously by the store instead).
+//! `blockOwnerDeletion: true` remains. Runs asynchronously after store changes, as the real
+//! controller does (Orphan propagation is applied synchronously by the store instead); a
+//! change that cannot alter its decisions (see [`run`]) is no reason for a pass.
 
 use std::collections::HashSet;
 
@@ -119,7 +120,8 @@ pub(crate) fn pass(store: &Store) {
     pass_or_idle(store);
 }
 
-/// [`pass`]; `Some(the generation it decided from)` if it found nothing to do.
+/// One pass over the objects that have owners or wait for their dependents;
+/// `Some(the generation it decided from)` if it found nothing to do.
 fn pass_or_idle(store: &Store) -> Option<u64> {
     let (generation, actions) = plan(store);
     if actions.is_empty() {

@@ -92,7 +92,7 @@ impl Filter {
     }
 }
 
-/// A watch event line around an object already in JSON: the bytes [`line`] makes (the
+/// A watch event line around an object already in JSON: the bytes [`line()`] makes (the
 /// keys in serde_json's order).
 fn encoded_line(kind: &str, object: &[u8]) -> Bytes {
     let mut v = Vec::with_capacity(object.len() + kind.len() + 24);
