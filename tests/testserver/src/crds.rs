@@ -160,13 +160,11 @@ pub(crate) fn pass(store: &Store) {
     let Some(crd_rt) = store.any_type(GROUP, PLURAL) else {
         return;
     };
-    let deleting = store.snapshot_where(|g, p, _, o| {
-        g == GROUP
-            && p == PLURAL
-            && store::is_deleting(o)
-            && store::finalizers(o).iter().any(|f| f == CLEANUP_FINALIZER)
+    let deleting = store.view_rt(&crd_rt, |o| {
+        (store::is_deleting(o) && store::finalizers(o).iter().any(|f| f == CLEANUP_FINALIZER))
+            .then(|| o.clone())
     });
-    for (_, _, crd) in deleting {
+    for crd in deleting {
         finalize(store, &crd_rt, crd);
     }
 }
@@ -190,8 +188,8 @@ fn finalize(store: &Store, crd_rt: &ResourceType, mut crd: Value) {
     let Some(rt) = instance_type(&crd, &name) else {
         return;
     };
-    let stored = |store: &Store| store.snapshot_where(|g, p, _, _| g == rt.group && p == rt.plural);
-    for (_, _, o) in stored(store) {
+    let stored = |store: &Store| store.view_rt(&rt, |o| Some(o.clone()));
+    for o in stored(store) {
         if store::is_deleting(&o) {
             continue;
         }

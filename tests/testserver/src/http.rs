@@ -206,7 +206,7 @@ fn group_doc(types: &[ResourceType], group: &str) -> Value {
 
 fn route(state: &ServerState, path: &str) -> Result<Route, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let types = state.store.types();
+    let types = state.store.types_shared();
     let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
         [] => {
             return Ok(Route::Doc(
@@ -286,9 +286,10 @@ fn route(state: &ServerState, path: &str) -> Result<Route, ApiError> {
         [plural, name, sub] => (None, *plural, Some(*name), *sub),
         _ => return Err(not_found_path()),
     };
-    let rt = state
-        .store
-        .type_by_plural(group, version, plural)
+    let rt = gv_types
+        .iter()
+        .find(|t| t.plural == plural)
+        .map(|t| (*t).clone())
         .ok_or_else(not_found_path)?;
     if namespace.is_some() && !rt.namespaced {
         return Err(not_found_path());
@@ -436,12 +437,9 @@ async fn dispatch(
     match verb {
         "list" => {
             let (l, f) = selectors(&q)?;
-            let (rv, items) = store.list_rt_where(rt, ns, |o| l.matches(o) && f.matches(o));
-            Ok(json_response(
-                200,
-                &json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
-                    "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
-            ))
+            let (rv, items) =
+                store.list_rt_where(rt, ns, &l.required(), |o| l.matches(o) && f.matches(o));
+            Ok(json_response(200, &list_of(rt, rv, items)))
         }
         "watch" => {
             let (labels, fields) = selectors(&q)?;
@@ -529,7 +527,8 @@ async fn dispatch(
             let (l, f) = selectors(&q)?;
             let mut opts = DeleteOptions::from_json(&parse_body(&body)?)?;
             apply_delete_query(&mut opts, &q)?;
-            let (_, items) = store.list_rt_where(rt, ns, |o| l.matches(o) && f.matches(o));
+            let (_, items) =
+                store.list_rt_where(rt, ns, &l.required(), |o| l.matches(o) && f.matches(o));
             let mut deleted = Vec::new();
             for o in items {
                 let n = store::meta_str(&o, "name").unwrap_or_default().to_string();
@@ -540,8 +539,7 @@ async fn dispatch(
             }
             Ok(json_response(
                 200,
-                &json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
-                    "metadata": {"resourceVersion": store.resource_version().to_string()}, "items": deleted}),
+                &list_of(rt, store.resource_version(), deleted),
             ))
         }
         other => Err(ApiError::new(
@@ -550,6 +548,15 @@ async fn dispatch(
             format!("verb {other} is not supported"),
         )),
     }
+}
+
+/// A `<Kind>List` of `items` (moved in: `json!` would copy every item through the
+/// serializer).
+fn list_of(rt: &ResourceType, rv: u64, items: Vec<Value>) -> Value {
+    let mut list = json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind),
+        "metadata": {"resourceVersion": rv.to_string()}});
+    list["items"] = Value::Array(items);
+    list
 }
 
 fn is_namespace(rt: &ResourceType) -> bool {

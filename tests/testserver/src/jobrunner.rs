@@ -24,18 +24,21 @@
 //!   (`restartPolicy: OnFailure` behaves like `Never`), Pod backoff delays, indexed Jobs,
 //!   parallelism > 1, podFailurePolicy and successPolicy are not modelled.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::TestServer;
-use crate::store::{self, DeleteOptions, Propagation, ResourceType, Store, now_rfc3339};
+use crate::store::{
+    self, DeleteOptions, Event, EventType, Propagation, ResourceType, Store, now_rfc3339,
+};
 
 /// The node name the runner gives its Pods.
 pub const NODE_NAME: &str = "captf-local-runner";
@@ -91,7 +94,11 @@ impl JobRunner {
             procs: HashMap::new(),
             finished: HashSet::new(),
             results: HashMap::new(),
+            result_counts: HashMap::new(),
             waiting: HashMap::new(),
+            pods: BTreeMap::new(),
+            jobs: HashMap::new(),
+            dirty: HashSet::new(),
         };
         let task = tokio::spawn(runner.run(stop_rx));
         JobRunner {
@@ -138,8 +145,18 @@ struct Runner {
     finished: HashSet<String>,
     /// Pod uid -> (job uid, succeeded) for every pod process that ended.
     results: HashMap<String, (String, bool)>,
+    /// Job uid -> (succeeded, failed) Pods in `results`.
+    result_counts: HashMap<String, (usize, usize)>,
     /// Pod uid -> last waiting reason written, to avoid rewriting the same status.
     waiting: HashMap<String, String>,
+    /// What the runner reads of every Pod, by namespace and name, as of the store events
+    /// applied so far (an informer's cache: one snapshot, then the events after it).
+    pods: BTreeMap<(String, String), PodView>,
+    /// What the runner reads of every unfinished Job, by uid, as `pods`.
+    jobs: HashMap<String, JobView>,
+    /// Uids of the Jobs the next pass reconciles: those whose Job or Pods changed, that got
+    /// a result, or whose last write failed.
+    dirty: HashSet<String>,
 }
 
 /// When the runner goes (stopped, or its runtime shut down), no process group outlives it.
@@ -179,12 +196,55 @@ fn pod_finished(pod: &Value) -> bool {
     )
 }
 
-fn has_condition(job: &Value, type_: &str) -> Option<Value> {
-    job["status"]["conditions"]
+/// The condition of this type with status True in a Job's `status`.
+fn true_condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+    status["conditions"]
         .as_array()?
         .iter()
         .find(|c| c["type"] == type_ && c["status"] == "True")
-        .cloned()
+}
+
+/// What the Job controller reads of an unfinished Job (the whole Job is read only when its
+/// status is written or a Pod is made from its template).
+struct JobView {
+    uid: String,
+    namespace: String,
+    name: String,
+    deleting: bool,
+    status: Value,
+    suspend: bool,
+    backoff_limit: Option<u64>,
+    active_deadline: Option<i64>,
+    /// When `activeDeadlineSeconds` passes (Unix seconds), once the Job has a `startTime`.
+    deadline: Option<i64>,
+}
+
+impl JobView {
+    /// `None` for a finished Job (`Complete` or `Failed`): it needs nothing.
+    fn of(j: &Value) -> Option<JobView> {
+        let status = &j["status"];
+        let finished = true_condition(status, "Complete").is_some()
+            || true_condition(status, "Failed").is_some();
+        (!finished).then(|| JobView {
+            uid: store::meta_str(j, "uid").unwrap_or_default().to_string(),
+            namespace: store::meta_str(j, "namespace")
+                .unwrap_or_default()
+                .to_string(),
+            name: store::meta_str(j, "name").unwrap_or_default().to_string(),
+            deleting: store::is_deleting(j),
+            status: status.clone(),
+            suspend: j["spec"]["suspend"].as_bool() == Some(true),
+            backoff_limit: j["spec"]["backoffLimit"].as_u64(),
+            active_deadline: j["spec"]["activeDeadlineSeconds"].as_i64(),
+            deadline: j["spec"]["activeDeadlineSeconds"].as_i64().and_then(|ads| {
+                let start = status["startTime"]
+                    .as_str()?
+                    .parse::<jiff::Timestamp>()
+                    .ok()?;
+                Some(start.as_second() + ads)
+            }),
+        })
+    }
 }
 
 /// `$(VAR)` expansion as the kubelet does it (`$$` escapes, unknown references stay).
@@ -265,6 +325,54 @@ pub fn rewrite_paths(s: &str, mounts: &[(String, PathBuf)]) -> String {
     out
 }
 
+/// What the runner reads of a Pod: the kubelet side, and the Job controller (an unfinished
+/// Pod is an active Pod of its Jobs).
+#[derive(Clone)]
+struct PodView {
+    uid: String,
+    namespace: String,
+    name: String,
+    /// `spec.nodeName` is this runner's node.
+    on_node: bool,
+    deleting: bool,
+    deletion_grace: Option<u64>,
+    /// Phase `Succeeded` or `Failed`.
+    finished: bool,
+    /// Phase `Running`.
+    running: bool,
+    has_finalizers: bool,
+    /// The uids of its owners and its `controller-uid` label, sorted, without repeats.
+    jobs: Vec<String>,
+}
+
+impl PodView {
+    fn of(p: &Value) -> PodView {
+        PodView {
+            uid: store::meta_str(p, "uid").unwrap_or_default().to_string(),
+            namespace: store::meta_str(p, "namespace")
+                .unwrap_or_default()
+                .to_string(),
+            name: store::meta_str(p, "name").unwrap_or_default().to_string(),
+            on_node: p["spec"]["nodeName"] == NODE_NAME,
+            deleting: store::is_deleting(p),
+            deletion_grace: p["metadata"]["deletionGracePeriodSeconds"].as_u64(),
+            finished: pod_finished(p),
+            running: p["status"]["phase"] == "Running",
+            has_finalizers: !store::finalizers(p).is_empty(),
+            jobs: {
+                let mut jobs: Vec<String> =
+                    store::owner_refs(p).into_iter().map(|(u, _)| u).collect();
+                if let Some(u) = p["metadata"]["labels"]["controller-uid"].as_str() {
+                    jobs.push(u.to_string());
+                }
+                jobs.sort();
+                jobs.dedup();
+                jobs
+            },
+        }
+    }
+}
+
 enum Prepared {
     Launch(Box<Launch>),
     Wait(String, String),
@@ -288,75 +396,138 @@ fn decode_b64(v: &Value) -> Vec<u8> {
 impl Runner {
     async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(String, i32)>();
-        let mut changes = self.store.subscribe_changes();
+        let mut events = self.resync();
         loop {
+            // The caches take in every change made so far (the runner's own writes too)
+            // before each half of the pass reads them.
+            self.catch_up(&mut events);
             self.reconcile_pods(&exit_tx).await;
+            self.catch_up(&mut events);
             self.reconcile_jobs();
             tokio::select! {
                 _ = stop.changed() => break,
-                r = changes.changed() => if r.is_err() { break },
+                r = events.recv() => match r {
+                    Ok(ev) => self.apply(&ev),
+                    Err(broadcast::error::RecvError::Lagged(_)) => events = self.resync(),
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
                 Some((uid, code)) = exit_rx.recv() => self.on_exit(&uid, code),
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
         }
     }
 
+    /// Fill the caches from one snapshot of the Pods and Jobs, subscribed to the events after
+    /// it; every Job is reconciled in the next pass.
+    fn resync(&mut self) -> broadcast::Receiver<Arc<Event>> {
+        let (Some(prt), Some(jrt)) = (pods_rt(&self.store), jobs_rt(&self.store)) else {
+            return self.store.subscribe_and_read(|_| ()).0;
+        };
+        let (rx, (pods, jobs)) = self.store.subscribe_and_read(|objects| {
+            let pods: BTreeMap<(String, String), PodView> = objects
+                .of(&prt)
+                .map(|p| {
+                    let v = PodView::of(p);
+                    ((v.namespace.clone(), v.name.clone()), v)
+                })
+                .collect();
+            let jobs: HashMap<String, JobView> = objects
+                .of(&jrt)
+                .filter_map(JobView::of)
+                .map(|j| (j.uid.clone(), j))
+                .collect();
+            (pods, jobs)
+        });
+        self.pods = pods;
+        self.jobs = jobs;
+        self.dirty.extend(self.jobs.keys().cloned());
+        rx
+    }
+
+    /// Apply the events received so far.
+    fn catch_up(&mut self, events: &mut broadcast::Receiver<Arc<Event>>) {
+        loop {
+            match events.try_recv() {
+                Ok(ev) => self.apply(&ev),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => *events = self.resync(),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Apply one store event to the caches, and mark the Jobs it concerns.
+    fn apply(&mut self, ev: &Event) {
+        match (ev.group.as_str(), ev.plural.as_str()) {
+            ("batch", "jobs") => {
+                let uid = store::meta_str(&ev.object, "uid")
+                    .unwrap_or_default()
+                    .to_string();
+                match JobView::of(&ev.object).filter(|_| ev.kind != EventType::Deleted) {
+                    Some(j) => self.jobs.insert(uid.clone(), j),
+                    None => self.jobs.remove(&uid),
+                };
+                self.dirty.insert(uid);
+            }
+            ("", "pods") => {
+                let new = PodView::of(&ev.object);
+                let key = (new.namespace.clone(), new.name.clone());
+                let old = if ev.kind == EventType::Deleted {
+                    match self.pods.get(&key) {
+                        Some(p) if p.uid == new.uid => self.pods.remove(&key),
+                        _ => None,
+                    }
+                } else {
+                    self.pods.insert(key, new.clone())
+                };
+                for p in old.iter().chain([&new]) {
+                    self.dirty.extend(p.jobs.iter().cloned());
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// The Pods of this node there is something to do about: running here, being deleted,
-    /// or unfinished while there is room to start one. Only those are cloned: in a long run
-    /// most Pods are finished or wait for room, and cloning them all on every store change
-    /// was most of the runner's work, done while holding the store's lock.
-    fn pod_snapshot(&self, rt: &ResourceType) -> Vec<Value> {
+    /// or unfinished while there is room to start one. From the cache: the whole Pod is read
+    /// only when it is about to start.
+    fn pod_snapshot(&self) -> Vec<PodView> {
         let full = self
             .opts
             .max_running
             .is_some_and(|max| self.procs.len() >= max);
-        self.store.view_rt(rt, |p| {
-            let running_here =
-                store::meta_str(p, "uid").is_some_and(|u| self.procs.contains_key(u));
-            let wanted = running_here
-                || p["spec"]["nodeName"] == NODE_NAME
-                    && (store::is_deleting(p) || !full && !pod_finished(p));
-            wanted.then(|| p.clone())
-        })
+        self.pods
+            .values()
+            .filter(|p| {
+                self.procs.contains_key(&p.uid) || p.on_node && (p.deleting || !full && !p.finished)
+            })
+            .cloned()
+            .collect()
     }
 
     async fn reconcile_pods(&mut self, exit_tx: &mpsc::UnboundedSender<(String, i32)>) {
         let Some(rt) = pods_rt(&self.store) else {
             return;
         };
-        let pods = self.pod_snapshot(&rt);
-        let present: HashSet<String> = pods
-            .iter()
-            .filter_map(|p| store::meta_str(p, "uid").map(str::to_string))
-            .collect();
+        let pods = self.pod_snapshot();
+        let present: HashSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
         // Pods removed from the API while running (force deletion): kill at once.
         for (uid, p) in &mut self.procs {
-            if !present.contains(uid) && !p.killed {
+            if !present.contains(uid.as_str()) && !p.killed {
                 send_signal(-p.pid, libc::SIGKILL);
                 p.killed = true;
             }
         }
-        for pod in pods {
-            if pod["spec"]["nodeName"] != NODE_NAME {
+        for view in &pods {
+            if !view.on_node {
                 continue;
             }
-            let uid = store::meta_str(&pod, "uid").unwrap_or_default().to_string();
-            let ns = store::meta_str(&pod, "namespace")
-                .unwrap_or_default()
-                .to_string();
-            let name = store::meta_str(&pod, "name")
-                .unwrap_or_default()
-                .to_string();
-            let deleting = store::is_deleting(&pod);
-            if let Some(p) = self.procs.get_mut(&uid) {
-                if deleting && p.term_sent.is_none() {
-                    let grace = self.opts.termination_grace_override.unwrap_or_else(|| {
-                        Duration::from_secs(
-                            pod["metadata"]["deletionGracePeriodSeconds"]
-                                .as_u64()
-                                .unwrap_or(30),
-                        )
-                    });
+            let uid = &view.uid;
+            if let Some(p) = self.procs.get_mut(uid) {
+                if view.deleting && p.term_sent.is_none() {
+                    let grace = self
+                        .opts
+                        .termination_grace_override
+                        .unwrap_or_else(|| Duration::from_secs(view.deletion_grace.unwrap_or(30)));
                     p.grace = grace;
                     p.term_sent = Some(Instant::now());
                     send_signal(p.pid, libc::SIGTERM);
@@ -370,20 +541,15 @@ impl Runner {
                 }
                 continue;
             }
-            if self.finished.contains(&uid)
-                || matches!(
-                    pod["status"]["phase"].as_str(),
-                    Some("Succeeded" | "Failed")
-                )
-            {
-                if deleting {
-                    self.remove_pod(&rt, &pod);
+            if self.finished.contains(uid) || view.finished {
+                if view.deleting {
+                    self.remove_pod(&rt, view);
                 }
                 continue;
             }
-            if deleting {
+            if view.deleting {
                 self.finished.insert(uid.clone());
-                self.remove_pod(&rt, &pod);
+                self.remove_pod(&rt, view);
                 continue;
             }
             if self
@@ -393,9 +559,20 @@ impl Runner {
             {
                 continue;
             }
+            // The whole Pod, as it is now: if it changed since the view (deleted, finished,
+            // replaced), that change wakes the next pass, which sees it.
+            let Ok(pod) = self.store.get_rt(&rt, Some(&view.namespace), &view.name) else {
+                continue;
+            };
+            if store::meta_str(&pod, "uid") != Some(uid.as_str())
+                || store::is_deleting(&pod)
+                || pod_finished(&pod)
+            {
+                continue;
+            }
             match self.prepare(&pod) {
                 Prepared::Wait(reason, message) => {
-                    if self.waiting.get(&uid) != Some(&reason) {
+                    if self.waiting.get(uid) != Some(&reason) {
                         self.waiting.insert(uid.clone(), reason.clone());
                         let mut st = pod.clone();
                         st["status"]["containerStatuses"] = json!([{
@@ -403,7 +580,9 @@ impl Runner {
                             "image": pod["spec"]["containers"][0]["image"], "imageID": "",
                             "state": {"waiting": {"reason": reason, "message": message}}
                         }]);
-                        let _ = self.store.update_rt(&rt, Some(&ns), &name, st, true);
+                        let _ =
+                            self.store
+                                .update_rt(&rt, Some(&view.namespace), &view.name, st, true);
                     }
                 }
                 Prepared::Launch(l) => self.launch(&rt, &pod, *l, exit_tx),
@@ -411,13 +590,13 @@ impl Runner {
         }
     }
 
-    fn remove_pod(&mut self, rt: &ResourceType, pod: &Value) {
-        let uid = store::meta_str(pod, "uid").unwrap_or_default();
-        let ns = store::meta_str(pod, "namespace");
-        let name = store::meta_str(pod, "name").unwrap_or_default();
-        if store::finalizers(pod).is_empty() {
-            self.store.force_remove(rt, ns, name, uid);
-            self.store.set_log_path(uid, None);
+    /// The final removal of a Pod whose process ended or never started (as the kubelet's
+    /// final delete), unless finalizers hold it.
+    fn remove_pod(&mut self, rt: &ResourceType, pod: &PodView) {
+        if !pod.has_finalizers {
+            self.store
+                .force_remove(rt, Some(&pod.namespace), &pod.name, &pod.uid);
+            self.store.set_log_path(&pod.uid, None);
         }
     }
 
@@ -500,8 +679,7 @@ impl Runner {
                 let _ = std::fs::write(&l.log, format!("{e}\n"));
                 self.finished.insert(uid.clone());
                 if let Some(job_uid) = pod["metadata"]["labels"]["controller-uid"].as_str() {
-                    self.results
-                        .insert(uid.clone(), (job_uid.to_string(), false));
+                    self.record_result(&uid, job_uid, false);
                 }
                 let mut st = pod.clone();
                 st["status"] = json!({
@@ -514,6 +692,24 @@ impl Runner {
                 let _ = self.store.update_rt(rt, Some(&ns), &name, st, true);
             }
         }
+    }
+
+    /// Record how a Pod's process ended, for its Job's counts.
+    fn record_result(&mut self, pod_uid: &str, job_uid: &str, succeeded: bool) {
+        let count =
+            |counts: &mut HashMap<String, (usize, usize)>, job: &str, ok: bool, n: isize| {
+                let c = counts.entry(job.to_string()).or_default();
+                let slot = if ok { &mut c.0 } else { &mut c.1 };
+                *slot = slot.saturating_add_signed(n);
+            };
+        if let Some((j, ok)) = self
+            .results
+            .insert(pod_uid.to_string(), (job_uid.to_string(), succeeded))
+        {
+            count(&mut self.result_counts, &j, ok, -1);
+        }
+        count(&mut self.result_counts, job_uid, succeeded, 1);
+        self.dirty.insert(job_uid.to_string());
     }
 
     fn on_exit(&mut self, uid: &str, code: i32) {
@@ -533,8 +729,7 @@ impl Runner {
             return;
         }
         if let Some(job_uid) = pod["metadata"]["labels"]["controller-uid"].as_str() {
-            self.results
-                .insert(uid.to_string(), (job_uid.to_string(), code == 0));
+            self.record_result(uid, job_uid, code == 0);
         }
         let mut message = std::fs::read(&p.term_log).unwrap_or_default();
         message.truncate(4096);
@@ -561,7 +756,7 @@ impl Runner {
             .update_rt(&rt, Some(&p.namespace), &p.name, st, true)
             .unwrap_or(pod);
         if store::is_deleting(&updated) {
-            self.remove_pod(&rt, &updated);
+            self.remove_pod(&rt, &PodView::of(&updated));
         }
     }
 
@@ -877,77 +1072,49 @@ impl Runner {
         let Some(prt) = pods_rt(&self.store) else {
             return;
         };
-        // Views, not clones: finished Jobs need nothing, only unfinished Pods count (as
-        // active), and of those only a few fields are read. The whole Job is read when its
-        // status is written or a Pod is made from its template.
-        let jobs = self.store.view_rt(&jrt, |j| {
-            let finished =
-                has_condition(j, "Complete").is_some() || has_condition(j, "Failed").is_some();
-            (!finished).then(|| {
-                let mut meta = json!({"namespace": j["metadata"]["namespace"], "name": j["metadata"]["name"],
-                    "uid": j["metadata"]["uid"]});
-                if let Some(t) = j["metadata"].get("deletionTimestamp") {
-                    meta["deletionTimestamp"] = t.clone();
-                }
-                json!({"metadata": meta, "status": j["status"],
-                    "spec": {"suspend": j["spec"]["suspend"], "backoffLimit": j["spec"]["backoffLimit"],
-                        "activeDeadlineSeconds": j["spec"]["activeDeadlineSeconds"]}})
-            })
-        });
-        let pods = self.store.view_rt(&prt, |p| {
-            (!pod_finished(p)).then(|| {
-                let m = &p["metadata"];
-                let mut meta = json!({"namespace": m["namespace"], "name": m["name"], "uid": m["uid"],
-                    "labels": {"controller-uid": m["labels"]["controller-uid"]},
-                    "ownerReferences": m["ownerReferences"]});
-                if let Some(t) = m.get("deletionTimestamp") {
-                    meta["deletionTimestamp"] = t.clone();
-                }
-                json!({"metadata": meta, "status": {"phase": p["status"]["phase"]}})
-            })
-        });
-        let mut by_job: HashMap<String, Vec<&Value>> = HashMap::new();
-        for p in &pods {
-            let mut owners: Vec<String> =
-                store::owner_refs(p).into_iter().map(|(u, _)| u).collect();
-            if let Some(u) = p["metadata"]["labels"]["controller-uid"].as_str() {
-                owners.push(u.to_string());
-            }
-            owners.sort();
-            owners.dedup();
-            for u in owners {
-                by_job.entry(u).or_default().push(p);
+        // Only the Jobs whose inputs changed (their Job, their Pods, their results) and those
+        // whose deadline has passed, which time alone changes: the others' status would come
+        // out the same. Unfinished Jobs only, in namespace and name order.
+        let now = jiff::Timestamp::now().as_second();
+        for j in self.jobs.values() {
+            if j.deadline.is_some_and(|d| now >= d) {
+                self.dirty.insert(j.uid.clone());
             }
         }
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut jobs: Vec<&JobView> = dirty.iter().filter_map(|u| self.jobs.get(u)).collect();
+        if jobs.is_empty() {
+            return;
+        }
+        jobs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        // The active (unfinished) Pods of each Job.
+        let mut by_job: HashMap<&str, Vec<&PodView>> = HashMap::new();
+        for p in self.pods.values().filter(|p| !p.finished) {
+            for u in &p.jobs {
+                if dirty.contains(u) {
+                    by_job.entry(u.as_str()).or_default().push(p);
+                }
+            }
+        }
+        // (uid, namespace, name, status to write, Pod to create) per Job to write.
+        let mut writes: Vec<(String, String, String, Option<Value>, bool)> = Vec::new();
+        let mut deletes: Vec<(String, String)> = Vec::new();
         for job in jobs {
-            let juid = store::meta_str(&job, "uid").unwrap_or_default().to_string();
-            let ns = store::meta_str(&job, "namespace")
-                .unwrap_or_default()
-                .to_string();
-            let name = store::meta_str(&job, "name")
-                .unwrap_or_default()
-                .to_string();
-            if has_condition(&job, "Complete").is_some() || has_condition(&job, "Failed").is_some()
-            {
+            let juid = job.uid.clone();
+            let ns = job.namespace.clone();
+            let name = job.name.clone();
+            let suspended = job.suspend;
+            if suspended && job.status["startTime"].is_null() {
                 continue;
             }
-            let spec = &job["spec"];
-            let suspended = spec["suspend"].as_bool() == Some(true);
-            if suspended && job["status"]["startTime"].is_null() {
-                continue;
-            }
-            let active: Vec<&&Value> = by_job.get(&juid).into_iter().flatten().collect();
-            let succeeded = self
-                .results
-                .values()
-                .filter(|(j, ok)| *j == juid && *ok)
-                .count();
-            let failed = self
-                .results
-                .values()
-                .filter(|(j, ok)| *j == juid && !*ok)
-                .count();
-            let mut status = job["status"].clone();
+            let active: Vec<&PodView> = by_job
+                .get(juid.as_str())
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect();
+            let (succeeded, failed) = self.result_counts.get(&juid).copied().unwrap_or_default();
+            let mut status = job.status.clone();
             if !status.is_object() {
                 status = json!({});
             }
@@ -961,26 +1128,21 @@ impl Runner {
             if failed > 0 {
                 status["failed"] = json!(failed);
             }
-            status["ready"] = json!(
-                active
-                    .iter()
-                    .filter(|p| p["status"]["phase"] == "Running")
-                    .count()
-            );
-            status["terminating"] = json!(active.iter().filter(|p| store::is_deleting(p)).count());
+            status["ready"] = json!(active.iter().filter(|p| p.running).count());
+            status["terminating"] = json!(active.iter().filter(|p| p.deleting).count());
             let mut conditions: Vec<Value> =
                 status["conditions"].as_array().cloned().unwrap_or_default();
-            let target = has_condition(&job, "FailureTarget");
-            let success = has_condition(&job, "SuccessCriteriaMet");
-            let backoff = spec["backoffLimit"].as_u64().unwrap_or(6) as usize;
-            let deadline_passed = spec["activeDeadlineSeconds"].as_i64().is_some_and(|ads| {
+            let target = true_condition(&job.status, "FailureTarget");
+            let success = true_condition(&job.status, "SuccessCriteriaMet");
+            let backoff = job.backoff_limit.unwrap_or(6) as usize;
+            let deadline_passed = job.active_deadline.is_some_and(|ads| {
                 status["startTime"]
                     .as_str()
                     .and_then(|s| s.parse::<jiff::Timestamp>().ok())
                     .is_some_and(|st| jiff::Timestamp::now().as_second() >= st.as_second() + ads)
             });
             let mut create_pod = false;
-            if let Some(t) = &target {
+            if let Some(t) = target {
                 if active.is_empty() {
                     conditions.push(condition(
                         "Failed",
@@ -1016,47 +1178,55 @@ impl Runner {
                     "Job was active longer than specified deadline",
                 ));
                 for p in &active {
-                    let pname = store::meta_str(p, "name").unwrap_or_default();
-                    let opts = DeleteOptions {
-                        propagation: Some(Propagation::Background),
-                        ..Default::default()
-                    };
-                    let _ = self.store.delete_rt(&prt, Some(&ns), pname, &opts);
+                    deletes.push((ns.clone(), p.name.clone()));
                 }
-            } else if active.is_empty() && !suspended && !store::is_deleting(&job) {
+            } else if active.is_empty() && !suspended && !job.deleting {
                 create_pod = true;
             }
-            status["conditions"] = json!(conditions);
-            if conditions.is_empty()
-                && let Some(m) = status.as_object_mut()
-            {
+            let no_conditions = conditions.is_empty();
+            status["conditions"] = Value::Array(conditions);
+            if no_conditions && let Some(m) = status.as_object_mut() {
                 m.remove("conditions");
             }
-            if status != job["status"] || create_pod {
-                let Ok(mut full) = self.store.get_rt(&jrt, Some(&ns), &name) else {
+            if status != job.status || create_pod {
+                let status = (status != job.status).then_some(status);
+                writes.push((juid, ns, name, status, create_pod));
+            }
+        }
+        for (ns, name) in deletes {
+            let opts = DeleteOptions {
+                propagation: Some(Propagation::Background),
+                ..Default::default()
+            };
+            let _ = self.store.delete_rt(&prt, Some(&ns), &name, &opts);
+        }
+        for (juid, ns, name, status, create_pod) in writes {
+            let Ok(mut full) = self.store.get_rt(&jrt, Some(&ns), &name) else {
+                continue;
+            };
+            if store::meta_str(&full, "uid") != Some(juid.as_str()) {
+                continue;
+            }
+            if let Some(status) = status {
+                full["status"] = status;
+                if self
+                    .store
+                    .update_rt(&jrt, Some(&ns), &name, full.clone(), true)
+                    .is_err()
+                {
+                    // Changed meanwhile (that change marks it again) or not written: retry.
+                    self.dirty.insert(juid);
                     continue;
-                };
-                if store::meta_str(&full, "uid") != Some(juid.as_str()) {
-                    continue;
                 }
-                if status != job["status"] {
-                    full["status"] = status;
-                    match self
-                        .store
-                        .update_rt(&jrt, Some(&ns), &name, full.clone(), true)
-                    {
-                        Ok(_) => {}
-                        Err(_) => continue,
-                    }
-                }
-                if create_pod {
-                    self.create_pod(&prt, &full);
-                }
+            }
+            if create_pod && !self.create_pod(&prt, &full) {
+                self.dirty.insert(juid);
             }
         }
     }
 
-    fn create_pod(&mut self, prt: &ResourceType, job: &Value) {
+    /// Create the Pod of a Job from its template; whether it was created.
+    fn create_pod(&self, prt: &ResourceType, job: &Value) -> bool {
         let juid = store::meta_str(job, "uid").unwrap_or_default();
         let jname = store::meta_str(job, "name").unwrap_or_default();
         let ns = store::meta_str(job, "namespace").unwrap_or_default();
@@ -1081,7 +1251,7 @@ impl Runner {
         if let Some(a) = tmpl["metadata"].get("annotations") {
             pod["metadata"]["annotations"] = a.clone();
         }
-        let _ = self.store.create_rt(prt, Some(ns), pod);
+        self.store.create_rt(prt, Some(ns), pod).is_ok()
     }
 }
 

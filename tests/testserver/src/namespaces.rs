@@ -12,24 +12,23 @@ pub(crate) async fn run(store: Store) {
 }
 
 pub(crate) fn pass(store: &Store) {
-    let terminating: Vec<(String, String)> = store
-        .snapshot_where(|g, p, _, o| g.is_empty() && p == "namespaces" && store::is_deleting(o))
-        .iter()
-        .filter_map(|(_, _, o)| {
-            Some((
-                store::meta_str(o, "name")?.to_string(),
-                store::meta_str(o, "uid")?.to_string(),
-            ))
-        })
-        .collect();
+    let Some(ns_rt) = store.any_type("", "namespaces") else {
+        return;
+    };
+    let terminating: Vec<(String, String)> = store.view_rt(&ns_rt, |o| {
+        if !store::is_deleting(o) {
+            return None;
+        }
+        Some((
+            store::meta_str(o, "name")?.to_string(),
+            store::meta_str(o, "uid")?.to_string(),
+        ))
+    });
     if terminating.is_empty() {
         return;
     }
     let names: Vec<&str> = terminating.iter().map(|(n, _)| n.as_str()).collect();
     let snapshot = store.snapshot_where(|_, _, ns, _| names.contains(&ns));
-    let Some(ns_rt) = store.any_type("", "namespaces") else {
-        return;
-    };
     for (ns, uid) in terminating {
         // What discovery finds: instances left in storage by a CRD that is gone are unseen.
         let content: Vec<&(String, String, serde_json::Value)> = snapshot

@@ -85,6 +85,19 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
+    /// The (key, value) labels every matching object has (from `=`, `==` and `in` with one
+    /// value).
+    pub fn required(&self) -> Vec<(&str, &str)> {
+        self.0
+            .iter()
+            .filter_map(|r| match r {
+                Req::Eq(k, v) => Some((k.as_str(), v.as_str())),
+                Req::In(k, vs) if vs.len() == 1 => Some((k.as_str(), vs[0].as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
         let get = |k: &str| labels.get(k).and_then(Value::as_str);

@@ -4,12 +4,13 @@
 //! (generation, status subresource, finalizers, graceful Pod deletion, propagation policy);
 //! the asynchronous controllers (GC, namespace lifecycle, Job runner) live in their own modules.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use base64::Engine;
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, watch};
 
@@ -258,24 +259,220 @@ pub struct Event {
     /// The object before the change (for MODIFIED), so watches with selectors can
     /// turn transitions into ADDED/DELETED as the apiserver does.
     pub prev: Option<Value>,
+    /// `object` as JSON, made once by the first watch that sends it (see [`Event::json`]).
+    json: OnceLock<Bytes>,
+}
+
+impl Event {
+    /// `object` serialized as JSON, once for every watch that sends it as stored.
+    pub fn json(&self) -> Bytes {
+        self.json
+            .get_or_init(|| Bytes::from(serde_json::to_vec(&self.object).unwrap_or_default()))
+            .clone()
+    }
 }
 
 /// (current resourceVersion, history to replay, live events).
 pub(crate) type WatchStart = (u64, Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
 
-type ObjKey = (String, String, String, String); // group, plural, namespace ("" if cluster), name
+/// group, plural, namespace ("" if cluster-scoped), name.
+pub(crate) type ObjKey = (String, String, String, String);
 
 struct Inner {
     rv: u64,
-    types: Vec<ResourceType>,
+    /// Shared with readers ([`Store::types_shared`]); changes copy it.
+    types: Arc<Vec<ResourceType>>,
+    /// Written only through [`Inner::put`] and [`Inner::take`], which keep the indexes below.
     objects: BTreeMap<ObjKey, Value>,
+    /// uid -> whether that object waits for its dependents, for every stored object.
+    uids: HashMap<String, bool>,
+    /// What the garbage collector reads of each object with `ownerReferences` or waiting for
+    /// its dependents (foreground deletion), in key order.
+    gc_watched: BTreeMap<ObjKey, GcEntry>,
+    /// Bumped whenever `uids` or `gc_watched` changes: what the collector decides from.
+    gc_generation: u64,
+    /// Label key -> label value -> keys of the objects (of any resource) with that label:
+    /// a list whose selector requires a label reads only those.
+    labels: HashMap<String, HashMap<String, BTreeSet<ObjKey>>>,
     history: VecDeque<Arc<Event>>,
     /// Watches from a resourceVersion below this get 410 Expired.
     compacted: u64,
 }
 
-/// (group, plural, object) of a snapshot.
-pub(crate) type GroupPluralObject = (String, String, Value);
+/// What the garbage collector reads of an object: kept by the store on every write, so that a
+/// pass reads no object (looking objects up by their four-string key is what costs).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct GcEntry {
+    pub uid: String,
+    /// [`owner_refs`]: owner uid and `blockOwnerDeletion`.
+    pub owners: Vec<(String, bool)>,
+    pub deleting: bool,
+    /// Deleting in the foreground: waits for its dependents.
+    pub waiting: bool,
+}
+
+impl Inner {
+    /// Store `obj` under `key` (new or replacing), keeping the indexes.
+    fn put(&mut self, key: &ObjKey, obj: Value) {
+        let waiting = waits_for_dependents(&obj);
+        let uid = meta_str(&obj, "uid").unwrap_or_default();
+        let mut changed = false;
+        if !uid.is_empty() && self.uids.get(uid) != Some(&waiting) {
+            self.uids.insert(uid.to_string(), waiting);
+            changed = true;
+        }
+        let owners = owner_refs(&obj);
+        if owners.is_empty() && !waiting {
+            changed |= self.gc_watched.remove(key).is_some();
+        } else {
+            let entry = GcEntry {
+                uid: uid.to_string(),
+                owners,
+                deleting: is_deleting(&obj),
+                waiting,
+            };
+            match self.gc_watched.get_mut(key) {
+                Some(e) if *e == entry => {}
+                Some(e) => {
+                    *e = entry;
+                    changed = true;
+                }
+                None => {
+                    self.gc_watched.insert(key.clone(), entry);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            self.gc_generation += 1;
+        }
+        let old = self.objects.insert(key.clone(), obj);
+        reindex_labels(&mut self.labels, key, old.as_ref(), self.objects.get(key));
+    }
+
+    /// Remove the object under `key`, keeping the indexes.
+    fn take(&mut self, key: &ObjKey) -> Option<Value> {
+        let obj = self.objects.remove(key)?;
+        if meta_str(&obj, "uid").is_some_and(|uid| self.uids.remove(uid).is_some())
+            | self.gc_watched.remove(key).is_some()
+        {
+            self.gc_generation += 1;
+        }
+        reindex_labels(&mut self.labels, key, Some(&obj), None);
+        Some(obj)
+    }
+
+    /// The keys of the objects that have all the labels in `required`, if there is such a
+    /// label: the smallest of their label index entries (a superset of the answer).
+    fn labelled(&self, required: &[(&str, &str)]) -> Option<&BTreeSet<ObjKey>> {
+        static NONE: BTreeSet<ObjKey> = BTreeSet::new();
+        required
+            .iter()
+            .map(|(k, v)| {
+                self.labels
+                    .get(*k)
+                    .and_then(|values| values.get(*v))
+                    .unwrap_or(&NONE)
+            })
+            .min_by_key(|keys| keys.len())
+    }
+}
+
+/// The labels of an object with string values (what label selectors read).
+fn string_labels(obj: Option<&Value>) -> impl Iterator<Item = (&str, &str)> {
+    obj.and_then(|o| o["metadata"]["labels"].as_object())
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
+}
+
+/// Move `key` in the label index from the labels of `old` to those of `new` (either `None`).
+fn reindex_labels(
+    index: &mut HashMap<String, HashMap<String, BTreeSet<ObjKey>>>,
+    key: &ObjKey,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) {
+    fn labels(o: Option<&Value>) -> Option<&Value> {
+        o.map(|o| &o["metadata"]["labels"])
+    }
+    if labels(old) == labels(new) {
+        return;
+    }
+    let has = |o: Option<&Value>, k: &str, v: &str| {
+        labels(o).and_then(|l| l.get(k)).and_then(Value::as_str) == Some(v)
+    };
+    for (k, v) in string_labels(old) {
+        if has(new, k, v) {
+            continue;
+        }
+        if let Some(values) = index.get_mut(k) {
+            if let Some(keys) = values.get_mut(v) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    values.remove(v);
+                }
+            }
+            if values.is_empty() {
+                index.remove(k);
+            }
+        }
+    }
+    for (k, v) in string_labels(new) {
+        if has(old, k, v) {
+            continue;
+        }
+        index
+            .entry(k.to_string())
+            .or_default()
+            .entry(v.to_string())
+            .or_default()
+            .insert(key.clone());
+    }
+}
+
+/// The stored objects, read under the store's lock.
+pub(crate) struct Objects<'a> {
+    inner: &'a Inner,
+}
+
+impl Objects<'_> {
+    /// The objects of one resource (any version), in key order.
+    pub(crate) fn of(&self, rt: &ResourceType) -> impl Iterator<Item = &Value> {
+        objects_of(&self.inner.objects, rt, None).map(|(_, o)| o)
+    }
+}
+
+/// What the garbage collector reads, under the store's lock.
+pub(crate) struct GcView<'a> {
+    inner: &'a Inner,
+}
+
+impl GcView<'_> {
+    /// (group, plural, entry) of each object with `ownerReferences` or waiting for its
+    /// dependents, in key order.
+    pub(crate) fn watched(&self) -> impl Iterator<Item = (&ObjKey, &GcEntry)> {
+        self.inner.gc_watched.iter()
+    }
+
+    /// `Some(waits for its dependents)` if an object with this uid is stored.
+    pub(crate) fn uid_state(&self, uid: &str) -> Option<bool> {
+        self.inner.uids.get(uid).copied()
+    }
+
+    /// Changes whenever what [`GcView::watched`] and [`GcView::uid_state`] read changes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.inner.gc_generation
+    }
+
+    /// `{"metadata": ...}` of a stored object.
+    pub(crate) fn metadata(&self, key: &ObjKey) -> Option<Value> {
+        let o = self.inner.objects.get(key)?;
+        let mut m = Map::new();
+        m.insert("metadata".into(), o["metadata"].clone());
+        Some(Value::Object(m))
+    }
+}
 
 /// Handle to the object store. Cheap to clone; all clones share the same data.
 #[derive(Clone)]
@@ -367,6 +564,15 @@ pub(crate) fn finalizers(obj: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether an object is being deleted in the foreground: deleting, with the
+/// `foregroundDeletion` finalizer.
+pub(crate) fn waits_for_dependents(obj: &Value) -> bool {
+    is_deleting(obj)
+        && meta(obj)["finalizers"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|f| f.as_str() == Some(FOREGROUND_FINALIZER)))
 }
 
 pub(crate) fn is_deleting(obj: &Value) -> bool {
@@ -629,8 +835,12 @@ impl Store {
         let store = Store {
             inner: Arc::new(Mutex::new(Inner {
                 rv: 0,
-                types: builtin_types(),
+                types: Arc::new(builtin_types()),
                 objects: BTreeMap::new(),
+                uids: HashMap::new(),
+                gc_watched: BTreeMap::new(),
+                gc_generation: 0,
+                labels: HashMap::new(),
                 history: VecDeque::new(),
                 compacted: 0,
             })),
@@ -785,9 +995,14 @@ impl Store {
         inner.compacted = inner.rv;
     }
 
+    /// All served resource types, shared (no copy): what the HTTP front end routes by.
+    pub(crate) fn types_shared(&self) -> Arc<Vec<ResourceType>> {
+        self.lock().types.clone()
+    }
+
     /// All served resource types.
     pub fn types(&self) -> Vec<ResourceType> {
-        self.lock().types.clone()
+        self.lock().types.to_vec()
     }
 
     // ---------- internals used by the HTTP layer and the controllers ----------
@@ -812,20 +1027,6 @@ impl Store {
             .cloned()
     }
 
-    /// Find a type by group and plural (any served version).
-    pub(crate) fn type_by_plural(
-        &self,
-        group: &str,
-        version: &str,
-        plural: &str,
-    ) -> Option<ResourceType> {
-        self.lock()
-            .types
-            .iter()
-            .find(|t| t.group == group && t.version == version && t.plural == plural)
-            .cloned()
-    }
-
     /// Snapshot of the objects (with group and plural) that `keep` selects.
     pub(crate) fn snapshot_where(
         &self,
@@ -839,37 +1040,11 @@ impl Store {
             .collect()
     }
 
-    /// Every live uid, with whether that object waits for its dependents (foreground
-    /// deletion), and the metadata of the objects `keep` selects, read under one lock: the garbage collector
-    /// must never see a dependent without the owner that was created before it.
-    pub(crate) fn uid_states_and_snapshot(
-        &self,
-        keep: impl Fn(&str, &str, &str, &Value) -> bool,
-    ) -> (HashMap<String, bool>, Vec<GroupPluralObject>) {
+    /// Run `read` on the garbage collector's view, under one lock: the collector must never
+    /// see a dependent without the owner that was created before it.
+    pub(crate) fn gc_read<T>(&self, read: impl FnOnce(&GcView<'_>) -> T) -> T {
         let inner = self.lock();
-        let uids = inner
-            .objects
-            .values()
-            .filter_map(|o| {
-                let waiting =
-                    is_deleting(o) && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER);
-                meta_str(o, "uid").map(|u| (u.to_string(), waiting))
-            })
-            .collect();
-        // Metadata only: all the collector reads, and far less to clone under the lock.
-        let selected = inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), v)| keep(g, p, n, v))
-            .map(|((g, p, _, _), v)| {
-                (
-                    g.clone(),
-                    p.clone(),
-                    serde_json::json!({"metadata": v["metadata"].clone()}),
-                )
-            })
-            .collect();
-        (uids, selected)
+        read(&GcView { inner: &inner })
     }
 
     /// The first served type for a group/plural (used by controllers that hold snapshots).
@@ -918,25 +1093,38 @@ impl Store {
 
     /// (resourceVersion, items) for a resource, optionally in one namespace.
     pub(crate) fn list_rt(&self, rt: &ResourceType, ns: Option<&str>) -> (u64, Vec<Value>) {
-        self.list_rt_where(rt, ns, |_| true)
+        self.list_rt_where(rt, ns, &[], |_| true)
     }
 
     /// [`Store::list_rt`] of the objects `keep` selects (a selector): only those are cloned.
+    /// `keep` selects only objects with every label in `required` (a selector's equalities):
+    /// if there is one, only the objects with the rarest of them are read, from the label
+    /// index, instead of every object of the resource in the namespace.
     pub(crate) fn list_rt_where(
         &self,
         rt: &ResourceType,
         ns: Option<&str>,
+        required: &[(&str, &str)],
         keep: impl Fn(&Value) -> bool,
     ) -> (u64, Vec<Value>) {
         let inner = self.lock();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), o)| {
-                rt.is(g, p) && ns.is_none_or(|ns| !rt.namespaced || n == ns) && keep(o)
-            })
-            .map(|(_, o)| Self::present(rt, o))
-            .collect();
+        let items = match inner.labelled(required) {
+            Some(keys) => {
+                let ns = ns.filter(|_| rt.namespaced);
+                keys.iter()
+                    .filter(|(g, p, n, _)| {
+                        *g == rt.group && *p == rt.plural && ns.is_none_or(|ns| n == ns)
+                    })
+                    .filter_map(|k| inner.objects.get(k))
+                    .filter(|o| keep(o))
+                    .map(|o| Self::present(rt, o))
+                    .collect()
+            }
+            None => objects_of(&inner.objects, rt, ns)
+                .filter(|(_, o)| keep(o))
+                .map(|(_, o)| Self::present(rt, o))
+                .collect(),
+        };
         (inner.rv, items)
     }
 
@@ -950,10 +1138,7 @@ impl Store {
         view: impl Fn(&Value) -> Option<T>,
     ) -> Vec<T> {
         let inner = self.lock();
-        inner
-            .objects
-            .iter()
-            .filter(|((g, p, _, _), _)| rt.is(g, p))
+        objects_of(&inner.objects, rt, None)
             .filter_map(|(_, o)| view(o))
             .collect()
     }
@@ -979,6 +1164,17 @@ impl Store {
         }
     }
 
+    /// Subscribe to the events and `read` the stored objects under one lock, as an informer
+    /// lists and watches: the events received are exactly the changes after what `read` saw.
+    pub(crate) fn subscribe_and_read<T>(
+        &self,
+        read: impl FnOnce(&Objects<'_>) -> T,
+    ) -> (broadcast::Receiver<Arc<Event>>, T) {
+        let inner = self.lock();
+        let rx = self.events.subscribe();
+        (rx, read(&Objects { inner: &inner }))
+    }
+
     /// Subscribe and take a consistent snapshot of a resource's objects.
     pub(crate) fn watch_snapshot(
         &self,
@@ -986,10 +1182,7 @@ impl Store {
     ) -> (u64, Vec<Value>, broadcast::Receiver<Arc<Event>>) {
         let inner = self.lock();
         let rx = self.events.subscribe();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|((g, p, _, _), _)| rt.is(g, p))
+        let items = objects_of(&inner.objects, rt, None)
             .map(|(_, o)| Self::present(rt, o))
             .collect();
         (inner.rv, items, rx)
@@ -1000,7 +1193,7 @@ impl Store {
     fn put_modified_locked(&self, inner: &mut Inner, key: &ObjKey, obj: &mut Value, prev: Value) {
         inner.rv += 1;
         meta_mut(obj).insert("resourceVersion".into(), json!(inner.rv.to_string()));
-        inner.objects.insert(key.clone(), obj.clone());
+        inner.put(key, obj.clone());
         self.emit(inner, key, EventType::Modified, obj.clone(), Some(prev));
     }
 
@@ -1020,6 +1213,7 @@ impl Store {
             kind,
             object,
             prev,
+            json: OnceLock::new(),
         });
         inner.history.push_back(ev.clone());
         while inner.history.len() > HISTORY_LIMIT {
@@ -1180,9 +1374,9 @@ impl Store {
                 ],
                 "storedVersions": obj["spec"]["versions"].as_array().map(|vs| vs.iter().filter(|v| v["storage"].as_bool() == Some(true)).map(|v| v["name"].clone()).collect::<Vec<_>>()).unwrap_or_default()
             });
-            inner.types.extend(types);
+            Arc::make_mut(&mut inner.types).extend(types);
         }
-        inner.objects.insert(key.clone(), obj.clone());
+        inner.put(&key, obj.clone());
         self.emit(&mut inner, &key, EventType::Added, obj.clone(), None);
         Ok(obj)
     }
@@ -1370,10 +1564,9 @@ impl Store {
         if crds::is_crd_resource(rt) && !status_only {
             let types = crd_types(&new).map_err(|e| ApiError::invalid(rt, name, "spec", &e))?;
             let crd_name = name.to_string();
-            inner
-                .types
-                .retain(|t| t.crd.as_deref() != Some(crd_name.as_str()));
-            inner.types.extend(types);
+            let served = Arc::make_mut(&mut inner.types);
+            served.retain(|t| t.crd.as_deref() != Some(crd_name.as_str()));
+            served.extend(types);
         }
         inner.rv += 1;
         let rv = inner.rv;
@@ -1386,7 +1579,7 @@ impl Store {
             self.remove_locked(&mut inner, rt, &key, new.clone());
             return Ok(new);
         }
-        inner.objects.insert(key.clone(), new.clone());
+        inner.put(&key, new.clone());
         self.emit(
             &mut inner,
             &key,
@@ -1399,7 +1592,7 @@ impl Store {
 
     /// Remove an object now (the final step of any deletion), with a DELETED event.
     fn remove_locked(&self, inner: &mut Inner, rt: &ResourceType, key: &ObjKey, mut last: Value) {
-        if inner.objects.remove(key).is_none() {
+        if inner.take(key).is_none() {
             return;
         }
         inner.rv = inner.rv.saturating_add(1);
@@ -1408,9 +1601,7 @@ impl Store {
         if crds::is_crd_resource(rt) {
             // Its types stop being served. Instances still stored (the cleanup finalizer
             // was removed by hand) stay in storage, unserved, as on a real server.
-            inner
-                .types
-                .retain(|t| t.crd.as_deref() != Some(key.3.as_str()));
+            Arc::make_mut(&mut inner.types).retain(|t| t.crd.as_deref() != Some(key.3.as_str()));
         }
         self.emit(inner, key, EventType::Deleted, last, None);
     }
@@ -1564,10 +1755,11 @@ impl Store {
 
     /// Remove ownerReferences to `owner_uid` from every object (Orphan propagation).
     fn orphan_dependents_locked(&self, inner: &mut Inner, owner_uid: &str) {
+        // Every object with ownerReferences is in the collector's index.
         let keys: Vec<ObjKey> = inner
-            .objects
+            .gc_watched
             .iter()
-            .filter(|(_, o)| owner_refs(o).iter().any(|(u, _)| u == owner_uid))
+            .filter(|(_, e)| e.owners.iter().any(|(u, _)| u == owner_uid))
             .map(|(k, _)| k.clone())
             .collect();
         for k in keys {
@@ -1584,6 +1776,28 @@ impl Store {
             self.put_modified_locked(inner, &k, &mut o, prev);
         }
     }
+}
+
+/// The stored objects of one resource (`rt`'s group and plural, any version), in namespace
+/// `ns` if the resource is namespaced and `ns` is given, else in all: one range of the ordered
+/// map (keys sort by group, plural, namespace, name), so a scan never touches other
+/// resources' or namespaces' objects.
+fn objects_of<'a>(
+    objects: &'a BTreeMap<ObjKey, Value>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+) -> impl Iterator<Item = (&'a ObjKey, &'a Value)> + use<'a> {
+    let ns = ns.filter(|_| rt.namespaced).map(str::to_string);
+    let start = (
+        rt.group.clone(),
+        rt.plural.clone(),
+        ns.clone().unwrap_or_default(),
+        String::new(),
+    );
+    let (group, plural) = (rt.group.clone(), rt.plural.clone());
+    objects.range(start..).take_while(move |((g, p, n, _), _)| {
+        *g == group && *p == plural && ns.as_ref().is_none_or(|ns| n == ns)
+    })
 }
 
 /// Secret `stringData` is write-only: merged into `data` (base64) on every write, as the
@@ -1633,7 +1847,7 @@ fn default_pod_spec(spec: &mut Value) {
 /// Runs a controller's `pass` once, then again after each change of the store (letting a
 /// burst of writes settle for 5 ms first), until the change channel closes or the task is
 /// aborted.
-pub(crate) async fn run_on_changes(store: Store, pass: fn(&Store)) {
+pub(crate) async fn run_on_changes(store: Store, mut pass: impl FnMut(&Store)) {
     let mut changes = store.subscribe_changes();
     loop {
         pass(&store);
@@ -1832,6 +2046,110 @@ mod tests {
             .is_none()
         );
         assert!(s.resource_type("example.com/v1", "Widget").is_none());
+    }
+
+    #[test]
+    fn lists_take_only_the_resource_and_namespace_asked_for() {
+        let s = Store::new();
+        for ns in ["a", "ab"] {
+            s.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+                .expect("namespace");
+        }
+        for (ns, name) in [("a", "x"), ("ab", "y"), ("default", "z")] {
+            s.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}}))
+                .expect("configmap");
+            s.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}}))
+                .expect("secret");
+        }
+        let names = |items: Vec<Value>| -> Vec<String> {
+            items
+                .iter()
+                .map(|o| {
+                    format!(
+                        "{}/{}",
+                        o["kind"].as_str().unwrap_or_default(),
+                        meta_str(o, "name").unwrap_or_default()
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            names(s.list("v1", "configmaps", Some("a"))),
+            ["ConfigMap/x"]
+        );
+        assert_eq!(
+            names(s.list("v1", "configmaps", None)),
+            ["ConfigMap/x", "ConfigMap/y", "ConfigMap/z"]
+        );
+        assert_eq!(names(s.list("v1", "secrets", Some("ab"))), ["Secret/y"]);
+        assert!(s.list("v1", "configmaps", Some("nowhere")).is_empty());
+        // A cluster-scoped resource ignores the namespace.
+        assert_eq!(
+            names(s.list("v1", "namespaces", Some("a"))),
+            [
+                "Namespace/a",
+                "Namespace/ab",
+                "Namespace/default",
+                "Namespace/kube-system"
+            ]
+        );
+    }
+
+    /// Lists that read the label index give what a scan of every object gives, through
+    /// creates, relabels, label removals and deletes.
+    #[test]
+    fn label_index_lists_match_a_full_scan() {
+        use crate::selectors::LabelSelector;
+        let s = Store::new();
+        s.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}))
+            .expect("namespace");
+        let cm_rt = s.resource_type("v1", "configmaps").expect("type");
+        let secret_rt = s.resource_type("v1", "secrets").expect("type");
+        let check = |when: &str| {
+            for sel in ["a=1", "a=1,b=x", "b in (x)", "a==2,b!=x", "a=3", "b=x,a"] {
+                let l = LabelSelector::parse(sel).expect(sel);
+                for rt in [&cm_rt, &secret_rt] {
+                    for ns in [None, Some("default"), Some("other")] {
+                        let indexed = s.list_rt_where(rt, ns, &l.required(), |o| l.matches(o)).1;
+                        let scanned = s.list_rt_where(rt, ns, &[], |o| l.matches(o)).1;
+                        assert_eq!(indexed, scanned, "{when}: {sel} {} {ns:?}", rt.plural);
+                    }
+                }
+            }
+        };
+        for (i, ns) in ["default", "other", "default", "other", "default"]
+            .iter()
+            .enumerate()
+        {
+            let labels = json!({"a": (i % 2 + 1).to_string(), "b": if i < 3 { "x" } else { "y" }});
+            for kind in ["ConfigMap", "Secret"] {
+                s.create(json!({"apiVersion": "v1", "kind": kind,
+                    "metadata": {"name": format!("o{i}"), "namespace": ns, "labels": labels}}))
+                    .expect("create");
+            }
+        }
+        check("created");
+        let mut o = s
+            .get("v1", "configmaps", Some("default"), "o0")
+            .expect("o0");
+        o["metadata"]["labels"] = json!({"a": "3", "b": "x"});
+        s.update(o).expect("relabel");
+        let mut o = s.get("v1", "secrets", Some("other"), "o1").expect("o1");
+        o["metadata"]["labels"] = Value::Null;
+        s.update(o).expect("unlabel");
+        check("relabelled");
+        s.delete("v1", "configmaps", Some("default"), "o2")
+            .expect("delete");
+        s.delete("v1", "secrets", Some("default"), "o4")
+            .expect("delete");
+        check("deleted");
+        let l = LabelSelector::parse("a=3").expect("parse");
+        assert_eq!(
+            s.list_rt_where(&cm_rt, None, &l.required(), |o| l.matches(o))
+                .1
+                .len(),
+            1
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct WatchParams {
 
 struct Filter {
     rt: ResourceType,
+    /// `rt.api_version()`.
+    api_version: String,
     namespace: Option<String>,
     labels: LabelSelector,
     fields: FieldSelector,
@@ -54,15 +56,21 @@ impl Filter {
                 .is_none_or(|ns| !self.rt.namespaced || ev.namespace == ns)
     }
 
-    fn present(&self, obj: &Value) -> Value {
-        let mut o = obj.clone();
-        o["apiVersion"] = json!(self.rt.api_version());
+    /// The object's JSON as this watch sends it (in the watched version): the event's own
+    /// JSON, made once for all watches, when the object is stored in that version.
+    fn encode(&self, ev: &Event) -> Bytes {
+        if ev.object["apiVersion"] == self.api_version.as_str() && ev.object["kind"] == self.rt.kind
+        {
+            return ev.json();
+        }
+        let mut o = ev.object.clone();
+        o["apiVersion"] = json!(self.api_version);
         o["kind"] = json!(self.rt.kind);
-        o
+        Bytes::from(serde_json::to_vec(&o).unwrap_or_default())
     }
 
     /// The event to send for a store event, if any.
-    fn translate(&self, ev: &Event) -> Option<(&'static str, Value)> {
+    fn translate(&self, ev: &Event) -> Option<Bytes> {
         if !self.same_resource(ev) {
             return None;
         }
@@ -80,12 +88,27 @@ impl Filter {
                 }
             }
         }?;
-        Some((kind, self.present(&ev.object)))
+        Some(encoded_line(kind, &self.encode(ev)))
     }
 }
 
+/// A watch event line around an object already in JSON: the bytes [`line()`] makes (the
+/// keys in serde_json's order).
+fn encoded_line(kind: &str, object: &[u8]) -> Bytes {
+    let mut v = Vec::with_capacity(object.len() + kind.len() + 24);
+    v.extend_from_slice(b"{\"object\":");
+    v.extend_from_slice(object);
+    v.extend_from_slice(b",\"type\":\"");
+    v.extend_from_slice(kind.as_bytes());
+    v.extend_from_slice(b"\"}\n");
+    Bytes::from(v)
+}
+
 fn line(kind: &str, object: Value) -> Bytes {
-    let mut v = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    // The object is moved in: `json!` would copy it through the serializer.
+    let mut event = json!({"type": kind});
+    event["object"] = object;
+    let mut v = serde_json::to_vec(&event).unwrap_or_default();
     v.push(b'\n');
     Bytes::from(v)
 }
@@ -100,6 +123,7 @@ pub(crate) fn start(
     params: WatchParams,
 ) -> Result<mpsc::Receiver<Bytes>, ApiError> {
     let filter = Filter {
+        api_version: rt.api_version(),
         rt,
         namespace,
         labels: params.labels,
@@ -138,8 +162,8 @@ pub(crate) fn start(
         match store.watch_from(rv) {
             Ok((cur, history, rx)) => {
                 for ev in history {
-                    if let Some((k, o)) = filter.translate(&ev) {
-                        initial.push(line(k, o));
+                    if let Some(l) = filter.translate(&ev) {
+                        initial.push(l);
                     }
                 }
                 (cur, rx)
@@ -207,8 +231,8 @@ async fn run(
                     match rx.try_recv() {
                         Ok(ev) => {
                             progress = ev.rv;
-                            if let Some((k, o)) = filter.translate(&ev)
-                                && tx.send(line(k, o)).await.is_err() { return; }
+                            if let Some(l) = filter.translate(&ev)
+                                && tx.send(l).await.is_err() { return; }
                         }
                         Err(broadcast::error::TryRecvError::Empty) => break,
                         Err(_) => return,
@@ -226,10 +250,75 @@ async fn run(
             },
         };
         progress = ev.rv;
-        if let Some((k, o)) = filter.translate(&ev)
-            && tx.send(line(k, o)).await.is_err()
+        if let Some(l) = filter.translate(&ev)
+            && tx.send(l).await.is_err()
         {
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each watch sends the object in the version it watches, whether it gets the JSON made
+    /// once per event (the stored version) or its own.
+    #[tokio::test]
+    async fn watches_get_the_object_in_their_version() {
+        let store = Store::new();
+        store
+            .create(
+                json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "widgets.example.com"},
+                "spec": {"group": "example.com", "scope": "Namespaced",
+                    "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                    "versions": [{"name": "v1", "served": true, "storage": true},
+                        {"name": "v2", "served": true, "storage": false}]}}),
+            )
+            .expect("crd");
+        let from = store.resource_version().to_string();
+        let faults = Faults::default();
+        let watch = |version: &str, rv: Option<String>| {
+            let rt = store
+                .resource_type(&format!("example.com/{version}"), "widgets")
+                .expect("served");
+            let params = WatchParams {
+                resource_version: rv,
+                ..Default::default()
+            };
+            start(&store, &faults, rt, None, params).expect("watch")
+        };
+        // From the history, and from the current state (ADDED for each object), then live.
+        let mut watches = vec![
+            ("v1", watch("v1", Some(from.clone()))),
+            ("v2", watch("v2", Some(from))),
+        ];
+        let created = store
+            .create(json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "default"}, "spec": {"size": 1}}))
+            .expect("widget");
+        watches.push(("v1", watch("v1", None)));
+        watches.push(("v2", watch("v2", None)));
+        let mut updated = created.clone();
+        updated["spec"]["size"] = json!(2);
+        let updated = store.update(updated).expect("update");
+        for (i, (version, rx)) in watches.iter_mut().enumerate() {
+            for (kind, obj) in [("ADDED", &created), ("MODIFIED", &updated)] {
+                let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                    .await
+                    .expect("in time")
+                    .expect("an event");
+                let mut o = obj.clone();
+                o["apiVersion"] = json!(format!("example.com/{version}"));
+                let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).expect("JSON");
+                assert!(got.ends_with(b"\n"), "one line");
+                assert_eq!(
+                    parse(&got),
+                    parse(&line(kind, o)),
+                    "watch {i} ({version}), {kind}"
+                );
+            }
         }
     }
 }
