@@ -34,7 +34,9 @@
 //!   every instance as a normal DELETE does (finalizers hold them) and, once none is left,
 //!   removes its finalizer, and the CRD and its types go. Removing the finalizer by hand
 //!   leaves the remaining instances in storage, unserved, until a CRD serves them again.
-//! - A fault switch ([`Faults`]) and request counters ([`RequestLog`]).
+//! - A fault switch ([`Faults`]) and request counters ([`RequestLog`]); with
+//!   `CAPTF_TESTSERVER_TRACE=FILE`, a trace of every request (start, duration, status, method,
+//!   URI, client) appended to FILE, for latency investigations.
 //! - A local Job runner ([`JobRunner`]) standing in for the Job controller and the kubelet.
 //! - The binary `captf-testserver --kubeconfig PATH` runs the server and the Job runner as
 //!   a process of their own, for the end-to-end tests' real-cluster mode
