@@ -53,8 +53,12 @@ pub async fn reconcile<K: TerraformObject>(
     }
     ctx.metrics.reconciles.inc(&[K::KIND.as_str()]);
 
-    // The finalizer goes on at first sight, before anything can be created for the object.
-    if !deleting && !obj.finalizers().iter().any(|f| f == K::KIND.finalizer()) {
+    // The finalizer goes on at first sight, before anything can be created for the object,
+    // paused or not (as CAPI's controllers do), except on an object clusterctl move is
+    // taking away: it strips the finalizers before it deletes the source copy, and one put
+    // back in between would hold that copy for ever.
+    let moving = annotation(obj.as_ref(), names::CLUSTERCTL_DELETE_FOR_MOVE).is_some();
+    if !deleting && !moving && !obj.finalizers().iter().any(|f| f == K::KIND.finalizer()) {
         let ops = writes::add_finalizer_ops(obj.meta(), K::KIND.finalizer());
         guarded_patch(&api, obj.meta(), ops).await?;
         return Ok(Requeue::await_change());

@@ -853,16 +853,21 @@ async fn passes_by_hand(tag: &str) -> (Env, Arc<Context>) {
     let cluster_uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &markers)
         .await;
-    let ctx = Arc::new(Context::new(
+    let ctx = hand_context(&env).await;
+    pass(&env, &ctx).await; // the finalizer
+    env.apply::<Tfm>("web-1", &module(0), &markers).await;
+    (env, ctx)
+}
+
+/// The manager's context, for passes run by hand.
+async fn hand_context(env: &Env) -> Arc<Context> {
+    Arc::new(Context::new(
         env.client.clone(),
         &env.config,
         captf::job::Templates::embedded(),
         Arc::default(),
         discover_cluster(&env.client).await,
-    ));
-    pass(&env, &ctx).await; // the finalizer
-    env.apply::<Tfm>("web-1", &module(0), &markers).await;
-    (env, ctx)
+    ))
 }
 
 /// One reconcile pass on `web-1` as it is now; true when it is gone.
@@ -874,6 +879,28 @@ async fn pass(env: &Env, ctx: &Arc<Context>) -> bool {
         }
         None => true,
     }
+}
+
+/// Deletes `web-1` and runs passes until its destroy Job exists, then none while the Job
+/// runs (so that no pass cleans up before the test is ready), until the Job completed.
+async fn destroy_by_hand(env: &Env, ctx: &Arc<Context>) {
+    env.delete::<Tfm>("web-1").await;
+    wait_for("the destroy Job, pass by pass", long(), || async {
+        !env.destroy_jobs().await.is_empty() || pass(env, ctx).await
+    })
+    .await;
+    wait_for("the destroy Job to complete", long(), || async {
+        env.destroy_jobs().await.iter().any(|j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Complete" && c.status == "True")
+                })
+        })
+    })
+    .await;
 }
 
 /// A pass that starts from a copy of the object cached before its release (the release's
@@ -909,25 +936,7 @@ async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_cleanup_deletes_a_state_secret_without_the_owner_labels() {
     let (env, ctx) = passes_by_hand("unlabelled").await;
-    env.delete::<Tfm>("web-1").await;
-    let finished = || async {
-        env.destroy_jobs().await.iter().any(|j| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Complete" && c.status == "True")
-                })
-        })
-    };
-    // Passes until the destroy Job exists; none while it runs, so that no pass cleans up
-    // before the labels are removed.
-    wait_for("the destroy Job, pass by pass", long(), || async {
-        !env.destroy_jobs().await.is_empty() || pass(&env, &ctx).await
-    })
-    .await;
-    wait_for("the destroy Job to complete", long(), finished).await;
+    destroy_by_hand(&env, &ctx).await;
     let state = names::state_secret_name("web-1.tfm");
     let unlabel = serde_json::json!({"metadata": {"labels": {names::LABEL_OWNER_UID: null}}});
     env.secrets()
@@ -965,23 +974,7 @@ async fn the_cleanup_deletes_a_state_secret_without_the_owner_labels() {
 async fn a_cleanup_pass_on_a_copy_without_the_latest_status_releases() {
     use captf::controller::writes;
     let (env, ctx) = passes_by_hand("past-status").await;
-    env.delete::<Tfm>("web-1").await;
-    wait_for("the destroy Job, pass by pass", long(), || async {
-        !env.destroy_jobs().await.is_empty() || pass(&env, &ctx).await
-    })
-    .await;
-    wait_for("the destroy Job to complete", long(), || async {
-        env.destroy_jobs().await.iter().any(|j| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Complete" && c.status == "True")
-                })
-        })
-    })
-    .await;
+    destroy_by_hand(&env, &ctx).await;
     let api: Api<Tfm> = Api::namespaced(env.client.clone(), &env.ns);
     let stale = env.object::<Tfm>("web-1").await.expect("the object");
     let mark = |meta: &kube::api::ObjectMeta| {
@@ -1017,5 +1010,44 @@ async fn a_cleanup_pass_on_a_copy_without_the_latest_status_releases() {
         "released by that one pass"
     );
     assert!(env.destroyed("web-1"));
+    env.shutdown().await;
+}
+
+/// clusterctl move strips the finalizers of an object marked `delete-for-move` before it
+/// deletes it: a pass in between puts no finalizer back (it would hold the source copy for
+/// ever). An object without the mark gets its finalizer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_finalizer_is_put_back_on_an_object_marked_for_a_move() {
+    let env = Env::start("move-mark").await;
+    let cluster_uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &env.markers())
+        .await;
+    env.annotate::<Tfm>(
+        "web-1",
+        &[(names::CLUSTERCTL_DELETE_FOR_MOVE, Some(String::new()))],
+    )
+    .await;
+    let ctx = hand_context(&env).await;
+    let finalizers = || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .expect("the object")
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+    };
+    pass(&env, &ctx).await;
+    assert!(
+        finalizers().await.is_empty(),
+        "no finalizer on the object being moved"
+    );
+    env.annotate::<Tfm>("web-1", &[(names::CLUSTERCTL_DELETE_FOR_MOVE, None)])
+        .await;
+    pass(&env, &ctx).await;
+    assert_eq!(
+        finalizers().await.len(),
+        1,
+        "the finalizer once the mark is gone"
+    );
     env.shutdown().await;
 }
