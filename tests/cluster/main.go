@@ -1,0 +1,601 @@
+// Command captf-envtest runs a real Kubernetes control plane on loopback for CAPTF's
+// tests: an embedded etcd, kube-apiserver and kube-controller-manager (built from the
+// Kubernetes Go modules of go.mod), and the local kubelet of tests/kubelet, which
+// registers a Node and runs Pods as local processes.
+//
+//	captf-envtest --kubeconfig PATH
+//
+// writes an admin kubeconfig to PATH (atomically) once every component is up and the
+// Node is Ready, then runs until SIGTERM or SIGINT (or, with --exit-on-stdin-close, until
+// its standard input closes), and stops everything cleanly. See README.md beside it.
+//
+// kube-apiserver and kube-controller-manager run as child processes of this program
+// (the subcommands of the same names), each as its real command with its real flags, so
+// that the two keep their own process-wide state as in a real cluster.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	kcmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+// nodeName is the one Node of the cluster, served by the local kubelet.
+const nodeName = "captf-local"
+
+// controllers are the kube-controller-manager controllers that run. Those that need
+// cloud providers, volumes, node IPAM or a scheduler are left out.
+var controllers = []string{
+	"job-controller",
+	"garbage-collector-controller",
+	"namespace-controller",
+	"serviceaccount-controller",
+	"serviceaccount-token-controller",
+	"resourcequota-controller",
+	"ttl-after-finished-controller",
+	"root-ca-certificate-publisher-controller",
+	"pod-garbage-collector-controller",
+	"clusterrole-aggregation-controller",
+	"cronjob-controller",
+	"replicaset-controller",
+	"deployment-controller",
+}
+
+func main() {
+	// Children get SIGKILL when the thread that started them ends (Pdeathsig): start
+	// them from the main thread, which lives as long as the process.
+	runtime.LockOSThread()
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "kube-apiserver":
+			os.Exit(component(apiserverapp.NewAPIServerCommand(), os.Args[2:]))
+		case "kube-controller-manager":
+			os.Exit(component(kcmapp.NewControllerManagerCommand(), os.Args[2:]))
+		}
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+// component runs one Kubernetes component's own command with args.
+func component(cmd *cobra.Command, args []string) int {
+	cmd.SetArgs(args)
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+type options struct {
+	kubeconfig   string
+	dataDir      string
+	kubelet      string
+	kubeletArgs  multiFlag
+	crds         multiFlag
+	stdinClose   bool
+	keepData     bool
+	readyTimeout time.Duration
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func say(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "captf-envtest: "+format+"\n", args...)
+}
+
+func run(args []string) int {
+	var o options
+	fs := flag.NewFlagSet("captf-envtest", flag.ContinueOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "where to write the admin kubeconfig once the cluster is ready (required)")
+	fs.StringVar(&o.dataDir, "data-dir", "", "etcd data, certificates, logs and the kubelet's Pods (default: a new temporary directory, removed on stop)")
+	fs.StringVar(&o.kubelet, "kubelet", "", "the local kubelet binary (default: $CAPTF_KUBELET, else captf-kubelet beside this program)")
+	fs.Var(&o.kubeletArgs, "kubelet-arg", "an extra argument for the kubelet (repeatable)")
+	fs.Var(&o.crds, "crds", "a YAML or JSON file of CustomResourceDefinitions, or a directory of them, installed before the controllers start (repeatable)")
+	fs.BoolVar(&o.stdinClose, "exit-on-stdin-close", false, "stop when standard input closes (for a parent process that may die without a signal)")
+	fs.BoolVar(&o.keepData, "keep-data", false, "keep the data directory on stop")
+	fs.DurationVar(&o.readyTimeout, "ready-timeout", 3*time.Minute, "how long each component may take to become ready")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: captf-envtest --kubeconfig PATH [flags]\n\nA real Kubernetes control plane on loopback (etcd, kube-apiserver, kube-controller-manager, a local kubelet).")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.kubeconfig == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return 2
+	}
+	if o.kubelet == "" {
+		o.kubelet = os.Getenv("CAPTF_KUBELET")
+	}
+	if o.kubelet == "" {
+		self, err := os.Executable()
+		if err == nil {
+			o.kubelet = filepath.Join(filepath.Dir(self), "captf-kubelet")
+		}
+	}
+	crds, err := readCRDs(o.crds)
+	if err != nil {
+		say("--crds: %v", err)
+		return 2
+	}
+	if st, err := os.Stat(o.kubelet); err != nil || st.IsDir() {
+		say("the local kubelet %q is not there: build it (tests/cluster/build) or name it with --kubelet or CAPTF_KUBELET", o.kubelet)
+		return 2
+	}
+	// The kubeconfig appears only when the cluster is ready: an old one must not be
+	// taken for the new cluster's.
+	if err := os.Remove(o.kubeconfig); err != nil && !errors.Is(err, os.ErrNotExist) {
+		say("cannot remove the old kubeconfig %s: %v", o.kubeconfig, err)
+		return 1
+	}
+
+	c := &cluster{opts: o, crds: crds}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := make(chan string, 4)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() { s := <-sigs; stop <- "received " + s.String() }()
+	if o.stdinClose {
+		go func() { _, _ = io.Copy(io.Discard, os.Stdin); stop <- "standard input closed" }()
+	}
+	c.died = make(chan string, 4)
+
+	started := make(chan error, 1)
+	go func() { started <- c.start(ctx) }()
+	select {
+	case err := <-started:
+		if err != nil {
+			say("start failed: %v", err)
+			c.stop()
+			return 1
+		}
+	case why := <-stop:
+		say("%s while starting: stopping", why)
+		cancel()
+		c.stop()
+		return 1
+	case why := <-c.died:
+		say("%s while starting", why)
+		c.stop()
+		return 1
+	}
+
+	code := 0
+	select {
+	case why := <-stop:
+		say("%s: stopping", why)
+	case why := <-c.died:
+		say("%s: stopping the cluster", why)
+		code = 1
+	}
+	t := time.Now()
+	c.stop()
+	_ = os.Remove(o.kubeconfig)
+	say("stopped in %.1fs", time.Since(t).Seconds())
+	return code
+}
+
+// cluster is the running control plane.
+type cluster struct {
+	opts     options
+	crds     []*apiextensionsv1.CustomResourceDefinition
+	dataDir  string
+	tempData bool
+	pki      *pki
+	etcd     *etcdServer
+	server   string
+	adminCfg []byte
+
+	mu       sync.Mutex
+	children []*child
+	stopping bool
+	died     chan string
+}
+
+// child is a component running as a process of its own.
+type child struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (c *cluster) start(ctx context.Context) error {
+	t0 := time.Now()
+	if c.opts.dataDir == "" {
+		d, err := os.MkdirTemp("", "captf-envtest-")
+		if err != nil {
+			return err
+		}
+		c.dataDir, c.tempData = d, true
+	} else {
+		c.dataDir = c.opts.dataDir
+		if err := os.MkdirAll(c.dataDir, 0o755); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"logs", "kubelet"} {
+		if err := os.MkdirAll(filepath.Join(c.dataDir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	say("data and logs in %s", c.dataDir)
+
+	p, err := newPKI(filepath.Join(c.dataDir, "pki"))
+	if err != nil {
+		return fmt.Errorf("certificates: %w", err)
+	}
+	c.pki = p
+	ports := map[string]int{}
+	for _, n := range []string{"etcd-client", "etcd-peer", "apiserver", "kcm", "kubelet"} {
+		if ports[n], err = freePort(); err != nil {
+			return err
+		}
+	}
+	c.server = fmt.Sprintf("https://127.0.0.1:%d", ports["apiserver"])
+	loopbackHosts := []string{"127.0.0.1", "localhost"}
+	serving, err := p.issue("apiserver", "kube-apiserver", nil, append(loopbackHosts,
+		"10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"))
+	if err != nil {
+		return err
+	}
+	admin, err := p.issue("admin", "captf-envtest-admin", []string{"system:masters"}, nil)
+	if err != nil {
+		return err
+	}
+	kubeletClient, err := p.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil)
+	if err != nil {
+		return err
+	}
+	kcm, err := p.issue("kube-controller-manager", "system:kube-controller-manager", nil, loopbackHosts)
+	if err != nil {
+		return err
+	}
+	node, err := p.issue("kubelet", "system:node:"+nodeName, []string{"system:nodes"}, loopbackHosts)
+	if err != nil {
+		return err
+	}
+	scheduler, err := p.issue("scheduler", "system:kube-scheduler", nil, nil)
+	if err != nil {
+		return err
+	}
+	kubeconfigs := map[string]certPair{"admin": admin, "kube-controller-manager": kcm, "kubelet": node, "scheduler": scheduler}
+	for name, pair := range kubeconfigs {
+		data, err := kubeconfig(c.server, p.CAFile(), pair, name)
+		if err != nil {
+			return err
+		}
+		if name == "admin" {
+			c.adminCfg = data
+		}
+		if err := os.WriteFile(filepath.Join(c.dataDir, name+".kubeconfig"), data, 0o600); err != nil {
+			return err
+		}
+	}
+	tPKI := time.Since(t0)
+
+	t := time.Now()
+	c.etcd, err = startEtcd(filepath.Join(c.dataDir, "etcd"), ports["etcd-client"], ports["etcd-peer"],
+		filepath.Join(c.dataDir, "logs", "etcd.log"), c.opts.readyTimeout)
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	tEtcd := time.Since(t)
+	say("etcd ready in %.1fs at %s", tEtcd.Seconds(), c.etcd.url)
+
+	t = time.Now()
+	err = c.spawn("kube-apiserver", []string{
+		"--etcd-servers=" + c.etcd.url,
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ports["apiserver"]),
+		"--advertise-address=127.0.0.1",
+		// The endpoint reconciler refuses a loopback address: the kubernetes Service has
+		// no endpoints; Pods reach the API server through KUBERNETES_SERVICE_HOST/PORT,
+		// which the local kubelet sets to this server.
+		"--endpoint-reconciler-type=none",
+		"--cert-dir=" + filepath.Join(c.dataDir, "apiserver"),
+		"--tls-cert-file=" + serving.Cert,
+		"--tls-private-key-file=" + serving.Key,
+		"--client-ca-file=" + p.CAFile(),
+		"--service-account-key-file=" + p.path("sa.pub"),
+		"--service-account-signing-key-file=" + p.path("sa.key"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode=Node,RBAC",
+		// Added to the default admission plugins, which all stay on.
+		"--enable-admission-plugins=NodeRestriction",
+		"--kubelet-certificate-authority=" + p.CAFile(),
+		"--kubelet-client-certificate=" + kubeletClient.Cert,
+		"--kubelet-client-key=" + kubeletClient.Key,
+		"--kubelet-preferred-address-types=InternalIP",
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--profiling=false",
+		"--event-ttl=1h",
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.waitHTTP(ctx, "kube-apiserver", c.server+"/readyz", true); err != nil {
+		return err
+	}
+	tAPI := time.Since(t)
+	say("kube-apiserver ready in %.1fs at %s", tAPI.Seconds(), c.server)
+	if len(c.crds) > 0 {
+		t = time.Now()
+		if err := c.installCRDs(ctx, c.crds); err != nil {
+			return err
+		}
+		say("%d CRDs installed and established in %.1fs", len(c.crds), time.Since(t).Seconds())
+	}
+
+	t = time.Now()
+	err = c.spawn("kube-controller-manager", []string{
+		"--kubeconfig=" + filepath.Join(c.dataDir, "kube-controller-manager.kubeconfig"),
+		"--authentication-kubeconfig=" + filepath.Join(c.dataDir, "kube-controller-manager.kubeconfig"),
+		"--authorization-kubeconfig=" + filepath.Join(c.dataDir, "kube-controller-manager.kubeconfig"),
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ports["kcm"]),
+		"--tls-cert-file=" + kcm.Cert,
+		"--tls-private-key-file=" + kcm.Key,
+		"--leader-elect=false",
+		"--controllers=" + strings.Join(controllers, ","),
+		"--service-account-private-key-file=" + p.path("sa.key"),
+		"--root-ca-file=" + p.CAFile(),
+		"--use-service-account-credentials=true",
+		"--profiling=false",
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.waitHTTP(ctx, "kube-controller-manager", fmt.Sprintf("https://127.0.0.1:%d/healthz", ports["kcm"]), false); err != nil {
+		return err
+	}
+	client, err := c.client()
+	if err != nil {
+		return err
+	}
+	// The controllers act once their informers have synced: wait for what two of them
+	// create in every namespace.
+	if err := c.poll(ctx, "the service account and root CA controllers", func() (bool, error) {
+		if _, err := client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			return false, nil
+		}
+		_, err := client.CoreV1().ConfigMaps("default").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return err
+	}
+	tKCM := time.Since(t)
+	say("kube-controller-manager ready in %.1fs", tKCM.Seconds())
+
+	t = time.Now()
+	kubeletArgs := append([]string{
+		"--kubeconfig=" + filepath.Join(c.dataDir, "kubelet.kubeconfig"),
+		"--scheduler-kubeconfig=" + filepath.Join(c.dataDir, "scheduler.kubeconfig"),
+		"--node-name=" + nodeName,
+		"--address=127.0.0.1",
+		fmt.Sprintf("--port=%d", ports["kubelet"]),
+		"--tls-cert-file=" + node.Cert,
+		"--tls-private-key-file=" + node.Key,
+		"--root-dir=" + filepath.Join(c.dataDir, "kubelet"),
+		"--api-server=" + c.server,
+	}, c.opts.kubeletArgs...)
+	if err := c.spawnBinary("kubelet", c.opts.kubelet, kubeletArgs); err != nil {
+		return err
+	}
+	if err := c.poll(ctx, "Node "+nodeName+" to be Ready", func() (bool, error) {
+		n, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		return err
+	}
+	tKubelet := time.Since(t)
+
+	if err := writeAtomically(c.opts.kubeconfig, c.adminCfg); err != nil {
+		return fmt.Errorf("write the kubeconfig: %w", err)
+	}
+	say("ready in %.1fs (certificates %.1fs, etcd %.1fs, kube-apiserver %.1fs, kube-controller-manager %.1fs, kubelet and Node Ready %.1fs)",
+		time.Since(t0).Seconds(), tPKI.Seconds(), tEtcd.Seconds(), tAPI.Seconds(), tKCM.Seconds(), tKubelet.Seconds())
+	say("serving %s; kubeconfig written to %s", c.server, c.opts.kubeconfig)
+	return nil
+}
+
+func writeAtomically(path string, data []byte) error {
+	tmp := fmt.Sprintf("%s.tmp-%d", path, os.Getpid())
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func (c *cluster) client() (*kubernetes.Clientset, error) {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(c.adminCfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.UserAgent = "captf-envtest"
+	return kubernetes.NewForConfig(cfg)
+}
+
+// spawn starts this program's subcommand name as a child process.
+func (c *cluster) spawn(name string, args []string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	return c.spawnBinary(name, self, append([]string{name}, args...))
+}
+
+func (c *cluster) spawnBinary(name, bin string, args []string) error {
+	logPath := filepath.Join(c.dataDir, "logs", name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	ch := &child{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	c.mu.Lock()
+	c.children = append(c.children, ch)
+	c.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		close(ch.done)
+		c.mu.Lock()
+		stopping := c.stopping
+		c.mu.Unlock()
+		if !stopping {
+			c.died <- fmt.Sprintf("%s exited (%v); the last lines of %s:\n%s", name, err, logPath, tail(logPath, 30))
+		}
+	}()
+	return nil
+}
+
+func tail(path string, lines int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var all []string
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64*1024), 1024*1024)
+	for s.Scan() {
+		all = append(all, s.Text())
+		if len(all) > lines {
+			all = all[1:]
+		}
+	}
+	return strings.Join(all, "\n")
+}
+
+// poll checks every 100 ms until check says done, the timeout passes or a component dies.
+func (c *cluster) poll(ctx context.Context, what string, check func() (bool, error)) error {
+	deadline := time.Now().Add(c.opts.readyTimeout)
+	for {
+		done, err := check()
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s (logs in %s)", c.opts.readyTimeout, what, filepath.Join(c.dataDir, "logs"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// waitHTTP waits until url answers 200, with the admin's client certificate when asAdmin.
+func (c *cluster) waitHTTP(ctx context.Context, name, url string, asAdmin bool) error {
+	pool := x509.NewCertPool()
+	ca, err := os.ReadFile(c.pki.CAFile())
+	if err != nil {
+		return err
+	}
+	pool.AppendCertsFromPEM(ca)
+	tlsCfg := &tls.Config{RootCAs: pool}
+	if asAdmin {
+		pair, err := tls.LoadX509KeyPair(c.pki.path("admin.crt"), c.pki.path("admin.key"))
+		if err != nil {
+			return err
+		}
+		tlsCfg.Certificates = []tls.Certificate{pair}
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+	return c.poll(ctx, name+" to be ready ("+url+")", func() (bool, error) {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false, nil
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+}
+
+// stop stops the kubelet first (it kills the Pods' processes), then the controllers,
+// the API server and etcd.
+func (c *cluster) stop() {
+	c.mu.Lock()
+	c.stopping = true
+	children := append([]*child(nil), c.children...)
+	c.mu.Unlock()
+	for i := len(children) - 1; i >= 0; i-- {
+		ch := children[i]
+		_ = ch.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-ch.done:
+		case <-time.After(30 * time.Second):
+			say("%s did not stop within 30s of SIGTERM: killing it", ch.name)
+			_ = syscall.Kill(-ch.cmd.Process.Pid, syscall.SIGKILL)
+			<-ch.done
+		}
+	}
+	if c.etcd != nil {
+		c.etcd.stop()
+	}
+	if c.tempData && !c.opts.keepData {
+		_ = os.RemoveAll(c.dataDir)
+	}
+}
+
+func base64Std(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

@@ -1,0 +1,174 @@
+//! The fault switch: fail the next N matching requests with a given status, add latency to
+//! every request, and close every open watch stream. Models API server and etcd trouble
+//! and network interruptions as a client sees them: a failed request never reaches the
+//! API server, so nothing stored changes.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+#[derive(Debug)]
+struct Rule {
+    remaining: usize,
+    verb: Option<String>,
+    resource: Option<String>,
+    status: u16,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rules: Vec<Rule>,
+    latency: Duration,
+}
+
+/// Fault injection for the proxy's clients. Cloning shares the switch.
+#[derive(Clone, Debug)]
+pub struct Faults {
+    state: Arc<Mutex<State>>,
+    drop_watches: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            state: Arc::default(),
+            drop_watches: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+/// The answer to a failed request: a `Status` object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Injected {
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Injected {
+    pub(crate) fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": self.message, "reason": self.reason, "code": self.code,
+        }))
+        .unwrap_or_default()
+    }
+}
+
+fn reason_for(status: u16) -> &'static str {
+    match status {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "Conflict",
+        410 => "Expired",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "Unknown",
+    }
+}
+
+impl Faults {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fail the next `n` requests whose verb (`get`, `list`, `watch`, `create`, `update`,
+    /// `patch`, `delete`, `deletecollection`) and resource (plural, or `plural/subresource`)
+    /// match (`None` matches anything) with `status`, answered as a `Status` object.
+    pub fn fail_next(&self, n: usize, verb: Option<&str>, resource: Option<&str>, status: u16) {
+        self.lock().rules.push(Rule {
+            remaining: n,
+            verb: verb.map(str::to_string),
+            resource: resource.map(str::to_string),
+            status,
+        });
+    }
+
+    /// Add `latency` before every request is answered (replaces any earlier latency).
+    pub fn add_latency(&self, latency: Duration) {
+        self.lock().latency = latency;
+    }
+
+    /// Close every watch stream that is open now (clients see the stream end).
+    pub fn drop_watches(&self) {
+        self.drop_watches.send_modify(|n| *n += 1);
+    }
+
+    /// Remove all pending failures and the latency.
+    pub fn clear(&self) {
+        let mut s = self.lock();
+        s.rules.clear();
+        s.latency = Duration::ZERO;
+    }
+
+    pub(crate) fn latency(&self) -> Duration {
+        self.lock().latency
+    }
+
+    pub(crate) fn watch_drops(&self) -> watch::Receiver<u64> {
+        self.drop_watches.subscribe()
+    }
+
+    /// Consume one matching failure, if any.
+    pub(crate) fn take(&self, verb: &str, resource: &str, subresource: &str) -> Option<Injected> {
+        let mut s = self.lock();
+        let full = if subresource.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}/{subresource}")
+        };
+        let idx = s.rules.iter().position(|r| {
+            r.remaining > 0
+                && r.verb.as_deref().is_none_or(|v| v == verb)
+                && r.resource
+                    .as_deref()
+                    .is_none_or(|x| x == resource || x == full)
+        })?;
+        let rule = &mut s.rules[idx];
+        rule.remaining -= 1;
+        let status = rule.status;
+        if rule.remaining == 0 {
+            s.rules.remove(idx);
+        }
+        Some(Injected {
+            code: status,
+            reason: reason_for(status).to_string(),
+            message: format!("injected fault: {verb} {full} failed with {status}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fail_next_counts_and_matches() {
+        let f = Faults::default();
+        f.fail_next(2, Some("create"), Some("secrets"), 500);
+        assert!(f.take("get", "secrets", "").is_none());
+        assert!(f.take("create", "leases", "").is_none());
+        assert_eq!(f.take("create", "secrets", "").map(|e| e.code), Some(500));
+        assert_eq!(
+            f.take("create", "secrets", "").map(|e| e.reason),
+            Some("InternalError".into())
+        );
+        assert!(f.take("create", "secrets", "").is_none());
+        f.fail_next(1, None, Some("jobs/status"), 409);
+        assert!(f.take("update", "jobs", "").is_none());
+        assert_eq!(
+            f.take("update", "jobs", "status").map(|e| e.code),
+            Some(409)
+        );
+        f.add_latency(Duration::from_millis(5));
+        f.clear();
+        assert_eq!(f.latency(), Duration::ZERO);
+    }
+}

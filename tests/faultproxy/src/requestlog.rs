@@ -1,0 +1,119 @@
+//! Counts of served requests by (verb, resource, subresource), for write-count benchmarks.
+//! Only resource requests are counted (not discovery); requests failed by the fault switch count.
+//! Counted per client too (by `User-Agent`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+type Counts = BTreeMap<(String, String, String), u64>;
+type ClientCounts = BTreeMap<(String, String, String, String), u64>;
+
+/// Request counters. Cloning shares the counters.
+#[derive(Clone, Debug, Default)]
+pub struct RequestLog {
+    counts: Arc<Mutex<Counts>>,
+    by_client: Arc<Mutex<ClientCounts>>,
+    /// Requests the API server answered with a 2xx status.
+    succeeded: Arc<Mutex<Counts>>,
+}
+
+/// The client of a request: its `User-Agent` up to the first `/` or space (`kube-rs`,
+/// `kubectl`, `HashiCorp`, `curl`, …), or `-` without one.
+pub fn client_of(user_agent: Option<&str>) -> String {
+    match user_agent.map(str::trim) {
+        Some(ua) if !ua.is_empty() => ua.split(['/', ' ']).next().unwrap_or_default().to_string(),
+        _ => "-".into(),
+    }
+}
+
+/// Verbs that write.
+pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+impl RequestLog {
+    fn lock(&self) -> MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn record(&self, client: &str, verb: &str, resource: &str, subresource: &str) {
+        *self
+            .lock()
+            .entry((verb.into(), resource.into(), subresource.into()))
+            .or_default() += 1;
+        *self
+            .by_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((
+                client.into(),
+                verb.into(),
+                resource.into(),
+                subresource.into(),
+            ))
+            .or_default() += 1;
+    }
+
+    pub(crate) fn record_success(&self, verb: &str, resource: &str, subresource: &str) {
+        *self
+            .succeeded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((verb.into(), resource.into(), subresource.into()))
+            .or_default() += 1;
+    }
+
+    /// Writes the API server carried out (answered 2xx): a create of something that exists
+    /// (409) or an injected failure is not one.
+    pub fn writes_done(&self) -> u64 {
+        self.succeeded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|((verb, _, _), _)| WRITE_VERBS.contains(&verb.as_str()))
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    /// All counters by client (see [`client_of`]): (client, verb, resource, subresource)
+    /// -> count.
+    pub fn snapshot_by_client(&self) -> BTreeMap<(String, String, String, String), u64> {
+        self.by_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Requests with this verb, resource (plural) and subresource ("" for the main resource).
+    pub fn count(&self, verb: &str, resource: &str, subresource: &str) -> u64 {
+        self.lock()
+            .get(&(verb.into(), resource.into(), subresource.into()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Write requests (create, update, patch, delete, deletecollection) on a resource's main
+    /// resource (`subresource == ""`) or on one subresource.
+    pub fn writes(&self, resource: &str, subresource: &str) -> u64 {
+        WRITE_VERBS
+            .iter()
+            .map(|v| self.count(v, resource, subresource))
+            .sum()
+    }
+
+    /// All counters: (verb, resource, subresource) -> count.
+    pub fn snapshot(&self) -> BTreeMap<(String, String, String), u64> {
+        self.lock().clone()
+    }
+
+    /// Zero every counter.
+    pub fn reset(&self) {
+        self.lock().clear();
+        self.succeeded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.by_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}

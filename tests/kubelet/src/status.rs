@@ -1,0 +1,324 @@
+//! Pod status as the kubelet writes it (pure): the phase, the container states and the
+//! conditions it owns, for a strategic merge patch of `pods/status` (conditions merge
+//! by type, so `PodScheduled` and the conditions of others stay).
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+
+/// The kubelet keeps this many bytes of a termination message (its tail).
+pub const MAX_TERMINATION_MESSAGE: usize = 4096;
+/// `FallbackToLogsOnError`: at most this many lines and bytes of the log's tail.
+pub const FALLBACK_LOG_LINES: usize = 80;
+pub const FALLBACK_LOG_BYTES: usize = 2048;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum State {
+    Waiting {
+        reason: String,
+        message: String,
+    },
+    Running {
+        started_at: String,
+    },
+    Terminated {
+        exit_code: i32,
+        reason: String,
+        message: String,
+        started_at: String,
+        finished_at: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Container {
+    pub name: String,
+    pub image: String,
+    pub container_id: Option<String>,
+    pub state: State,
+}
+
+/// What the Pod as a whole reports besides its containers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodReport {
+    pub start_time: Option<String>,
+    /// `Evicted` and its message, for a Pod the kubelet evicted.
+    pub reason: Option<(String, String)>,
+    /// A `DisruptionTarget` condition: reason and message.
+    pub disruption: Option<(String, String)>,
+}
+
+pub fn now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// The phase of a Pod with `restartPolicy: Never` (or `OnFailure` treated alike, as
+/// containers are never restarted here).
+pub fn phase(containers: &[Container], evicted: bool) -> &'static str {
+    if evicted {
+        return "Failed";
+    }
+    let terminated: Vec<i32> = containers
+        .iter()
+        .filter_map(|c| match c.state {
+            State::Terminated { exit_code, .. } => Some(exit_code),
+            _ => None,
+        })
+        .collect();
+    if terminated.len() == containers.len() && !containers.is_empty() {
+        if terminated.iter().all(|c| *c == 0) {
+            "Succeeded"
+        } else {
+            "Failed"
+        }
+    } else if containers
+        .iter()
+        .any(|c| matches!(c.state, State::Running { .. } | State::Terminated { .. }))
+    {
+        "Running"
+    } else {
+        "Pending"
+    }
+}
+
+fn container_status(c: &Container) -> Value {
+    let (state, ready, started) = match &c.state {
+        State::Waiting { reason, message } => {
+            let mut w = json!({"reason": reason});
+            if !message.is_empty() {
+                w["message"] = json!(message);
+            }
+            (json!({ "waiting": w }), false, false)
+        }
+        State::Running { started_at } => {
+            (json!({"running": {"startedAt": started_at}}), true, true)
+        }
+        State::Terminated {
+            exit_code,
+            reason,
+            message,
+            started_at,
+            finished_at,
+        } => {
+            let mut t = json!({"exitCode": exit_code, "reason": reason,
+                "startedAt": started_at, "finishedAt": finished_at});
+            if let Some(id) = &c.container_id {
+                t["containerID"] = json!(id);
+            }
+            if !message.is_empty() {
+                t["message"] = json!(message);
+            }
+            (json!({ "terminated": t }), false, false)
+        }
+    };
+    let mut s = json!({"name": c.name, "image": c.image, "imageID": "", "ready": ready,
+        "started": started, "restartCount": 0, "state": state});
+    if let Some(id) = &c.container_id {
+        s["containerID"] = json!(id);
+    }
+    s
+}
+
+/// The status patch for `pod` (whose current conditions keep their transition times).
+pub fn patch(pod: &Pod, containers: &[Container], report: &PodReport) -> Value {
+    let evicted = report.reason.is_some();
+    let phase = phase(containers, evicted);
+    let old = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let now = now();
+    let condition = |type_: &str, status: bool, reason: Option<&str>, message: Option<&str>| {
+        let status = if status { "True" } else { "False" };
+        let since = old
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_else(|| now.clone());
+        let mut c = json!({"type": type_, "status": status, "lastTransitionTime": since,
+            "lastProbeTime": null});
+        if let Some(r) = reason {
+            c["reason"] = json!(r);
+        }
+        if let Some(m) = message {
+            c["message"] = json!(m);
+        }
+        c
+    };
+    let all_running = !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| matches!(c.state, State::Running { .. }));
+    let not_ready: Vec<&str> = containers
+        .iter()
+        .filter(|c| !matches!(c.state, State::Running { .. }))
+        .map(|c| c.name.as_str())
+        .collect();
+    let (ready_reason, ready_message) = if all_running {
+        (None, None)
+    } else if phase == "Succeeded" || phase == "Failed" {
+        (Some("PodCompleted"), None)
+    } else {
+        (
+            Some("ContainersNotReady"),
+            Some(format!(
+                "containers with unready status: [{}]",
+                not_ready.join(" ")
+            )),
+        )
+    };
+    let sandbox = !matches!(phase, "Succeeded" | "Failed");
+    let mut conditions = vec![
+        condition("PodReadyToStartContainers", sandbox, None, None),
+        condition("Initialized", true, None, None),
+        condition(
+            "ContainersReady",
+            all_running,
+            ready_reason,
+            ready_message.as_deref(),
+        ),
+        condition("Ready", all_running, ready_reason, ready_message.as_deref()),
+    ];
+    if let Some((reason, message)) = &report.disruption {
+        conditions.push(condition(
+            "DisruptionTarget",
+            true,
+            Some(reason),
+            Some(message),
+        ));
+    }
+    let mut status = json!({
+        "phase": phase,
+        "conditions": conditions,
+        "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+        "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+        "containerStatuses": containers.iter().map(container_status).collect::<Vec<_>>(),
+    });
+    if let Some(t) = &report.start_time {
+        status["startTime"] = json!(t);
+    }
+    if let Some((reason, message)) = &report.reason {
+        status["reason"] = json!(reason);
+        status["message"] = json!(message);
+    }
+    json!({ "status": status })
+}
+
+/// The termination message of a container as the kubelet reads it: the last 4096 bytes
+/// of the file; when that is empty, the container failed and its policy is
+/// `FallbackToLogsOnError`, the last 80 lines of its log, at most 2048 bytes.
+pub fn termination_message(file: &[u8], log: &[u8], failed: bool, fallback: bool) -> String {
+    if !file.is_empty() {
+        let start = file.len().saturating_sub(MAX_TERMINATION_MESSAGE);
+        return String::from_utf8_lossy(&file[start..]).into_owned();
+    }
+    if !(failed && fallback) {
+        return String::new();
+    }
+    let start = log.len().saturating_sub(FALLBACK_LOG_BYTES);
+    let tail = &log[start..];
+    let text = String::from_utf8_lossy(tail);
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let from = lines.len().saturating_sub(FALLBACK_LOG_LINES);
+    lines[from..].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(name: &str, state: State) -> Container {
+        Container {
+            name: name.into(),
+            image: "img".into(),
+            container_id: None,
+            state,
+        }
+    }
+
+    fn term(code: i32) -> State {
+        State::Terminated {
+            exit_code: code,
+            reason: if code == 0 { "Completed" } else { "Error" }.into(),
+            message: String::new(),
+            started_at: "t0".into(),
+            finished_at: "t1".into(),
+        }
+    }
+
+    #[test]
+    fn phases_follow_the_containers() {
+        let waiting = State::Waiting {
+            reason: "ContainerCreating".into(),
+            message: String::new(),
+        };
+        let running = State::Running {
+            started_at: "t".into(),
+        };
+        assert_eq!(phase(&[c("a", waiting.clone())], false), "Pending");
+        assert_eq!(phase(&[c("a", running.clone())], false), "Running");
+        assert_eq!(phase(&[c("a", running), c("b", term(0))], false), "Running");
+        assert_eq!(
+            phase(&[c("a", term(0)), c("b", term(0))], false),
+            "Succeeded"
+        );
+        assert_eq!(phase(&[c("a", term(0)), c("b", term(1))], false), "Failed");
+        assert_eq!(phase(&[c("a", waiting)], true), "Failed");
+    }
+
+    #[test]
+    fn a_finished_pod_is_not_ready_because_it_completed() {
+        let p = patch(&Pod::default(), &[c("a", term(1))], &PodReport::default());
+        let conds = p["status"]["conditions"].as_array().unwrap();
+        let ready = conds.iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(
+            (ready["status"].as_str(), ready["reason"].as_str()),
+            (Some("False"), Some("PodCompleted"))
+        );
+        assert_eq!(p["status"]["phase"], "Failed");
+        assert_eq!(
+            p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            1
+        );
+    }
+
+    #[test]
+    fn an_evicted_pod_reports_the_reason_and_a_disruption_target() {
+        let report = PodReport {
+            reason: Some((
+                "Evicted".into(),
+                "The node was low on resource: memory.".into(),
+            )),
+            disruption: Some(("TerminationByKubelet".into(), "memory pressure".into())),
+            ..Default::default()
+        };
+        let p = patch(&Pod::default(), &[c("a", term(137))], &report);
+        assert_eq!(p["status"]["reason"], "Evicted");
+        let conds = p["status"]["conditions"].as_array().unwrap();
+        assert!(conds.iter().any(|c| c["type"] == "DisruptionTarget"
+            && c["status"] == "True"
+            && c["reason"] == "TerminationByKubelet"));
+    }
+
+    #[test]
+    fn the_termination_message_keeps_the_tail() {
+        let long: Vec<u8> = (0..5000).map(|i| b'a' + (i % 26) as u8).collect();
+        let m = termination_message(&long, b"", true, true);
+        assert_eq!(m.len(), 4096);
+        assert!(long.ends_with(m.as_bytes()));
+        // Fallback: only for a failed container with the policy, and only the last 80 lines.
+        let log: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        assert_eq!(termination_message(b"", log.as_bytes(), false, true), "");
+        assert_eq!(termination_message(b"", log.as_bytes(), true, false), "");
+        let m = termination_message(b"", log.as_bytes(), true, true);
+        assert_eq!(m.lines().count(), 80);
+        assert!(m.starts_with("line 20\n") && m.ends_with("line 99\n"));
+        let wide: String = (0..10)
+            .map(|i| format!("{i}{}\n", "x".repeat(500)))
+            .collect();
+        assert!(termination_message(b"", wide.as_bytes(), true, true).len() <= 2048);
+    }
+}
