@@ -1,7 +1,8 @@
 //! `cargo bench --bench scale`: N TerraformMachines (500 by default, `CAPTF_SCALE_N`)
-//! deleted at once; the `captf manager` binary runs as its own process against the test API
-//! server, the destroy Jobs run through the local Job runner with the real `terraform`, at
-//! most `CAPTF_SCALE_JOBS` (4) at a time.
+//! deleted at once; the `captf manager` binary runs as its own process against a real
+//! control plane (`captf-envtest`), through the fault proxy that counts its requests; the
+//! destroy Jobs' Pods run on the local kubelet with the real `terraform`, at most
+//! `CAPTF_SCALE_JOBS` (4) at a time (the Node's Pod capacity, `--max-pods`).
 //!
 //! Setup: one machine is applied for real (the harness's `apply`: inputs Secret, annotations,
 //! `terraform apply` through the kubernetes backend); the other N-1 get the same inputs
@@ -10,11 +11,11 @@
 //! one apply.
 //!
 //! Measured over the deletion (from the delete to the last release): API requests per
-//! deletion by the manager (requests without a User-Agent: kube-rs sends none, Terraform's
-//! backend and the runner script do), the time from each destroy Job's completion to the
-//! object's release, the manager's peak RSS (VmHWM), and reconcile passes per second (the
-//! manager's `decision` log lines). It also prints the three slowest releases by name and the
-//! CPU seconds of the manager, the test server and the Jobs' processes. The manager logs to
+//! deletion by the manager (all the proxy sees: the manager is its only client), the time
+//! from each destroy Job's completion to the object's release, the manager's peak RSS
+//! (VmHWM), and reconcile passes per second (the manager's `decision` log lines). It also
+//! prints the three slowest releases by name and the CPU seconds of the manager, the
+//! control plane and the Jobs' processes. The manager logs to
 //! `captf-scale-manager.log` in the temp directory, at `CAPTF_SCALE_RUST_LOG` (default
 //! `info,kube=warn`).
 
@@ -36,9 +37,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
-use support::{Env, MANAGER_NS, NS, Tfm, backend_labels, module};
-
-const TFM_API: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
+use support::{Env, Tfm, backend_labels, module};
 
 fn env_usize(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -104,9 +103,10 @@ fn lineage(i: usize) -> String {
 async fn bench(n: usize, jobs: usize) -> Result<(), String> {
     let started = Instant::now();
     println!(
-        "scale bench: {n} TerraformMachines, destroy Jobs run by the local runner with the real terraform, {jobs} at a time"
+        "scale bench: {n} TerraformMachines, destroy Jobs' Pods run by the local kubelet with the real terraform, {jobs} at a time"
     );
-    let mut env = Env::start_with("scale", Some(jobs)).await;
+    let max_pods = format!("--max-pods={jobs}");
+    let mut env = Env::start_dedicated_with("scale", &[&max_pods]).await;
     // The product's default deadline: the N destroy Jobs wait for the runner's few slots,
     // and a Job's deadline counts from its start, waiting included (as in Kubernetes).
     env.job_timeout_seconds = 1800;
@@ -214,9 +214,11 @@ async fn bench(n: usize, jobs: usize) -> Result<(), String> {
             "--rbac-sweep-interval",
             "1s",
             "--manager-namespace",
-            MANAGER_NS,
+            &env.manager_ns,
+            "--namespace",
+            &env.ns,
         ])
-        .env("KUBECONFIG", env.server().kubeconfig_path())
+        .env("KUBECONFIG", env.proxy.kubeconfig_path())
         .env(
             "RUST_LOG",
             std::env::var("CAPTF_SCALE_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
@@ -250,29 +252,37 @@ async fn bench(n: usize, jobs: usize) -> Result<(), String> {
 }
 
 /// Objects with the manager's finalizer, a status, and a protected state Secret.
-fn settled(store: &captf_testserver::Store, names: &[String]) -> usize {
-    let objs = store.list(TFM_API, "terraformmachines", Some(NS));
-    let protected: BTreeSet<String> = store
-        .list("v1", "secrets", Some(NS))
+async fn settled(client: &kube::Client, ns: &str, names: &[String]) -> usize {
+    let Ok(objs) = Api::<Tfm>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+    else {
+        return 0;
+    };
+    let Ok(secrets) = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+        .list_metadata(&Default::default())
+        .await
+    else {
+        return 0;
+    };
+    let protected: BTreeSet<String> = secrets
+        .items
         .iter()
-        .filter(|s| {
-            s["metadata"]["finalizers"]
-                .as_array()
-                .is_some_and(|f| f.iter().any(|x| x == names::PROTECT_FINALIZER))
-        })
-        .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string))
+        .filter(|s| s.finalizers().iter().any(|f| f == names::PROTECT_FINALIZER))
+        .map(|s| s.name_any())
         .collect();
-    objs.iter()
+    objs.items
+        .iter()
         .filter(|o| {
-            let name = o["metadata"]["name"].as_str().unwrap_or_default();
-            names.iter().any(|n| n == name)
-                && o["metadata"]["finalizers"]
-                    .as_array()
-                    .is_some_and(|f| !f.is_empty())
-                && o["status"]["observedGeneration"].is_i64()
+            let name = o.name_any();
+            names.contains(&name)
+                && !o.finalizers().is_empty()
+                && o.status
+                    .as_ref()
+                    .is_some_and(|s| s.observed_generation.is_some())
                 && protected.contains(&names::state_secret_name(&names::state_suffix(
                     Kind::TerraformMachine,
-                    name,
+                    &name,
                 )))
         })
         .count()
@@ -316,8 +326,8 @@ impl Seen {
     }
 }
 
-/// A client of the test server whose requests carry `User-Agent: captf-scale-bench`, so
-/// that they are not counted as the manager's.
+/// A client straight to the API server (not through the proxy, so not counted as the
+/// manager's), with `User-Agent: captf-scale-bench`.
 async fn bench_client(kubeconfig: &Path) -> kube::Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let mut cfg =
@@ -332,8 +342,8 @@ async fn bench_client(kubeconfig: &Path) -> kube::Client {
 }
 
 /// Records when each object's destroy Job is first seen Complete.
-async fn watch_jobs(kubeconfig: std::path::PathBuf, seen: Seen) {
-    let api: Api<Job> = Api::namespaced(bench_client(&kubeconfig).await, NS);
+async fn watch_jobs(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) {
+    let api: Api<Job> = Api::namespaced(bench_client(&kubeconfig).await, &ns);
     let stream = watcher(api, watcher::Config::default());
     futures::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
@@ -363,8 +373,8 @@ async fn watch_jobs(kubeconfig: std::path::PathBuf, seen: Seen) {
 }
 
 /// Records when each object goes (its finalizer removed).
-async fn watch_releases(kubeconfig: std::path::PathBuf, seen: Seen) {
-    let api: Api<Tfm> = Api::namespaced(bench_client(&kubeconfig).await, NS);
+async fn watch_releases(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) {
+    let api: Api<Tfm> = Api::namespaced(bench_client(&kubeconfig).await, &ns);
     let stream = watcher(api, watcher::Config::default());
     futures::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
@@ -397,6 +407,40 @@ fn cpu_seconds(path: &str, at: usize) -> f64 {
     (ticks(at) + ticks(at + 1)) / 100.0
 }
 
+/// The CPU seconds of the control plane (captf-envtest and its children) and of the Jobs'
+/// processes (the kubelet's reaped children).
+fn control_plane_cpu(env: &Env) -> (f64, f64) {
+    let support::Cluster::Envtest(plane) = &env.cluster else {
+        return (0.0, 0.0);
+    };
+    let Some(root) = plane.pid() else {
+        return (0.0, 0.0);
+    };
+    let mut plane_cpu = cpu_seconds(&format!("/proc/{root}/stat"), 11);
+    let mut jobs = 0.0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let path = entry.path().join("stat");
+        let stat = std::fs::read_to_string(&path).unwrap_or_default();
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let ppid: u32 = rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        if ppid != root {
+            continue;
+        }
+        let path = path.display().to_string();
+        plane_cpu += cpu_seconds(&path, 11);
+        if head.contains("captf-kubelet") {
+            jobs += cpu_seconds(&path, 13);
+        }
+    }
+    (plane_cpu, jobs)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -416,8 +460,8 @@ async fn measure(
     n: usize,
     jobs: usize,
 ) -> Result<(), String> {
-    let store = env.server().store();
-    let log = env.server().request_log();
+    let client = bench_client(env.kubeconfig_path()).await;
+    let log = env.proxy.request_log();
     // Let the manager take the objects in (finalizer, first status, protected state) and
     // go quiet, so that what follows is the deletion only.
     let t = Instant::now();
@@ -428,13 +472,14 @@ async fn measure(
                 log_path.display()
             ));
         }
-        if settled(&store, names) == n {
+        if settled(&client, &env.ns, names).await == n {
             break;
         }
-        if t.elapsed() > Duration::from_secs(120) {
+        if t.elapsed() > Duration::from_secs(120 + n as u64 / 10) {
             return Err(format!(
-                "only {} of {n} objects were taken in by the manager in 120s",
-                settled(&store, names)
+                "only {} of {n} objects were taken in by the manager in {:?}",
+                settled(&client, &env.ns, names).await,
+                t.elapsed()
             ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -455,29 +500,46 @@ async fn measure(
         vm_hwm_kib(pid, "VmRSS:").unwrap_or(0) as f64 / 1024.0
     );
 
-    // Delete all at once (in-process: not counted as API requests).
+    // The bench's watches start before the deletion (they do not go through the proxy).
+    let seen = Seen::default();
+    let watchers = [
+        tokio::spawn(watch_jobs(
+            env.kubeconfig_path().to_path_buf(),
+            env.ns.clone(),
+            seen.clone(),
+        )),
+        tokio::spawn(watch_releases(
+            env.kubeconfig_path().to_path_buf(),
+            env.ns.clone(),
+            seen.clone(),
+        )),
+    ];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Delete all at once (the bench's own client: not counted as the manager's).
     log.reset();
     let log_offset = std::fs::metadata(log_path).map(|m| m.len()).unwrap_or(0);
     let t0 = Instant::now();
     let wall0 = jiff::Timestamp::now();
-    for name in names {
-        store
-            .delete(TFM_API, "terraformmachines", Some(NS), name)
-            .map_err(|e| format!("delete {name}: {e:?}"))?;
-    }
-    println!("  deleted {n} objects at once; waiting for the releases");
+    let api: Api<Tfm> = Api::namespaced(client.clone(), &env.ns);
+    let deleted: Vec<Result<(), String>> = futures::stream::iter(names.iter())
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                api.delete(name, &Default::default())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("delete {name}: {e}"))
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    deleted.into_iter().collect::<Result<Vec<()>, String>>()?;
+    println!(
+        "  deleted {n} objects at once ({:.1}s); waiting for the releases",
+        t0.elapsed().as_secs_f64()
+    );
 
-    let seen = Seen::default();
-    let watchers = [
-        tokio::spawn(watch_jobs(
-            env.server().kubeconfig_path().to_path_buf(),
-            seen.clone(),
-        )),
-        tokio::spawn(watch_releases(
-            env.server().kubeconfig_path().to_path_buf(),
-            seen.clone(),
-        )),
-    ];
     let mut last_report = Instant::now();
     let timeout = Duration::from_secs(120 + n as u64 * 2);
     loop {
@@ -512,11 +574,10 @@ async fn measure(
     let window = t0.elapsed();
     let wall1 = jiff::Timestamp::now();
     // The runner RBAC goes with the sweep once nothing is left: part of the deletions' cost.
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), &env.ns);
     let swept = tokio::time::timeout(Duration::from_secs(10), async {
-        while store
-            .get("v1", "serviceaccounts", Some(NS), names::RUNNER_NAME)
-            .is_some()
-        {
+        while !matches!(sas.get_opt(names::RUNNER_NAME).await, Ok(None)) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
@@ -524,18 +585,17 @@ async fn measure(
     .is_ok();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let peak_kib = vm_hwm_kib(pid, "VmHWM:").unwrap_or(0);
-    // CPU seconds since each process started: the manager's, this process's (the test
-    // server and the runner), and the Jobs' processes (reaped children of this one).
+    // CPU seconds since each process started: the manager's; the control plane's
+    // (captf-envtest with etcd, and its children kube-apiserver, kube-controller-manager
+    // and the kubelet); the Jobs' processes (reaped children of the kubelet).
     let cpu_manager = cpu_seconds(&format!("/proc/{pid}/stat"), 11);
-    let cpu_server = cpu_seconds("/proc/self/stat", 11);
-    let cpu_jobs = cpu_seconds("/proc/self/stat", 13);
+    let (cpu_plane, cpu_jobs) = control_plane_cpu(env);
     let by_client = log.snapshot_by_client();
 
     // (a) requests per deletion.
-    let manager_client = "-";
     let mut per: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut clients: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    let is_write = |v: &str| captf_testserver::requestlog::WRITE_VERBS.contains(&v);
+    let is_write = |v: &str| captf_faultproxy::WRITE_VERBS.contains(&v);
     for ((client, verb, resource, sub), count) in &by_client {
         let e = clients.entry(client.clone()).or_default();
         if is_write(verb) {
@@ -543,7 +603,7 @@ async fn measure(
         } else {
             e.1 += count;
         }
-        if client == manager_client {
+        {
             let res = if sub.is_empty() {
                 resource.clone()
             } else {
@@ -738,7 +798,7 @@ async fn measure(
         );
     }
     println!(
-        "CPU seconds since start: manager {cpu_manager:.1}, test server and runner {cpu_server:.1}, Job processes {cpu_jobs:.1}"
+        "CPU seconds since start: manager {cpu_manager:.1}, control plane {cpu_plane:.1}, Job processes {cpu_jobs:.1}"
     );
     println!();
     println!(
@@ -748,9 +808,7 @@ async fn measure(
         println!("  {verb:<8} {res:<28} {count:>7}  {:>6.2}", per_del(*count));
     }
     println!();
-    println!(
-        "All clients (by User-Agent; the manager's kube-rs sends none: \"-\"): writes / reads"
-    );
+    println!("The proxy's clients (by User-Agent; the manager is the only one): writes / reads");
     for (client, (w, r)) in &clients {
         println!("  {client:<12} {w:>7} / {r:>7}");
     }

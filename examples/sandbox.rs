@@ -1,7 +1,8 @@
 //! `cargo run --release --example sandbox`: a whole clean teardown in one process.
 //!
-//! Starts the test API server, the local Job runner (which runs the destroy Jobs with the
-//! real `terraform`) and the real manager (`captf::controller::run`), creates a CAPI
+//! Starts a real control plane (`captf-envtest`: etcd, kube-apiserver,
+//! kube-controller-manager, and the local kubelet, which runs the destroy Jobs' Pods with
+//! the real `terraform`) and the real manager (`captf::controller::run`), creates a CAPI
 //! Cluster `prod` with a TerraformCluster, two TerraformMachines and a TerraformMachinePool
 //! (a module of `terraform_data` instances), applies them through the real Terraform as the
 //! apply path would, deletes the Cluster, and prints the teardown as it happens: decision
@@ -30,7 +31,10 @@ use kube::api::{Api, ListParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
-use support::{Env, NS, Tfc, Tfm, Tfmp, module, wait_for};
+use support::{Env, Tfc, Tfm, Tfmp, module, wait_for};
+
+/// The objects' namespace.
+const NS: &str = "team-a";
 
 /// How long the teardown may take before the sandbox gives up (it takes a few seconds).
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(45);
@@ -84,9 +88,19 @@ fn main() -> ExitCode {
 async fn sandbox() -> Result<(), String> {
     let started = Instant::now();
     println!(
-        "CAPTF sandbox: test API server + local Job runner (real terraform) + the real manager, in one process"
+        "CAPTF sandbox: a real control plane (kube-apiserver, kube-controller-manager, a local kubelet running the Jobs' Pods with the real terraform) + the real manager"
     );
-    let mut env = Env::start_local("sandbox").await;
+    let mut env = Env::start_dedicated_in("sandbox", NS, "captf-system").await;
+    if let support::Cluster::Envtest(plane) = &env.cluster {
+        line(
+            "control plane",
+            &format!(
+                "ready in {:.1}s (captf-envtest; its output: {})",
+                plane.started_in.as_secs_f64(),
+                plane.log().display()
+            ),
+        );
+    }
     env.start_manager();
     let markers = env.markers();
 

@@ -41,15 +41,23 @@ use crate::metrics::Metrics;
 pub enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// A guarded write (JSON patch with a `test` of the resourceVersion) that did not
+    /// apply to the object as it is now: the pass acted on a copy older than the object.
+    #[error("{0} changed since this pass read it; the next pass decides again")]
+    Stale(String),
     #[error("{0}")]
     Setup(String),
 }
 
 impl Error {
-    /// A write made from a stale view (409 Conflict, or a failed JSON-patch `test`): the
-    /// next pass decides again on fresh facts.
+    /// A write made from a stale view (409 Conflict, or a guarded patch that did not
+    /// apply): the next pass decides again on fresh facts.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409 || (s.code == 422 && s.message.contains("test")))
+        match self {
+            Error::Kube(kube::Error::Api(s)) => s.code == 409,
+            Error::Stale(_) => true,
+            _ => false,
+        }
     }
 
     pub fn is_not_found(&self) -> bool {
@@ -61,6 +69,7 @@ impl Error {
         match self {
             Error::Kube(kube::Error::Api(s)) => format!("api_{}", s.code),
             Error::Kube(_) => "api_transport".into(),
+            Error::Stale(_) => "stale".into(),
             Error::Setup(_) => "setup".into(),
         }
     }

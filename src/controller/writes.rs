@@ -115,8 +115,26 @@ where
     let mut all = vec![test_rv(obj_meta)];
     all.extend(ops);
     let patch: Patch<()> = Patch::Json(JsonPatch(all));
-    let out = api.patch(&name, &PatchParams::default(), &patch).await?;
-    Ok(Some(out))
+    match api.patch(&name, &PatchParams::default(), &patch).await {
+        Ok(out) => Ok(Some(out)),
+        Err(kube::Error::Api(s)) if patch_did_not_apply(&s) => Err(Error::Stale(format!(
+            "{}/{name}",
+            obj_meta.namespace.as_deref().unwrap_or_default()
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the API server refused a JSON patch because it does not apply to the object
+/// as stored (a `test` that failed, a path that is gone): kube-apiserver answers 422 with
+/// a fixed message and details that name no object (`NewGenericServerResponse` in
+/// apimachinery's `api/errors`), whereas an object the patch made invalid is a 422 whose
+/// details name the object and its invalid fields. The message carries nothing to match.
+pub fn patch_did_not_apply(s: &kube::core::Status) -> bool {
+    s.code == 422
+        && s.details
+            .as_ref()
+            .is_none_or(|d| d.name.is_empty() && d.kind.is_empty() && d.causes.is_empty())
 }
 
 /// [`guarded_patch`] of `obj`; when the resourceVersion test fails and the object as it is
@@ -154,6 +172,32 @@ where
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes `meta`'s object only as it was read: with its uid and resourceVersion as
+/// preconditions, so that an object changed since (a lock Terraform took again) stays.
+/// "Already gone" is success; a changed object is [`Error::Stale`].
+pub async fn delete_as_read<K>(api: &Api<K>, meta: &ObjectMeta) -> Result<bool, Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let name = meta.name.clone().unwrap_or_default();
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Stale(format!(
+            "{}/{name} changed since it was read",
+            meta.namespace.as_deref().unwrap_or_default()
+        ))),
         Err(e) => Err(e.into()),
     }
 }
@@ -231,6 +275,31 @@ mod tests {
             s.type_ = Some(p.into());
         }
         s
+    }
+
+    /// The bodies kube-apiserver sends: a JSON patch whose `test` failed, and an object made
+    /// invalid by a patch (whose message happens to contain "test").
+    #[test]
+    fn a_patch_that_did_not_apply_is_told_from_an_invalid_object_by_its_details() {
+        let status =
+            |body: Value| -> kube::core::Status { serde_json::from_value(body).expect("status") };
+        let not_applied = status(json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "reason": "Invalid", "details": {}, "code": 422,
+            "message": "the server rejected our request due to an error in our request"}));
+        assert!(patch_did_not_apply(&not_applied));
+        let invalid = status(json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "TerraformMachine.infrastructure.cluster.x-k8s.io \"test-1\" is invalid: metadata.annotations: Too long: may not be more than 262144 bytes",
+            "details": {"name": "test-1", "group": "infrastructure.cluster.x-k8s.io", "kind": "TerraformMachine",
+                "causes": [{"reason": "FieldValueTooLong", "message": "Too long", "field": "metadata.annotations"}]}}));
+        assert!(!patch_did_not_apply(&invalid));
+        let conflict = status(
+            json!({"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409,
+            "message": "Operation cannot be fulfilled", "details": {}}),
+        );
+        assert!(!patch_did_not_apply(&conflict));
+        assert!(!Error::Kube(kube::Error::Api(Box::new(invalid))).is_conflict());
+        assert!(Error::Kube(kube::Error::Api(Box::new(conflict))).is_conflict());
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! End-to-end deletions: the real manager against the test API server, the real
-//! `terraform` doing the apply and, in the destroy Jobs, the destroy. Each test is a
-//! scenario a person would recognise.
+//! End-to-end deletions: the real manager against the real control plane (or an outside
+//! cluster), the real `terraform` doing the apply and, in the destroy Jobs, the destroy.
+//! Each test is a scenario a person would recognise.
 
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use captf::controller::{Context, discover_cluster, reconcile::reconcile};
 use std::sync::Arc;
 
 impl Env {
-    /// Runs the `captf` binary against the test server (here, not in `support`: only
+    /// Runs the `captf` binary against the cluster (here, not in `support`: only
     /// integration tests and benches get `CARGO_BIN_EXE_captf`, and `support` is shared
     /// with the sandbox example).
     pub fn captf(&self, args: &[&str]) -> std::process::Output {
@@ -363,9 +363,6 @@ async fn scenario_02_paused_cluster_starts_nothing_until_unpaused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_09_manager_restarted_after_every_write_loses_and_repeats_nothing() {
-    if test_server_only("it stops the manager after each write the server counts") {
-        return;
-    }
     let mut env = machine_env("crash", 0, FAST).await;
     env.stop_manager().await;
     env.delete::<Tfm>("web-1").await;
@@ -405,21 +402,18 @@ async fn scenario_09_manager_restarted_after_every_write_loses_and_repeats_nothi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_10_transient_api_errors_and_conflicts_do_not_stop_a_deletion() {
-    if test_server_only("it injects API errors with the server's fault switch") {
-        return;
-    }
     let env = machine_env("faults", 0, FAST).await;
-    env.server().faults().fail_next(4, Some("patch"), None, 500);
-    env.server()
+    env.proxy.faults().fail_next(4, Some("patch"), None, 500);
+    env.proxy
         .faults()
         .fail_next(2, Some("create"), Some("jobs"), 503);
-    env.server()
+    env.proxy
         .faults()
         .fail_next(3, Some("delete"), Some("secrets"), 500);
-    env.server()
+    env.proxy
         .faults()
         .fail_next(3, Some("patch"), Some("terraformmachines"), 409);
-    env.server().faults().add_latency(Duration::from_millis(10));
+    env.proxy.faults().add_latency(Duration::from_millis(10));
     env.delete::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(env.destroyed("web-1"));

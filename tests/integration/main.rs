@@ -3,10 +3,10 @@
 
 mod cli;
 mod config;
+mod control_plane;
 mod crds;
 mod deletion;
 mod manager;
 mod runbooks;
 mod support;
-mod testserver_smoke;
 mod uninstall;

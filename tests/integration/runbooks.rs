@@ -1,7 +1,7 @@
 //! The runbooks, proved by running them. Each test brings an object into the situation
 //! of one runbook for real (the manager running, the real `terraform` in the Jobs), then
 //! runs the runbook's ```sh blocks, in order, in one `bash` with the real `kubectl` and
-//! the built `captf` against the test API server, and checks that the object ends the
+//! the built `captf` against the real control plane, and checks that the object ends the
 //! way the runbook promises. A runbook whose commands drift from the product fails here.
 //!
 //! Also: the overview page's rule table against `captf::rules::ROWS`, and the flowchart of
@@ -104,12 +104,19 @@ pub struct RunbookRun {
 
 /// Runs every ```sh block of `path`, in order, in one `bash` (`set -euo pipefail`, the
 /// blocks joined), with `PATH` = a directory holding `captf` (the built binary), then
-/// `/usr/bin` and `/bin`; `KUBECONFIG` = the test server's; `HOME` and the working
-/// directory = fresh temp dirs. Panics, with the trace, if the script fails.
+/// `/usr/bin` and `/bin`; `KUBECONFIG` = the cluster's; `HOME` and the working
+/// directory = fresh temp dirs; and `NS` set to the test's namespace where the first
+/// block sets it to the runbook's example. Panics, with the trace, if the script fails.
 pub async fn run_runbook(env: &Env, path: &str) -> RunbookRun {
     let text = std::fs::read_to_string(repo(path)).expect("runbook");
-    let blocks = sh_blocks(&text);
+    let mut blocks = sh_blocks(&text);
     assert!(!blocks.is_empty(), "{path} has no sh block");
+    let example = format!("NS={RUNBOOK_NS} ");
+    assert!(
+        blocks[0].contains(&example),
+        "{path}: the first sh block sets {example}"
+    );
+    blocks[0] = blocks[0].replacen(&example, &format!("NS={} ", env.ns), 1);
     let root = env.dir.join(format!(
         "runbook-{}",
         Path::new(path)
@@ -178,14 +185,18 @@ pub async fn run_runbook(env: &Env, path: &str) -> RunbookRun {
 // ---------------------------------------------------------------------------------------
 // Scenarios
 
-/// Why the runbooks run on the test server only: their commands name the namespace
-/// `team-a`, and a real cluster shared by tests gives each test a fresh namespace.
-const TEAM_A: &str = "the runbooks' commands name the namespace team-a";
+/// The namespace the runbooks' commands name (their reader sets `NS` to their own, and
+/// so does [`run_runbook`]: each test has a namespace of its own).
+const RUNBOOK_NS: &str = "team-a";
 
 /// The runbook's variables match the names the scenarios use.
 fn check_vars(path: &str, kind: &str, name: &str) -> String {
     let vars = runbook_vars(path);
-    assert_eq!(vars.get("NS").map(String::as_str), Some(NS), "{path}");
+    assert_eq!(
+        vars.get("NS").map(String::as_str),
+        Some(RUNBOOK_NS),
+        "{path}"
+    );
     assert_eq!(vars.get("KIND").map(String::as_str), Some(kind), "{path}");
     assert_eq!(vars.get("NAME").map(String::as_str), Some(name), "{path}");
     let suffix = vars.get("SUFFIX").cloned().expect("SUFFIX");
@@ -304,9 +315,6 @@ async fn assert_destroyed_and_cleaned(env: &Env, suffix: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_paused() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/Paused.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let env = machine("rb-paused", 0, Duration::from_millis(300)).await;
@@ -328,9 +336,6 @@ async fn runbook_paused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_waiting_for_job() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/WaitingForJob.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let env = machine("rb-waiting", 0, Duration::from_millis(300)).await;
@@ -342,7 +347,7 @@ async fn runbook_waiting_for_job() {
     // An apply Job still running when the object is deleted.
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": NS, "labels": {
+        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": env.ns, "labels": {
             names::LABEL_OWNER_KIND: "TerraformMachine",
             names::LABEL_OWNER_NAME: "web-1",
             names::LABEL_OWNER_UID: uid,
@@ -361,7 +366,7 @@ async fn runbook_waiting_for_job() {
         }}
     }))
     .expect("job");
-    let jobs: Api<Job> = Api::namespaced(env.client.clone(), NS);
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
     jobs.create(&PostParams::default(), &job)
         .await
         .expect("create the apply Job");
@@ -375,9 +380,6 @@ async fn runbook_waiting_for_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_dependents_exist() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/DependentsExist.md";
     let suffix = check_vars(RB, "terraformcluster", "prod");
     let mut env = Env::start("rb-dependents").await;
@@ -435,9 +437,6 @@ async fn runbook_dependents_exist() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_lost() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/StateLost.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     // One failed attempt first, so the backup the runbook restores exists; the retry is
@@ -457,9 +456,6 @@ async fn runbook_state_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_corrupt() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/StateCorrupt.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let env = machine("rb-corrupt", 1, Duration::from_secs(4)).await;
@@ -475,9 +471,6 @@ async fn runbook_state_corrupt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_encrypted() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/StateEncrypted.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let env = machine("rb-encrypted", 1, Duration::from_secs(4)).await;
@@ -499,9 +492,6 @@ async fn runbook_state_encrypted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_state_inconsistent() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/StateInconsistent.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let env = machine("rb-inconsistent", 1, Duration::from_secs(4)).await;
@@ -527,9 +517,6 @@ async fn runbook_state_inconsistent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_destroy_failed() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/DestroyFailed.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     // One failure, and a retry delay long enough for the runbook's reading commands to
@@ -554,9 +541,6 @@ async fn runbook_destroy_failed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_destroy_cannot_start() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/DestroyCannotStart.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let env = machine("rb-cannot-start", 0, Duration::from_millis(300)).await;
@@ -564,24 +548,27 @@ async fn runbook_destroy_cannot_start() {
     // The runbook's main path: the namespace is being deleted with the object in it.
     let namespaces: Api<Namespace> = Api::all(env.client.clone());
     namespaces
-        .delete(NS, &DeleteParams::default())
+        .delete(&env.ns, &DeleteParams::default())
         .await
         .expect("delete the namespace");
     let msg = wait_deleting(&env, "DestroyCannotStart").await;
-    assert!(msg.contains("namespace team-a is terminating"), "{msg}");
+    assert!(
+        msg.contains(&format!("namespace {} is terminating", env.ns)),
+        "{msg}"
+    );
     let run = run_runbook(&env, RB).await;
     assert!(run.stdout.contains("phase=Terminating"), "{}", run.stdout);
     assert!(!env.exists::<Tfm>("web-1").await, "released");
     assert!(!env.destroyed("web-1"), "abandon never destroys");
     // The copy kept in the manager's namespace.
-    let copies: Api<Secret> = Api::namespaced(env.client.clone(), MANAGER_NS);
+    let copies: Api<Secret> = Api::namespaced(env.client.clone(), &env.manager_ns);
     let copy = copies
-        .get(&names::abandoned_copy_name(NS, &suffix))
+        .get(&names::abandoned_copy_name(&env.ns, &suffix))
         .await
         .expect("the abandoned copy in the manager's namespace");
     assert!(
         run.stdout
-            .contains(&names::abandoned_copy_name(NS, &suffix)),
+            .contains(&names::abandoned_copy_name(&env.ns, &suffix)),
         "the runbook's last command lists the copy: {}",
         run.stdout
     );
@@ -591,9 +578,6 @@ async fn runbook_destroy_cannot_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_abandon() {
-    if test_server_only(TEAM_A) {
-        return;
-    }
     const RB: &str = "runbooks/Abandon.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     // Held as StateLost, as the runbook shows.

@@ -1,6 +1,6 @@
 //! Uninstalling CAPTF (deleting its CRDs) while objects remain: an uninstall is not a
-//! teardown. The test server deletes a CRD as apiextensions-apiserver does (cleanup
-//! finalizer, instances deleted and held by their finalizers), so this runs end to end.
+//! teardown. The real apiextensions-apiserver deletes the CRD (cleanup finalizer,
+//! instances deleted and held by their finalizers), on a control plane of the test's own.
 
 use std::time::Duration;
 
@@ -12,9 +12,9 @@ use serde_json::json;
 use crate::support::*;
 
 const FAST: Duration = Duration::from_millis(300);
-/// Why these run on the test server only: they delete a CAPTF CRD, which would take the
-/// objects of every other test (and any other user) of a shared cluster with it, and they
-/// count the manager's passes with the server's request counter.
+/// Why these run on a control plane of their own: they delete a CAPTF CRD, which would
+/// take the objects of every other test (and any other user) of a shared cluster with it.
+/// They count the manager's passes with the fault proxy's request counter.
 const UNINSTALL: &str = "it deletes a CAPTF CRD, which a shared cluster cannot afford";
 /// How many manager passes the "nothing happens" window lasts.
 const PASSES: u64 = 5;
@@ -33,10 +33,10 @@ fn crd_terminating(crd: &CustomResourceDefinition) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_02_uninstalling_captf_destroys_nothing() {
-    if test_server_only(UNINSTALL) {
+    if envtest_only(UNINSTALL) {
         return;
     }
-    let env = Env::with_machine("uninstall", &module(0), FAST).await;
+    let env = Env::with_machine_in(Env::start_dedicated("uninstall").await, &module(0), FAST).await;
     let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
     let state_secret = names::state_secret_name(&suffix);
     let inputs_secret = names::inputs_secret_name(&suffix);
@@ -81,7 +81,7 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
 
     // A bounded "nothing happens" window: several more passes of the manager, each one
     // triggered by an edit of the object (each pass reads the CRD once).
-    let log = env.server().request_log();
+    let log = env.proxy.request_log();
     for i in 0..PASSES {
         let before = log.count("get", "customresourcedefinitions", "");
         env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some(i.to_string()))])
@@ -142,10 +142,15 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing() {
-    if test_server_only(UNINSTALL) {
+    if envtest_only(UNINSTALL) {
         return;
     }
-    let env = Env::with_machine("uninstall-fault", &module(0), FAST).await;
+    let env = Env::with_machine_in(
+        Env::start_dedicated("uninstall-fault").await,
+        &module(0),
+        FAST,
+    )
+    .await;
     let crd_name = Kind::TerraformMachine.crd_name();
     Api::<CustomResourceDefinition>::all(env.client.clone())
         .delete(&crd_name, &DeleteParams::default())
@@ -153,9 +158,9 @@ async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing
         .expect("delete the CRD");
     env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
     // The next passes cannot read the CRD: that is not "the CRD is not being deleted".
-    let log = env.server().request_log();
+    let log = env.proxy.request_log();
     let before = log.count("get", "customresourcedefinitions", "");
-    env.server()
+    env.proxy
         .faults()
         .fail_next(3, Some("get"), Some("customresourcedefinitions"), 500);
     env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some("1".into()))])

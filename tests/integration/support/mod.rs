@@ -1,7 +1,10 @@
-//! The end-to-end environment: the test API server, the local Job runner (which runs the
-//! rendered destroy Jobs with the real `terraform`), the real manager in-process, and an
-//! apply path that does what the apply side does before deletion (inputs Secret,
-//! `applied-at`, a real `terraform apply` through the kubernetes backend, fingerprint).
+//! The end-to-end environment: a real control plane ([`cluster::ControlPlane`]:
+//! kube-apiserver, kube-controller-manager and the local kubelet, which runs the rendered
+//! Jobs' Pods on this machine with the real `terraform`), or the cluster of
+//! `CAPTF_E2E_KUBECONFIG`; the real manager in-process, talking to the API server through
+//! a fault proxy; and an apply path that does what the apply side does before deletion
+//! (inputs Secret, `applied-at`, a real `terraform apply` through the kubernetes backend,
+//! fingerprint).
 //!
 //! Shared by `tests/integration`, `examples/sandbox.rs` and `benches/scale.rs` (included
 //! with `#[path]`), so nothing here may use `CARGO_BIN_EXE_*` (examples do not get it):
@@ -9,9 +12,12 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use captf::api::names::{self, Kind};
@@ -21,7 +27,7 @@ use captf::facts::Settings;
 use captf::inputs::{self, Backend, Inputs, Module, OwnerRef, Runner};
 use captf::rules::Backoff;
 use captf::state::{self, StateContent};
-use captf_testserver::{JobRunner, JobRunnerOptions, TestServer};
+use captf_faultproxy::FaultProxy;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
@@ -34,8 +40,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
 
-pub const NS: &str = "team-a";
-pub const MANAGER_NS: &str = "captf-system";
+use cluster::ControlPlane;
 
 /// A module of two `terraform_data` instances whose destroy leaves a file per instance in
 /// `marker_dir`, so a test can see that Terraform really destroyed them. With
@@ -50,11 +55,11 @@ pub fn module(fail_destroys: u32) -> String {
 /// `<marker>.tries`, runs `first_runs` (a shell snippet that may test `$n`), then leaves
 /// `<marker>.destroyed`.
 ///
-/// On a real cluster each attempt runs in a fresh Pod, so the count cannot be kept in a
-/// file: `$n` is then the attempt number, read off the Pod's `HOSTNAME`
-/// (`<job name>-<random>`, the Job name ending in `-destroy-<attempt>`).
+/// On an outside cluster each attempt runs in a Pod of a machine the test cannot read,
+/// so the count cannot be kept in a file: `$n` is then the attempt number, read off the
+/// Pod's `HOSTNAME` (`<job name>-<random>`, the Job name ending in `-destroy-<attempt>`).
 fn destroy_module(first_runs: &str) -> String {
-    let count = if real_cluster().is_some() {
+    let count = if external_cluster().is_some() {
         "a=$${HOSTNAME%-*}; n=$${a##*-}"
     } else {
         "n=$(cat '${self.input}.tries' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${self.input}.tries'"
@@ -76,62 +81,63 @@ resource "terraform_data" "vm" {{
 
 /// Where the end-to-end tests run.
 pub enum Cluster {
-    /// The test API server and the local Job runner, in this process (the default).
-    Local {
-        server: TestServer,
-        runner: Option<JobRunner>,
-    },
-    /// The cluster of `CAPTF_E2E_KUBECONFIG`: the manager still runs in this process, the
-    /// Jobs run in Pods there with the runner image, and what Terraform did is read off
-    /// the cluster by [`Witness`].
-    External {
-        kubeconfig: PathBuf,
-        witness: Witness,
-    },
+    /// `captf-envtest` on this machine (the default): its kubelet runs the Pods here, so
+    /// what Terraform did in them is read off the files it left.
+    Envtest(Arc<ControlPlane>),
+    /// The cluster of `CAPTF_E2E_KUBECONFIG`: the Jobs run in Pods there with the runner
+    /// image, and what Terraform did is read off the cluster by [`Witness`].
+    External(PathBuf),
 }
 
 pub struct Env {
     pub cluster: Cluster,
+    /// The test's own client (admin, straight to the API server).
     pub client: Client,
+    /// The manager's way to the API server: its requests are counted there, and faults
+    /// are injected there.
+    pub proxy: FaultProxy,
+    pub witness: Witness,
     pub manager: Option<(
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<()>,
     )>,
     pub dir: PathBuf,
     pub config: ManagerConfig,
-    /// The objects' namespace: [`NS`] on the test server, a fresh `captf-e2e-…` one on a
-    /// real cluster (tests there share the cluster).
+    /// The objects' namespace, a fresh `captf-e2e-…` one (tests share the cluster).
     pub ns: String,
-    /// The manager's namespace: [`MANAGER_NS`], or a fresh one on a real cluster.
+    /// The manager's namespace, a fresh one too.
     pub manager_ns: String,
     /// The `timeoutSeconds` (the Job's `activeDeadlineSeconds`) of the inputs written
-    /// from now on: 120 on the test server, 900 on a real cluster (image pulls).
+    /// from now on: 120 on `captf-envtest`, 900 on an outside cluster (image pulls).
     pub job_timeout_seconds: i64,
 }
 
-/// The kubeconfig of a real cluster to run the end-to-end tests against
+/// The kubeconfig of an outside cluster to run the end-to-end tests against
 /// (`CAPTF_E2E_KUBECONFIG`), if set.
-pub fn real_cluster() -> Option<PathBuf> {
+pub fn external_cluster() -> Option<PathBuf> {
     std::env::var_os("CAPTF_E2E_KUBECONFIG")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
 }
 
-/// True, and says why on stderr, when the tests run against a real cluster and this test
-/// needs something only the test API server has (its fault switch, its request counters).
-/// Use as `if test_server_only("…") { return; }`.
-pub fn test_server_only(why: &str) -> bool {
-    if real_cluster().is_some() {
-        eprintln!("skipped with CAPTF_E2E_KUBECONFIG: this test needs the test API server ({why})");
+/// True, and says why on stderr, when the tests run against an outside cluster and this
+/// test needs the local control plane (a control plane of its own, because it deletes a
+/// CRD every test shares; or the local kubelet).
+/// Use as `if envtest_only("…") { return; }`.
+pub fn envtest_only(why: &str) -> bool {
+    if external_cluster().is_some() {
+        eprintln!(
+            "skipped with CAPTF_E2E_KUBECONFIG: this test needs the local control plane ({why})"
+        );
         return true;
     }
     false
 }
 
-/// How long a scenario waits for a step: 90 s on the test server; 10 minutes on a real
-/// cluster, where the first destroy Job also pulls the runner image.
+/// How long a scenario waits for a step: 90 s on `captf-envtest`; 10 minutes on an
+/// outside cluster, where the first destroy Job also pulls the runner image.
 pub fn long() -> Duration {
-    if real_cluster().is_some() {
+    if external_cluster().is_some() {
         Duration::from_secs(600)
     } else {
         Duration::from_secs(90)
@@ -139,7 +145,7 @@ pub fn long() -> Duration {
 }
 
 /// The runner image of the inputs the tests write (`CAPTF_E2E_RUNNER_IMAGE` overrides it
-/// for a real cluster; the local Job runner ignores images).
+/// for an outside cluster; the local kubelet runs the host's programs whatever the image).
 pub fn runner_image() -> String {
     std::env::var("CAPTF_E2E_RUNNER_IMAGE")
         .ok()
@@ -174,11 +180,13 @@ fn temp_dir(tag: &str) -> PathBuf {
 }
 
 fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    format!("{n:x}")
+    format!("{n:x}{:x}", N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The minimal CAPI `Cluster` CRD the tests need when Cluster API is not installed.
@@ -228,188 +236,204 @@ fn test_config(manager_ns: &str) -> ManagerConfig {
     }
 }
 
+/// Installs CAPTF's CRDs (or replaces them with this build's) and, when Cluster API is
+/// not installed, the minimal Cluster CRD, then waits until their resources are served.
+async fn install_crds(client: &Client, with_cluster_crd: bool) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in captf::api::crds() {
+        match crds.get_opt(&crd.name_any()).await.expect("get CRD") {
+            None => {
+                let _ = crds.create(&PostParams::default(), &crd).await;
+            }
+            Some(old) => {
+                let mut crd = crd;
+                crd.metadata.resource_version = old.metadata.resource_version;
+                // Another test may have replaced it in between: that one is as new.
+                let _ = crds
+                    .replace(&crd.name_any(), &PostParams::default(), &crd)
+                    .await;
+            }
+        }
+    }
+    if with_cluster_crd
+        && crds
+            .get_opt("clusters.cluster.x-k8s.io")
+            .await
+            .expect("get CRD")
+            .is_none()
+    {
+        let _ = crds.create(&PostParams::default(), &cluster_crd()).await;
+    }
+    // Custom resources are served a moment after their CRD is established.
+    wait_for("the CRDs to be served", Duration::from_secs(60), || async {
+        Api::<TerraformMachine>::all(client.clone())
+            .list(&ListParams::default().limit(1))
+            .await
+            .is_ok()
+            && Api::<TerraformCluster>::all(client.clone())
+                .list(&ListParams::default().limit(1))
+                .await
+                .is_ok()
+            && Api::<TerraformMachinePool>::all(client.clone())
+                .list(&ListParams::default().limit(1))
+                .await
+                .is_ok()
+            && (!with_cluster_crd
+                || Api::<DynamicObject>::all_with(client.clone(), &cluster_resource())
+                    .list(&ListParams::default().limit(1))
+                    .await
+                    .is_ok())
+    })
+    .await;
+}
+
+/// Installs the minimal Cluster CRD (as when Cluster API is installed) and waits until
+/// Clusters are served.
+pub async fn install_cluster_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &cluster_crd())
+        .await
+        .expect("create the Cluster CRD");
+    wait_for("Clusters to be served", Duration::from_secs(60), || async {
+        Api::<DynamicObject>::all_with(client.clone(), &cluster_resource())
+            .list(&ListParams::default().limit(1))
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
 impl Env {
-    /// The environment of one scenario: on a real cluster when `CAPTF_E2E_KUBECONFIG` is
-    /// set ([`Env::start_external`]), otherwise on the test server ([`Env::start_local`]).
+    /// The environment of one scenario: on the control plane this test process shares
+    /// ([`ControlPlane::shared`]), or on the cluster of `CAPTF_E2E_KUBECONFIG`.
     pub async fn start(tag: &str) -> Env {
-        match real_cluster() {
-            Some(kubeconfig) => Env::start_external(tag, &kubeconfig).await,
-            None => Env::start_local(tag).await,
+        match external_cluster() {
+            Some(kubeconfig) => Env::start_on(tag, Cluster::External(kubeconfig), None).await,
+            None => Env::start_on(tag, Cluster::Envtest(ControlPlane::shared()), None).await,
         }
     }
 
-    /// Starts the test server, installs the CRDs (CAPTF's and a minimal CAPI Cluster CRD),
-    /// creates the namespaces, and starts the Job runner.
-    pub async fn start_local(tag: &str) -> Env {
-        Env::start_with(tag, None).await
+    /// The environment of one scenario on a control plane of its own, for a test that
+    /// changes what every test shares (it deletes a CRD). Gate it with [`envtest_only`].
+    pub async fn start_dedicated(tag: &str) -> Env {
+        Env::start_on(
+            tag,
+            Cluster::Envtest(ControlPlane::dedicated(tag, &[])),
+            None,
+        )
+        .await
     }
 
-    /// As [`Env::start_local`], with at most `max_running` Job Pods running at once (the
-    /// others wait as Pending, as on a full node).
-    pub async fn start_with(tag: &str, max_running: Option<usize>) -> Env {
+    /// As [`Env::start_dedicated`], on a control plane without Cluster API's Cluster CRD.
+    pub async fn start_without_capi(tag: &str) -> Env {
+        let plane = ControlPlane::dedicated_without_capi(tag);
+        Env::start_on(tag, Cluster::Envtest(plane), None).await
+    }
+
+    /// As [`Env::start_dedicated`], with these arguments for the local kubelet.
+    pub async fn start_dedicated_with(tag: &str, kubelet_args: &[&str]) -> Env {
+        let plane = ControlPlane::dedicated(tag, kubelet_args);
+        Env::start_on(tag, Cluster::Envtest(plane), None).await
+    }
+
+    /// As [`Env::start_dedicated`], with the objects' namespace `ns` and the manager's
+    /// `manager_ns` (the sandbox's `team-a` and `captf-system`).
+    pub async fn start_dedicated_in(tag: &str, ns: &str, manager_ns: &str) -> Env {
+        let plane = Cluster::Envtest(ControlPlane::dedicated(tag, &[]));
+        Env::start_on(tag, plane, Some((ns.into(), manager_ns.into()))).await
+    }
+
+    /// CAPTF's CRDs installed (or replaced), the Cluster CRD when Cluster API is not
+    /// installed, two fresh namespaces labelled `captf-e2e=true` (or the two named), the
+    /// fault proxy the manager will use, and the manager's settings (limited to the
+    /// objects' namespace).
+    async fn start_on(tag: &str, cluster: Cluster, names: Option<(String, String)>) -> Env {
         require("terraform");
         // The manager logs on stderr when CAPTF_TEST_LOG is set.
         if std::env::var_os("CAPTF_TEST_LOG").is_some() {
             captf::telemetry::init();
         }
-        let server = TestServer::start().await;
-        let client = client_for(server.kubeconfig_path()).await;
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in captf::api::crds().into_iter().chain([cluster_crd()]) {
-            crds.create(&PostParams::default(), &crd)
-                .await
-                .expect("create CRD");
-        }
-        for ns in [NS, MANAGER_NS] {
-            create_namespace(&client, ns, BTreeMap::new()).await;
-        }
-        let dir = temp_dir(tag);
-        let runner = JobRunner::start(
-            &server,
-            JobRunnerOptions {
-                extra_env: vec![("CHECKPOINT_DISABLE".into(), "1".into())],
-                work_root: dir.join("pods"),
-                termination_grace_override: Some(Duration::from_secs(10)),
-                max_running,
-                ..Default::default()
-            },
-        );
-        Env {
-            cluster: Cluster::Local {
-                server,
-                runner: Some(runner),
-            },
-            client,
-            manager: None,
-            dir,
-            config: test_config(MANAGER_NS),
-            ns: NS.into(),
-            manager_ns: MANAGER_NS.into(),
-            job_timeout_seconds: 120,
-        }
-    }
-
-    /// The environment on the cluster of `kubeconfig`: CAPTF's CRDs installed (or
-    /// replaced), the Cluster CRD created when Cluster API is not installed, two fresh
-    /// namespaces labelled `captf-e2e=true`, and the manager (when started) limited to the
-    /// objects' namespace. Nothing of the test server is available ([`Env::server`]
-    /// panics); see [`Witness`] for what replaces the markers and counters.
-    pub async fn start_external(tag: &str, kubeconfig: &Path) -> Env {
-        require("terraform");
-        if std::env::var_os("CAPTF_TEST_LOG").is_some() {
-            captf::telemetry::init();
-        }
-        let client = client_for(kubeconfig).await;
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in captf::api::crds() {
-            match crds.get_opt(&crd.name_any()).await.expect("get CRD") {
-                None => {
-                    let _ = crds.create(&PostParams::default(), &crd).await;
-                }
-                Some(old) => {
-                    let mut crd = crd;
-                    crd.metadata.resource_version = old.metadata.resource_version;
-                    // Another test may have replaced it in between: that one is as new.
-                    let _ = crds
-                        .replace(&crd.name_any(), &PostParams::default(), &crd)
-                        .await;
-                }
+        let kubeconfig = match &cluster {
+            Cluster::Envtest(plane) => plane.kubeconfig().to_path_buf(),
+            Cluster::External(k) => k.clone(),
+        };
+        let client = client_for(&kubeconfig).await;
+        match &cluster {
+            Cluster::Envtest(plane) => {
+                plane
+                    .crds
+                    .get_or_init(|| install_crds(&client, plane.cluster_crd))
+                    .await;
             }
-        }
-        if crds
-            .get_opt("clusters.cluster.x-k8s.io")
-            .await
-            .expect("get CRD")
-            .is_none()
-        {
-            let _ = crds.create(&PostParams::default(), &cluster_crd()).await;
+            Cluster::External(_) => install_crds(&client, true).await,
         }
         let id = format!("{}-{}", tag.to_lowercase(), rand_suffix());
-        let ns = format!("captf-e2e-{id}");
-        let manager_ns = format!("{ns}-sys");
+        let (ns, manager_ns) = names.unwrap_or_else(|| {
+            let ns = format!("captf-e2e-{id}");
+            (ns.clone(), format!("{ns}-sys"))
+        });
         let labels: BTreeMap<String, String> =
             [("captf-e2e".to_string(), "true".to_string())].into();
         for n in [&ns, &manager_ns] {
             create_namespace(&client, n, labels.clone()).await;
         }
-        // Custom resources are served a moment after their CRD is established.
-        wait_for("the CRDs to be served", Duration::from_secs(60), || async {
-            Api::<TerraformMachine>::namespaced(client.clone(), &ns)
-                .list(&Default::default())
-                .await
-                .is_ok()
-                && Api::<TerraformCluster>::namespaced(client.clone(), &ns)
-                    .list(&Default::default())
-                    .await
-                    .is_ok()
-                && Api::<TerraformMachinePool>::namespaced(client.clone(), &ns)
-                    .list(&Default::default())
-                    .await
-                    .is_ok()
-                && cluster_api(&client, &ns)
-                    .list(&Default::default())
-                    .await
-                    .is_ok()
-        })
-        .await;
         let witness = Witness::start(client.clone(), &ns);
+        let proxy = FaultProxy::start(&kubeconfig)
+            .await
+            .unwrap_or_else(|e| panic!("fault proxy: {e}"));
         let mut config = test_config(&manager_ns);
         config.namespace = Some(ns.clone());
         config.identity = format!("test-manager-{id}");
+        let job_timeout_seconds = match &cluster {
+            Cluster::Envtest(_) => 120,
+            Cluster::External(_) => 900,
+        };
         Env {
-            cluster: Cluster::External {
-                kubeconfig: kubeconfig.to_path_buf(),
-                witness,
-            },
+            cluster,
             client,
+            proxy,
+            witness,
             manager: None,
             dir: temp_dir(tag),
             config,
             ns,
             manager_ns,
-            job_timeout_seconds: 900,
+            job_timeout_seconds,
         }
     }
 
-    /// Whether this environment is a real cluster.
+    /// Whether this environment is an outside cluster (`CAPTF_E2E_KUBECONFIG`).
     pub fn is_external(&self) -> bool {
-        matches!(self.cluster, Cluster::External { .. })
+        matches!(self.cluster, Cluster::External(_))
     }
 
-    /// The test server. Panics on a real cluster: gate the test with [`test_server_only`].
-    pub fn server(&self) -> &TestServer {
-        match &self.cluster {
-            Cluster::Local { server, .. } => server,
-            Cluster::External { .. } => {
-                panic!("this test needs the test API server: gate it with test_server_only()")
-            }
-        }
-    }
-
-    /// The kubeconfig kubectl, captf and Terraform's backend use.
+    /// The admin kubeconfig kubectl, captf and Terraform's backend use.
     pub fn kubeconfig_path(&self) -> &Path {
         match &self.cluster {
-            Cluster::Local { server, .. } => server.kubeconfig_path(),
-            Cluster::External { kubeconfig, .. } => kubeconfig,
+            Cluster::Envtest(plane) => plane.kubeconfig(),
+            Cluster::External(kubeconfig) => kubeconfig,
         }
     }
 
-    /// The directory the test modules' destroy provisioners leave their markers in. On a
-    /// real cluster they run in Pods, so this is `.` (Terraform's working directory there,
-    /// thrown away with the Pod) and [`Witness`] tells what happened instead.
+    /// The directory the test modules' destroy provisioners leave their markers in,
+    /// writable by the runner's user. On an outside cluster they run in Pods elsewhere,
+    /// so this is `.` (Terraform's working directory there, thrown away with the Pod) and
+    /// [`Witness`] tells what happened instead.
     pub fn markers(&self) -> PathBuf {
         if self.is_external() {
             return PathBuf::from(".");
         }
         let d = self.dir.join("markers");
         std::fs::create_dir_all(&d).expect("markers dir");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).expect("chmod");
         d
     }
 
-    /// Starts the real manager in this process.
+    /// Starts the real manager in this process; its requests go through [`Env::proxy`].
     pub fn start_manager(&mut self) {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let client = self.client.clone();
+        let client = self.proxy.client();
         let cfg = self.config.clone();
         let handle = tokio::spawn(async move {
             let shutdown = async move {
@@ -430,27 +454,16 @@ impl Env {
         }
     }
 
-    /// Stops everything. On a real cluster, also strips the finalizers the test left in its
-    /// two namespaces and deletes them (a test that panicked leaves them for inspection:
-    /// README, "End-to-end tests on a real cluster").
+    /// Stops everything, strips the finalizers the test left in its two namespaces and
+    /// deletes them (a test that panicked leaves them for inspection: README, "Tests").
     pub async fn shutdown(mut self) {
         self.stop_manager().await;
-        match self.cluster {
-            Cluster::Local { server, runner } => {
-                if let Some(r) = runner {
-                    r.stop().await;
-                }
-                server.shutdown().await;
-            }
-            Cluster::External { witness, .. } => {
-                witness.stop();
-                for ns in [&self.ns, &self.manager_ns] {
-                    strip_finalizers(&self.client, ns).await;
-                    let _ = Api::<Namespace>::all(self.client.clone())
-                        .delete(ns, &DeleteParams::background())
-                        .await;
-                }
-            }
+        self.witness.stop();
+        for ns in [&self.ns, &self.manager_ns] {
+            strip_finalizers(&self.client, ns).await;
+            let _ = Api::<Namespace>::all(self.client.clone())
+                .delete(ns, &DeleteParams::background())
+                .await;
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -816,20 +829,10 @@ pub type Tfm = TerraformMachine;
 pub type Tfmp = TerraformMachinePool;
 
 impl Env {
-    /// Writes (create, update, patch, delete) the server has answered so far.
+    /// Writes (create, update, patch, delete) of the manager that the API server carried
+    /// out so far.
     pub fn total_writes(&self) -> u64 {
-        self.server()
-            .request_log()
-            .snapshot()
-            .iter()
-            .filter(|((verb, _, _), _)| {
-                matches!(
-                    verb.as_str(),
-                    "create" | "update" | "patch" | "delete" | "deletecollection"
-                )
-            })
-            .map(|(_, n)| *n)
-            .sum()
+        self.proxy.request_log().writes_done()
     }
 
     /// Deletes one CAPTF object.
@@ -871,22 +874,22 @@ impl Env {
     }
 
     /// How many times Terraform ran the destroy provisioner of an instance of `name` (the
-    /// module's `.tries` marker). On a real cluster, where the markers stay in the Pods:
-    /// how many destroy Jobs of `name` were created.
+    /// module's `.tries` marker). On an outside cluster, where the markers stay in the
+    /// Pods: how many destroy Jobs of `name` were created.
     pub fn tries(&self, name: &str) -> u32 {
         match &self.cluster {
-            Cluster::Local { .. } => {
+            Cluster::Envtest(_) => {
                 std::fs::read_to_string(self.markers().join(format!("{name}-0.tries")))
                     .ok()
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0)
             }
-            Cluster::External { witness, .. } => witness.destroy_jobs(name),
+            Cluster::External(_) => self.witness.destroy_jobs(name),
         }
     }
 
-    /// Whether Terraform destroyed both instances of `name`: their destroy markers; on a
-    /// real cluster, a state of `name` that held instances was seen holding none.
+    /// Whether Terraform destroyed both instances of `name`: their destroy markers; on an
+    /// outside cluster, a state of `name` that held instances was seen holding none.
     pub fn destroyed(&self, name: &str) -> bool {
         self.destroyed_at(name).is_some()
     }
@@ -894,7 +897,7 @@ impl Env {
     /// When Terraform destroyed `name` (see [`Env::destroyed`]).
     pub fn destroyed_at(&self, name: &str) -> Option<std::time::SystemTime> {
         match &self.cluster {
-            Cluster::Local { .. } => {
+            Cluster::Envtest(_) => {
                 let markers = self.markers();
                 let times: Vec<_> = (0..2)
                     .map(|i| {
@@ -905,17 +908,13 @@ impl Env {
                     .collect::<Option<_>>()?;
                 times.into_iter().max()
             }
-            Cluster::External { witness, .. } => witness.emptied_at(name),
+            Cluster::External(_) => self.witness.emptied_at(name),
         }
     }
 
-    /// Jobs created so far: the server's request counter; on a real cluster, the Jobs the
-    /// witness saw.
+    /// Jobs created so far in the test's namespace (the witness saw them).
     pub fn jobs_created(&self) -> u64 {
-        match &self.cluster {
-            Cluster::Local { server, .. } => server.request_log().count("create", "jobs", ""),
-            Cluster::External { witness, .. } => witness.jobs() as u64,
-        }
+        self.witness.jobs() as u64
     }
 
     /// The destroy Jobs in the namespace now.
@@ -933,7 +932,7 @@ impl Env {
     }
 
     /// Whether a destroy of `name` has reached its destroy provisioner: the `.tries`
-    /// marker; on a real cluster, the log of a destroy Pod of `name`.
+    /// marker; on an outside cluster, the log of a destroy Pod of `name`.
     pub async fn destroy_provisioner_started(&self, name: &str) -> bool {
         if !self.is_external() {
             return self.tries(name) >= 1;
@@ -987,16 +986,30 @@ impl Env {
     /// manager running (its finalizer is on the object) with the given retry backoff base
     /// (capped at four times it).
     pub async fn with_machine(tag: &str, module_body: &str, backoff_base: Duration) -> Env {
-        let mut env = Env::start(tag).await;
+        Env::with_machine_in(Env::start(tag).await, module_body, backoff_base).await
+    }
+
+    /// As [`Env::with_machine`], in `env`.
+    pub async fn with_machine_in(env: Env, module_body: &str, backoff_base: Duration) -> Env {
+        Env::with_machine_named(env, "web-1", module_body, backoff_base).await
+    }
+
+    /// As [`Env::with_machine_in`], with the TerraformMachine named `name`.
+    pub async fn with_machine_named(
+        mut env: Env,
+        name: &str,
+        module_body: &str,
+        backoff_base: Duration,
+    ) -> Env {
         env.config.settings.backoff.base = backoff_base;
         env.config.settings.backoff.max = backoff_base * 4;
         env.start_manager();
         let markers = env.markers();
         let uid = env.create_cluster("prod").await;
-        env.create_object::<TerraformMachine>("web-1", "prod", &uid, &markers)
+        env.create_object::<TerraformMachine>(name, "prod", &uid, &markers)
             .await;
-        env.wait_finalizer::<TerraformMachine>("web-1").await;
-        env.apply::<TerraformMachine>("web-1", module_body, &markers)
+        env.wait_finalizer::<TerraformMachine>(name).await;
+        env.apply::<TerraformMachine>(name, module_body, &markers)
             .await;
         env
     }
@@ -1039,19 +1052,22 @@ async fn client_for(kubeconfig: &Path) -> Client {
     Client::try_from(config).expect("client")
 }
 
-fn cluster_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let ar = ApiResource {
+fn cluster_resource() -> ApiResource {
+    ApiResource {
         group: "cluster.x-k8s.io".into(),
         version: "v1beta2".into(),
         api_version: "cluster.x-k8s.io/v1beta2".into(),
         kind: "Cluster".into(),
         plural: "clusters".into(),
-    };
-    Api::namespaced_with(client.clone(), ns, &ar)
+    }
+}
+
+fn cluster_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &cluster_resource())
 }
 
 /// Removes every finalizer from the CAPTF objects, Clusters and Secrets of `ns`, so that
-/// the namespace of a finished test on a real cluster can go.
+/// the namespace of a finished test can go.
 async fn strip_finalizers(client: &Client, ns: &str) {
     async fn strip<K>(api: Api<K>)
     where
@@ -1075,11 +1091,10 @@ async fn strip_finalizers(client: &Client, ns: &str) {
     strip(cluster_api(client, ns)).await;
 }
 
-/// What a real cluster shows of the deletions in one namespace, recorded by watches from
-/// the start of the test, in place of the markers Terraform leaves on this machine and the
-/// test server's request counters: every version of every state Secret (so the state
-/// Terraform wrote after a destroy is seen even though cleanup deletes it right after),
-/// and every Job created.
+/// What the cluster shows of the deletions in one namespace, recorded by watches from the
+/// start of the test (on an outside cluster, in place of the markers Terraform leaves on
+/// this machine): every version of every state Secret (so the state Terraform wrote after
+/// a destroy is seen even though cleanup deletes it right after), and every Job created.
 #[derive(Clone)]
 pub struct Witness {
     seen: std::sync::Arc<std::sync::Mutex<Seen>>,
@@ -1196,5 +1211,157 @@ impl Seen {
                     .or_insert_with(std::time::SystemTime::now);
             }
         }
+    }
+}
+
+/// A fault of the local kubelet's test control (`tests/kubelet/src/faults.rs`).
+#[derive(Clone, Copy, Debug)]
+pub enum KubeletFault {
+    ImagePullFailure,
+    OomKilled,
+    Evicted,
+    LostNode,
+}
+
+impl KubeletFault {
+    fn as_str(self) -> &'static str {
+        match self {
+            KubeletFault::ImagePullFailure => "ImagePullFailure",
+            KubeletFault::OomKilled => "OOMKilled",
+            KubeletFault::Evicted => "Evicted",
+            KubeletFault::LostNode => "LostNode",
+        }
+    }
+}
+
+/// The one Node of `captf-envtest`.
+pub const ENVTEST_NODE: &str = "captf-local";
+const FAULT_ANNOTATION: &str = "faults.kubelet.captf.test/";
+
+/// A ValidatingAdmissionPolicy and its binding that refuse Pods; remove it when done.
+pub struct Refusal {
+    name: String,
+}
+
+impl Refusal {
+    pub async fn remove(self, client: &Client) {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        let _ = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+    }
+}
+
+impl Env {
+    /// Makes the local kubelet fail the Pods of this test's namespace that carry all of
+    /// `labels` with `fault`, `after` seconds after their containers start (the rule is an
+    /// annotation of the Node, named `rule`; rule names are this test's own). Only on
+    /// `captf-envtest`: an outside cluster's kubelets know no such control.
+    pub async fn kubelet_fault(
+        &self,
+        rule: &str,
+        labels: &[(&str, &str)],
+        fault: KubeletFault,
+        after: f64,
+    ) {
+        assert!(
+            !self.is_external(),
+            "the kubelet's test control exists on captf-envtest only"
+        );
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let value = json!({"namespace": self.ns, "labels": labels, "fault": fault.as_str(), "afterSeconds": after});
+        let key = format!("{FAULT_ANNOTATION}{}", self.fault_rule_name(rule));
+        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .patch(
+                ENVTEST_NODE,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {key: value.to_string()}}})),
+            )
+            .await
+            .expect("annotate the Node");
+    }
+
+    /// Removes a rule of [`Env::kubelet_fault`].
+    pub async fn clear_kubelet_fault(&self, rule: &str) {
+        let key = format!("{FAULT_ANNOTATION}{}", self.fault_rule_name(rule));
+        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .patch(
+                ENVTEST_NODE,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {key: null}}})),
+            )
+            .await
+            .expect("annotate the Node");
+    }
+
+    /// Rule names are unique per namespace: tests share the Node.
+    fn fault_rule_name(&self, rule: &str) -> String {
+        let mut n = format!("{}.{rule}", self.ns);
+        n.truncate(63);
+        n
+    }
+
+    /// Makes the API server refuse the creation of Pods in this test's namespace that carry
+    /// all of `labels`, with `message` (a ValidatingAdmissionPolicy, as a policy engine or
+    /// a platform team's rule would).
+    pub async fn refuse_pods(&self, labels: &[(&str, &str)], message: &str) -> Refusal {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let name = format!("refuse-{}", self.ns);
+        let cond = labels
+            .iter()
+            .map(|(k, v)| {
+                format!("(has(object.metadata.labels) && '{k}' in object.metadata.labels && object.metadata.labels['{k}'] == '{v}')")
+            })
+            .collect::<Vec<_>>()
+            .join(" && ");
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {"failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["pods"]}]},
+                "validations": [{"expression": format!("!({cond})"), "message": message}]}
+        }))
+        .expect("policy");
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}}}}
+        }))
+        .expect("binding");
+        Api::<ValidatingAdmissionPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .expect("create the policy");
+        Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("create the binding");
+        // The API server applies a policy a moment after it is created: wait until a Pod
+        // of the kind it refuses is refused (a dry run creates nothing).
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let probe: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "admission-probe", "labels": labels.iter().copied().collect::<BTreeMap<_, _>>()},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+        }))
+        .expect("probe");
+        wait_for("the admission policy to apply", long(), || async {
+            let pp = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            matches!(pods.create(&pp, &probe).await, Err(kube::Error::Api(s)) if s.message.contains(message))
+        })
+        .await;
+        Refusal { name }
     }
 }

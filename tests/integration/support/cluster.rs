@@ -1,0 +1,217 @@
+//! The real control plane the end-to-end tests run on: `captf-envtest` (etcd,
+//! kube-apiserver and kube-controller-manager from `tests/cluster/`, and the local kubelet
+//! of `tests/kubelet/`), built by `tests/cluster/build` and started once per test process
+//! ([`ControlPlane::shared`]); a test that changes what every test shares (it deletes a
+//! CRD) starts one of its own ([`ControlPlane::dedicated`]).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A running `captf-envtest`.
+pub struct ControlPlane {
+    kubeconfig: PathBuf,
+    dir: PathBuf,
+    child: Mutex<Option<(Child, ChildStdin)>>,
+    /// CAPTF's CRDs and the Cluster CRD are installed once per control plane.
+    pub crds: tokio::sync::OnceCell<()>,
+    /// Whether the minimal Cluster CRD is installed (a control plane without Cluster API).
+    pub cluster_crd: bool,
+    /// How long `captf-envtest` took until its kubeconfig appeared.
+    pub started_in: Duration,
+}
+
+/// The profile this program was built with, which the kubelet is built with too.
+fn profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// The folder `tests/cluster/build` puts `captf-envtest` in (built once per process).
+pub fn binaries() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let mut cmd = Command::new("bash");
+            // The variables Cargo sets for a test process are not the build's: build
+            // scripts that watch them (ring's watches CARGO_MANIFEST_DIR) would make the
+            // nested build compile everything again, and then the next `cargo test` too.
+            for (key, _) in std::env::vars_os() {
+                let key = key.to_string_lossy();
+                if (key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_TARGET_DIR")
+                    || key == "LD_LIBRARY_PATH"
+                    || key == "OUT_DIR"
+                {
+                    cmd.env_remove(key.as_ref());
+                }
+            }
+            let out = cmd
+                .arg(root.join("tests/cluster/build"))
+                .env("CARGO", env!("CARGO"))
+                .env("CAPTF_PROFILE", profile())
+                .stderr(Stdio::inherit())
+                .output()
+                .map_err(|e| format!("running tests/cluster/build: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "tests/cluster/build failed ({}); run it by hand to see why",
+                    out.status
+                ));
+            }
+            Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        })
+        .clone()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+impl ControlPlane {
+    /// The control plane every test of this process shares, started on first use. It stops
+    /// when the process ends (`captf-envtest --exit-on-stdin-close`).
+    pub fn shared() -> Arc<ControlPlane> {
+        static SHARED: OnceLock<Arc<ControlPlane>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Arc::new(ControlPlane::start("shared", &[], true)))
+            .clone()
+    }
+
+    /// A control plane of its own, stopped when the last handle goes; `kubelet_args` go to
+    /// the local kubelet (`--max-pods=4`: at most four unfinished Pods on the Node).
+    pub fn dedicated(tag: &str, kubelet_args: &[&str]) -> Arc<ControlPlane> {
+        Arc::new(ControlPlane::start(tag, kubelet_args, true))
+    }
+
+    /// A control plane of its own without Cluster API's Cluster CRD (a test installs it
+    /// later, as when Cluster API is installed after CAPTF).
+    pub fn dedicated_without_capi(tag: &str) -> Arc<ControlPlane> {
+        Arc::new(ControlPlane::start(tag, &[], false))
+    }
+
+    fn start(tag: &str, kubelet_args: &[&str], cluster_crd: bool) -> ControlPlane {
+        let dir_of = binaries();
+        let bin = dir_of.join("captf-envtest");
+        let kubelet = dir_of
+            .parent()
+            .expect("target directory")
+            .join(profile())
+            .join("examples/captf-kubelet");
+        let dir = std::env::temp_dir().join(format!(
+            "captf-e2e-plane-{tag}-{}-{}",
+            std::process::id(),
+            super::rand_suffix()
+        ));
+        std::fs::create_dir_all(&dir).expect("control plane dir");
+        let kubeconfig = dir.join("kubeconfig");
+        // The CRDs exist before the controllers start, as on a management cluster: the
+        // garbage collector watches their objects from the start (it would find CRDs made
+        // later only at its next discovery sync, up to 30 s on).
+        let crds = dir.join("crds.json");
+        let mut docs = Vec::new();
+        let capi = cluster_crd.then(super::cluster_crd);
+        for crd in captf::api::crds().into_iter().chain(capi) {
+            docs.push(serde_json::to_string(&crd).expect("CRD"));
+        }
+        std::fs::write(&crds, docs.join("\n")).expect("CRDs file");
+        let log_path = dir.join("captf-envtest.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let t = Instant::now();
+        let mut child = Command::new(&bin)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--exit-on-stdin-close")
+            .arg("--kubelet")
+            .arg(&kubelet)
+            .arg("--crds")
+            .arg(&crds)
+            // Terraform's update check has no network to reach here.
+            .arg("--kubelet-arg=--image-env=CHECKPOINT_DISABLE=1")
+            .args(kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")))
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let stdin = child.stdin.take().expect("stdin");
+        loop {
+            if kubeconfig.exists() {
+                break;
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!(
+                    "captf-envtest exited ({st}) before the cluster was ready:\n{}",
+                    tail(&log_path)
+                );
+            }
+            if t.elapsed() > Duration::from_secs(300) {
+                let _ = child.kill();
+                panic!(
+                    "captf-envtest was not ready within 300 s:\n{}",
+                    tail(&log_path)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        ControlPlane {
+            kubeconfig,
+            dir,
+            child: Mutex::new(Some((child, stdin))),
+            crds: tokio::sync::OnceCell::new(),
+            cluster_crd,
+            started_in: t.elapsed(),
+        }
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The process id of `captf-envtest` (its children are kube-apiserver,
+    /// kube-controller-manager and the kubelet).
+    pub fn pid(&self) -> Option<u32> {
+        self.child
+            .lock()
+            .expect("child")
+            .as_ref()
+            .map(|(c, _)| c.id())
+    }
+
+    /// `captf-envtest`'s output (and where its components' logs are).
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("captf-envtest.log")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if let Some((mut child, stdin)) = self.child.lock().expect("child").take() {
+            // Closing its standard input stops it cleanly.
+            drop(stdin);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(60) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut s);
+    }
+    let lines: Vec<&str> = s.lines().collect();
+    let from = lines.len().saturating_sub(40);
+    lines[from..].join("\n")
+}
