@@ -19,6 +19,7 @@ use crate::rules::{
     self, Backoff, Blocker, CleanupMarker, Facts, LastAttempt, PauseCause, StateFacts,
     UnfinishedJob, Unreadable,
 };
+use crate::state::lock::{self, Lock};
 use crate::state::{self, Fingerprint, StateReason, StateSecrets, Verdict};
 
 /// The owning Cluster, as far as pausing goes.
@@ -58,6 +59,11 @@ pub struct Observed {
     /// The object's Jobs and Pods (found by the owner labels).
     pub jobs: Vec<Job>,
     pub pods: Vec<Pod>,
+    /// The Jobs and Pods of earlier objects of the same kind, namespace and name (another
+    /// uid: this one's finalizer was stripped and the object made again). Their Terraform
+    /// writes the same state.
+    pub earlier_jobs: Vec<Job>,
+    pub earlier_pods: Vec<Pod>,
     /// For a TerraformCluster: its machines and pools, as `Kind/name`.
     pub dependents: Vec<String>,
     /// The state Secret and its parts; `None` when not read in this pass.
@@ -78,7 +84,8 @@ pub struct Extras {
     pub inputs: Option<Inputs>,
     /// The state verdict, when the state was read.
     pub verdict: Option<Verdict>,
-    /// The lock Lease is held by a gone Pod of this object: clear it before an attempt.
+    /// The lock Lease is held by a runner of this object (or of an earlier one of its
+    /// name) that is provably gone: clear it, as read, before an attempt.
     pub stale_lock: bool,
     /// The state Secret belongs to an earlier object of this name that this one did not
     /// adopt: it is left alone.
@@ -124,6 +131,15 @@ pub fn owning_cluster(meta: &ObjectMeta) -> Option<String> {
     by_ref
         .map(|r| r.name.clone())
         .or_else(|| label(meta, names::CAPI_CLUSTER_NAME_LABEL).map(str::to_string))
+}
+
+/// Whether a Job or Pod carries the owner labels of an object of this kind and name, but
+/// another uid: an earlier object of the same name.
+pub fn of_earlier_namesake(kind: Kind, meta: &ObjectMeta, candidate: &ObjectMeta) -> bool {
+    let name = inputs::name_label_value(meta.name.as_deref().unwrap_or_default());
+    label(candidate, names::LABEL_OWNER_KIND) == Some(kind.as_str())
+        && label(candidate, names::LABEL_OWNER_NAME) == Some(name.as_str())
+        && label(candidate, names::LABEL_OWNER_UID).is_some_and(|u| Some(u) != meta.uid.as_deref())
 }
 
 /// Whether a Job or Pod carries this object's owner labels: the uid when both sides have
@@ -247,35 +263,48 @@ fn pause_cause(o: &Observed) -> Option<PauseCause> {
 }
 
 fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
+    let mut out = unfinished_of(&o.jobs, &o.pods, None);
+    let earlier = format!(
+        "of an earlier {} {}",
+        o.kind.as_str(),
+        o.meta.name.as_deref().unwrap_or_default()
+    );
+    out.extend(unfinished_of(
+        &o.earlier_jobs,
+        &o.earlier_pods,
+        Some(&earlier),
+    ));
+    out
+}
+
+/// The unfinished Jobs of `jobs`, and the Pods of `pods` still running without their Job;
+/// `whose` is said of each when they are not this object's.
+fn unfinished_of(jobs: &[Job], pods: &[Pod], whose: Option<&str>) -> Vec<UnfinishedJob> {
     let mut out = Vec::new();
-    for j in &o.jobs {
-        if let JobOutcome::Unfinished { waiting_reason } = job::outcome(j, &o.pods) {
+    for j in jobs {
+        if let JobOutcome::Unfinished { waiting_reason } = job::outcome(j, pods) {
+            let waiting = waiting_reason.map(|w| format!("its Pod is waiting: {w}"));
             out.push(UnfinishedJob {
                 name: j.metadata.name.clone().unwrap_or_default(),
                 operation: job::operation_of(j).unwrap_or("unknown").to_string(),
-                waiting_reason,
+                detail: whose.map(str::to_string).or(waiting),
             });
         }
     }
     // A Pod whose Job is gone still runs Terraform until it ends.
-    for p in &o.pods {
+    for p in pods {
         let job_name = label(&p.metadata, "job-name")
             .or_else(|| label(&p.metadata, "batch.kubernetes.io/job-name"));
         let has_job =
-            job_name.is_some_and(|n| o.jobs.iter().any(|j| j.metadata.name.as_deref() == Some(n)));
-        let phase = p
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .unwrap_or("Pending");
-        if !has_job && !matches!(phase, "Succeeded" | "Failed") {
+            job_name.is_some_and(|n| jobs.iter().any(|j| j.metadata.name.as_deref() == Some(n)));
+        if !has_job && !lock::pod_terminated(p) {
             out.push(UnfinishedJob {
                 name: p.metadata.name.clone().unwrap_or_default(),
                 operation: format!(
                     "{} Pod of a deleted",
                     label(&p.metadata, names::LABEL_OPERATION).unwrap_or("unknown")
                 ),
-                waiting_reason: None,
+                detail: whose.map(str::to_string),
             });
         }
     }
@@ -407,67 +436,18 @@ fn usable_inputs(o: &Observed, suffix: &str, namespace: &str) -> Result<Inputs, 
     Ok(rebuilt)
 }
 
-/// Terraform's lock: free, stale (held by a gone Pod of this object: cleared before the
-/// attempt), or held by someone else (never broken).
+/// Terraform's lock, judged by [`lock::judge`]: free, stale (its holder a runner of this
+/// object, or of an earlier one of its name, that is provably gone: cleared before the
+/// attempt), or held (never broken).
 fn lock_blocker(o: &Observed, suffix: &str, extras: &mut Extras) -> Option<Blocker> {
-    let lease = o.lock.as_ref()?;
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.clone())
-        .filter(|h| !h.is_empty())?;
-    let info: Value = lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::TF_LOCK_INFO))
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or(Value::Null);
-    let who = info["Who"].as_str().unwrap_or_default().to_string();
-    let host = who
-        .rsplit_once('@')
-        .map(|(_, h)| h.to_string())
-        .unwrap_or_default();
-    let own_prefix = format!("captf-{}-", suffix.replace('.', "-"));
-    let pod_gone = !o
-        .pods
-        .iter()
-        .any(|p| p.metadata.name.as_deref() == Some(host.as_str()));
-    let own_pod = host.starts_with(&own_prefix) || short_job_prefix_matches(&host, suffix);
-    if own_pod && pod_gone {
-        extras.stale_lock = true;
-        return None;
-    }
-    let age = info["Created"]
-        .as_str()
-        .and_then(|c| c.parse::<Timestamp>().ok())
-        .map(|c| format!("{c} ({} ago)", human_age(o.now.as_second() - c.as_second())));
-    let holder = if who.is_empty() {
-        format!("lock {holder}")
-    } else {
-        format!("{who} (lock {holder})")
-    };
-    Some(Blocker::LockHeld { holder, age })
-}
-
-/// Long suffixes are cut and hashed in Job names; a Pod of such a Job starts with the cut
-/// Job name prefix.
-fn short_job_prefix_matches(host: &str, suffix: &str) -> bool {
-    [names::OPERATION_APPLY, names::OPERATION_DESTROY]
-        .iter()
-        .any(|op| {
-            let j = names::job_name(suffix, op, 1);
-            let prefix = j.trim_end_matches(&format!("-{op}-1")[..]);
-            host.starts_with(prefix) && host.contains(&format!("-{op}-"))
-        })
-}
-
-fn human_age(seconds: i64) -> String {
-    match seconds {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
+    let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
+    match lock::judge(o.lock.as_ref(), suffix, &pods, o.now) {
+        Lock::Free => None,
+        Lock::StaleOwn { .. } => {
+            extras.stale_lock = true;
+            None
+        }
+        Lock::Held { holder, age } => Some(Blocker::LockHeld { holder, age }),
     }
 }
 
@@ -564,6 +544,8 @@ mod tests {
             namespace_terminating: false,
             jobs: vec![],
             pods: vec![],
+            earlier_jobs: vec![],
+            earlier_pods: vec![],
             dependents: vec![],
             state: None,
             inputs_secret: None,
@@ -737,5 +719,63 @@ mod tests {
             }
             other => panic!("expected LockHeld, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_earlier_objects_unfinished_job_holds_the_deletion_and_its_runner_keeps_the_lock() {
+        let sha = rebuilt_sha(Kind::TerraformCluster);
+        let mut o = observed(Kind::TerraformCluster, &[(names::INPUTS_SHA256, &sha)]);
+        let job_name = names::job_name("prod.tfc", names::OPERATION_DESTROY, 1);
+        let pod_name = format!("{job_name}-x7k2p");
+        let labels = serde_json::json!({
+            names::LABEL_OWNER_KIND: "TerraformCluster", names::LABEL_OWNER_NAME: "prod",
+            names::LABEL_OWNER_UID: "uid-of-the-earlier-prod",
+            names::LABEL_OPERATION: names::OPERATION_DESTROY, "job-name": job_name,
+        });
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": job_name, "labels": labels}, "status": {"active": 1}
+        }))
+        .expect("job");
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": pod_name, "labels": labels},
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        assert!(of_earlier_namesake(
+            Kind::TerraformCluster,
+            &o.meta,
+            &job.metadata
+        ));
+        o.earlier_jobs = vec![job];
+        o.earlier_pods = vec![pod.clone()];
+        let (d, f, _) = decide(&o, &Settings::default());
+        assert_eq!(d.row, Some(2));
+        assert_eq!(
+            f.unfinished_jobs[0].detail.as_deref(),
+            Some("of an earlier TerraformCluster prod")
+        );
+        // Its Job gone (deleted with orphan propagation), its Pod still runs Terraform, and
+        // holds the lock: held, not stale.
+        o.earlier_jobs.clear();
+        o.lock = Some(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "lock-tfstate-default-prod.tfc", "annotations": {
+                    names::TF_LOCK_INFO: format!("{{\"ID\":\"abc\",\"Who\":\"runner@{pod_name}\"}}")
+                }},
+                "spec": {"holderIdentity": "abc"}
+            }))
+            .expect("lease"),
+        );
+        let (d, f, extras) = decide(&o, &Settings::default());
+        assert_eq!(d.row, Some(2), "{:?}", f.unfinished_jobs);
+        assert!(!extras.stale_lock);
+        // The Pod terminated: the lock it left is stale, and the deletion goes on.
+        let mut done = pod;
+        done.status.as_mut().expect("status").phase = Some("Failed".into());
+        o.earlier_pods = vec![done];
+        let (f, extras) = gather(&o, &Settings::default());
+        assert!(f.unfinished_jobs.is_empty());
+        assert!(extras.stale_lock);
+        assert_eq!(f.blocker, None);
     }
 }

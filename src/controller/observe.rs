@@ -28,6 +28,31 @@ pub fn owner_selector(uid: &str) -> String {
     format!("{}={uid}", names::LABEL_OWNER_UID)
 }
 
+/// The label selector of the Jobs and Pods of every object of this kind and name, this one
+/// and earlier ones (whose finalizer was stripped, the object made again): their Terraform
+/// writes the same state.
+pub fn namesake_selector(kind: Kind, name: &str) -> String {
+    format!(
+        "{}={},{}={}",
+        names::LABEL_OWNER_KIND,
+        kind.as_str(),
+        names::LABEL_OWNER_NAME,
+        inputs::name_label_value(name)
+    )
+}
+
+/// Splits the Jobs or Pods of [`namesake_selector`] into this object's and earlier ones'.
+fn split_namesakes<T: kube::Resource>(items: Vec<T>, uid: &str) -> (Vec<T>, Vec<T>) {
+    items.into_iter().partition(|i| {
+        i.meta()
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(names::LABEL_OWNER_UID))
+            .map(String::as_str)
+            == Some(uid)
+    })
+}
+
 /// Observes everything but the Secrets and the lock.
 pub async fn observe<K: TerraformObject>(
     client: &Client,
@@ -81,7 +106,7 @@ async fn observe_rounds<K: TerraformObject>(
     let ns = obj.namespace().unwrap_or_default();
     let uid = meta.uid.clone().unwrap_or_default();
     let client = client.clone();
-    let lp = ListParams::default().labels(&owner_selector(&uid));
+    let lp = ListParams::default().labels(&namesake_selector(K::KIND, &obj.name_any()));
     let jobs = async {
         Ok::<_, Error>(
             Api::<Job>::namespaced(client.clone(), &ns)
@@ -140,6 +165,7 @@ async fn observe_rounds<K: TerraformObject>(
         namespace_terminating,
         dependents
     )?;
+    let (jobs, earlier_jobs) = split_namesakes(jobs, &uid);
     let mut o = Observed {
         kind: K::KIND,
         meta,
@@ -149,6 +175,8 @@ async fn observe_rounds<K: TerraformObject>(
         namespace_terminating,
         jobs,
         pods: Vec::new(),
+        earlier_jobs,
+        earlier_pods: Vec::new(),
         dependents,
         state: None,
         inputs_secret: None,
@@ -174,7 +202,7 @@ async fn observe_rounds<K: TerraformObject>(
         }
     };
     let (pods, secrets) = futures::try_join!(pods, secrets)?;
-    o.pods = pods;
+    (o.pods, o.earlier_pods) = split_namesakes(pods, &uid);
     o.now = Timestamp::now();
     Ok((o, secrets))
 }

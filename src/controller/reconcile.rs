@@ -27,6 +27,7 @@ use crate::api::names;
 use crate::facts::{self, Extras, Observed};
 use crate::job::{self, JobOutcome, JobRequest};
 use crate::rules::{self, Action, Blocker, Decision, Facts};
+use crate::state::lock::{self, Lock};
 use crate::state::{self, StateSecrets};
 
 /// How often an object is looked at again when nothing it watches changes.
@@ -508,10 +509,10 @@ async fn start_attempt<K: TerraformObject>(
         Ok::<_, Error>(())
     };
     let stale_lock = async {
-        if extras.stale_lock {
+        if let (true, Some(lease)) = (extras.stale_lock, &o.lock) {
             let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-            info!("clearing Terraform's lock held by a gone Pod of this object");
-            writes::delete_if_present(&leases, &names::lock_lease_name(&suffix)).await?;
+            info!("clearing Terraform's lock held by a runner of this object that is gone");
+            writes::delete_as_read(&leases, &lease.metadata).await?;
         }
         Ok::<_, Error>(())
     };
@@ -708,7 +709,9 @@ async fn delete_jobs(ctx: &Context, ns: &str, o: &Observed) -> Result<(), Error>
     Ok(())
 }
 
-/// Deletes Terraform's lock Lease when it is free or its holder Pod is gone.
+/// Deletes Terraform's lock Lease when [`lock::judge`] finds it free or held by a runner
+/// of this object that is provably gone, and only as it was read; a lock held by anyone
+/// else stays, whatever the step.
 async fn delete_lock_if_free(
     ctx: &Context,
     ns: &str,
@@ -720,30 +723,12 @@ async fn delete_lock_if_free(
     let Some(lease) = leases.get_opt(&name).await? else {
         return Ok(());
     };
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.clone())
-        .unwrap_or_default();
-    let holder_pod_alive = {
-        let info: serde_json::Value = lease
-            .annotations()
-            .get(names::TF_LOCK_INFO)
-            .and_then(|v| serde_json::from_str(v).ok())
-            .unwrap_or_default();
-        let who = info["Who"].as_str().unwrap_or_default();
-        let host = who.rsplit_once('@').map(|(_, h)| h).unwrap_or_default();
-        !host.is_empty()
-            && o.pods
-                .iter()
-                .any(|p| p.metadata.name.as_deref() == Some(host))
-    };
-    if holder.is_empty()
-        || !holder_pod_alive && lease.annotations().contains_key(names::TF_LOCK_INFO)
-    {
-        writes::delete_if_present(&leases, &name).await?;
-    } else {
-        debug!(%holder, "lock Lease left in place: held");
+    let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
+    match lock::judge(Some(&lease), suffix, &pods, jiff::Timestamp::now()) {
+        Lock::Free | Lock::StaleOwn { .. } => {
+            writes::delete_as_read(&leases, &lease.metadata).await?;
+        }
+        Lock::Held { holder, .. } => debug!(%holder, "lock Lease left in place: held"),
     }
     Ok(())
 }

@@ -110,6 +110,24 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         })
         .cloned()
         .collect();
+    let earlier_jobs = inv
+        .jobs
+        .iter()
+        .filter(|j| {
+            in_ns(j.metadata.namespace.as_ref())
+                && facts::of_earlier_namesake(kind, &meta, &j.metadata)
+        })
+        .cloned()
+        .collect();
+    let earlier_pods = inv
+        .pods
+        .iter()
+        .filter(|p| {
+            in_ns(p.metadata.namespace.as_ref())
+                && facts::of_earlier_namesake(kind, &meta, &p.metadata)
+        })
+        .cloned()
+        .collect();
     let dependents = match (kind, &cluster_name) {
         (Kind::TerraformCluster, Some(c)) => inv
             .objects
@@ -170,6 +188,8 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         namespace_terminating,
         jobs,
         pods,
+        earlier_jobs,
+        earlier_pods,
         dependents,
         state,
         inputs_secret,

@@ -47,8 +47,10 @@ pub struct UnfinishedJob {
     pub name: String,
     /// `apply` or `destroy`, from the operation label.
     pub operation: String,
-    /// The Pod's waiting reason, when it has one (ImagePullBackOff, …).
-    pub waiting_reason: Option<String>,
+    /// What the operator should know beside its name: the Pod's waiting reason ("its Pod
+    /// is waiting: ImagePullBackOff"), or that it belongs to an earlier object of the same
+    /// kind and name ("of an earlier TerraformMachine web-1").
+    pub detail: Option<String>,
 }
 
 /// The cleanup marker (`A/cleanup-started`).
@@ -352,8 +354,8 @@ pub fn decide(f: &Facts) -> Decision {
         let list: Vec<String> = f
             .unfinished_jobs
             .iter()
-            .map(|j| match &j.waiting_reason {
-                Some(w) => format!("{} Job {} (its Pod is waiting: {w})", j.operation, j.name),
+            .map(|j| match &j.detail {
+                Some(d) => format!("{} Job {} ({d})", j.operation, j.name),
                 None => format!("{} Job {}", j.operation, j.name),
             })
             .collect();

@@ -50,7 +50,7 @@ fn running_job() -> UnfinishedJob {
     UnfinishedJob {
         name: "captf-web-1-tfm-apply-1".into(),
         operation: "apply".into(),
-        waiting_reason: None,
+        detail: None,
     }
 }
 
@@ -114,7 +114,7 @@ fn row1_delete_for_move_and_crd_deletion_count_as_paused() {
 #[test]
 fn row2_waits_for_an_unfinished_job() {
     let mut job = running_job();
-    job.waiting_reason = Some("ImagePullBackOff".into());
+    job.detail = Some("its Pod is waiting: ImagePullBackOff".into());
     let d = decide(&Facts {
         unfinished_jobs: vec![job],
         ..facts()
@@ -122,7 +122,13 @@ fn row2_waits_for_an_unfinished_job() {
     assert_eq!(d.row, Some(2));
     assert_eq!(d.action, Action::WaitForJob);
     assert_eq!(d.deleting().reason, "WaitingForJob");
-    assert!(d.deleting().message.contains("captf-web-1-tfm-apply-1"));
+    assert!(
+        d.deleting()
+            .message
+            .contains("apply Job captf-web-1-tfm-apply-1 (its Pod is waiting: ImagePullBackOff)"),
+        "{}",
+        d.deleting().message
+    );
     assert!(d.deleting().message.contains("ImagePullBackOff"));
     assert!(d.deleting().message.contains("runbooks/WaitingForJob.md"));
 }

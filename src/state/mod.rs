@@ -7,6 +7,7 @@
 //! whether managed resource instances exist).
 
 mod classify;
+pub mod lock;
 mod scan;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,7 @@ mod config;
 mod control_plane;
 mod crds;
 mod deletion;
+mod jobs;
 mod manager;
 mod runbooks;
 mod support;

@@ -1,0 +1,220 @@
+//! Destroy Jobs on a real cluster: one at a time whatever became of earlier objects of the
+//! same name, and Terraform's lock cleared only when its holder is provably gone, never
+//! when someone else holds it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use captf::api::names::{self, Kind};
+use captf::controller::{Context, discover_cluster, reconcile::reconcile};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+use crate::support::*;
+
+const FAST: Duration = Duration::from_millis(300);
+
+/// The owner labels of a TerraformMachine `name` with uid `uid`, for a destroy of attempt 1.
+fn destroy_labels(name: &str, uid: &str) -> serde_json::Value {
+    json!({
+        names::LABEL_OWNER_KIND: "TerraformMachine",
+        names::LABEL_OWNER_NAME: captf::inputs::name_label_value(name),
+        names::LABEL_OWNER_UID: uid,
+        names::LABEL_OPERATION: names::OPERATION_DESTROY,
+        names::LABEL_ATTEMPT: "1",
+    })
+}
+
+/// The docs/08 flow: an object's finalizer was stripped while its destroy ran, and the
+/// object was made again from its saved YAML. The earlier object's destroy Job still runs
+/// against the same state: the new object's deletion waits for it, naming it, and starts
+/// no destroy of its own until it has finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_earlier_objects_running_destroy_is_waited_for_not_raced() {
+    let env = Env::with_machine("earlier", &module(0), FAST).await;
+    let uid = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.uid)
+        .expect("uid");
+    let job_name = names::job_name("web-1.tfm", names::OPERATION_DESTROY, 1);
+    let labels = destroy_labels("web-1", "uid-of-the-earlier-web-1");
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": job_name, "namespace": env.ns, "labels": labels},
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sleep", "8"]}]}}}
+    }))
+    .expect("job");
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("the earlier object's destroy Job");
+    env.delete::<Tfm>("web-1").await;
+    let msg = env
+        .wait_deleting::<Tfm>("web-1", "WaitingForJob", long())
+        .await;
+    assert!(
+        msg.contains(&format!(
+            "destroy Job {job_name} (of an earlier TerraformMachine web-1)"
+        )),
+        "{msg}"
+    );
+    // While it runs, no destroy of this object's starts.
+    let own = ListParams::default().labels(&format!("{}={uid}", names::LABEL_OWNER_UID));
+    let earlier_done = || async {
+        jobs.get(&job_name).await.ok().is_some_and(|j| {
+            j.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        })
+    };
+    while !earlier_done().await {
+        assert!(
+            jobs.list(&own).await.expect("jobs").items.is_empty(),
+            "a destroy of this object started while the earlier one ran"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    assert_eq!(env.tries("web-1"), 1, "one destroy ran the provisioners");
+    env.shutdown().await;
+}
+
+/// A runner killed while it held Terraform's lock (here OOMKilled, as with a memory
+/// limit) leaves the lock behind and its Pod `Failed`. With a name long enough that the
+/// API server cuts the Pod's name (a 50-character object name, as Cluster API's machine
+/// names are), the next attempt still knows the lock as its own runner's, clears it and
+/// finishes the destroy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_lock_of_an_oomkilled_runner_is_cleared_and_the_next_attempt_runs() {
+    if envtest_only("it OOM-kills the runner with the local kubelet's test control") {
+        return;
+    }
+    let name = "md-0-workers-5d8f7c9b4f-x2x5k-machine-template-abc1";
+    assert_eq!(name.len(), 51);
+    let env = Env::start("oom-lock").await;
+    let label_name = captf::inputs::name_label_value(name);
+    env.kubelet_fault(
+        "oom",
+        &[
+            (names::LABEL_OWNER_NAME, &label_name),
+            (names::LABEL_ATTEMPT, "1"),
+        ],
+        KubeletFault::OomKilled,
+        5.0,
+    )
+    .await;
+    let env = Env::with_machine_named(env, name, &sleepy_module(60), Duration::from_secs(1)).await;
+    env.delete::<Tfm>(name).await;
+    env.wait_gone::<Tfm>(name, long()).await;
+    assert!(env.destroyed(name));
+    assert_eq!(
+        env.tries(name),
+        2,
+        "killed once, then the next attempt finished"
+    );
+    let suffix = names::state_suffix(Kind::TerraformMachine, name);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    assert!(
+        leases
+            .get_opt(&names::lock_lease_name(&suffix))
+            .await
+            .expect("lease")
+            .is_none(),
+        "the lock went with the cleanup"
+    );
+    env.clear_kubelet_fault("oom").await;
+    env.shutdown().await;
+}
+
+/// A lock held by someone else (a person running Terraform by hand, a CI job) is never
+/// broken, whatever the step: here it is taken after the destroy, and the cleanup that
+/// releases the object leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_held_by_a_person_outlives_the_cleanup() {
+    let env = Env::start("foreign-lock").await;
+    let markers = env.markers();
+    let cluster_uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &markers)
+        .await;
+    let ctx = Arc::new(Context::new(
+        env.client.clone(),
+        &env.config,
+        captf::job::Templates::embedded(),
+        Arc::default(),
+        discover_cluster(&env.client).await,
+    ));
+    let pass = || async {
+        match env.object::<Tfm>("web-1").await {
+            Some(o) => {
+                reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
+                false
+            }
+            None => true,
+        }
+    };
+    pass().await;
+    env.apply::<Tfm>("web-1", &module(0), &markers).await;
+    env.delete::<Tfm>("web-1").await;
+    wait_for("the destroy Job", long(), || async {
+        !env.destroy_jobs().await.is_empty() || pass().await
+    })
+    .await;
+    wait_for("the destroy to complete", long(), || async {
+        env.destroy_jobs().await.iter().any(|j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Complete" && c.status == "True")
+                })
+        })
+    })
+    .await;
+    // Alice locks the state by hand.
+    let lock_name = names::lock_lease_name("web-1.tfm");
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let info = json!({"ID": "alice-1", "Operation": "OperationTypePlan", "Who": "alice@laptop",
+        "Version": "1.11.4", "Created": "2026-12-01T10:00:00Z", "Path": ""});
+    let held = json!({"metadata": {"annotations": {names::TF_LOCK_INFO: info.to_string()}},
+        "spec": {"holderIdentity": "alice-1"}});
+    match leases.get_opt(&lock_name).await.expect("lease") {
+        Some(_) => {
+            leases
+                .patch(
+                    &lock_name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&held),
+                )
+                .await
+                .expect("take the lock");
+        }
+        None => {
+            let mut lease: Lease = serde_json::from_value(held).expect("lease");
+            lease.metadata.name = Some(lock_name.clone());
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .expect("take the lock");
+        }
+    }
+    wait_for("the release, pass by pass", long(), pass).await;
+    let lease = leases
+        .get_opt(&lock_name)
+        .await
+        .expect("lease")
+        .expect("Alice's lock is still there");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("alice-1")
+    );
+    env.shutdown().await;
+}
