@@ -327,7 +327,9 @@ fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
                 && job::attempt_of(j) == Some(attempt))
     });
     let last = match job.map(|j| job::outcome(j, &o.pods)) {
-        Some(JobOutcome::Succeeded) => LastAttempt::Succeeded,
+        Some(JobOutcome::Succeeded) => LastAttempt::Succeeded {
+            at: job.and_then(completed_at),
+        },
         Some(JobOutcome::Failed {
             reason, error_tail, ..
         }) => LastAttempt::Failed {
@@ -352,6 +354,19 @@ fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
         },
     };
     (attempt, last)
+}
+
+/// When a Job completed: its `completionTime`, else its `Complete` condition's time.
+fn completed_at(job: &Job) -> Option<Timestamp> {
+    let status = job.status.as_ref()?;
+    status.completion_time.as_ref().map(|t| t.0).or_else(|| {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Complete" && c.status == "True")
+            .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
+    })
 }
 
 fn deletion_time(meta: &ObjectMeta) -> Option<Timestamp> {

@@ -101,8 +101,9 @@ pub enum StateFacts {
 pub enum LastAttempt {
     /// No attempt of this deletion has finished (none started, or its Job not created yet).
     NoneFinished,
-    /// The attempt's Job completed (whether the state agrees is checked against the state).
-    Succeeded,
+    /// The attempt's Job completed at `at` (whether the state agrees is checked against
+    /// the state; a retry falls due one backoff delay after `at`).
+    Succeeded { at: Option<Timestamp> },
     /// The attempt failed at `at`; `error` is Terraform's error tail or the Job's reason.
     Failed {
         at: Option<Timestamp>,
@@ -525,8 +526,8 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
     };
     let failure = match &f.last_attempt {
         LastAttempt::NoneFinished => None,
-        LastAttempt::Succeeded => Some((
-            None,
+        LastAttempt::Succeeded { at } => Some((
+            *at,
             format!(
                 "destroy attempt {} reported success but the state still describes {managed} managed resource instance(s)",
                 f.attempt
@@ -672,7 +673,18 @@ fn finish(
     next_retry_at: Option<Timestamp>,
     start_attempt: Option<u32>,
 ) -> Decision {
-    let mut conditions = vec![deleting];
+    // clusterctl describe shows an infrastructure object's Ready only (and a Machine's
+    // InfrastructureReady copies it): during a deletion it says what the deletion waits on.
+    let others = others.into_iter().map(|mut c| {
+        if c.type_ == cond::READY && c.reason == reason::DELETING {
+            c.message = format!(
+                "the object is being deleted: {}: {}",
+                deleting.reason, deleting.message
+            );
+        }
+        c
+    });
+    let mut conditions = vec![deleting.clone()];
     conditions.extend(others);
     Decision {
         row,

@@ -282,7 +282,7 @@ fn row8_after_a_successful_destroy() {
     let d = decide(&Facts {
         state: readable(0),
         attempt: 1,
-        last_attempt: LastAttempt::Succeeded,
+        last_attempt: LastAttempt::Succeeded { at: None },
         ..facts()
     });
     assert_eq!(d.row, Some(8));
@@ -355,7 +355,7 @@ fn row9_starts_the_next_attempt_once_the_delay_has_passed() {
 fn row9_success_that_left_instances_counts_as_failed() {
     let d = decide(&Facts {
         attempt: 1,
-        last_attempt: LastAttempt::Succeeded,
+        last_attempt: LastAttempt::Succeeded { at: None },
         ..facts()
     });
     assert_eq!(d.row, Some(9));
@@ -578,4 +578,46 @@ fn rows_are_listed_in_order() {
     for (i, (n, _, _)) in ROWS.iter().enumerate() {
         assert_eq!(usize::from(*n), i + 1);
     }
+}
+
+#[test]
+fn row9_a_success_that_left_instances_is_retried_when_its_delay_has_passed() {
+    // The Job completed at 10:00; the state still lists instances. The retry falls due
+    // one backoff delay after the Job's end, whenever the pass runs.
+    let ended = t("2026-12-01T10:00:00Z");
+    let delay = facts().backoff.delay(1, &facts().uid);
+    let later = Timestamp::from_second(ended.as_second() + delay.as_secs() as i64 + 1).unwrap();
+    let d = decide(&Facts {
+        attempt: 1,
+        last_attempt: LastAttempt::Succeeded { at: Some(ended) },
+        now: later,
+        ..facts()
+    });
+    assert_eq!(d.row, Some(9));
+    assert_eq!(d.start_attempt, Some(2), "{:?}", d.deleting());
+    assert!(d.deleting().message.contains("starting attempt 2 now"));
+}
+
+#[test]
+fn ready_during_a_deletion_carries_the_deleting_reason_and_message() {
+    // clusterctl describe shows only Ready (and Machine InfrastructureReady copies it).
+    let d = decide(&Facts {
+        attempt: 1,
+        last_attempt: failed("2026-12-01T10:00:00Z"),
+        ..facts()
+    });
+    let ready = d
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(ready.reason, "Deleting");
+    assert_eq!(
+        ready.message,
+        format!(
+            "the object is being deleted: DestroyFailed: {}",
+            d.deleting().message
+        )
+    );
+    assert!(ready.message.contains("see runbooks/DestroyFailed.md"));
 }
