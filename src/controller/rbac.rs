@@ -1,18 +1,21 @@
 //! The runner's ServiceAccount, Role and RoleBinding: created in a namespace when its
-//! first Job is needed, removed by the periodic sweep once no CAPTF object is left there.
+//! first Job is needed, removed by the periodic sweep once no CAPTF object is left there
+//! and no runner of theirs still runs.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
 use tracing::{info, warn};
 
 use super::writes::{create_if_absent, delete_if_present};
 use super::{Context, Error};
-use crate::api::names::RUNNER_NAME;
+use crate::api::names::{self, RUNNER_NAME};
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
 use crate::job;
+use crate::state::lock;
 
 /// The label on the runner RBAC objects.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=captf";
@@ -25,8 +28,16 @@ pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
             .map(|s| s.contains(ns))
             .unwrap_or(false)
     };
+    let sas = Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns);
     if ready() {
-        return Ok(());
+        // Remembered, but someone may have deleted it since: a Job without its
+        // ServiceAccount never gets a Pod.
+        if sas.get_metadata_opt(RUNNER_NAME).await?.is_some() {
+            return Ok(());
+        }
+        if let Ok(mut s) = ctx.rbac_ready.lock() {
+            s.remove(ns);
+        }
     }
     // One creator at a time: the passes that start many destroys at once would otherwise
     // all create the same three objects.
@@ -55,7 +66,36 @@ pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Removes runner RBAC from namespaces with no CAPTF object left.
+/// Whether a Job or Pod CAPTF made in `ns` has not finished: a runner whose object is
+/// gone (its finalizer stripped during a destroy) still needs its ServiceAccount and Role
+/// to write its state at the end.
+async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
+    let ours = ListParams::default().labels(names::LABEL_OWNER_KIND);
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), ns)
+        .list(&ours)
+        .await?
+        .items;
+    let job_running = jobs.iter().any(|j| {
+        !j.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+            })
+    });
+    if job_running {
+        return Ok(true);
+    }
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list(&ours)
+        .await?
+        .items;
+    Ok(pods.iter().any(|p| !lock::pod_terminated(p)))
+}
+
+/// Removes runner RBAC from namespaces with no CAPTF object left and no runner of theirs
+/// still running.
 pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
     let sas: Api<ServiceAccount> = match &ctx.watch_namespace {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
@@ -89,7 +129,7 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
             .await?
             .items
             .len();
-        if c + m + p > 0 {
+        if c + m + p > 0 || runner_unfinished(ctx, &ns).await? {
             continue;
         }
         if let Ok(mut s) = ctx.rbac_ready.lock() {

@@ -218,3 +218,67 @@ async fn a_lock_held_by_a_person_outlives_the_cleanup() {
     );
     env.shutdown().await;
 }
+
+/// The finalizer stripped by hand while the destroy runs (docs/08): the object is gone at
+/// once, its runner still runs and must write its state at the end. The runner RBAC stays
+/// until that runner has finished; then the sweep removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rbac_sweep_waits_for_a_runner_whose_object_is_gone() {
+    let env = Env::with_machine("sweep-runner", &sleepy_module(8), FAST).await;
+    env.delete::<Tfm>("web-1").await;
+    wait_for("the destroy provisioner", long(), || async {
+        env.destroy_provisioner_started("web-1").await
+    })
+    .await;
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip the finalizer");
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    // The sweep runs every 0.5 s here; the runner has seconds left.
+    let job = names::job_name("web-1.tfm", names::OPERATION_DESTROY, 1);
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
+    let finished = || async {
+        jobs.get(&job).await.ok().is_some_and(|j| {
+            j.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
+    };
+    while !finished().await {
+        assert!(
+            sas.get_opt(names::RUNNER_NAME)
+                .await
+                .expect("get")
+                .is_some(),
+            "the runner RBAC was removed while its runner ran"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let done = jobs.get(&job).await.expect("the Job");
+    assert!(
+        done.status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Complete" && c.status == "True"),
+        "the runner finished its destroy and saved its state"
+    );
+    assert!(env.destroyed("web-1"));
+    wait_for("the sweep to remove the runner RBAC", long(), || async {
+        sas.get_opt(names::RUNNER_NAME)
+            .await
+            .expect("get")
+            .is_none()
+    })
+    .await;
+    env.shutdown().await;
+}
