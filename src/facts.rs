@@ -328,15 +328,21 @@ fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
     });
     let last = match job.map(|j| job::outcome(j, &o.pods)) {
         Some(JobOutcome::Succeeded) => LastAttempt::Succeeded {
-            at: job.and_then(completed_at),
+            at: job.and_then(job::finished_at),
         },
         Some(JobOutcome::Failed {
             reason, error_tail, ..
         }) => LastAttempt::Failed {
             at: failed_at.or(Some(o.now)),
-            error: error_tail
-                .filter(|t| !t.trim().is_empty())
-                .unwrap_or(reason),
+            error: match error_tail.filter(|t| !t.trim().is_empty()) {
+                Some(t) => job::failure_text(
+                    &t,
+                    &job.and_then(|j| j.metadata.name.clone())
+                        .unwrap_or_default(),
+                    o.meta.namespace.as_deref().unwrap_or_default(),
+                ),
+                None => reason,
+            },
         },
         // An unfinished Job is row 2's business.
         Some(JobOutcome::Unfinished { .. }) => LastAttempt::NoneFinished,
@@ -354,19 +360,6 @@ fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
         },
     };
     (attempt, last)
-}
-
-/// When a Job completed: its `completionTime`, else its `Complete` condition's time.
-fn completed_at(job: &Job) -> Option<Timestamp> {
-    let status = job.status.as_ref()?;
-    status.completion_time.as_ref().map(|t| t.0).or_else(|| {
-        status
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "Complete" && c.status == "True")
-            .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
-    })
 }
 
 fn deletion_time(meta: &ObjectMeta) -> Option<Timestamp> {

@@ -263,12 +263,17 @@ async fn bookkeeping<K: TerraformObject>(
                 reason, error_tail, ..
             } = job::outcome(j, &o.pods)
         {
-            let at = job_finished_at(j).unwrap_or(o.now);
+            let at = job::finished_at(j).unwrap_or(o.now);
             edits.push((names::DESTROY_FAILED_AT, Some(at.to_string())));
             ctx.metrics
                 .destroy_failures
                 .inc(&[K::KIND.as_str(), &reason]);
-            let text = error_tail.unwrap_or(reason);
+            let text = match error_tail.filter(|t| !t.trim().is_empty()) {
+                Some(t) => {
+                    job::failure_text(&t, &j.name_any(), &obj.namespace().unwrap_or_default())
+                }
+                None => reason,
+            };
             publish(
                 ctx,
                 obj,
@@ -294,7 +299,7 @@ async fn bookkeeping<K: TerraformObject>(
             } if annotation(obj, names::APPLY_INTERRUPTED).is_none() => {
                 edits.push((
                     names::APPLY_INTERRUPTED,
-                    Some(job_finished_at(j).unwrap_or(o.now).to_string()),
+                    Some(job::finished_at(j).unwrap_or(o.now).to_string()),
                 ));
             }
             JobOutcome::Succeeded if annotation(obj, names::APPLY_INTERRUPTED).is_some() => {
@@ -332,20 +337,6 @@ async fn bookkeeping<K: TerraformObject>(
 
     let ops = annotation_ops(obj.meta(), &edits);
     Ok(guarded_patch(api, obj.meta(), ops).await?.is_some())
-}
-
-fn job_finished_at(j: &Job) -> Option<Timestamp> {
-    j.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| {
-            (c.type_ == "Failed" || c.type_ == "FailureTarget" || c.type_ == "Complete")
-                && c.status == "True"
-        })
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0)
 }
 
 /// Puts the protection finalizer on the base state Secret, and on its parts once the

@@ -13,7 +13,10 @@ mod runner_tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use outcome::{JobOutcome, attempt_of, operation_of, outcome, pod_of_job};
+pub use outcome::{
+    JobOutcome, attempt_of, error_summary, failure_text, finished_at, operation_of, outcome,
+    pod_of_job,
+};
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
 pub use render::{render, secret_labels};
 pub use template::Templates;
@@ -63,4 +66,8 @@ pub enum RenderError {
     },
     #[error("module file name {name:?} is not allowed: {why}")]
     BadFileName { name: String, why: &'static str },
+    #[error(
+        "the inputs' env entry {name:?} is refused: {why}; remove it from the spec's env (and from the inputs Secret)"
+    )]
+    ForbiddenEnv { name: String, why: &'static str },
 }

@@ -5,6 +5,7 @@
 //! `FailureTarget` while the Pods terminate: those alone mean "unfinished" (Terraform may
 //! still be writing its state).
 
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 
@@ -247,6 +248,95 @@ pub fn outcome(job: &Job, pods: &[Pod]) -> JobOutcome {
     JobOutcome::Unfinished {
         waiting_reason: waiting,
     }
+}
+
+/// When a Job finished: the time of its `Complete`, `Failed` or `FailureTarget` condition.
+pub fn finished_at(j: &Job) -> Option<Timestamp> {
+    j.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| {
+            (c.type_ == "Failed" || c.type_ == "FailureTarget" || c.type_ == "Complete")
+                && c.status == "True"
+        })
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+}
+
+/// The longest summary of Terraform's error that goes into a condition or an Event.
+pub const SUMMARY_MAX: usize = 400;
+
+/// A short summary of Terraform's error output for status and Events: its first line (the
+/// runner's own, "terraform destroy failed (exit 1)") and Terraform's `Error:` headlines,
+/// ANSI escapes stripped, at most [`SUMMARY_MAX`] bytes. The rest of the output (a
+/// provider's diagnostics can quote resource attributes) stays in the Pod's log, which
+/// fewer people can read than an object's status.
+pub fn error_summary(output: &str) -> String {
+    let clean = strip_ansi(output);
+    let lines: Vec<&str> = clean
+        .lines()
+        .map(|l| l.trim_start_matches(['│', '╷', '╵', ' ']).trim_end())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut parts: Vec<&str> = Vec::new();
+    if let Some(first) = lines.first() {
+        parts.push(first);
+    }
+    for l in &lines[1.min(lines.len())..] {
+        if l.starts_with("Error:") && !parts.contains(l) {
+            parts.push(l);
+        }
+    }
+    if parts.len() == 1 && lines.len() > 1 {
+        // No headline: the last line says most.
+        parts.push(lines[lines.len() - 1]);
+    }
+    cut(&parts.join("; "), SUMMARY_MAX)
+}
+
+/// The failure as the condition and the Event say it: the summary, and where the whole
+/// output is.
+pub fn failure_text(output: &str, job: &str, namespace: &str) -> String {
+    format!(
+        "{} (Terraform's whole output: kubectl logs job/{job} -n {namespace})",
+        error_summary(output)
+    )
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-byte; other escapes: ESC and one character.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+        } else if !c.is_control() || c == '\n' {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max - '…'.len_utf8();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]
@@ -513,5 +603,29 @@ mod tests {
         assert_eq!(operation_of(&j), Some("destroy"));
         assert_eq!(attempt_of(&Job::default()), None);
         assert_eq!(operation_of(&Job::default()), None);
+    }
+
+    #[test]
+    fn the_summary_keeps_the_headlines_and_leaves_the_details_to_the_log() {
+        let output = "terraform destroy failed (exit 1)\n\u{1b}[31m╷\u{1b}[0m\n\u{1b}[31m│\u{1b}[0m \u{1b}[1m\u{1b}[31mError: \u{1b}[0m\u{1b}[0m\u{1b}[1mdeleting VM web-1-0: 403 Forbidden\u{1b}[0m\n│ \n│   with aws_instance.web,\n│   password = \"hunter2\"\n╵\nError: local-exec provisioner error\n│ Error running command: exit status 1. Output: the cloud said no\n";
+        let s = error_summary(output);
+        assert_eq!(
+            s,
+            "terraform destroy failed (exit 1); Error: deleting VM web-1-0: 403 Forbidden; Error: local-exec provisioner error"
+        );
+        assert!(!s.contains("hunter2") && !s.contains('\u{1b}'));
+        let long = format!(
+            "terraform destroy failed (exit 1)\nError: {}",
+            "é".repeat(500)
+        );
+        let s = error_summary(&long);
+        assert!(s.len() <= SUMMARY_MAX && s.ends_with('…'), "{}", s.len());
+        // No headline: the first and the last line.
+        assert_eq!(error_summary("SIGTERM"), "SIGTERM");
+        assert_eq!(error_summary("a\nb\nc"), "a; c");
+        assert_eq!(
+            failure_text("x", "captf-web-1-tfm-destroy-2", "team-a"),
+            "x (Terraform's whole output: kubectl logs job/captf-web-1-tfm-destroy-2 -n team-a)"
+        );
     }
 }

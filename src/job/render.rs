@@ -72,7 +72,40 @@ pub const RESERVED_ENV: &[&str] = &[
     "CAPTF_SUFFIX",
     "CAPTF_OPERATION",
     "CAPTF_ERRORED_SECRET",
+    "CHECKPOINT_DISABLE",
 ];
+
+/// Why an environment variable of this name may not come from the inputs or a template:
+/// it would change what Terraform or the runner does (`TF_WORKSPACE`, `TF_CLI_ARGS_*`,
+/// `KUBE_CONFIG_PATH` for the backend, a `TF_VAR_` that overrides a recorded variable).
+/// Credentials are fine, and so are `TF_TOKEN_*` (registry tokens) and a `TF_VAR_` of a
+/// variable the inputs do not set (a Terraform variable fed from a Secret).
+pub fn env_refusal(
+    name: &str,
+    variables: &serde_json::Map<String, serde_json::Value>,
+) -> Option<&'static str> {
+    if RESERVED_ENV.contains(&name) {
+        return Some("the runner sets it");
+    }
+    if name.starts_with("TF_TOKEN_") {
+        return None;
+    }
+    if let Some(var) = name.strip_prefix("TF_VAR_") {
+        return variables
+            .contains_key(var)
+            .then_some("it would override a variable the inputs record");
+    }
+    if name.starts_with("TF_") {
+        return Some("TF_* variables change what Terraform does");
+    }
+    if name.starts_with("KUBE_") {
+        return Some("KUBE_* variables change Terraform's kubernetes backend");
+    }
+    if name.starts_with("CAPTF_") {
+        return Some("CAPTF_* variables are the runner's");
+    }
+    None
+}
 
 /// Labels the Job controller owns on the Pod template; a template must not set them.
 const JOB_CONTROLLER_LABELS: &[&str] = &[
@@ -388,7 +421,7 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
         ..Default::default()
     });
 
-    c.env = Some(env(c.env.take().unwrap_or_default(), req));
+    c.env = Some(env(c.env.take().unwrap_or_default(), req)?);
     Ok(job)
 }
 
@@ -401,16 +434,25 @@ fn runtime_default() -> SeccompProfile {
 
 /// The container's env: the template's own (proxies, …), the credentials from the inputs
 /// (by Secret name and key), then the runner's settings. Reserved names come from code only.
-fn env(template: Vec<EnvVar>, req: &JobRequest) -> Vec<EnvVar> {
+fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>, RenderError> {
+    let variables = &req.inputs.variables;
+    if let Some((name, why)) = req
+        .inputs
+        .env
+        .iter()
+        .find_map(|e| env_refusal(&e.name, variables).map(|why| (e.name.clone(), why)))
+    {
+        return Err(RenderError::ForbiddenEnv { name, why });
+    }
     let from_inputs: Vec<&str> = req.inputs.env.iter().map(|e| e.name.as_str()).collect();
     let mut out: Vec<EnvVar> = template
         .into_iter()
         .filter(|e| {
-            !RESERVED_ENV.contains(&e.name.as_str()) && !from_inputs.contains(&e.name.as_str())
+            env_refusal(&e.name, variables).is_none() && !from_inputs.contains(&e.name.as_str())
         })
         .collect();
     for e in &req.inputs.env {
-        if RESERVED_ENV.contains(&e.name.as_str()) || out.iter().any(|o| o.name == e.name) {
+        if out.iter().any(|o| o.name == e.name) {
             continue;
         }
         out.push(EnvVar {
@@ -446,6 +488,7 @@ fn env(template: Vec<EnvVar>, req: &JobRequest) -> Vec<EnvVar> {
             "CAPTF_ERRORED_SECRET",
             names::errored_secret_name(req.suffix),
         ),
+        plain("CHECKPOINT_DISABLE", "1".to_string()),
     ]);
-    out
+    Ok(out)
 }

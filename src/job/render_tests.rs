@@ -516,3 +516,84 @@ fn inputs_for_another_backend_are_refused() {
     let err = render(&Templates::embedded(), &request(&inputs)).unwrap_err();
     assert!(matches!(err, RenderError::ForeignBackend { .. }), "{err}");
 }
+
+#[test]
+fn the_runners_environment_is_captfs() {
+    // An inputs env entry that would change what Terraform or the runner does is refused,
+    // naming the entry: the Job does not render, and the destroy cannot start.
+    for name in [
+        "TF_WORKSPACE",
+        "TF_CLI_ARGS_destroy",
+        "TF_VAR_name",
+        "KUBE_CONFIG_PATH",
+        "CAPTF_SUFFIX",
+        "HOME",
+        "CHECKPOINT_DISABLE",
+    ] {
+        let mut inputs = inline_inputs();
+        inputs.env.push(EnvFromSecret {
+            name: name.into(),
+            secret_key_ref: SecretKeyRef {
+                name: "s".into(),
+                key: "k".into(),
+            },
+        });
+        match render(&Templates::embedded(), &request(&inputs)) {
+            Err(e @ RenderError::ForbiddenEnv { .. }) => {
+                assert!(e.to_string().contains(&format!("{name:?}")), "{e}")
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // Credentials are fine, a registry token too, and a TF_VAR_ of a variable the inputs
+    // do not set (a Terraform variable fed from a Secret).
+    let mut inputs = inline_inputs();
+    for name in ["TF_TOKEN_app_terraform_io", "TF_VAR_db_password"] {
+        inputs.env.push(EnvFromSecret {
+            name: name.into(),
+            secret_key_ref: SecretKeyRef {
+                name: "s".into(),
+                key: "k".into(),
+            },
+        });
+    }
+    let job = render(&Templates::embedded(), &request(&inputs)).unwrap();
+    let env = container(&job).env.clone().unwrap_or_default();
+    let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+    assert!(names.contains(&"TF_TOKEN_app_terraform_io"), "{names:?}");
+    assert!(names.contains(&"TF_VAR_db_password"), "{names:?}");
+    assert!(
+        env.iter()
+            .any(|e| e.name == "CHECKPOINT_DISABLE" && e.value.as_deref() == Some("1"))
+    );
+    // A template's own env of such a name is dropped; a proxy stays.
+    let template = Templates::embedded().job.replace(
+        "        - name: terraform\n",
+        "        - name: terraform\n          env:\n            - name: TF_CLI_ARGS\n              value: -target=x\n            - name: KUBE_TOKEN\n              value: t\n            - name: HTTPS_PROXY\n              value: http://proxy:3128\n",
+    );
+    assert_ne!(
+        template,
+        Templates::embedded().job,
+        "the template has an env list"
+    );
+    let templates = Templates {
+        job: template,
+        runner: "#!/bin/sh\n".to_string(),
+    };
+    let inputs = inline_inputs();
+    let job = render(&templates, &request(&inputs)).unwrap();
+    let names: Vec<String> = container(&job)
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&"HTTPS_PROXY".to_string()), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n == "TF_CLI_ARGS" || n == "KUBE_TOKEN"),
+        "{names:?}"
+    );
+}

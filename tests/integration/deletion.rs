@@ -179,8 +179,9 @@ async fn scenario_07_failing_destroy_is_retried_with_backoff_across_a_restart() 
         .wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
         .await;
     assert!(
-        msg.contains("the cloud said no"),
-        "Terraform's error is in the condition: {msg}"
+        msg.contains("Error: local-exec provisioner error")
+            && msg.contains("(Terraform's whole output: kubectl logs job/captf-web-1-tfm-destroy-"),
+        "a summary of Terraform's error is in the condition, and where to read the rest: {msg}"
     );
     // The first failure seen is attempt 1's, or attempt 2's when the machine is so loaded
     // that the retry ran before this poll.

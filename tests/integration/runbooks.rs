@@ -525,7 +525,7 @@ async fn runbook_destroy_failed() {
     env.delete::<Tfm>("web-1").await;
     let msg = wait_deleting(&env, "DestroyFailed").await;
     assert!(
-        msg.contains("the cloud said no") && msg.contains(RB),
+        msg.contains("Error: local-exec provisioner error") && msg.contains(RB),
         "{msg}"
     );
     let run = run_runbook(&env, RB).await;
