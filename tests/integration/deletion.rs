@@ -842,7 +842,7 @@ async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
 /// A Cluster `prod` with a TerraformMachine `web-1` (its finalizer on, applied by
 /// Terraform), and the manager's context to run reconcile passes one by one instead of a
 /// manager.
-async fn passes_by_hand(tag: &str) -> (Env, Arc<Context>) {
+pub(crate) async fn passes_by_hand(tag: &str) -> (Env, Arc<Context>) {
     let env = Env::start(tag).await;
     let markers = env.markers();
     let cluster_uid = env.create_cluster("prod").await;
@@ -866,7 +866,7 @@ async fn hand_context(env: &Env) -> Arc<Context> {
 }
 
 /// One reconcile pass on `web-1` as it is now; true when it is gone.
-async fn pass(env: &Env, ctx: &Arc<Context>) -> bool {
+pub(crate) async fn pass(env: &Env, ctx: &Arc<Context>) -> bool {
     match env.object::<Tfm>("web-1").await {
         Some(o) => {
             reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
@@ -878,7 +878,7 @@ async fn pass(env: &Env, ctx: &Arc<Context>) -> bool {
 
 /// Deletes `web-1` and runs passes until its destroy Job exists, then none while the Job
 /// runs (so that no pass cleans up before the test is ready), until the Job completed.
-async fn destroy_by_hand(env: &Env, ctx: &Arc<Context>) {
+pub(crate) async fn destroy_by_hand(env: &Env, ctx: &Arc<Context>) {
     env.delete::<Tfm>("web-1").await;
     wait_for("the destroy Job, pass by pass", long(), || async {
         !env.destroy_jobs().await.is_empty() || pass(env, ctx).await

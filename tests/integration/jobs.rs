@@ -2,16 +2,15 @@
 //! same name, and Terraform's lock cleared only when its holder is provably gone, never
 //! when someone else holds it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use captf::api::names::{self, Kind};
-use captf::controller::{Context, discover_cluster, reconcile::reconcile};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
+use crate::deletion::{destroy_by_hand, pass, passes_by_hand};
 use crate::support::*;
 
 const FAST: Duration = Duration::from_millis(300);
@@ -139,46 +138,8 @@ async fn the_lock_of_an_oomkilled_runner_is_cleared_and_the_next_attempt_runs() 
 /// releases the object leaves it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lock_held_by_a_person_outlives_the_cleanup() {
-    let env = Env::start("foreign-lock").await;
-    let markers = env.markers();
-    let cluster_uid = env.create_cluster("prod").await;
-    env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &markers)
-        .await;
-    let ctx = Arc::new(Context::new(
-        env.client.clone(),
-        &env.config,
-        captf::job::Templates::embedded(),
-        Arc::default(),
-        discover_cluster(&env.client).await,
-    ));
-    let pass = || async {
-        match env.object::<Tfm>("web-1").await {
-            Some(o) => {
-                reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
-                false
-            }
-            None => true,
-        }
-    };
-    pass().await;
-    env.apply::<Tfm>("web-1", &module(0), &markers).await;
-    env.delete::<Tfm>("web-1").await;
-    wait_for("the destroy Job", long(), || async {
-        !env.destroy_jobs().await.is_empty() || pass().await
-    })
-    .await;
-    wait_for("the destroy to complete", long(), || async {
-        env.destroy_jobs().await.iter().any(|j| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Complete" && c.status == "True")
-                })
-        })
-    })
-    .await;
+    let (env, ctx) = passes_by_hand("foreign-lock").await;
+    destroy_by_hand(&env, &ctx).await;
     // Alice locks the state by hand.
     let lock_name = names::lock_lease_name("web-1.tfm");
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
@@ -206,7 +167,7 @@ async fn a_lock_held_by_a_person_outlives_the_cleanup() {
                 .expect("take the lock");
         }
     }
-    wait_for("the release, pass by pass", long(), pass).await;
+    wait_for("the release, pass by pass", long(), || pass(&env, &ctx)).await;
     let lease = leases
         .get_opt(&lock_name)
         .await
