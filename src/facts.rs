@@ -54,6 +54,9 @@ pub struct Observed {
     pub spec: TerraformSpec,
     /// The owning Cluster when it exists.
     pub cluster: Option<ClusterView>,
+    /// Why Cluster API's Cluster kind is unknown to the manager, when it is and the object
+    /// names a Cluster.
+    pub cluster_kind_unknown: Option<String>,
     pub crd_deleting: bool,
     pub namespace_terminating: bool,
     /// The object's Jobs and Pods (found by the owner labels).
@@ -254,6 +257,12 @@ fn pause_cause(o: &Observed) -> Option<PauseCause> {
     }
     if annotation(&o.meta, names::CAPI_PAUSED).is_some() {
         return Some(PauseCause::ObjectAnnotation);
+    }
+    if let (Some(why), Some(cluster)) = (&o.cluster_kind_unknown, owning_cluster(&o.meta)) {
+        return Some(PauseCause::ClusterUnknown {
+            cluster,
+            why: why.clone(),
+        });
     }
     match &o.cluster {
         Some(c) if c.spec_paused => Some(PauseCause::ClusterSpec(c.name.clone())),
@@ -548,6 +557,7 @@ mod tests {
             meta: meta(annotations),
             spec: spec(),
             cluster: None,
+            cluster_kind_unknown: None,
             crd_deleting: false,
             namespace_terminating: false,
             jobs: vec![],
@@ -785,5 +795,33 @@ mod tests {
         assert!(f.unfinished_jobs.is_empty());
         assert!(extras.stale_lock);
         assert_eq!(f.blocker, None);
+    }
+
+    #[test]
+    fn an_unknown_cluster_kind_holds_an_object_that_names_a_cluster_as_paused() {
+        let mut o = observed(Kind::TerraformMachine, &[]);
+        o.cluster_kind_unknown = Some("no Cluster kind is served".into());
+        // Naming no Cluster: nothing to miss.
+        assert_eq!(gather(&o, &Settings::default()).0.paused, None);
+        o.meta.labels = Some(BTreeMap::from([(
+            names::CAPI_CLUSTER_NAME_LABEL.to_string(),
+            "prod".to_string(),
+        )]));
+        let (d, f, _) = decide(&o, &Settings::default());
+        assert_eq!(
+            f.paused,
+            Some(PauseCause::ClusterUnknown {
+                cluster: "prod".into(),
+                why: "no Cluster kind is served".into()
+            })
+        );
+        assert_eq!(d.row, Some(1));
+        assert!(
+            d.deleting()
+                .message
+                .contains("it names Cluster prod, and whether that Cluster is paused cannot be seen: no Cluster kind is served"),
+            "{}",
+            d.deleting().message
+        );
     }
 }

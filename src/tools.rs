@@ -380,17 +380,16 @@ pub async fn explain_live(
 ) -> Result<Vec<Explained>, ToolError> {
     let cluster_api = crate::controller::discover_cluster(client).await;
     let mut out = Vec::new();
-    explain_kind::<TerraformCluster>(client, ns, cluster_api.as_ref(), settings, &mut out).await?;
-    explain_kind::<TerraformMachine>(client, ns, cluster_api.as_ref(), settings, &mut out).await?;
-    explain_kind::<TerraformMachinePool>(client, ns, cluster_api.as_ref(), settings, &mut out)
-        .await?;
+    explain_kind::<TerraformCluster>(client, ns, &cluster_api, settings, &mut out).await?;
+    explain_kind::<TerraformMachine>(client, ns, &cluster_api, settings, &mut out).await?;
+    explain_kind::<TerraformMachinePool>(client, ns, &cluster_api, settings, &mut out).await?;
     Ok(out)
 }
 
 async fn explain_kind<K: TerraformObject>(
     client: &Client,
     ns: Option<&str>,
-    cluster_api: Option<&kube::api::ApiResource>,
+    cluster_api: &crate::controller::ClusterKind,
     settings: &Settings,
     out: &mut Vec<Explained>,
 ) -> Result<(), ToolError> {

@@ -91,6 +91,8 @@ pub struct ManagerConfig {
     /// This replica's identity for leader election and Events.
     pub identity: String,
     pub rbac_sweep_every: Duration,
+    /// How often the manager looks for Cluster API's Cluster kind while it is unknown.
+    pub rediscover_every: Duration,
     pub lease_duration: Duration,
 }
 
@@ -108,6 +110,7 @@ impl Default for ManagerConfig {
             manager_namespace: "captf-system".into(),
             identity: "captf-manager".into(),
             rbac_sweep_every: Duration::from_secs(300),
+            rediscover_every: Duration::from_secs(30),
             lease_duration: Duration::from_secs(15),
         }
     }
@@ -123,7 +126,7 @@ pub struct Context {
     pub manager_namespace: String,
     pub watch_namespace: Option<String>,
     /// The `cluster.x-k8s.io` Cluster resource served by the API server, if any.
-    pub cluster_api: Option<ApiResource>,
+    pub cluster_api: ClusterKind,
     /// Namespaces where the runner RBAC is known to exist.
     pub rbac_ready: Mutex<BTreeSet<String>>,
     /// Held while the runner RBAC is being created.
@@ -139,7 +142,7 @@ impl Context {
         cfg: &ManagerConfig,
         templates: Templates,
         metrics: Arc<Metrics>,
-        cluster_api: Option<ApiResource>,
+        cluster_api: ClusterKind,
     ) -> Context {
         Context {
             client: client.clone(),
@@ -191,21 +194,50 @@ impl Released {
     }
 }
 
+/// Cluster API's Cluster kind as the manager knows it.
+#[derive(Clone, Debug)]
+pub enum ClusterKind {
+    /// Served, at this version.
+    Known(ApiResource),
+    /// Not served, or its discovery failed: why, for the Paused message.
+    Unknown(String),
+}
+
+impl ClusterKind {
+    pub fn resource(&self) -> Option<&ApiResource> {
+        match self {
+            ClusterKind::Known(ar) => Some(ar),
+            ClusterKind::Unknown(_) => None,
+        }
+    }
+}
+
 /// Finds the served version of the CAPI Cluster (any version of the group).
-pub async fn discover_cluster(client: &Client) -> Option<ApiResource> {
-    let discovery = kube::discovery::Discovery::new(client.clone())
+pub async fn discover_cluster(client: &Client) -> ClusterKind {
+    let discovery = match kube::discovery::Discovery::new(client.clone())
         .filter(&[names::CAPI_GROUP])
         .run()
         .await
-        .ok()?;
+    {
+        Ok(d) => d,
+        Err(e) => {
+            return ClusterKind::Unknown(format!(
+                "the discovery of {} failed ({e}); the manager tries again",
+                names::CAPI_GROUP
+            ));
+        }
+    };
     for group in discovery.groups() {
         for (ar, _) in group.recommended_resources() {
             if ar.kind == "Cluster" {
-                return Some(ar);
+                return ClusterKind::Known(ar);
             }
         }
     }
-    None
+    ClusterKind::Unknown(format!(
+        "the API server serves no Cluster kind in {} (is Cluster API installed?); the manager looks again",
+        names::CAPI_GROUP
+    ))
 }
 
 fn scoped<T>(client: &Client, ns: &Option<String>) -> Api<T>
@@ -501,7 +533,7 @@ where
                 .collect::<Vec<_>>()
         },
     );
-    if let Some(ar) = ctx.cluster_api.clone() {
+    if let Some(ar) = ctx.cluster_api.resource().cloned() {
         let cluster_store = store.clone();
         let api: Api<DynamicObject> = match &ns {
             Some(n) => Api::namespaced_with(client.clone(), n, &ar),
@@ -586,22 +618,7 @@ pub async fn run(
         };
         leadership = Some(leader::lead(client.clone(), lc).await);
     }
-    let cluster_api = discover_cluster(&client).await;
-    if cluster_api.is_none() {
-        warn!(
-            "no cluster.x-k8s.io Cluster resource is served: only the objects' own pause annotations count"
-        );
-    }
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        &cfg,
-        templates,
-        metrics,
-        cluster_api,
-    ));
-    ready.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
-    let sweep = tokio::spawn(rbac::sweep_forever(ctx.clone(), cfg.rbac_sweep_every));
+    let mut cluster_api = discover_cluster(&client).await;
     let lost = async move {
         match leadership {
             Some(mut rx) => {
@@ -615,14 +632,57 @@ pub async fn run(
             None => futures::future::pending::<()>().await,
         }
     };
-    tokio::select! {
-        _ = controller::<TerraformCluster>(ctx.clone(), &cfg) => {},
-        _ = controller::<TerraformMachine>(ctx.clone(), &cfg) => {},
-        _ = controller::<TerraformMachinePool>(ctx.clone(), &cfg) => {},
-        _ = shutdown => info!("shutting down"),
-        _ = lost => {},
+    tokio::pin!(shutdown);
+    tokio::pin!(lost);
+    let mut sweep = None;
+    // The controllers run with the Cluster kind as known; while it is unknown, the manager
+    // looks for it again and, once found, starts them again to watch Clusters.
+    loop {
+        if let ClusterKind::Unknown(why) = &cluster_api {
+            warn!(%why, "Cluster API's Cluster kind is unknown: objects that name a Cluster are held as paused");
+        }
+        let ctx = Arc::new(Context::new(
+            client.clone(),
+            &cfg,
+            templates.clone(),
+            metrics.clone(),
+            cluster_api.clone(),
+        ));
+        ready.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
+        if sweep.is_none() {
+            sweep = Some(tokio::spawn(rbac::sweep_forever(
+                ctx.clone(),
+                cfg.rbac_sweep_every,
+            )));
+        }
+        let unknown = matches!(cluster_api, ClusterKind::Unknown(_));
+        let found = async {
+            loop {
+                tokio::time::sleep(cfg.rediscover_every).await;
+                if let ClusterKind::Known(ar) = discover_cluster(&client).await {
+                    return ClusterKind::Known(ar);
+                }
+            }
+        };
+        tokio::select! {
+            _ = controller::<TerraformCluster>(ctx.clone(), &cfg) => break,
+            _ = controller::<TerraformMachine>(ctx.clone(), &cfg) => break,
+            _ = controller::<TerraformMachinePool>(ctx.clone(), &cfg) => break,
+            _ = &mut shutdown => {
+                info!("shutting down");
+                break;
+            }
+            _ = &mut lost => break,
+            known = found, if unknown => {
+                info!("Cluster API's Cluster kind is served now: restarting the controllers to watch Clusters");
+                cluster_api = known;
+            }
+        }
     }
-    sweep.abort();
+    if let Some(sweep) = sweep {
+        sweep.abort();
+    }
     Ok(())
 }
 

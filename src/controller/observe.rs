@@ -14,9 +14,8 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::ObjectMeta;
 
 use kube::Client;
-use kube::api::ApiResource;
 
-use super::Error;
+use super::{ClusterKind, Error};
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
 use crate::facts::{self, ClusterView, Observed, Settings};
@@ -56,7 +55,7 @@ fn split_namesakes<T: kube::Resource>(items: Vec<T>, uid: &str) -> (Vec<T>, Vec<
 /// Observes everything but the Secrets and the lock.
 pub async fn observe<K: TerraformObject>(
     client: &Client,
-    cluster_api: Option<&ApiResource>,
+    cluster_api: &ClusterKind,
     obj: &K,
 ) -> Result<Observed, Error> {
     Ok(observe_rounds(client, cluster_api, obj, |_| false).await?.0)
@@ -75,7 +74,7 @@ pub type StateMeta = Option<Option<ObjectMeta>>;
 /// without it.
 pub async fn observe_pass<K: TerraformObject>(
     client: &Client,
-    cluster_api: Option<&ApiResource>,
+    cluster_api: &ClusterKind,
     obj: &K,
     settings: &Settings,
 ) -> Result<(Observed, StateMeta), Error> {
@@ -98,7 +97,7 @@ pub async fn observe_pass<K: TerraformObject>(
 /// of what the first round read.
 async fn observe_rounds<K: TerraformObject>(
     client: &Client,
-    cluster_api: Option<&ApiResource>,
+    cluster_api: &ClusterKind,
     obj: &K,
     secrets_now: impl Fn(&Observed) -> bool,
 ) -> Result<(Observed, Option<SecretsRead>), Error> {
@@ -117,7 +116,7 @@ async fn observe_rounds<K: TerraformObject>(
     };
     let cluster_name = facts::owning_cluster(&meta);
     let cluster = async {
-        Ok::<_, Error>(match (&cluster_name, cluster_api) {
+        Ok::<_, Error>(match (&cluster_name, cluster_api.resource()) {
             (Some(name), Some(ar)) => {
                 Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
                     .get_opt(name)
@@ -170,6 +169,10 @@ async fn observe_rounds<K: TerraformObject>(
         kind: K::KIND,
         meta,
         spec: obj.terraform().clone(),
+        cluster_kind_unknown: match (&cluster_name, cluster_api) {
+            (Some(_), ClusterKind::Unknown(why)) => Some(why.clone()),
+            _ => None,
+        },
         cluster,
         crd_deleting,
         namespace_terminating,

@@ -184,6 +184,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         meta,
         spec: object.terraform().clone(),
         cluster,
+        cluster_kind_unknown: None,
         crd_deleting,
         namespace_terminating,
         jobs,

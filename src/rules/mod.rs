@@ -24,6 +24,10 @@ pub enum PauseCause {
     DeleteForMove,
     /// The object's CRD is being deleted (an uninstall is not a teardown).
     CrdDeleting,
+    /// The object names a Cluster, but the manager does not know Cluster API's Cluster
+    /// kind (not installed yet, or its discovery failed): a pause of that Cluster could
+    /// not be seen, so none is assumed away.
+    ClusterUnknown { cluster: String, why: String },
 }
 
 impl PauseCause {
@@ -36,6 +40,9 @@ impl PauseCause {
                 "it carries clusterctl.cluster.x-k8s.io/delete-for-move (clusterctl move is deleting the source copy)".into()
             }
             PauseCause::CrdDeleting => "its CustomResourceDefinition is being deleted (an uninstall, not a teardown)".into(),
+            PauseCause::ClusterUnknown { cluster, why } => format!(
+                "it names Cluster {cluster}, and whether that Cluster is paused cannot be seen: {why}"
+            ),
         }
     }
 }

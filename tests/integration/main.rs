@@ -2,6 +2,7 @@
 //! Modules read like the situations they prove.
 
 mod cli;
+mod cluster_api;
 mod config;
 mod control_plane;
 mod crds;

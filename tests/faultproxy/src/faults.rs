@@ -20,6 +20,8 @@ struct Rule {
 struct State {
     rules: Vec<Rule>,
     latency: Duration,
+    /// API groups whose discovery fails, with the status.
+    discovery: Vec<(String, u16)>,
 }
 
 /// Fault injection for the proxy's clients. Cloning shares the switch.
@@ -101,10 +103,18 @@ impl Faults {
         self.drop_watches.send_modify(|n| *n += 1);
     }
 
+    /// Fail every discovery request for API group `group` (`/apis/{group}` and
+    /// `/apis/{group}/{version}`) with `status` until [`Faults::clear`]: a flaky API
+    /// server or aggregation layer, as a client discovering that group sees it.
+    pub fn fail_discovery(&self, group: &str, status: u16) {
+        self.lock().discovery.push((group.to_string(), status));
+    }
+
     /// Remove all pending failures and the latency.
     pub fn clear(&self) {
         let mut s = self.lock();
         s.rules.clear();
+        s.discovery.clear();
         s.latency = Duration::ZERO;
     }
 
@@ -114,6 +124,22 @@ impl Faults {
 
     pub(crate) fn watch_drops(&self) -> watch::Receiver<u64> {
         self.drop_watches.subscribe()
+    }
+
+    /// The failure for a discovery request of `path`, if its group's discovery fails.
+    pub(crate) fn discovery(&self, path: &str) -> Option<Injected> {
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let group = match segs.as_slice() {
+            ["apis", group] | ["apis", group, _] => *group,
+            _ => return None,
+        };
+        let s = self.lock();
+        let status = s.discovery.iter().find(|(g, _)| g == group)?.1;
+        Some(Injected {
+            code: status,
+            reason: reason_for(status).to_string(),
+            message: format!("injected fault: discovery of {group} failed with {status}"),
+        })
     }
 
     /// Consume one matching failure, if any.
@@ -167,8 +193,21 @@ mod tests {
             f.take("update", "jobs", "status").map(|e| e.code),
             Some(409)
         );
+        f.fail_discovery("cluster.x-k8s.io", 503);
+        assert_eq!(
+            f.discovery("/apis/cluster.x-k8s.io/v1beta2")
+                .map(|e| e.code),
+            Some(503)
+        );
+        assert!(f.discovery("/apis/cluster.x-k8s.io").is_some());
+        assert!(f.discovery("/apis/batch/v1").is_none());
+        assert!(
+            f.discovery("/apis/cluster.x-k8s.io/v1beta2/clusters")
+                .is_none()
+        );
         f.add_latency(Duration::from_millis(5));
         f.clear();
         assert_eq!(f.latency(), Duration::ZERO);
+        assert!(f.discovery("/apis/cluster.x-k8s.io").is_none());
     }
 }

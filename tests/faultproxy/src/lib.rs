@@ -172,6 +172,8 @@ async fn forward(
         if let Some(injected) = faults.take(verb, resource, sub) {
             return status_response(injected.code, injected.body());
         }
+    } else if let Some(injected) = faults.discovery(&path) {
+        return status_response(injected.code, injected.body());
     }
     let (parts, body) = req.into_parts();
     let body = match http_body_util::Limited::new(body, MAX_REQUEST_BODY)

@@ -232,6 +232,7 @@ fn test_config(manager_ns: &str) -> ManagerConfig {
         manager_namespace: manager_ns.into(),
         identity: "test-manager".into(),
         rbac_sweep_every: Duration::from_millis(500),
+        rediscover_every: Duration::from_millis(500),
         ..Default::default()
     }
 }
