@@ -10,7 +10,7 @@ pub mod reconcile;
 pub mod server;
 pub mod writes;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +57,18 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) => s.code == 409,
             Error::Stale(_) => true,
             _ => false,
+        }
+    }
+
+    /// The API server refused the request as it is (an admission policy or webhook, a
+    /// quota, a missing permission, an invalid object): trying again the same way fails
+    /// again until someone changes something. The API's message.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422) => {
+                Some(s.message.clone())
+            }
+            _ => None,
         }
     }
 
@@ -133,6 +145,9 @@ pub struct Context {
     pub rbac_creating: tokio::sync::Mutex<()>,
     /// Objects this manager released.
     pub released: Released,
+    /// The API's refusal of the latest try to start an attempt, by object uid, until an
+    /// attempt starts: shown in place of "attempt N is starting" while it lasts.
+    pub refused: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -162,7 +177,31 @@ impl Context {
             rbac_ready: Mutex::new(BTreeSet::new()),
             rbac_creating: tokio::sync::Mutex::new(()),
             released: Released::default(),
+            refused: Mutex::default(),
         }
+    }
+}
+
+impl Context {
+    fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The API's refusal of the latest try to start an attempt of object `uid`, if any.
+    pub fn refusal(&self, uid: &str) -> Option<String> {
+        self.refusals().get(uid).cloned()
+    }
+
+    /// Remembers a refusal; true when it is new (not the one already shown).
+    pub fn set_refusal(&self, uid: &str, why: &str) -> bool {
+        self.refusals()
+            .insert(uid.to_string(), why.to_string())
+            .as_deref()
+            != Some(why)
+    }
+
+    pub fn clear_refusal(&self, uid: &str) {
+        self.refusals().remove(uid);
     }
 }
 

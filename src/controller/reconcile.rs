@@ -33,6 +33,17 @@ use crate::state::{self, StateSecrets};
 /// How often an object is looked at again when nothing it watches changes.
 const RESYNC: Duration = Duration::from_secs(600);
 
+/// How soon an attempt the API server refused to start is tried again.
+const REFUSED_RETRY: Duration = Duration::from_secs(10);
+
+/// The decision shown while the API server refuses what an attempt needs: row 9.
+fn refused_decision(facts: &Facts, why: &str) -> Decision {
+    rules::decide(&Facts {
+        blocker: Some(Blocker::Refused(why.to_string())),
+        ..facts.clone()
+    })
+}
+
 fn annotation<'a, K: ResourceExt>(obj: &'a K, key: &str) -> Option<&'a str> {
     obj.annotations().get(key).map(String::as_str)
 }
@@ -88,6 +99,16 @@ pub async fn reconcile<K: TerraformObject>(
         }
     }
     info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, message = %decision.deleting().message, "decision");
+    // While the API server refuses what an attempt needs, each pass tries again, and the
+    // conditions say why it cannot start instead of "attempt N is starting".
+    let uid = obj.meta().uid.clone().unwrap_or_default();
+    let shown = match decision.start_attempt.and_then(|_| ctx.refusal(&uid)) {
+        Some(why) => refused_decision(&facts, &why),
+        None => {
+            ctx.clear_refusal(&uid);
+            decision.clone()
+        }
+    };
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
     if bookkeeping(
@@ -112,7 +133,7 @@ pub async fn reconcile<K: TerraformObject>(
     let obj = if decision.action == Action::CleanUp {
         obj
     } else {
-        match write_status(&api, obj.as_ref(), &decision).await? {
+        match write_status(&api, obj.as_ref(), &shown).await? {
             Some(written) if writes::only_status_changed(obj.as_ref(), &written) => {
                 Arc::new(written)
             }
@@ -166,7 +187,7 @@ pub async fn reconcile<K: TerraformObject>(
         }
         Action::StartDestroy | Action::RetryLater => match (decision.start_attempt, job) {
             (Some(n), Some((job, labels))) => {
-                start_attempt(
+                let started = start_attempt(
                     &ctx,
                     &api,
                     obj.as_ref(),
@@ -176,7 +197,33 @@ pub async fn reconcile<K: TerraformObject>(
                     job,
                     &labels,
                 )
-                .await
+                .await;
+                match started {
+                    Err(e) => match e.refusal() {
+                        Some(why) => {
+                            warn!(%why, "the API server refused what the destroy needs");
+                            if ctx.set_refusal(&uid, &why) {
+                                let refused = refused_decision(&facts, &why);
+                                write_status(&api, obj.as_ref(), &refused).await?;
+                                publish(
+                                    &ctx,
+                                    obj.as_ref(),
+                                    EventType::Warning,
+                                    refused.deleting().reason,
+                                    "StartDestroy",
+                                    &refused.deleting().message,
+                                )
+                                .await;
+                            }
+                            Ok(Requeue::requeue(REFUSED_RETRY))
+                        }
+                        None => Err(e),
+                    },
+                    Ok(next) => {
+                        ctx.clear_refusal(&uid);
+                        Ok(next)
+                    }
+                }
             }
             _ => {
                 let wait = decision

@@ -133,6 +133,10 @@ pub enum Blocker {
     /// inline module too large for the Pod, a template the operator broke). Only the
     /// manager knows its templates, so only it reports this; `captf explain` cannot.
     JobDoesNotRender(String),
+    /// The API server refused something the attempt needs (the Job, the backup Secret, the
+    /// runner RBAC): an admission policy, a quota, a missing permission. The API's message.
+    /// Only the manager, which tried, reports this; `captf explain` cannot.
+    Refused(String),
 }
 
 impl Blocker {
@@ -158,6 +162,7 @@ impl Blocker {
             Blocker::JobDoesNotRender(why) => format!(
                 "its Job does not render ({why}); fix the inputs, or the manager's --templates-dir"
             ),
+            Blocker::Refused(why) => format!("the API server refused what the destroy needs: {why}"),
         }
     }
 }

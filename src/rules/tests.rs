@@ -396,6 +396,12 @@ fn row9_cannot_start_names_what_keeps_it() {
             Blocker::JobDoesNotRender("the files are 300000 bytes, at most 262144".into()),
             "does not render (the files are 300000 bytes",
         ),
+        (
+            Blocker::Refused(
+                "jobs.batch \"captf-web-1-tfm-destroy-1\" is forbidden: exceeded quota".into(),
+            ),
+            "the API server refused what the destroy needs: jobs.batch \"captf-web-1-tfm-destroy-1\" is forbidden: exceeded quota",
+        ),
     ] {
         let d = decide(&Facts {
             blocker: Some(blocker),

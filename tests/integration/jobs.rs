@@ -243,3 +243,48 @@ async fn the_rbac_sweep_waits_for_a_runner_whose_object_is_gone() {
     .await;
     env.shutdown().await;
 }
+
+/// An admission policy refuses the destroy Job (as Kyverno, Gatekeeper or a quota would):
+/// within seconds the deletion says so, with the API's message, as row 9
+/// `DestroyCannotStart` instead of "attempt 1 is starting", and keeps saying so while the
+/// manager tries again; once the policy is gone the destroy runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_destroy_job_is_named_and_started_once_allowed() {
+    let env = Env::with_machine("refused", &module(0), FAST).await;
+    let refusal = env
+        .refuse_jobs(
+            &[(names::LABEL_OPERATION, names::OPERATION_DESTROY)],
+            "destroy Jobs need the platform team's approval",
+        )
+        .await;
+    env.delete::<Tfm>("web-1").await;
+    let msg = env
+        .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", Duration::from_secs(60))
+        .await;
+    assert!(
+        msg.contains("the API server refused what the destroy needs")
+            && msg.contains("destroy Jobs need the platform team's approval")
+            && msg.contains("runbooks/DestroyCannotStart.md"),
+        "{msg}"
+    );
+    // It stays so across the manager's tries, with no Job.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, reason, _) = env
+        .condition::<Tfm>("web-1", "Deleting")
+        .await
+        .expect("Deleting");
+    assert_eq!(reason, "DestroyCannotStart");
+    assert!(env.destroy_jobs().await.is_empty());
+    assert!(
+        env.event_reasons("web-1")
+            .await
+            .iter()
+            .any(|r| r == "DestroyCannotStart"),
+        "a Warning Event names the refusal"
+    );
+
+    refusal.remove(&env.client).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    env.shutdown().await;
+}

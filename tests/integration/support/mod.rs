@@ -1311,10 +1311,39 @@ impl Env {
     /// all of `labels`, with `message` (a ValidatingAdmissionPolicy, as a policy engine or
     /// a platform team's rule would).
     pub async fn refuse_pods(&self, labels: &[(&str, &str)], message: &str) -> Refusal {
+        let probe = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "admission-probe", "labels": labels.iter().copied().collect::<BTreeMap<_, _>>()},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+        });
+        self.refuse(("", "v1", "Pod", "pods"), labels, message, probe)
+            .await
+    }
+
+    /// As [`Env::refuse_pods`], for Jobs.
+    pub async fn refuse_jobs(&self, labels: &[(&str, &str)], message: &str) -> Refusal {
+        let meta = json!({"name": "admission-probe", "labels": labels.iter().copied().collect::<BTreeMap<_, _>>()});
+        let probe = json!({
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+            "spec": {"template": {"metadata": {"labels": meta["labels"]}, "spec": {
+                "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}
+        });
+        self.refuse(("batch", "v1", "Job", "jobs"), labels, message, probe)
+            .await
+    }
+
+    async fn refuse(
+        &self,
+        (group, version, kind, plural): (&str, &str, &str, &str),
+        labels: &[(&str, &str)],
+        message: &str,
+        probe: serde_json::Value,
+    ) -> Refusal {
         use k8s_openapi::api::admissionregistration::v1::{
             ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
         };
-        let name = format!("refuse-{}", self.ns);
+        let mut name = format!("refuse-{plural}-{}", self.ns);
+        name.truncate(63);
         let cond = labels
             .iter()
             .map(|(k, v)| {
@@ -1326,8 +1355,8 @@ impl Env {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
             "metadata": {"name": name},
             "spec": {"failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["pods"]}]},
+                "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": [version],
+                    "operations": ["CREATE"], "resources": [plural]}]},
                 "validations": [{"expression": format!("!({cond})"), "message": message}]}
         }))
         .expect("policy");
@@ -1346,21 +1375,18 @@ impl Env {
             .create(&PostParams::default(), &binding)
             .await
             .expect("create the binding");
-        // The API server applies a policy a moment after it is created: wait until a Pod
-        // of the kind it refuses is refused (a dry run creates nothing).
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
-        let probe: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "admission-probe", "labels": labels.iter().copied().collect::<BTreeMap<_, _>>()},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]}
-        }))
-        .expect("probe");
+        // The API server applies a policy a moment after it is created: wait until an
+        // object of the kind it refuses is refused (a dry run creates nothing).
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &ar);
+        let probe: DynamicObject = serde_json::from_value(probe).expect("probe");
         wait_for("the admission policy to apply", long(), || async {
             let pp = PostParams {
                 dry_run: true,
                 ..Default::default()
             };
-            matches!(pods.create(&pp, &probe).await, Err(kube::Error::Api(s)) if s.message.contains(message))
+            matches!(api.create(&pp, &probe).await, Err(kube::Error::Api(s)) if s.message.contains(message))
         })
         .await;
         Refusal { name }
