@@ -59,6 +59,9 @@ pub struct Observed {
     pub cluster_kind_unknown: Option<String>,
     pub crd_deleting: bool,
     pub namespace_terminating: bool,
+    /// Why the Pods of an unfinished Job of the object that has none could not be made:
+    /// the message of the Job's latest `FailedCreate` Event, by Job name.
+    pub job_refusals: BTreeMap<String, String>,
     /// The object's Jobs and Pods (found by the owner labels).
     pub jobs: Vec<Job>,
     pub pods: Vec<Pod>,
@@ -272,7 +275,7 @@ fn pause_cause(o: &Observed) -> Option<PauseCause> {
 }
 
 fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
-    let mut out = unfinished_of(&o.jobs, &o.pods, None);
+    let mut out = unfinished_of(&o.jobs, &o.pods, &o.job_refusals, None);
     let earlier = format!(
         "of an earlier {} {}",
         o.kind.as_str(),
@@ -281,6 +284,7 @@ fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
     out.extend(unfinished_of(
         &o.earlier_jobs,
         &o.earlier_pods,
+        &BTreeMap::new(),
         Some(&earlier),
     ));
     out
@@ -288,15 +292,31 @@ fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
 
 /// The unfinished Jobs of `jobs`, and the Pods of `pods` still running without their Job;
 /// `whose` is said of each when they are not this object's.
-fn unfinished_of(jobs: &[Job], pods: &[Pod], whose: Option<&str>) -> Vec<UnfinishedJob> {
+fn unfinished_of(
+    jobs: &[Job],
+    pods: &[Pod],
+    refusals: &BTreeMap<String, String>,
+    whose: Option<&str>,
+) -> Vec<UnfinishedJob> {
     let mut out = Vec::new();
     for j in jobs {
         if let JobOutcome::Unfinished { waiting_reason } = job::outcome(j, pods) {
-            let waiting = waiting_reason.map(|w| format!("its Pod is waiting: {w}"));
+            let name = j.metadata.name.clone().unwrap_or_default();
+            let detail = if let Some(whose) = whose {
+                Some(whose.to_string())
+            } else if job::suspended(j) {
+                Some("the Job is suspended (spec.suspend: true; a queue such as Kueue starts it once it admits it)".to_string())
+            } else if let Some(w) = waiting_reason {
+                Some(format!("its Pod is waiting: {w}"))
+            } else {
+                refusals
+                    .get(&name)
+                    .map(|m| format!("its Pod cannot be created: {m}"))
+            };
             out.push(UnfinishedJob {
-                name: j.metadata.name.clone().unwrap_or_default(),
+                name,
                 operation: job::operation_of(j).unwrap_or("unknown").to_string(),
-                detail: whose.map(str::to_string).or(waiting),
+                detail,
             });
         }
     }
@@ -558,6 +578,7 @@ mod tests {
             spec: spec(),
             cluster: None,
             cluster_kind_unknown: None,
+            job_refusals: BTreeMap::new(),
             crd_deleting: false,
             namespace_terminating: false,
             jobs: vec![],
@@ -795,6 +816,42 @@ mod tests {
         assert!(f.unfinished_jobs.is_empty());
         assert!(extras.stale_lock);
         assert_eq!(f.blocker, None);
+    }
+
+    #[test]
+    fn a_suspended_or_podless_job_says_why_it_has_no_pod() {
+        let sha = rebuilt_sha(Kind::TerraformCluster);
+        let mut o = observed(Kind::TerraformCluster, &[(names::INPUTS_SHA256, &sha)]);
+        let job_name = names::job_name("prod.tfc", names::OPERATION_DESTROY, 1);
+        let job = |suspend: bool| -> Job {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": job_name, "labels": {names::LABEL_OPERATION: names::OPERATION_DESTROY}},
+                "spec": {"suspend": suspend, "template": {}}
+            }))
+            .expect("job")
+        };
+        let detail = |o: &Observed| unfinished(o)[0].detail.clone();
+        o.jobs = vec![job(false)];
+        assert_eq!(detail(&o), None, "nothing known yet");
+        o.job_refusals
+            .insert(job_name.clone(), "Error creating: pods is forbidden: quota".into());
+        assert_eq!(
+            detail(&o).as_deref(),
+            Some("its Pod cannot be created: Error creating: pods is forbidden: quota")
+        );
+        o.jobs = vec![job(true)];
+        assert!(
+            detail(&o).is_some_and(|d| d.starts_with("the Job is suspended")),
+            "{:?}",
+            detail(&o)
+        );
+        let (d, _, _) = decide(&o, &Settings::default());
+        assert_eq!(d.row, Some(2));
+        assert!(
+            d.deleting().message.contains("the Job is suspended"),
+            "{}",
+            d.deleting().message
+        );
     }
 
     #[test]

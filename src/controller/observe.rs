@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -20,6 +20,7 @@ use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
 use crate::facts::{self, ClusterView, Observed, Settings};
 use crate::inputs;
+use crate::job::{self, JobOutcome};
 use crate::state::StateSecrets;
 
 /// The label selector of everything CAPTF made for one object.
@@ -180,6 +181,7 @@ async fn observe_rounds<K: TerraformObject>(
         pods: Vec::new(),
         earlier_jobs,
         earlier_pods: Vec::new(),
+        job_refusals: BTreeMap::new(),
         dependents,
         state: None,
         inputs_secret: None,
@@ -206,8 +208,49 @@ async fn observe_rounds<K: TerraformObject>(
     };
     let (pods, secrets) = futures::try_join!(pods, secrets)?;
     (o.pods, o.earlier_pods) = split_namesakes(pods, &uid);
+    o.job_refusals = job_refusals(&client, &ns, &o.jobs, &o.pods).await?;
     o.now = Timestamp::now();
     Ok((o, secrets))
+}
+
+/// The unfinished Jobs that have no Pod (none made yet, or each refused).
+pub fn podless<'a>(jobs: &'a [Job], pods: &'a [Pod]) -> impl Iterator<Item = &'a Job> {
+    jobs.iter().filter(|j| {
+        matches!(job::outcome(j, pods), JobOutcome::Unfinished { .. })
+            && !pods.iter().any(|p| job::pod_of_job(j, p))
+    })
+}
+
+/// The latest `FailedCreate` Event message of each unfinished Job that has no Pod (its
+/// Pods are refused: admission, a quota, a missing ServiceAccount). Read only for such
+/// Jobs, so a pass whose Jobs have Pods reads no Event.
+async fn job_refusals(
+    client: &Client,
+    ns: &str,
+    jobs: &[Job],
+    pods: &[Pod],
+) -> Result<BTreeMap<String, String>, Error> {
+    let mut out = BTreeMap::new();
+    for j in podless(jobs, pods) {
+        let name = j.metadata.name.clone().unwrap_or_default();
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate"
+        ));
+        let events = Api::<CoreEvent>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await?
+            .items;
+        let latest = events.into_iter().max_by_key(|e| {
+            e.last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.event_time.as_ref().map(|t| t.0))
+        });
+        if let Some(message) = latest.and_then(|e| e.message) {
+            out.insert(name, message);
+        }
+    }
+    Ok(out)
 }
 
 /// The machines and pools of a cluster, listed live whatever `--watch-filter` says.

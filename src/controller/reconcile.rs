@@ -148,6 +148,15 @@ pub async fn reconcile<K: TerraformObject>(
 
     match decision.action {
         Action::NotDeleting => Ok(Requeue::requeue(RESYNC)),
+        // A Job without a Pod changes nothing the manager watches while the Job controller
+        // keeps failing to make its Pod: look again soon, for its FailedCreate Events.
+        Action::WaitForJob
+            if observe::podless(&observed.jobs, &observed.pods)
+                .next()
+                .is_some() =>
+        {
+            Ok(Requeue::requeue(REFUSED_RETRY))
+        }
         Action::BookkeepingOnly | Action::WaitForJob | Action::WaitForDependents => {
             Ok(Requeue::requeue(RESYNC))
         }

@@ -185,6 +185,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         spec: object.terraform().clone(),
         cluster,
         cluster_kind_unknown: None,
+        job_refusals: Default::default(),
         crd_deleting,
         namespace_terminating,
         jobs,

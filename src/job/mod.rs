@@ -15,7 +15,7 @@ pub(crate) mod testutil;
 
 pub use outcome::{
     JobOutcome, attempt_of, error_summary, failure_text, finished_at, operation_of, outcome,
-    pod_of_job,
+    pod_of_job, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
 pub use render::{render, secret_labels};

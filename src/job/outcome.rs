@@ -250,6 +250,13 @@ pub fn outcome(job: &Job, pods: &[Pod]) -> JobOutcome {
     }
 }
 
+/// Whether the Job is suspended (by `spec.suspend`, as a queue such as Kueue does):
+/// the Job controller makes no Pod for it.
+pub fn suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+        || condition_true(job, "Suspended").is_some()
+}
+
 /// When a Job finished: the time of its `Complete`, `Failed` or `FailureTarget` condition.
 pub fn finished_at(j: &Job) -> Option<Timestamp> {
     j.status

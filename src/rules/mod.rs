@@ -162,7 +162,9 @@ impl Blocker {
             Blocker::JobDoesNotRender(why) => format!(
                 "its Job does not render ({why}); fix the inputs, or the manager's --templates-dir"
             ),
-            Blocker::Refused(why) => format!("the API server refused what the destroy needs: {why}"),
+            Blocker::Refused(why) => {
+                format!("the API server refused what the destroy needs: {why}")
+            }
         }
     }
 }

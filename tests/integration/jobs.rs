@@ -288,3 +288,36 @@ async fn a_refused_destroy_job_is_named_and_started_once_allowed() {
     assert!(env.destroyed("web-1"));
     env.shutdown().await;
 }
+
+/// The destroy Job is created but its Pods are refused (PodSecurity, a LimitRange, a quota
+/// that needs limits, a policy engine): WaitingForJob says why, from the Job's
+/// `FailedCreate` Events, instead of waiting silently until the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_destroy_job_whose_pods_are_refused_says_why() {
+    let env = Env::with_machine("podrefused", &module(0), FAST).await;
+    let refusal = env
+        .refuse_pods(
+            &[(names::LABEL_OPERATION, names::OPERATION_DESTROY)],
+            "runner Pods need a memory limit",
+        )
+        .await;
+    env.delete::<Tfm>("web-1").await;
+    wait_for(
+        "WaitingForJob naming the refusal of the Pod",
+        Duration::from_secs(60),
+        || async {
+            env.condition::<Tfm>("web-1", "Deleting")
+                .await
+                .is_some_and(|(_, r, m)| {
+                    r == "WaitingForJob"
+                        && m.contains("its Pod cannot be created")
+                        && m.contains("runner Pods need a memory limit")
+                })
+        },
+    )
+    .await;
+    refusal.remove(&env.client).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    env.shutdown().await;
+}
