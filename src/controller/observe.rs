@@ -208,7 +208,7 @@ async fn observe_rounds<K: TerraformObject>(
     };
     let (pods, secrets) = futures::try_join!(pods, secrets)?;
     (o.pods, o.earlier_pods) = split_namesakes(pods, &uid);
-    o.job_refusals = job_refusals(&client, &ns, &o.jobs, &o.pods).await?;
+    o.job_refusals = job_refusals(&client, &ns, &o.jobs, &o.pods, o.now).await?;
     o.now = Timestamp::now();
     Ok((o, secrets))
 }
@@ -221,17 +221,29 @@ pub fn podless<'a>(jobs: &'a [Job], pods: &'a [Pod]) -> impl Iterator<Item = &'a
     })
 }
 
-/// The latest `FailedCreate` Event message of each unfinished Job that has no Pod (its
-/// Pods are refused: admission, a quota, a missing ServiceAccount). Read only for such
-/// Jobs, so a pass whose Jobs have Pods reads no Event.
+/// How long a Job may be without a Pod before its Events are read: the Job controller
+/// makes a Pod within a moment of the Job, unless it is refused.
+const POD_EXPECTED_WITHIN: i64 = 5;
+
+/// The latest `FailedCreate` Event message of each unfinished Job that has had no Pod for
+/// [`POD_EXPECTED_WITHIN`] seconds (its Pods are refused: admission, a quota, a missing
+/// ServiceAccount). Read only for such Jobs, so a pass whose Jobs have Pods, or were just
+/// made, reads no Event.
 async fn job_refusals(
     client: &Client,
     ns: &str,
     jobs: &[Job],
     pods: &[Pod],
+    now: Timestamp,
 ) -> Result<BTreeMap<String, String>, Error> {
     let mut out = BTreeMap::new();
-    for j in podless(jobs, pods) {
+    let old_enough = |j: &&Job| {
+        j.metadata
+            .creation_timestamp
+            .as_ref()
+            .is_none_or(|t| now.as_second() - t.0.as_second() >= POD_EXPECTED_WITHIN)
+    };
+    for j in podless(jobs, pods).filter(old_enough) {
         let name = j.metadata.name.clone().unwrap_or_default();
         let lp = ListParams::default().fields(&format!(
             "involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate"
