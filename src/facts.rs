@@ -833,8 +833,10 @@ mod tests {
         let detail = |o: &Observed| unfinished(o)[0].detail.clone();
         o.jobs = vec![job(false)];
         assert_eq!(detail(&o), None, "nothing known yet");
-        o.job_refusals
-            .insert(job_name.clone(), "Error creating: pods is forbidden: quota".into());
+        o.job_refusals.insert(
+            job_name.clone(),
+            "Error creating: pods is forbidden: quota".into(),
+        );
         assert_eq!(
             detail(&o).as_deref(),
             Some("its Pod cannot be created: Error creating: pods is forbidden: quota")
