@@ -689,11 +689,13 @@ pub async fn run(
         ));
         ready.0.store(true, std::sync::atomic::Ordering::Relaxed);
         info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
-        if sweep.is_none() {
-            sweep = Some(tokio::spawn(rbac::sweep_forever(
-                ctx.clone(),
-                cfg.rbac_sweep_every,
-            )));
+        // The sweep shares the controllers' context (its record of the namespaces whose
+        // runner RBAC exists), so it starts again with them.
+        if let Some(old) = sweep.replace(tokio::spawn(rbac::sweep_forever(
+            ctx.clone(),
+            cfg.rbac_sweep_every,
+        ))) {
+            old.abort();
         }
         let unknown = matches!(cluster_api, ClusterKind::Unknown(_));
         let found = async {
