@@ -180,9 +180,7 @@ impl Context {
             refused: Mutex::default(),
         }
     }
-}
 
-impl Context {
     fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
         self.refused.lock().unwrap_or_else(|e| e.into_inner())
     }
