@@ -212,18 +212,18 @@ def main():
           [cluster(), o, state_secret(s, applied), inputs_secret("TerraformMachine", "web-1", uid(11), s, env=[{"name": "TF_VAR_token", "secretKeyRef": {"name": "cloud-creds", "key": "token"}}]), creds_secret()])
 
     set_ns("row8-cleanup")
-    o, s = m(12, dict(fp, **{f"{A}/destroy-attempt": "1"}))
+    o, s = m(12, dict(fp, **{f"{A}/destroy-attempt": "1", f"{A}/deletion-uid": uid(12)}))
     write("row8-cleanup.yaml", "Row 8: the destroy succeeded and the state describes no instance: cleanup, then the finalizer comes off.",
           [cluster(), o, state_secret(s, destroyed), inputs_secret("TerraformMachine", "web-1", uid(12), s), creds_secret(),
            *job("TerraformMachine", "web-1", uid(12), s, "destroy", 1, "complete")])
 
     set_ns("row8-cleanup-marker")
-    o, s = m(13, dict(fp, **{f"{A}/destroy-attempt": "1", f"{A}/cleanup-started": "destroyed"}))
+    o, s = m(13, dict(fp, **{f"{A}/destroy-attempt": "1", f"{A}/deletion-uid": uid(13), f"{A}/cleanup-started": "destroyed"}))
     write("row8-cleanup-marker.yaml", "Row 8: cleanup had started (state Secret already deleted) when the manager restarted: cleanup continues, no false StateLost.",
           [cluster(), o])
 
     set_ns("row9-destroy-failed")
-    o, s = m(14, dict(fp, **{f"{A}/destroy-attempt": "2", f"{A}/destroy-failed-at": "2026-12-01T10:03:01Z"}))
+    o, s = m(14, dict(fp, **{f"{A}/destroy-attempt": "2", f"{A}/deletion-uid": uid(14), f"{A}/destroy-failed-at": "2026-12-01T10:03:01Z"}))
     write("row9-destroy-failed.yaml", "Row 9: destroy attempt 2 failed with Terraform's error: retried with backoff.",
           [cluster(), o, state_secret(s, applied), inputs_secret("TerraformMachine", "web-1", uid(14), s), creds_secret(),
            *job("TerraformMachine", "web-1", uid(14), s, "destroy", 2, "failed")])
@@ -242,7 +242,7 @@ def main():
           [nsobj, cluster(), o, state_secret(s, applied), inputs_secret("TerraformMachine", "web-1", uid(16), s), creds_secret()])
 
     set_ns("abandon-state-lost")
-    o, s = m(17, dict(fp, **{f"{A}/abandon": "true"}))
+    o, s = m(17, dict(fp, **{f"{A}/abandon": uid(17)}))
     write("abandon-state-lost.yaml", "Row 5 with the abandon annotation: released without a destroy, the Secrets kept.",
           [cluster(), o, inputs_secret("TerraformMachine", "web-1", uid(17), s), creds_secret()])
 

@@ -8,6 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 use serde_json::Value;
 
@@ -16,7 +17,7 @@ use crate::api::{TerraformSpec, VariablesSourceKind};
 use crate::inputs::{self, Inputs};
 use crate::job::{self, JobOutcome};
 use crate::rules::{
-    self, Backoff, Blocker, CleanupMarker, Facts, LastAttempt, PauseCause, StateFacts,
+    self, AbandonMark, Backoff, Blocker, CleanupMarker, Facts, LastAttempt, PauseCause, StateFacts,
     UnfinishedJob, Unreadable,
 };
 use crate::state::lock::{self, Lock};
@@ -26,6 +27,8 @@ use crate::state::{self, Fingerprint, StateReason, StateSecrets, Verdict};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterView {
     pub name: String,
+    /// Empty when the dump or the read did not carry it.
+    pub uid: String,
     pub spec_paused: bool,
     pub annotation_paused: bool,
 }
@@ -35,6 +38,10 @@ impl ClusterView {
     pub fn from_value(value: &Value) -> ClusterView {
         ClusterView {
             name: value["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            uid: value["metadata"]["uid"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string(),
@@ -59,6 +66,10 @@ pub struct Observed {
     pub cluster_kind_unknown: Option<String>,
     pub crd_deleting: bool,
     pub namespace_terminating: bool,
+    /// The Cluster API owners (Cluster, Machine, MachinePool, by ownerReference) that no
+    /// longer exist or exist with another uid, described for the message; looked at only
+    /// during a deletion (see [`owners_gone`]).
+    pub owners_gone: Vec<String>,
     /// Why the Pods of an unfinished Job of the object that has none could not be made:
     /// the message of the Job's latest `FailedCreate` Event, by Job name.
     pub job_refusals: BTreeMap<String, String>,
@@ -128,6 +139,26 @@ fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// A piece of deletion bookkeeping (the destroy attempt, its failure time, the cleanup
+/// marker) as this object wrote it. It counts only under `A/deletion-uid` equal to the
+/// object's uid, and a failure time only when it is not older than the object: the
+/// bookkeeping of an earlier object of this name, carried over in a saved YAML, is not
+/// this object's.
+pub fn deletion_bookkeeping<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    let uid = meta.uid.as_deref().filter(|u| !u.is_empty())?;
+    if annotation(meta, names::DELETION_UID) != Some(uid) {
+        return None;
+    }
+    let value = annotation(meta, key)?;
+    if key == names::DESTROY_FAILED_AT
+        && let (Ok(at), Some(created)) = (value.parse::<Timestamp>(), &meta.creation_timestamp)
+        && at < created.0
+    {
+        return None;
+    }
+    Some(value)
+}
+
 /// The name of the owning Cluster: the ownerReference of kind Cluster (group
 /// cluster.x-k8s.io), else the cluster-name label.
 pub fn owning_cluster(meta: &ObjectMeta) -> Option<String> {
@@ -137,6 +168,34 @@ pub fn owning_cluster(meta: &ObjectMeta) -> Option<String> {
     by_ref
         .map(|r| r.name.clone())
         .or_else(|| label(meta, names::CAPI_CLUSTER_NAME_LABEL).map(str::to_string))
+}
+
+/// The ownerReferences of `meta` to a Cluster API Cluster, Machine or MachinePool: the
+/// owners Cluster API never lets go before their infrastructure is deleted.
+pub fn capi_owners(meta: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
+    meta.owner_references.iter().flatten().filter(|r| {
+        r.api_version.split('/').next() == Some(names::CAPI_GROUP)
+            && matches!(r.kind.as_str(), "Cluster" | "Machine" | "MachinePool")
+    })
+}
+
+/// Which Cluster API owners of `meta` are gone: `found(kind, name)` is the uid of the
+/// owner of that kind and name that exists (empty when its uid is unknown), or None.
+/// An owner that exists with another uid is a new object of that name, not the owner.
+pub fn owners_gone(meta: &ObjectMeta, found: impl Fn(&str, &str) -> Option<String>) -> Vec<String> {
+    capi_owners(meta)
+        .filter_map(|r| match found(&r.kind, &r.name) {
+            None => Some(format!(
+                "{} {} (uid {}) no longer exists",
+                r.kind, r.name, r.uid
+            )),
+            Some(uid) if !uid.is_empty() && uid != r.uid => Some(format!(
+                "{} {} exists with uid {uid}, not the owner's uid {}",
+                r.kind, r.name, r.uid
+            )),
+            Some(_) => None,
+        })
+        .collect()
 }
 
 /// Whether a Job or Pod carries the owner labels of an object of this kind and name, but
@@ -170,7 +229,7 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
 
     let paused = pause_cause(o);
     let unfinished_jobs = unfinished(o);
-    let cleanup = match annotation(&o.meta, names::CLEANUP_STARTED) {
+    let cleanup = match deletion_bookkeeping(&o.meta, names::CLEANUP_STARTED) {
         Some(names::CLEANUP_DESTROYED) => Some(CleanupMarker::Destroyed),
         Some(names::CLEANUP_ABANDONED) => Some(CleanupMarker::Abandoned),
         _ => None,
@@ -191,17 +250,17 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
                 StateFacts::Missing
             } else {
                 let interrupted = annotation(&o.meta, names::APPLY_INTERRUPTED).is_some();
-                let verdict = match (
-                    adopt,
-                    Fingerprint::from_annotations(
-                        o.meta.annotations.as_ref().unwrap_or(&BTreeMap::new()),
-                    ),
+                // Adopt lets the object take a state while it records no fingerprint;
+                // once one is recorded (the adopted state's, written by the bookkeeping),
+                // it is checked like any other, so an older backup restored later is not
+                // destroyed against.
+                let verdict = match Fingerprint::from_annotations(
+                    o.meta.annotations.as_ref().unwrap_or(&BTreeMap::new()),
                 ) {
-                    (true, _) => state::classify_named(&base, &content, None, interrupted),
-                    (false, Ok(recorded)) => {
+                    Ok(recorded) => {
                         state::classify_named(&base, &content, recorded.as_ref(), interrupted)
                     }
-                    (false, Err(problem)) => bad_fingerprint(&base, &content, problem),
+                    Err(problem) => bad_fingerprint(&base, &content, problem),
                 };
                 let facts = state_facts(&verdict, &names::state_secret_name(&suffix));
                 extras.verdict = Some(verdict);
@@ -212,7 +271,7 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
 
     let (attempt, last_attempt) = destroy_history(o, &suffix);
     let attempt_unstarted = attempt > 0
-        && annotation(&o.meta, names::DESTROY_FAILED_AT).is_none()
+        && deletion_bookkeeping(&o.meta, names::DESTROY_FAILED_AT).is_none()
         && !o.jobs.iter().any(|j| {
             job::operation_of(j) == Some(names::OPERATION_DESTROY)
                 && job::attempt_of(j) == Some(attempt)
@@ -230,7 +289,10 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
         cleanup,
         applied,
         state,
-        abandon: annotation(&o.meta, names::ABANDON) == Some("true"),
+        abandon: AbandonMark::of(
+            annotation(&o.meta, names::ABANDON),
+            o.meta.uid.as_deref().unwrap_or_default(),
+        ),
         attempt,
         last_attempt,
         attempt_unstarted,
@@ -341,14 +403,14 @@ fn unfinished_of(
 }
 
 fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
-    let attempt: u32 = annotation(&o.meta, names::DESTROY_ATTEMPT)
+    let attempt: u32 = deletion_bookkeeping(&o.meta, names::DESTROY_ATTEMPT)
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     if attempt == 0 {
         return (0, LastAttempt::NoneFinished);
     }
     let failed_at: Option<Timestamp> =
-        annotation(&o.meta, names::DESTROY_FAILED_AT).and_then(|v| v.parse().ok());
+        deletion_bookkeeping(&o.meta, names::DESTROY_FAILED_AT).and_then(|v| v.parse().ok());
     let job_name = names::job_name(suffix, names::OPERATION_DESTROY, attempt);
     let job = o.jobs.iter().find(|j| {
         j.metadata.name.as_deref() == Some(job_name.as_str())
@@ -396,6 +458,12 @@ fn deletion_time(meta: &ObjectMeta) -> Option<Timestamp> {
 }
 
 fn blocker(o: &Observed, suffix: &str, namespace: &str, extras: &mut Extras) -> Option<Blocker> {
+    let uid = o.meta.uid.as_deref().unwrap_or_default();
+    if !o.owners_gone.is_empty()
+        && (uid.is_empty() || annotation(&o.meta, names::DESTROY_WITHOUT_OWNER) != Some(uid))
+    {
+        return Some(Blocker::OwnerGone(o.owners_gone.join("; ")));
+    }
     if o.namespace_terminating {
         return Some(Blocker::NamespaceTerminating(namespace.to_string()));
     }
@@ -581,6 +649,7 @@ mod tests {
             job_refusals: BTreeMap::new(),
             crd_deleting: false,
             namespace_terminating: false,
+            owners_gone: vec![],
             jobs: vec![],
             pods: vec![],
             earlier_jobs: vec![],
@@ -692,6 +761,7 @@ mod tests {
         let mut o = observed(Kind::TerraformMachine, &[]);
         o.cluster = Some(ClusterView {
             name: "prod".into(),
+            uid: "c-1".into(),
             spec_paused: true,
             annotation_paused: false,
         });
@@ -882,5 +952,177 @@ mod tests {
             "{}",
             d.deleting().message
         );
+    }
+
+    /// The state Secrets of `prod` (a TerraformMachine) holding one gzip-compressed state
+    /// of `instances` managed instances, with lineage `lineage` and serial `serial`.
+    fn machine_state(lineage: &str, serial: u64, instances: usize) -> StateSecrets {
+        use std::io::Write;
+        let state = serde_json::json!({
+            "version": 4, "serial": serial, "lineage": lineage,
+            "resources": [{"mode": "managed", "type": "terraform_data", "name": "a",
+                "instances": vec![serde_json::json!({}); instances]}]
+        });
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(state.to_string().as_bytes()).expect("gzip");
+        let base = names::state_secret_name("prod.tfm");
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(base.clone()),
+                ..Default::default()
+            },
+            data: Some([("tfstate".to_string(), ByteString(e.finish().expect("gzip")))].into()),
+            ..Default::default()
+        };
+        StateSecrets::from_secrets(&base, &[secret])
+    }
+
+    #[test]
+    fn an_abandon_releases_only_the_object_whose_uid_it_names() {
+        let applied = (names::APPLIED_AT, "2026-11-30T10:00:00Z");
+        let decide_with = |value: &str| {
+            let mut o = observed(Kind::TerraformMachine, &[applied, (names::ABANDON, value)]);
+            o.state = Some(StateSecrets::from_secrets(
+                &names::state_secret_name("prod.tfm"),
+                &[],
+            ));
+            decide(&o, &Settings::default()).0
+        };
+        // The uid of this object: released without a destroy.
+        let d = decide_with("uid-1");
+        assert_eq!((d.row, d.action), (Some(5), Action::Abandon));
+        // "true" (left in a GitOps repository) or an earlier object's uid: held, saying so.
+        for other in ["true", "uid-0"] {
+            let d = decide_with(other);
+            assert_eq!((d.row, d.action), (Some(5), Action::Hold), "{other}");
+            let msg = &d.deleting().message;
+            assert!(
+                msg.contains(&format!("is \"{other}\", not this object's uid uid-1"))
+                    && msg.contains("runbooks/Abandon.md"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn deletion_bookkeeping_of_an_earlier_object_is_not_this_objects() {
+        // Recreated from a YAML saved during an earlier object's cleanup: its markers were
+        // written under the earlier uid, and its state still lists 2 instances.
+        let earlier = [
+            (names::APPLIED_AT, "2026-11-30T10:00:00Z"),
+            (names::CLEANUP_STARTED, names::CLEANUP_DESTROYED),
+            (names::DESTROY_ATTEMPT, "3"),
+            (names::DESTROY_FAILED_AT, "2026-11-30T11:00:00Z"),
+            (names::DELETION_UID, "uid-0"),
+        ];
+        let mut o = observed(Kind::TerraformMachine, &earlier);
+        o.state = Some(machine_state("l-1", 4, 2));
+        let (f, _) = gather(&o, &Settings::default());
+        assert_eq!(f.cleanup, None);
+        assert_eq!(
+            (f.attempt, &f.last_attempt),
+            (0, &LastAttempt::NoneFinished)
+        );
+        // The same bookkeeping under this object's uid is its own: cleanup goes on.
+        let mut own = earlier;
+        own[4] = (names::DELETION_UID, "uid-1");
+        o.meta = meta(&own);
+        let (f, _) = gather(&o, &Settings::default());
+        assert_eq!(f.cleanup, Some(CleanupMarker::Destroyed));
+        assert_eq!(f.attempt, 3);
+        // A failure time older than the object is not this object's.
+        o.meta.creation_timestamp = Some(Time("2026-12-01T09:00:00Z".parse().expect("time")));
+        assert_eq!(
+            deletion_bookkeeping(&o.meta, names::DESTROY_FAILED_AT),
+            None
+        );
+        assert_eq!(
+            deletion_bookkeeping(&o.meta, names::DESTROY_ATTEMPT),
+            Some("3")
+        );
+    }
+
+    #[test]
+    fn adopt_does_not_turn_off_the_fingerprint_check() {
+        // Adopted earlier (its fingerprint recorded at serial 10), then an older backup of
+        // the same lineage was restored over the state: held, not destroyed against.
+        let mut o = observed(
+            Kind::TerraformMachine,
+            &[
+                (names::ADOPT, "true"),
+                (names::STATE_LINEAGE, "l-1"),
+                (names::STATE_SERIAL, "10"),
+            ],
+        );
+        o.state = Some(machine_state("l-1", 3, 2));
+        let (d, f, _) = decide(&o, &Settings::default());
+        assert_eq!((d.row, d.action), (Some(6), Action::Hold));
+        assert!(
+            matches!(
+                f.state,
+                StateFacts::Unreadable {
+                    why: Unreadable::Inconsistent,
+                    ..
+                }
+            ),
+            "{:?}",
+            f.state
+        );
+        // With no fingerprint recorded yet, adopt takes the state as it is.
+        o.meta = meta(&[(names::ADOPT, "true")]);
+        let (_, f, _) = decide(&o, &Settings::default());
+        assert!(
+            matches!(f.state, StateFacts::Readable { serial: 3, .. }),
+            "{:?}",
+            f.state
+        );
+    }
+
+    #[test]
+    fn a_gone_owner_blocks_the_destroy_unless_the_operator_names_this_object() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let sha = rebuilt_sha(Kind::TerraformCluster);
+        let mut o = observed(Kind::TerraformCluster, &[(names::INPUTS_SHA256, &sha)]);
+        o.meta.owner_references = Some(vec![OwnerReference {
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: "Cluster".into(),
+            name: "prod".into(),
+            uid: "c-1".into(),
+            ..Default::default()
+        }]);
+        // The Cluster exists with the owner's uid: nothing gone.
+        let found = |uid: Option<&str>| {
+            let uid = uid.map(str::to_string);
+            move |kind: &str, name: &str| {
+                (kind == "Cluster" && name == "prod")
+                    .then(|| uid.clone())
+                    .flatten()
+            }
+        };
+        assert!(owners_gone(&o.meta, found(Some("c-1"))).is_empty());
+        assert!(
+            owners_gone(&o.meta, found(Some(""))).is_empty(),
+            "uid unknown"
+        );
+        let other = owners_gone(&o.meta, found(Some("c-2")));
+        assert_eq!(
+            other,
+            ["Cluster prod exists with uid c-2, not the owner's uid c-1"]
+        );
+        o.owners_gone = owners_gone(&o.meta, found(None));
+        assert_eq!(o.owners_gone, ["Cluster prod (uid c-1) no longer exists"]);
+        assert!(matches!(blocker(&o), Some(Blocker::OwnerGone(_))));
+        // Set to this object's uid, the operator's annotation lets the destroy start.
+        o.meta
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(names::DESTROY_WITHOUT_OWNER.into(), "uid-1".into());
+        assert_eq!(blocker(&o), None);
+        // Set to anything else, it does not.
+        o.meta
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(names::DESTROY_WITHOUT_OWNER.into(), "true".into());
+        assert!(matches!(blocker(&o), Some(Blocker::OwnerGone(_))));
     }
 }

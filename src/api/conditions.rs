@@ -29,6 +29,7 @@ pub mod reason {
     pub const ABANDONING: &str = "Abandoning";
     // DeletionBlocked
     pub const DEPENDENTS_EXIST: &str = "DependentsExist";
+    pub const OWNER_GONE: &str = "OwnerGone";
     pub const NOT_BLOCKED: &str = "NotBlocked";
     // StateReadable
     pub const READABLE: &str = "Readable";

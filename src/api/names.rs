@@ -26,6 +26,14 @@ pub const APPLY_INTERRUPTED: &str = "terraform.infrastructure.cluster.x-k8s.io/a
 pub const DESTROY_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/destroy-attempt";
 pub const DESTROY_FAILED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/destroy-failed-at";
 pub const CLEANUP_STARTED: &str = "terraform.infrastructure.cluster.x-k8s.io/cleanup-started";
+/// The uid of the object that wrote the deletion bookkeeping above (destroy-attempt,
+/// destroy-failed-at, cleanup-started): bookkeeping under another uid, or none, is an
+/// earlier object's (kept in a saved YAML) and is not this object's.
+pub const DELETION_UID: &str = "terraform.infrastructure.cluster.x-k8s.io/deletion-uid";
+/// Set to the object's uid: destroy although its Cluster API owner is gone (see
+/// runbooks/OwnerGone.md).
+pub const DESTROY_WITHOUT_OWNER: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/destroy-without-owner";
 pub const ADOPT: &str = "terraform.infrastructure.cluster.x-k8s.io/adopt";
 pub const INPUTS_SHA256: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-sha256";
 

@@ -164,6 +164,7 @@ pub struct Initialization {
     shortname = "tfc",
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    label("clusterctl.cluster.x-k8s.io", ""),
     doc = "Infrastructure of a Cluster API Cluster, made and destroyed by a Terraform module.",
     printcolumn(
         name = "Cluster",
@@ -217,6 +218,7 @@ pub struct TerraformClusterSpec {
     shortname = "tfm",
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    label("clusterctl.cluster.x-k8s.io", ""),
     doc = "Infrastructure of a Cluster API Machine, made and destroyed by a Terraform module.",
     printcolumn(
         name = "Cluster",
@@ -274,6 +276,7 @@ pub struct TerraformMachineSpec {
     shortname = "tfmp",
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    label("clusterctl.cluster.x-k8s.io", ""),
     doc = "Infrastructure of a Cluster API MachinePool, made and destroyed by a Terraform module.",
     printcolumn(
         name = "Cluster",

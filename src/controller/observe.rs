@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::ObjectMeta;
 
 use kube::Client;
@@ -158,13 +158,53 @@ async fn observe_rounds<K: TerraformObject>(
             Ok(Vec::new())
         }
     };
-    let (jobs, cluster, crd_deleting, namespace_terminating, dependents) = futures::try_join!(
+    // During a deletion, the Machines and MachinePools that own the object (the Cluster
+    // is read above): one gone means a move or a stripped finalizer, not a teardown.
+    let owners = async {
+        let mut found = BTreeMap::new();
+        if let (Some(_), Some(ar)) = (&meta.deletion_timestamp, cluster_api.resource()) {
+            for r in facts::capi_owners(&meta).filter(|r| r.kind != "Cluster") {
+                let owner_ar = ApiResource {
+                    kind: r.kind.clone(),
+                    plural: format!("{}s", r.kind.to_lowercase()),
+                    ..ar.clone()
+                };
+                let got = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &owner_ar)
+                    .get_metadata_opt(&r.name)
+                    .await?;
+                if let Some(o) = got {
+                    found.insert(
+                        (r.kind.clone(), r.name.clone()),
+                        o.metadata.uid.unwrap_or_default(),
+                    );
+                }
+            }
+        }
+        Ok::<_, Error>(found)
+    };
+    let (jobs, cluster, crd_deleting, namespace_terminating, dependents, owners) = futures::try_join!(
         jobs,
         cluster,
         crd_deleting,
         namespace_terminating,
-        dependents
+        dependents,
+        owners
     )?;
+    // Only while Cluster API's kinds are known: while they are not, an object that names
+    // a Cluster is held as paused anyway.
+    let owners_gone = match (&meta.deletion_timestamp, cluster_api.resource()) {
+        (Some(_), Some(_)) => facts::owners_gone(&meta, |kind, name| {
+            if kind == "Cluster" {
+                cluster
+                    .as_ref()
+                    .filter(|c| c.name == name)
+                    .map(|c| c.uid.clone())
+            } else {
+                owners.get(&(kind.to_string(), name.to_string())).cloned()
+            }
+        }),
+        _ => Vec::new(),
+    };
     let (jobs, earlier_jobs) = split_namesakes(jobs, &uid);
     let mut o = Observed {
         kind: K::KIND,
@@ -177,6 +217,7 @@ async fn observe_rounds<K: TerraformObject>(
         cluster,
         crd_deleting,
         namespace_terminating,
+        owners_gone,
         jobs,
         pods: Vec::new(),
         earlier_jobs,

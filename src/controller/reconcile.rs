@@ -26,7 +26,7 @@ use crate::api::conditions::{self, Condition};
 use crate::api::names;
 use crate::facts::{self, Extras, Observed};
 use crate::job::{self, JobOutcome, JobRequest};
-use crate::rules::{self, Action, Blocker, Decision, Facts};
+use crate::rules::{self, Action, Blocker, Decision, Facts, StateFacts};
 use crate::state::lock::{self, Lock};
 use crate::state::{self, StateSecrets};
 
@@ -280,7 +280,9 @@ async fn bookkeeping<K: TerraformObject>(
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
 
     // The latest destroy attempt failed and that is not recorded yet.
-    if facts.attempt > 0 && annotation(obj, names::DESTROY_FAILED_AT).is_none() {
+    if facts.attempt > 0
+        && facts::deletion_bookkeeping(obj.meta(), names::DESTROY_FAILED_AT).is_none()
+    {
         let name = names::job_name(&suffix, names::OPERATION_DESTROY, facts.attempt);
         let job = o
             .jobs
@@ -358,6 +360,19 @@ async fn bookkeeping<K: TerraformObject>(
             }
             _ => {}
         }
+    }
+
+    // An adopted state's fingerprint is recorded once: from then on it is checked like
+    // any other, and adopt no longer matters.
+    if annotation(obj, names::ADOPT) == Some("true")
+        && annotation(obj, names::STATE_LINEAGE).is_none()
+        && annotation(obj, names::STATE_SERIAL).is_none()
+        && let StateFacts::Readable {
+            lineage, serial, ..
+        } = &facts.state
+    {
+        edits.push((names::STATE_LINEAGE, Some(lineage.clone())));
+        edits.push((names::STATE_SERIAL, Some(serial.to_string())));
     }
 
     // block-move: on while a Job is unfinished, and from deletion until the finalizer goes.
@@ -563,10 +578,13 @@ async fn start_attempt<K: TerraformObject>(
         super::rbac::ensure_runner_rbac(ctx, &ns),
         stale_lock,
     )?;
-    // Write-ahead: the attempt number is on the object before its Job exists.
+    // Write-ahead: the attempt number is on the object before its Job exists, under this
+    // object's uid; a cleanup marker of an earlier object of this name goes.
     let edits = [
         (names::DESTROY_ATTEMPT, Some(n.to_string())),
+        (names::DELETION_UID, obj.meta().uid.clone()),
         (names::DESTROY_FAILED_AT, None),
+        (names::CLEANUP_STARTED, None),
         (names::CLUSTERCTL_BLOCK_MOVE, Some("true".to_string())),
     ];
     let written = guarded_patch(api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
@@ -790,7 +808,7 @@ async fn cleanup<K: TerraformObject>(
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let marker = async {
-        if annotation(obj, names::CLEANUP_STARTED).is_some() {
+        if facts::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_some() {
             return Ok(None);
         }
         // Before the status write of this pass, so the cached copy may lack the status
@@ -803,6 +821,7 @@ async fn cleanup<K: TerraformObject>(
                         names::CLEANUP_STARTED,
                         Some(names::CLEANUP_DESTROYED.into()),
                     ),
+                    (names::DELETION_UID, meta.uid.clone()),
                     (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
                 ],
             )
@@ -928,7 +947,7 @@ async fn abandon<K: TerraformObject>(
         copy_out(ctx, obj, &ns, &suffix, &described).await?;
     }
     let mut current = obj.clone();
-    if annotation(obj, names::CLEANUP_STARTED).is_none() {
+    if facts::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_none() {
         let ops = annotation_ops(
             obj.meta(),
             &[
@@ -936,6 +955,7 @@ async fn abandon<K: TerraformObject>(
                     names::CLEANUP_STARTED,
                     Some(names::CLEANUP_ABANDONED.into()),
                 ),
+                (names::DELETION_UID, obj.meta().uid.clone()),
                 (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
             ],
         );

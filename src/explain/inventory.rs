@@ -23,6 +23,8 @@ pub struct Inventory {
     pub objects: Vec<(String, AnyObject)>,
     /// `cluster.x-k8s.io` Clusters, kept as JSON (any version).
     pub clusters: Vec<Value>,
+    /// Cluster API Machines and MachinePools (the owners of machines and pools).
+    pub machines: Vec<Value>,
     pub jobs: Vec<Job>,
     pub pods: Vec<Pod>,
     pub secrets: Vec<Secret>,
@@ -63,7 +65,7 @@ fn skipped(group: &str, kind: &str) -> bool {
     matches!(
         (group, kind),
         ("" | "events.k8s.io", "Event") | ("", "ServiceAccount") | ("rbac.authorization.k8s.io", _)
-    ) || (group == CAPI_GROUP && kind != "Cluster")
+    ) || (group == CAPI_GROUP && !matches!(kind, "Cluster" | "Machine" | "MachinePool"))
         || (group == GROUP && kind.ends_with("Template"))
 }
 
@@ -129,6 +131,7 @@ impl Inventory {
                     inv.objects.push((source, object));
                 }
                 (CAPI_GROUP, "Cluster") => inv.clusters.push(value),
+                (CAPI_GROUP, "Machine" | "MachinePool") => inv.machines.push(value),
                 ("batch", "Job") => inv.jobs.push(typed(value).map_err(invalid)?),
                 ("", "Pod") => inv.pods.push(typed(value).map_err(invalid)?),
                 ("", "Secret") => inv.secrets.push(typed(value).map_err(invalid)?),

@@ -179,10 +179,36 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
                 && l.metadata.name.as_deref() == Some(lock_name.as_str())
         })
         .cloned();
+    // As the controller does: during a deletion, the Cluster API owners the dump does not
+    // hold (or holds under another uid) are gone.
+    let owners_gone = if meta.deletion_timestamp.is_some() {
+        facts::owners_gone(&meta, |kind, name| {
+            let pool = if kind == "Cluster" {
+                &inv.clusters
+            } else {
+                &inv.machines
+            };
+            pool.iter()
+                .find(|v| {
+                    v["kind"].as_str() == Some(kind)
+                        && v["metadata"]["name"].as_str() == Some(name)
+                        && v["metadata"]["namespace"].as_str() == Some(&namespace)
+                })
+                .map(|v| {
+                    v["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+        })
+    } else {
+        Vec::new()
+    };
     Observed {
         kind,
         meta,
         spec: object.terraform().clone(),
+        owners_gone,
         cluster,
         cluster_kind_unknown: None,
         job_refusals: Default::default(),

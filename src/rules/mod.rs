@@ -103,6 +103,44 @@ pub enum StateFacts {
     },
 }
 
+/// The abandon annotation as the pass sees it. An abandon names the object it is meant
+/// for: its value must be the object's uid, so that one left in a GitOps repository or a
+/// saved YAML does not release a later object of the same name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AbandonMark {
+    /// No abandon annotation.
+    Absent,
+    /// The annotation holds this object's uid: rows 5, 6 and 9 release.
+    ThisObject,
+    /// The annotation holds something else (`"true"`, another object's uid): ignored, and
+    /// the held condition says so.
+    Ignored(String),
+}
+
+impl AbandonMark {
+    /// Reads the annotation's value against the object's uid.
+    pub fn of(value: Option<&str>, uid: &str) -> AbandonMark {
+        match value {
+            None => AbandonMark::Absent,
+            Some(v) if !uid.is_empty() && v.trim() == uid => AbandonMark::ThisObject,
+            Some(v) => AbandonMark::Ignored(v.to_string()),
+        }
+    }
+
+    fn note(&self, uid: &str) -> String {
+        match self {
+            AbandonMark::Ignored(v) => {
+                let shown: String = v.chars().take(80).collect();
+                format!(
+                    "; the abandon annotation {} is {shown:?}, not this object's uid {uid}, and is ignored (see {RUNBOOK_ABANDON})",
+                    crate::api::names::ABANDON
+                )
+            }
+            _ => String::new(),
+        }
+    }
+}
+
 /// The outcome of the latest destroy attempt of this deletion.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LastAttempt {
@@ -133,6 +171,11 @@ pub enum Blocker {
     /// inline module too large for the Pod, a template the operator broke). Only the
     /// manager knows its templates, so only it reports this; `captf explain` cannot.
     JobDoesNotRender(String),
+    /// A Cluster API owner of the object (Cluster, Machine, MachinePool) is gone, or is a
+    /// new object of its name. Cluster API keeps those owners until their infrastructure
+    /// is deleted, so this means clusterctl move (the infrastructure now belongs to the
+    /// target) or stripped finalizers: nothing is destroyed unless the operator says so.
+    OwnerGone(String),
     /// The API server refused something the attempt needs (the Job, the backup Secret, the
     /// runner RBAC): an admission policy, a quota, a missing permission. The API's message.
     /// Only the manager, which tried, reports this; `captf explain` cannot.
@@ -161,6 +204,10 @@ impl Blocker {
             },
             Blocker::JobDoesNotRender(why) => format!(
                 "its Job does not render ({why}); fix the inputs, or the manager's --templates-dir"
+            ),
+            Blocker::OwnerGone(which) => format!(
+                "its Cluster API owner is gone ({which}); Cluster API keeps an owner until its infrastructure is deleted, so clusterctl move or a stripped finalizer took it, and the infrastructure may now belong to another cluster: nothing is destroyed; abandon, or set {} to this object's uid to destroy on purpose",
+                crate::api::names::DESTROY_WITHOUT_OWNER
             ),
             Blocker::Refused(why) => {
                 format!("the API server refused what the destroy needs: {why}")
@@ -215,7 +262,7 @@ pub struct Facts {
     pub cleanup: Option<CleanupMarker>,
     pub applied: bool,
     pub state: StateFacts,
-    pub abandon: bool,
+    pub abandon: AbandonMark,
     /// The number in `A/destroy-attempt` (0 when none).
     pub attempt: u32,
     pub last_attempt: LastAttempt,
@@ -277,6 +324,7 @@ pub const RUNBOOK_STATE_INCONSISTENT: &str = "runbooks/StateInconsistent.md";
 pub const RUNBOOK_DESTROY_FAILED: &str = "runbooks/DestroyFailed.md";
 pub const RUNBOOK_DESTROY_CANNOT_START: &str = "runbooks/DestroyCannotStart.md";
 pub const RUNBOOK_ABANDON: &str = "runbooks/Abandon.md";
+pub const RUNBOOK_OWNER_GONE: &str = "runbooks/OwnerGone.md";
 
 /// The rows as the docs list them: number, situation, Deleting reason. The docs test
 /// checks that the overview page's table matches this list.
@@ -580,9 +628,31 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
                 Some((_, text)) => format!(" ({text})"),
                 None => String::new(),
             };
+            // An owner gone is its own runbook, and DeletionBlocked says so.
+            let (runbook, others) = match blocker {
+                Blocker::OwnerGone(_) => {
+                    let others = others
+                        .into_iter()
+                        .map(|c| {
+                            if c.type_ == cond::DELETION_BLOCKED {
+                                Desired::new(
+                                    cond::DELETION_BLOCKED,
+                                    Status::True,
+                                    reason::OWNER_GONE,
+                                    format!("{}; see {RUNBOOK_OWNER_GONE}", blocker.describe()),
+                                )
+                            } else {
+                                c
+                            }
+                        })
+                        .collect();
+                    (RUNBOOK_OWNER_GONE, others)
+                }
+                _ => (RUNBOOK_DESTROY_CANNOT_START, others),
+            };
             // No time in the message: it would change on every pass and rewrite the status.
             let msg = format!(
-                "destroy attempt {next} cannot start: {}{history}; checked again whenever anything it depends on changes, and at least every {}s; see {RUNBOOK_DESTROY_CANNOT_START}",
+                "destroy attempt {next} cannot start: {}{history}; checked again whenever anything it depends on changes, and at least every {}s; see {runbook}",
                 blocker.describe(),
                 f.backoff.base.as_secs().max(1)
             );
@@ -590,7 +660,7 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
                 f,
                 reason::DESTROY_CANNOT_START,
                 msg,
-                RUNBOOK_DESTROY_CANNOT_START,
+                runbook,
                 others,
                 retry_at,
                 None,
@@ -621,9 +691,10 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
 
 /// Rows 5 and 6: held, unless the abandon annotation releases it.
 fn held(row: u8, f: &Facts, msg: String, runbook: &'static str, others: Vec<Desired>) -> Decision {
-    if f.abandon {
+    if f.abandon == AbandonMark::ThisObject {
         return abandon(row, msg, others);
     }
+    let msg = format!("{msg}{}", f.abandon.note(&f.uid));
     let d = Desired::new(cond::DELETING, Status::True, reason::HELD, msg);
     finish(
         Some(row),
@@ -646,9 +717,10 @@ fn retry(
     retry_at: Timestamp,
     start: Option<u32>,
 ) -> Decision {
-    if f.abandon {
+    if f.abandon == AbandonMark::ThisObject {
         return abandon(9, msg, others);
     }
+    let msg = format!("{msg}{}", f.abandon.note(&f.uid));
     let d = Desired::new(cond::DELETING, Status::True, why, msg);
     finish(
         Some(9),

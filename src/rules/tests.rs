@@ -20,7 +20,7 @@ fn facts() -> Facts {
         cleanup: None,
         applied: true,
         state: readable(2),
-        abandon: false,
+        abandon: AbandonMark::Absent,
         attempt: 0,
         last_attempt: LastAttempt::NoneFinished,
         attempt_unstarted: false,
@@ -469,23 +469,23 @@ fn abandon_releases_rows_5_6_and_9() {
     let cases = [
         Facts {
             state: StateFacts::Missing,
-            abandon: true,
+            abandon: AbandonMark::ThisObject,
             ..facts()
         },
         Facts {
             state: unreadable(Unreadable::Encrypted),
-            abandon: true,
+            abandon: AbandonMark::ThisObject,
             ..facts()
         },
         Facts {
             attempt: 1,
             last_attempt: failed("2026-12-01T11:59:59Z"),
-            abandon: true,
+            abandon: AbandonMark::ThisObject,
             ..facts()
         },
         Facts {
             blocker: Some(Blocker::NamespaceTerminating("team-a".into())),
-            abandon: true,
+            abandon: AbandonMark::ThisObject,
             ..facts()
         },
     ];
@@ -503,7 +503,7 @@ fn abandon_releases_rows_5_6_and_9() {
 fn abandon_never_overrides_rows_1_to_3() {
     let paused = decide(&Facts {
         paused: Some(PauseCause::ObjectAnnotation),
-        abandon: true,
+        abandon: AbandonMark::ThisObject,
         ..facts()
     });
     assert_eq!(
@@ -512,14 +512,14 @@ fn abandon_never_overrides_rows_1_to_3() {
     );
     let job = decide(&Facts {
         unfinished_jobs: vec![running_job()],
-        abandon: true,
+        abandon: AbandonMark::ThisObject,
         ..facts()
     });
     assert_eq!((job.row, job.action), (Some(2), Action::WaitForJob));
     let deps = decide(&Facts {
         kind: Kind::TerraformCluster,
         dependents: vec!["TerraformMachine/a".into()],
-        abandon: true,
+        abandon: AbandonMark::ThisObject,
         ..facts()
     });
     assert_eq!(
@@ -531,7 +531,7 @@ fn abandon_never_overrides_rows_1_to_3() {
 #[test]
 fn abandon_never_skips_an_untried_readable_destroy() {
     let d = decide(&Facts {
-        abandon: true,
+        abandon: AbandonMark::ThisObject,
         ..facts()
     });
     assert_eq!(d.row, Some(7));
@@ -543,7 +543,7 @@ fn abandon_on_a_never_applied_object_is_a_plain_release() {
     let d = decide(&Facts {
         applied: false,
         state: StateFacts::Missing,
-        abandon: true,
+        abandon: AbandonMark::ThisObject,
         ..facts()
     });
     assert_eq!((d.row, d.action), (Some(4), Action::RemoveFinalizer));
@@ -626,4 +626,50 @@ fn ready_during_a_deletion_carries_the_deleting_reason_and_message() {
         )
     );
     assert!(ready.message.contains("see runbooks/DestroyFailed.md"));
+}
+
+#[test]
+fn an_owner_gone_holds_the_destroy_and_abandon_releases() {
+    let gone = Blocker::OwnerGone("Cluster prod (uid c-1) no longer exists".into());
+    let d = decide(&Facts {
+        blocker: Some(gone.clone()),
+        ..facts()
+    });
+    assert_eq!((d.row, d.action), (Some(9), Action::RetryLater));
+    assert_eq!(d.start_attempt, None, "nothing is destroyed");
+    assert_eq!(d.deleting().reason, "DestroyCannotStart");
+    assert_eq!(d.runbook, Some(RUNBOOK_OWNER_GONE));
+    assert!(
+        d.deleting()
+            .message
+            .contains("Cluster prod (uid c-1) no longer exists")
+    );
+    let blocked = d
+        .conditions
+        .iter()
+        .find(|c| c.type_ == cond::DELETION_BLOCKED)
+        .expect("DeletionBlocked");
+    assert_eq!(
+        (blocked.status, blocked.reason),
+        (Status::True, "OwnerGone")
+    );
+    assert!(
+        blocked.message.contains(RUNBOOK_OWNER_GONE),
+        "{}",
+        blocked.message
+    );
+    // After a failed attempt, the same: no retry starts.
+    let d = decide(&Facts {
+        attempt: 1,
+        last_attempt: failed("2026-12-01T10:00:00Z"),
+        blocker: Some(gone.clone()),
+        ..facts()
+    });
+    assert_eq!((d.row, d.start_attempt), (Some(9), None));
+    let d = decide(&Facts {
+        blocker: Some(gone),
+        abandon: AbandonMark::ThisObject,
+        ..facts()
+    });
+    assert_eq!(d.action, Action::Abandon);
 }

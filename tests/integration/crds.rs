@@ -37,6 +37,16 @@ fn committed_crds_are_what_the_binary_prints() {
         3,
         "the CAPI contract label on each CRD"
     );
+    // clusterctl move discovers only kinds whose CRD carries this label; `clusterctl init`
+    // adds it, and a kustomize install must have it too, or a move leaves the objects
+    // behind for the garbage collector.
+    assert_eq!(
+        printed
+            .matches("clusterctl.cluster.x-k8s.io: \"\"\n")
+            .count(),
+        3,
+        "the clusterctl label on each CRD"
+    );
     for short in ["- tfc\n", "- tfm\n", "- tfmp\n"] {
         assert!(printed.contains(short), "short name {short}");
     }

@@ -294,8 +294,24 @@ async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets()
         0,
         "never a destroy against a missing state"
     );
+    // An abandon left over with the value "true" (a GitOps repository, a saved YAML) is
+    // not meant for this object: it is ignored, and the condition says so.
     env.annotate::<Tfm>("web-1", &[(names::ABANDON, Some("true".into()))])
         .await;
+    let uid = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.uid)
+        .expect("uid");
+    let ignored = format!("is \"true\", not this object's uid {uid}, and is ignored");
+    wait_for("the ignored abandon to be named", long(), || async {
+        env.condition::<Tfm>("web-1", "Deleting")
+            .await
+            .is_some_and(|(_, r, m)| r == "Held" && m.contains(&ignored))
+    })
+    .await;
+    assert!(env.exists::<Tfm>("web-1").await);
+    env.abandon::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", long()).await;
     let inputs = env
         .secrets()
@@ -509,6 +525,83 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
     env.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recreated_object_ignores_the_earlier_deletion_bookkeeping_and_records_what_it_adopts() {
+    // The first destroy fails, so that the new object's deletion can be looked at.
+    let mut env = machine_env("rebirth", 1, FAST).await;
+    let saved = env.object::<Tfm>("web-1").await.expect("object");
+    let old_uid = saved.metadata.uid.clone().expect("uid");
+    let lineage = match env.read_state(Kind::TerraformMachine, "web-1").await {
+        captf::state::StateContent::Parsed { lineage, .. } => lineage,
+        other => panic!("the applied state reads as {other:?}"),
+    };
+    env.stop_manager().await;
+    env.delete::<Tfm>("web-1").await;
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip");
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    // Recreated from a YAML saved while the earlier object's cleanup ran (its bookkeeping
+    // written under its uid), adopting the state without a recorded fingerprint.
+    let mut again = saved.clone();
+    again.metadata.uid = None;
+    again.metadata.resource_version = None;
+    again.metadata.creation_timestamp = None;
+    again.metadata.finalizers = None;
+    again.status = None;
+    let ann = again
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    ann.remove(names::STATE_LINEAGE);
+    ann.remove(names::STATE_SERIAL);
+    for (k, v) in [
+        (names::ADOPT, "true"),
+        (names::CLEANUP_STARTED, names::CLEANUP_DESTROYED),
+        (names::DESTROY_ATTEMPT, "1"),
+        (names::DELETION_UID, old_uid.as_str()),
+    ] {
+        ann.insert(k.to_string(), v.to_string());
+    }
+    env.api::<Tfm>()
+        .create(&Default::default(), &again)
+        .await
+        .expect("recreate");
+    env.start_manager();
+    env.wait_finalizer::<Tfm>("web-1").await;
+    env.delete::<Tfm>("web-1").await;
+    // Not a cleanup of a state that lists instances: the new object's own first attempt,
+    // which fails once.
+    env.wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
+        .await;
+    let now = env.object::<Tfm>("web-1").await.expect("object");
+    let ann = now.metadata.annotations.clone().unwrap_or_default();
+    // Its attempts count from 1 (attempt 2 may have started since attempt 1 failed).
+    assert!(
+        matches!(
+            ann.get(names::DESTROY_ATTEMPT).map(String::as_str),
+            Some("1" | "2")
+        ),
+        "{ann:?}"
+    );
+    assert_eq!(ann.get(names::DELETION_UID), now.metadata.uid.as_ref());
+    assert_eq!(ann.get(names::CLEANUP_STARTED), None);
+    // What it adopted is recorded, and checked from now on.
+    assert_eq!(ann.get(names::STATE_LINEAGE), Some(&lineage));
+    assert!(ann.contains_key(names::STATE_SERIAL), "{ann:?}");
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(
+        env.destroyed("web-1"),
+        "the adopted state's instances are destroyed"
+    );
+    env.shutdown().await;
+}
+
 async fn machine_with(tag: &str, module_body: &str) -> Env {
     Env::with_machine(tag, module_body, FAST).await
 }
@@ -647,8 +740,7 @@ async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_aband
         env.secret_exists(&names::inputs_secret_name("web-1.tfm"))
             .await
     );
-    env.annotate::<Tfm>("web-1", &[(names::ABANDON, Some("true".into()))])
-        .await;
+    env.abandon::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", long()).await;
     let copies: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(env.client.clone(), &env.manager_ns);
@@ -667,6 +759,100 @@ async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_aband
             .is_none()
     })
     .await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_move_that_left_the_objects_to_the_garbage_collector_destroys_nothing() {
+    // Installed with kustomize, CAPTF's kinds are not moved by clusterctl: it pauses the
+    // Cluster, strips its finalizers and deletes it, and the garbage collector deletes
+    // the TerraformMachine it owned. The infrastructure now belongs to the target.
+    let env = machine_env("gc-move", 0, FAST).await;
+    let jobs_before = env.jobs_created();
+    env.move_cluster_away("prod").await;
+    let msg = env
+        .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
+        .await;
+    assert!(
+        msg.contains("Cluster prod")
+            && msg.contains("no longer exists")
+            && msg.contains("runbooks/OwnerGone.md"),
+        "{msg}"
+    );
+    let (status, reason, _) = env
+        .condition::<Tfm>("web-1", "DeletionBlocked")
+        .await
+        .expect("DeletionBlocked");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "OwnerGone"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.jobs_created(), jobs_before, "no destroy Job");
+    assert!(!env.destroyed("web-1"));
+    // An operator who means it names the object, and the destroy runs.
+    let uid = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.uid)
+        .expect("uid");
+    env.annotate::<Tfm>("web-1", &[(names::DESTROY_WITHOUT_OWNER, Some(uid))])
+        .await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_machine_owner_taken_first_holds_the_destroy() {
+    // A TerraformMachine owned by its Machine (as Cluster API makes it), whose Machine
+    // went first (its finalizer stripped): the garbage collector deletes the object.
+    let env = machine_env("machine-gone", 0, FAST).await;
+    let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        &env.ns,
+        &kube::api::ApiResource {
+            group: "cluster.x-k8s.io".into(),
+            version: "v1beta2".into(),
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: "Machine".into(),
+            plural: "machines".into(),
+        },
+    );
+    let machine: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "web-1", "namespace": env.ns}, "spec": {}
+    }))
+    .expect("machine");
+    let machine = machines
+        .create(&Default::default(), &machine)
+        .await
+        .expect("create machine");
+    let muid = machine.metadata.uid.clone().expect("uid");
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"ownerReferences": [
+                {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "web-1", "uid": muid, "controller": true}
+            ]}})),
+        )
+        .await
+        .expect("owned by the machine");
+    let jobs_before = env.jobs_created();
+    machines
+        .delete("web-1", &kube::api::DeleteParams::background())
+        .await
+        .expect("delete machine");
+    let msg = env
+        .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
+        .await;
+    assert!(
+        msg.contains(&format!("Machine web-1 (uid {muid}) no longer exists")),
+        "{msg}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.jobs_created(), jobs_before, "no destroy Job");
+    env.abandon::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(!env.destroyed("web-1"));
     env.shutdown().await;
 }
 

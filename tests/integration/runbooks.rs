@@ -577,6 +577,38 @@ async fn runbook_destroy_cannot_start() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_owner_gone() {
+    const RB: &str = "runbooks/OwnerGone.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let env = machine("rb-owner-gone", 0, Duration::from_millis(300)).await;
+    wait_protected(&env, &names::state_secret_name(&suffix)).await;
+    // clusterctl move took the Cluster; the garbage collector deletes the object.
+    env.move_cluster_away("prod").await;
+    let msg = wait_deleting(&env, "DestroyCannotStart").await;
+    assert!(msg.contains("runbooks/OwnerGone.md"), "{msg}");
+    let run = run_runbook(&env, RB).await;
+    assert!(
+        run.stdout
+            .contains("OwnerGone: its Cluster API owner is gone"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("Cluster prod uid="), "{}", run.stdout);
+    assert!(!env.exists::<Tfm>("web-1").await, "released");
+    assert!(!env.destroyed("web-1"), "nothing destroyed");
+    assert_eq!(env.jobs_created(), 0, "no destroy Job");
+    assert!(
+        run.stdout.contains(&format!(
+            "{} abandoned-at=",
+            names::state_secret_name(&suffix)
+        )),
+        "{}",
+        run.stdout
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_abandon() {
     const RB: &str = "runbooks/Abandon.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");

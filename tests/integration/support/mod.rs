@@ -110,6 +110,86 @@ pub struct Env {
     /// The `timeoutSeconds` (the Job's `activeDeadlineSeconds`) of the inputs written
     /// from now on: 120 on `captf-envtest`, 900 on an outside cluster (image pulls).
     pub job_timeout_seconds: i64,
+    /// Cluster API's part in a deletion (see [`capi_stand_in`]).
+    pub capi: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The finalizer Cluster API's Cluster controller keeps on a Cluster until its
+/// infrastructure is gone; the test Clusters carry it on the local control plane.
+pub const CAPI_CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
+
+/// What Cluster API's controllers do when a Cluster is deleted, for the tests' clusters,
+/// which run none of them: the Cluster stays (its finalizer) while the CAPTF
+/// objects it owns are deleted, and goes once they are gone. Deleting a Cluster, or its
+/// namespace, then tears down in Cluster API's order: an owner never goes before its
+/// infrastructure (CAPTF holds an object whose owner is gone, as after clusterctl move).
+async fn capi_stand_in(client: Client, ns: String) {
+    async fn owned_left<K>(api: Api<K>, owner: &str) -> Option<usize>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let list = api.list(&Default::default()).await.ok()?;
+        let mut left = 0;
+        for o in list.items {
+            let owned = o
+                .meta()
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.uid == owner);
+            if !owned {
+                continue;
+            }
+            left += 1;
+            if o.meta().deletion_timestamp.is_none() {
+                let name = o.meta().name.clone().unwrap_or_default();
+                let _ = api.delete(&name, &DeleteParams::background()).await;
+            }
+        }
+        Some(left)
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let clusters = cluster_api(&client, &ns);
+        let Ok(list) = clusters.list(&Default::default()).await else {
+            continue;
+        };
+        for c in list.items {
+            let finalizers = c.metadata.finalizers.clone().unwrap_or_default();
+            if c.metadata.deletion_timestamp.is_none()
+                || !finalizers.iter().any(|f| f == CAPI_CLUSTER_FINALIZER)
+            {
+                continue;
+            }
+            let uid = c.metadata.uid.clone().unwrap_or_default();
+            let left = [
+                owned_left(
+                    Api::<TerraformCluster>::namespaced(client.clone(), &ns),
+                    &uid,
+                )
+                .await,
+                owned_left(
+                    Api::<TerraformMachine>::namespaced(client.clone(), &ns),
+                    &uid,
+                )
+                .await,
+                owned_left(
+                    Api::<TerraformMachinePool>::namespaced(client.clone(), &ns),
+                    &uid,
+                )
+                .await,
+            ];
+            if left.iter().all(|l| *l == Some(0)) {
+                let rest: Vec<String> = finalizers
+                    .into_iter()
+                    .filter(|f| f != CAPI_CLUSTER_FINALIZER)
+                    .collect();
+                let name = c.metadata.name.clone().unwrap_or_default();
+                let patch = Patch::Merge(json!({"metadata": {"finalizers": rest}}));
+                let _ = clusters.patch(&name, &PatchParams::default(), &patch).await;
+            }
+        }
+    }
 }
 
 /// The kubeconfig of an outside cluster to run the end-to-end tests against
@@ -191,16 +271,38 @@ fn rand_suffix() -> String {
 
 /// The minimal CAPI `Cluster` CRD the tests need when Cluster API is not installed.
 fn cluster_crd() -> CustomResourceDefinition {
+    capi_crd("Cluster")
+}
+
+/// A minimal CRD of one of Cluster API's kinds (schema-less, as far as CAPTF cares).
+fn capi_crd(kind: &str) -> CustomResourceDefinition {
+    let plural = format!("{}s", kind.to_lowercase());
     serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "clusters.cluster.x-k8s.io"},
+        "metadata": {"name": format!("{plural}.cluster.x-k8s.io")},
         "spec": {"group": "cluster.x-k8s.io", "scope": "Namespaced",
-            "names": {"kind": "Cluster", "plural": "clusters", "singular": "cluster", "listKind": "ClusterList"},
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
             "versions": [{"name": "v1beta2", "served": true, "storage": true,
                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
                 "subresources": {"status": {}}}]}
     }))
-    .expect("cluster CRD")
+    .expect("Cluster API CRD")
+}
+
+/// Cluster API's Machine and MachinePool kinds, which own machines and pools.
+async fn install_machine_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for kind in ["Machine", "MachinePool"] {
+        let crd = capi_crd(kind);
+        if crds
+            .get_opt(&crd.name_any())
+            .await
+            .expect("get CRD")
+            .is_none()
+        {
+            let _ = crds.create(&PostParams::default(), &crd).await;
+        }
+    }
 }
 
 async fn create_namespace(client: &Client, name: &str, labels: BTreeMap<String, String>) {
@@ -265,6 +367,9 @@ async fn install_crds(client: &Client, with_cluster_crd: bool) {
     {
         let _ = crds.create(&PostParams::default(), &cluster_crd()).await;
     }
+    if with_cluster_crd {
+        install_machine_crds(client).await;
+    }
     // Custom resources are served a moment after their CRD is established.
     wait_for("the CRDs to be served", Duration::from_secs(60), || async {
         Api::<TerraformMachine>::all(client.clone())
@@ -295,6 +400,7 @@ pub async fn install_cluster_crd(client: &Client) {
     crds.create(&PostParams::default(), &cluster_crd())
         .await
         .expect("create the Cluster CRD");
+    install_machine_crds(client).await;
     wait_for("Clusters to be served", Duration::from_secs(60), || async {
         Api::<DynamicObject>::all_with(client.clone(), &cluster_resource())
             .list(&ListParams::default().limit(1))
@@ -389,6 +495,9 @@ impl Env {
             Cluster::Envtest(_) => 120,
             Cluster::External(_) => 900,
         };
+        // Both on the local control plane and on an outside cluster, where the tests
+        // install Cluster API's Cluster kind themselves and run none of its controllers.
+        let capi = Some(tokio::spawn(capi_stand_in(client.clone(), ns.clone())));
         Env {
             cluster,
             client,
@@ -400,6 +509,7 @@ impl Env {
             ns,
             manager_ns,
             job_timeout_seconds,
+            capi,
         }
     }
 
@@ -459,6 +569,9 @@ impl Env {
     /// deletes them (a test that panicked leaves them for inspection: README, "Tests").
     pub async fn shutdown(mut self) {
         self.stop_manager().await;
+        if let Some(capi) = self.capi.take() {
+            capi.abort();
+        }
         self.witness.stop();
         for ns in [&self.ns, &self.manager_ns] {
             strip_finalizers(&self.client, ns).await;
@@ -475,9 +588,12 @@ impl Env {
 
     /// Creates the CAPI Cluster `name`; returns its uid.
     pub async fn create_cluster(&self, name: &str) -> String {
+        // With the finalizer Cluster API's controller keeps until the infrastructure is
+        // gone (see [`capi_stand_in`]).
+        let finalizers = [CAPI_CLUSTER_FINALIZER];
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": {"name": name, "namespace": self.ns}, "spec": {}
+            "metadata": {"name": name, "namespace": self.ns, "finalizers": finalizers}, "spec": {}
         }))
         .expect("cluster");
         let created = self
@@ -719,7 +835,40 @@ impl Env {
             .expect("annotate");
     }
 
-    /// Deletes the CAPI Cluster; the garbage collector deletes the objects it owns.
+    /// Sets the abandon annotation as the runbook does: to the object's uid.
+    pub async fn abandon<K: TerraformObject>(&self, name: &str) {
+        let uid = self
+            .object::<K>(name)
+            .await
+            .and_then(|o| o.meta().uid.clone())
+            .expect("uid");
+        self.annotate::<K>(name, &[(names::ABANDON, Some(uid))])
+            .await;
+    }
+
+    /// What `clusterctl move` does to the source Cluster when CAPTF's kinds were not moved
+    /// (a kustomize install without the clusterctl label on the CRDs): pauses it, strips
+    /// its finalizers and deletes it; the garbage collector then deletes the CAPTF objects
+    /// it owned.
+    pub async fn move_cluster_away(&self, name: &str) {
+        let clusters = self.cluster_api();
+        for patch in [
+            json!({"spec": {"paused": true}}),
+            json!({"metadata": {"finalizers": null}}),
+        ] {
+            clusters
+                .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .expect("patch cluster");
+        }
+        clusters
+            .delete(name, &DeleteParams::background())
+            .await
+            .expect("delete cluster");
+    }
+
+    /// Deletes the CAPI Cluster. It stays while the objects it owns are deleted, as
+    /// Cluster API does ([`capi_stand_in`]).
     pub async fn delete_cluster(&self, name: &str) {
         self.cluster_api()
             .delete(name, &DeleteParams::background())
