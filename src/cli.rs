@@ -38,7 +38,8 @@ pub enum Command {
     /// Work with Terraform state Secrets.
     #[command(subcommand)]
     State(StateCommand),
-    /// List state, inputs and backup Secrets whose object is gone.
+    /// List the Secrets CAPTF wrote for objects that are gone (state, inputs, backup,
+    /// errored states, abandoned copies).
     Orphans(OrphansArgs),
 }
 
@@ -47,6 +48,10 @@ pub struct OrphansArgs {
     /// Look in one namespace (all by default).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+    /// The manager's namespace, where an abandon in a terminating namespace leaves its
+    /// copies (looked at with -n).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "captf-system")]
+    pub manager_namespace: String,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: Output,
@@ -335,7 +340,7 @@ fn run_restore(args: &RestoreArgs) -> Result<(), Misuse> {
 
 fn run_orphans(args: &OrphansArgs) -> Result<(), Misuse> {
     let list = with_client(async |client, _| {
-        crate::tools::orphans(&client, args.namespace.as_deref())
+        crate::tools::orphans(&client, args.namespace.as_deref(), &args.manager_namespace)
             .await
             .map_err(|e| Misuse(e.to_string()))
     })?;
@@ -344,14 +349,18 @@ fn run_orphans(args: &OrphansArgs) -> Result<(), Misuse> {
         Output::Text if list.is_empty() => println!("no orphaned CAPTF Secrets"),
         Output::Text => {
             println!(
-                "{:<20} {:<50} {:<10} {:<22} {:<20} ABANDONED-AT",
+                "{:<20} {:<50} {:<19} {:<22} {:<20} ABANDONED-AT",
                 "NAMESPACE", "SECRET", "ROLE", "KIND", "NAME"
             );
             for o in &list {
+                let secret = match &o.secret_namespace {
+                    Some(there) => format!("{there}/{}", o.secret),
+                    None => o.secret.clone(),
+                };
                 println!(
-                    "{:<20} {:<50} {:<10} {:<22} {:<20} {}",
+                    "{:<20} {:<50} {:<19} {:<22} {:<20} {}",
                     o.namespace,
-                    o.secret,
+                    secret,
                     o.role,
                     o.kind,
                     o.name,
@@ -441,11 +450,14 @@ fn run_inspect(args: &InspectArgs) -> Result<(), Misuse> {
     })?;
     let interrupted = annotations.contains_key(names::APPLY_INTERRUPTED);
     let only: Vec<Secret> = secrets.into_iter().map(|(_, s)| s).collect();
-    let content = state::read(
+    let (content, stale_parts) = state::read_noting(
         &StateSecrets::from_secrets(&base_name, &only),
         state::DEFAULT_DECOMPRESSION_CAP,
     );
-    let verdict = state::classify_named(&base_name, &content, recorded.as_ref(), interrupted);
+    let mut verdict = state::classify_named(&base_name, &content, recorded.as_ref(), interrupted);
+    if let Some(note) = stale_parts.filter(|_| verdict.readable) {
+        verdict.message = format!("{}; {note}", verdict.message);
+    }
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&verdict)?),
         Output::Text => {

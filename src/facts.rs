@@ -66,6 +66,10 @@ pub struct Observed {
     pub cluster_kind_unknown: Option<String>,
     pub crd_deleting: bool,
     pub namespace_terminating: bool,
+    /// The Pods of the object (or of an earlier namesake) still terminating after their
+    /// grace period, by name: where they are stuck (their node and its state). A node
+    /// that is lost never confirms that a Pod stopped, and the Job waits for it.
+    pub stuck_pods: BTreeMap<String, String>,
     /// The Cluster API owners (Cluster, Machine, MachinePool, by ownerReference) that no
     /// longer exist or exist with another uid, described for the message; looked at only
     /// during a deletion (see [`owners_gone`]).
@@ -241,7 +245,7 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
     let state = match &o.state {
         None => StateFacts::NotRead,
         Some(secrets) => {
-            let content = state::read(secrets, settings.decompression_cap);
+            let (content, stale_parts) = state::read_noting(secrets, settings.decompression_cap);
             let base = secrets.base_name.clone();
             if !matches!(content, state::StateContent::Missing) && !applied && !own_lineage {
                 // An orphaned state of an earlier object with this name, not adopted:
@@ -261,6 +265,35 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
                         state::classify_named(&base, &content, recorded.as_ref(), interrupted)
                     }
                     Err(problem) => bad_fingerprint(&base, &content, problem),
+                };
+                // Terraform's backend selects the state by labels: another Secret with
+                // them all is read by Terraform as part of this state, so the two would
+                // not destroy against the same state.
+                let selector = inputs::state_selector(
+                    o.kind,
+                    &name,
+                    o.meta.uid.as_deref().unwrap_or_default(),
+                );
+                let strangers = secrets.strangers(&selector);
+                let verdict = if strangers.is_empty() {
+                    verdict
+                } else {
+                    Verdict {
+                        readable: false,
+                        reason: StateReason::StateInconsistent,
+                        message: format!(
+                            "Secret(s) {} carry every label Terraform's backend selects state Secret {base} by: Terraform would read them together with it (and fail, or destroy against another state) while CAPTF reads {base} alone; delete them, or remove their tfstate label (see runbooks/StateInconsistent.md)",
+                            strangers.join(", ")
+                        ),
+                        ..verdict
+                    }
+                };
+                let verdict = match stale_parts {
+                    Some(note) if verdict.readable => Verdict {
+                        message: format!("{}; {note}", verdict.message),
+                        ..verdict
+                    },
+                    _ => verdict,
                 };
                 let facts = state_facts(&verdict, &names::state_secret_name(&suffix));
                 extras.verdict = Some(verdict);
@@ -337,7 +370,7 @@ fn pause_cause(o: &Observed) -> Option<PauseCause> {
 }
 
 fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
-    let mut out = unfinished_of(&o.jobs, &o.pods, &o.job_refusals, None);
+    let mut out = unfinished_of(&o.jobs, &o.pods, &o.job_refusals, &o.stuck_pods, None);
     let earlier = format!(
         "of an earlier {} {}",
         o.kind.as_str(),
@@ -347,6 +380,7 @@ fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
         &o.earlier_jobs,
         &o.earlier_pods,
         &BTreeMap::new(),
+        &o.stuck_pods,
         Some(&earlier),
     ));
     out
@@ -358,13 +392,33 @@ fn unfinished_of(
     jobs: &[Job],
     pods: &[Pod],
     refusals: &BTreeMap<String, String>,
+    stuck: &BTreeMap<String, String>,
     whose: Option<&str>,
 ) -> Vec<UnfinishedJob> {
+    // A Pod stuck terminating: named with its node, whoever's it is.
+    let stuck_note = |p: &Pod| {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        stuck.get(&name).map(|node| {
+            let note = format!(
+                "its Pod {name} is still terminating past its grace period on {node}: the Job waits until the node confirms the Pod stopped; force-delete the Pod only once that node is confirmed gone (see runbooks/WaitingForJob.md)"
+            );
+            match whose {
+                Some(w) => format!("{w}; {note}"),
+                None => note,
+            }
+        })
+    };
     let mut out = Vec::new();
     for j in jobs {
         if let JobOutcome::Unfinished { waiting_reason } = job::outcome(j, pods) {
             let name = j.metadata.name.clone().unwrap_or_default();
-            let detail = if let Some(whose) = whose {
+            let stuck_pod = pods
+                .iter()
+                .filter(|p| job::pod_of_job(j, p))
+                .find_map(&stuck_note);
+            let detail = if let Some(note) = stuck_pod {
+                Some(note)
+            } else if let Some(whose) = whose {
                 Some(whose.to_string())
             } else if job::suspended(j) {
                 Some("the Job is suspended (spec.suspend: true; a queue such as Kueue starts it once it admits it)".to_string())
@@ -395,7 +449,7 @@ fn unfinished_of(
                     "{} Pod of a deleted",
                     label(&p.metadata, names::LABEL_OPERATION).unwrap_or("unknown")
                 ),
-                detail: whose.map(str::to_string),
+                detail: stuck_note(p).or_else(|| whose.map(str::to_string)),
             });
         }
     }
@@ -425,13 +479,8 @@ fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
             reason, error_tail, ..
         }) => LastAttempt::Failed {
             at: failed_at.or(Some(o.now)),
-            error: match error_tail.filter(|t| !t.trim().is_empty()) {
-                Some(t) => job::failure_text(
-                    &t,
-                    &job.and_then(|j| j.metadata.name.clone())
-                        .unwrap_or_default(),
-                    o.meta.namespace.as_deref().unwrap_or_default(),
-                ),
+            error: match job {
+                Some(j) => job::failure_message(&reason, error_tail.as_deref(), j, &o.pods),
                 None => reason,
             },
         },
@@ -649,6 +698,7 @@ mod tests {
             job_refusals: BTreeMap::new(),
             crd_deleting: false,
             namespace_terminating: false,
+            stuck_pods: BTreeMap::new(),
             owners_gone: vec![],
             jobs: vec![],
             pods: vec![],
@@ -1124,5 +1174,59 @@ mod tests {
             .get_or_insert_with(Default::default)
             .insert(names::DESTROY_WITHOUT_OWNER.into(), "true".into());
         assert!(matches!(blocker(&o), Some(Blocker::OwnerGone(_))));
+    }
+
+    #[test]
+    fn a_secret_terraform_would_select_with_the_state_makes_it_inconsistent() {
+        let mut o = observed(
+            Kind::TerraformMachine,
+            &[(names::APPLIED_AT, "2026-11-30T10:00:00Z")],
+        );
+        let secrets = machine_state("l-1", 4, 2);
+        let selector = inputs::state_selector(Kind::TerraformMachine, "prod", "uid-1");
+        let base = names::state_secret_name("prod.tfm");
+        let copy = |labels: &BTreeMap<String, String>| Secret {
+            metadata: ObjectMeta {
+                name: Some(format!("{base}-bak")),
+                labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        // A copy under an earlier object's uid is not selected by this object's runner.
+        let mut earlier = selector.clone();
+        earlier.insert(names::LABEL_OWNER_UID.into(), "uid-0".into());
+        let with = |c: Secret| {
+            let mut all = vec![c];
+            all.push(Secret {
+                metadata: ObjectMeta {
+                    name: Some(base.clone()),
+                    ..Default::default()
+                },
+                data: Some(
+                    [(
+                        "tfstate".to_string(),
+                        ByteString(secrets.base.clone().expect("base")),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            });
+            StateSecrets::from_secrets(&base, &all)
+        };
+        o.state = Some(with(copy(&earlier)));
+        let (d, _, _) = decide(&o, &Settings::default());
+        assert_eq!(d.row, Some(9), "readable: its inputs are missing");
+        // With every label Terraform selects by: held, naming the copy.
+        o.state = Some(with(copy(&selector)));
+        let (d, f, _) = decide(&o, &Settings::default());
+        assert_eq!((d.row, d.action), (Some(6), Action::Hold));
+        match f.state {
+            StateFacts::Unreadable {
+                why: Unreadable::Inconsistent,
+                message,
+            } => assert!(message.contains(&format!("{base}-bak")), "{message}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -506,6 +506,22 @@ pub fn owner_labels(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, Strin
     ])
 }
 
+/// The labels the runner's backend configuration adds to every state Secret it writes
+/// (its `labels` setting): the owner labels and the move label.
+pub fn backend_labels(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, String> {
+    let mut labels = owner_labels(kind, name, uid);
+    labels.insert(names::CLUSTERCTL_MOVE_LABEL.to_string(), String::new());
+    labels
+}
+
+/// Everything Terraform's backend selects this object's state Secrets by: its own labels
+/// and the configured ones ([`backend_labels`]).
+pub fn state_selector(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, String> {
+    let mut labels = names::terraform_state_labels(&names::state_suffix(kind, name));
+    labels.extend(backend_labels(kind, name, uid));
+    labels
+}
+
 /// The inputs Secret as the apply path writes it: `captf-inputs-<suffix>` with key
 /// `inputs.json` (canonical bytes), the protection finalizer, the move label and the owner
 /// labels, and no ownerReference (garbage collection must not take it while the object is

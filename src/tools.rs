@@ -99,20 +99,17 @@ pub async fn restore(
     }
 
     let chunks = state::chunk(&gzip);
-    let mut labels: BTreeMap<String, String> = [
-        ("app.kubernetes.io/managed-by", "terraform"),
-        (names::TF_LABEL_STATE, "true"),
-        (names::TF_LABEL_SUFFIX, suffix.as_str()),
-        (names::TF_LABEL_WORKSPACE, names::TF_WORKSPACE),
-        (names::CLUSTERCTL_MOVE_LABEL, ""),
-        (names::LABEL_OWNER_KIND, kind.as_str()),
-        (names::LABEL_OWNER_NAME, name.as_str()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    if let Some(uid) = obj_meta.as_ref().and_then(|m| m.uid.clone()) {
-        labels.insert(names::LABEL_OWNER_UID.into(), uid);
+    // Every label Terraform's backend selects the state by: its own, and the owner and
+    // move labels the runner configures (the owner name as a valid label value, however
+    // long the name; the uid when the object exists).
+    let mut labels = names::terraform_state_labels(&suffix);
+    match obj_meta.as_ref().and_then(|m| m.uid.clone()) {
+        Some(uid) => labels.extend(crate::inputs::backend_labels(kind, &name, &uid)),
+        None => {
+            let mut owner = crate::inputs::backend_labels(kind, &name, "");
+            owner.remove(names::LABEL_OWNER_UID);
+            labels.extend(owner);
+        }
     }
     // Parts first, then the base, then parts the new state no longer has: a reader never
     // sees a base that points past the parts written.
@@ -277,68 +274,120 @@ async fn object_meta(
 #[derive(Clone, Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
 pub struct Orphan {
+    /// The object's namespace (for an abandoned copy, the namespace it came from).
     pub namespace: String,
     pub secret: String,
-    /// `state`, `state-part`, `inputs` or `backup`.
+    /// The Secret's own namespace, when it is not the object's (an abandoned copy in the
+    /// manager's namespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_namespace: Option<String>,
+    /// `state`, `state-part`, `inputs`, `backup`, `backup-part`, `errored`,
+    /// `abandoned-copy` or `abandoned-copy-part`.
     pub role: String,
     pub kind: String,
+    /// The owner-name label: the object's name, cut and hashed when longer than 63.
     pub name: String,
+    /// The owner's uid, when the Secret carries it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
     pub abandoned_at: Option<String>,
 }
 
-/// `captf orphans`: state, inputs and backup Secrets whose object is gone.
-pub async fn orphans(client: &Client, ns: Option<&str>) -> Result<Vec<Orphan>, ToolError> {
+/// `captf orphans`: every Secret CAPTF writes for an object (state and parts, inputs,
+/// backup and parts, errored states, and the copies an abandon made in the manager's
+/// namespace) whose object is gone. An object is found by the owner uid the Secret
+/// carries, or, for a Secret of an earlier object of the same namespace, kind and name
+/// (which the new one may adopt), by those.
+pub async fn orphans(
+    client: &Client,
+    ns: Option<&str>,
+    manager_ns: &str,
+) -> Result<Vec<Orphan>, ToolError> {
+    // The objects there are: by uid, and by namespace, kind and owner-name label value.
+    let mut uids = std::collections::BTreeSet::new();
+    let mut namesakes = std::collections::BTreeSet::new();
+    let mut note = |meta: &ObjectMeta, kind: Kind| {
+        if let Some(uid) = &meta.uid {
+            uids.insert(uid.clone());
+        }
+        namesakes.insert((
+            meta.namespace.clone().unwrap_or_default(),
+            kind,
+            crate::inputs::name_label_value(meta.name.as_deref().unwrap_or_default()),
+        ));
+    };
+    macro_rules! objects_of {
+        ($k:ty) => {{
+            let api: Api<$k> = match ns {
+                Some(n) => Api::namespaced(client.clone(), n),
+                None => Api::all(client.clone()),
+            };
+            for o in api.list_metadata(&ListParams::default()).await?.items {
+                note(&o.metadata, <$k as TerraformObject>::KIND);
+            }
+        }};
+    }
+    objects_of!(TerraformCluster);
+    objects_of!(TerraformMachine);
+    objects_of!(TerraformMachinePool);
+
     let secrets: Api<Secret> = match ns {
         Some(n) => Api::namespaced(client.clone(), n),
         None => Api::all(client.clone()),
     };
-    let mut candidates: BTreeMap<String, Secret> = BTreeMap::new();
+    let mut candidates: BTreeMap<String, ObjectMeta> = BTreeMap::new();
+    let mut add = |items: Vec<kube::core::PartialObjectMeta<Secret>>| {
+        for s in items {
+            let key = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+            candidates.insert(key, s.metadata);
+        }
+    };
     for selector in [
         format!("{}=true", names::TF_LABEL_STATE),
         names::LABEL_OWNER_KIND.to_string(),
     ] {
-        for s in secrets
+        add(secrets
             .list_metadata(&ListParams::default().labels(&selector))
             .await?
-            .items
-        {
-            let key = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
-            candidates.insert(
-                key,
-                Secret {
-                    metadata: s.metadata,
-                    ..Default::default()
-                },
-            );
-        }
+            .items);
+    }
+    // The copies an abandon made in the manager's namespace, of this namespace's objects.
+    // (Listing every namespace finds them already.)
+    if let Some(n) = ns.filter(|n| *n != manager_ns) {
+        let selector = format!("{}={n}", names::LABEL_SOURCE_NAMESPACE);
+        add(Api::<Secret>::namespaced(client.clone(), manager_ns)
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await?
+            .items);
     }
     let mut out = Vec::new();
-    let mut exists_cache: BTreeMap<(String, Kind, String), bool> = BTreeMap::new();
-    for s in candidates.values() {
-        let namespace = s.namespace().unwrap_or_default();
-        let secret = s.name_any();
-        let Some((role, kind, name)) = owner_of_secret(s) else {
+    for meta in candidates.values() {
+        let Some((role, kind, name)) = owner_of_secret(meta) else {
             continue;
         };
-        let key = (namespace.clone(), kind, name.clone());
-        let exists = match exists_cache.get(&key) {
-            Some(e) => *e,
-            None => {
-                let e = object_meta(client, &namespace, kind, &name)
-                    .await?
-                    .is_some();
-                exists_cache.insert(key, e);
-                e
-            }
-        };
-        if !exists {
+        let labels = meta.labels.clone().unwrap_or_default();
+        let uid = labels.get(names::LABEL_OWNER_UID).cloned();
+        let secret_ns = meta.namespace.clone().unwrap_or_default();
+        let object_ns = labels
+            .get(names::LABEL_SOURCE_NAMESPACE)
+            .cloned()
+            .unwrap_or_else(|| secret_ns.clone());
+        let owned = uid.as_ref().is_some_and(|u| uids.contains(u))
+            || namesakes.contains(&(object_ns.clone(), kind, name.clone()));
+        if !owned {
             out.push(Orphan {
-                namespace,
-                secret,
+                secret_namespace: (secret_ns != object_ns).then_some(secret_ns),
+                namespace: object_ns,
+                secret: meta.name.clone().unwrap_or_default(),
                 role,
                 kind: kind.as_str().to_string(),
                 name,
-                abandoned_at: s.annotations().get(names::ABANDONED_AT).cloned(),
+                uid,
+                abandoned_at: meta
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(names::ABANDONED_AT))
+                    .cloned(),
             });
         }
     }
@@ -346,20 +395,23 @@ pub async fn orphans(client: &Client, ns: Option<&str>) -> Result<Vec<Orphan>, T
     Ok(out)
 }
 
-/// Which object a Secret belongs to, and its role, from labels and names.
-fn owner_of_secret(s: &Secret) -> Option<(String, Kind, String)> {
-    let labels = s.labels();
-    let name = s.name_any();
-    let role = if name.starts_with("captf-inputs-") {
-        "inputs"
-    } else if name.starts_with("captf-backup-") {
-        "backup"
-    } else if name.starts_with("tfstate-") && name.contains("-part-") {
-        "state-part"
-    } else if name.starts_with("tfstate-") {
-        "state"
-    } else {
-        return None;
+/// Which object a Secret belongs to (kind and owner-name label value), and its role, from
+/// its labels and name.
+fn owner_of_secret(meta: &ObjectMeta) -> Option<(String, Kind, String)> {
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    let name = meta.name.as_deref().unwrap_or_default();
+    let part = name.contains("-part-");
+    let role = match name {
+        n if n.starts_with("captf-inputs-") => "inputs",
+        n if n.starts_with("captf-backup-") && part => "backup-part",
+        n if n.starts_with("captf-backup-") => "backup",
+        n if n.starts_with("captf-errored-") => "errored",
+        n if n.starts_with("captf-abandoned-") && part => "abandoned-copy-part",
+        n if n.starts_with("captf-abandoned-") => "abandoned-copy",
+        n if n.starts_with("tfstate-") && part => "state-part",
+        n if n.starts_with("tfstate-") => "state",
+        _ => return None,
     };
     if let (Some(k), Some(n)) = (
         labels.get(names::LABEL_OWNER_KIND),

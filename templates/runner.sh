@@ -13,6 +13,7 @@
 #   module-source          the module's source address (terraform init -from-module)
 #   terraform.lock.hcl     the provider lock file, when the inputs carry one
 # Environment: CAPTF_OPERATION, CAPTF_NAMESPACE, CAPTF_SUFFIX, CAPTF_ERRORED_SECRET,
+# CAPTF_JOB_NAME (the Job's name: a lock left by an earlier Pod of it is broken),
 # CAPTF_RENDER_DIR, CAPTF_WORKSPACE (an emptyDir: HOME, TF_DATA_DIR, TMPDIR and the
 # working copy live there, the root filesystem is read-only), and optionally
 # CAPTF_TERMINATION_LOG (default /dev/termination-log), CAPTF_API_SERVER (default
@@ -236,6 +237,29 @@ save_errored() {
     return 1
 }
 
+# stale_own_lock: whether the last Terraform command failed on a state lock held by an
+# earlier Pod of this same Job (its host name is the Job's Pod name prefix and five
+# characters, and it is not this Pod). With podReplacementPolicy Failed, the Job controller makes this Pod only
+# once that one has stopped, so its Terraform is gone and the lock is stale. Sets
+# LOCK_ID and LOCK_WHO.
+stale_own_lock() {
+    [ -n "${CAPTF_JOB_NAME:-}" ] || return 1
+    [ -s "$STDERR_LOG" ] || return 1
+    l_text=$(sed "s/${ESC}\[[0-9;?]*[A-Za-z]//g" "$STDERR_LOG")
+    case "$l_text" in *"Error acquiring the state lock"*) ;; *) return 1 ;; esac
+    LOCK_WHO=$(printf '%s\n' "$l_text" | sed -n 's/.*Who:[[:space:]]*//p' | head -n 1)
+    LOCK_ID=$(printf '%s\n' "$l_text" | sed -n 's/^[^A-Za-z]*ID:[[:space:]]*//p' | head -n 1)
+    l_host=${LOCK_WHO#*@}
+    l_me=$(hostname 2>/dev/null || printf '%s' "${HOSTNAME:-}")
+    [ -n "$LOCK_ID" ] && [ -n "$l_host" ] && [ "$l_host" != "$l_me" ] || return 1
+    # A Job's Pods are named "<job name>-" cut to 58 characters, and 5 random ones.
+    l_base=$(printf '%s-' "$CAPTF_JOB_NAME" | cut -c1-58)
+    case "$l_host" in
+        "$l_base"?????) return 0 ;;
+    esac
+    return 1
+}
+
 # tf_failed STEP STATUS: Terraform failed; report and exit.
 tf_failed() {
     tf_status=$(final_status "$2")
@@ -288,6 +312,13 @@ run_tf init -input=false -no-color -backend-config="$BACKEND" || tf_failed init 
 stop_if_signalled
 run_tf "$OP" -auto-approve -input=false -no-color -var-file="$VARS"
 status=$?
+if [ "$status" -ne 0 ] && [ -z "$SIGNALLED" ] && stale_own_lock; then
+    log "the state lock is held by $LOCK_WHO, an earlier Pod of this Job ($CAPTF_JOB_NAME), stopped by a disruption before its Terraform could unlock; the Job makes a new Pod only once the old one has stopped, so the lock is stale: breaking it"
+    if run_tf force-unlock -force "$LOCK_ID"; then
+        run_tf "$OP" -auto-approve -input=false -no-color -var-file="$VARS"
+        status=$?
+    fi
+fi
 
 # 4. A state Terraform could not save.
 if [ -f "$WORK/errored.tfstate" ]; then

@@ -34,6 +34,8 @@ pub const DELETION_UID: &str = "terraform.infrastructure.cluster.x-k8s.io/deleti
 /// runbooks/OwnerGone.md).
 pub const DESTROY_WITHOUT_OWNER: &str =
     "terraform.infrastructure.cluster.x-k8s.io/destroy-without-owner";
+/// On a copy an abandon made: the namespace and name of the Secret it copies.
+pub const COPIED_FROM: &str = "terraform.infrastructure.cluster.x-k8s.io/copied-from";
 pub const ADOPT: &str = "terraform.infrastructure.cluster.x-k8s.io/adopt";
 pub const INPUTS_SHA256: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-sha256";
 
@@ -46,6 +48,9 @@ pub const LABEL_OWNER_KIND: &str = "terraform.infrastructure.cluster.x-k8s.io/ow
 pub const LABEL_OWNER_NAME: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-name";
 pub const LABEL_OWNER_UID: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-uid";
 pub const LABEL_OPERATION: &str = "terraform.infrastructure.cluster.x-k8s.io/operation";
+/// On a copy an abandon made in the manager's namespace: the object's namespace.
+pub const LABEL_SOURCE_NAMESPACE: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/source-namespace";
 pub const LABEL_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/attempt";
 pub const OPERATION_APPLY: &str = "apply";
 pub const OPERATION_DESTROY: &str = "destroy";
@@ -67,6 +72,21 @@ pub const TF_STATE_KEY: &str = "tfstate";
 pub const TF_LABEL_STATE: &str = "tfstate";
 pub const TF_LABEL_SUFFIX: &str = "tfstateSecretSuffix";
 pub const TF_LABEL_WORKSPACE: &str = "tfstateWorkspace";
+pub const TF_LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// The labels Terraform's backend puts on a state Secret of `suffix`, and selects the
+/// state by (with its configured `labels` besides).
+pub fn terraform_state_labels(suffix: &str) -> std::collections::BTreeMap<String, String> {
+    [
+        (TF_LABEL_STATE, "true"),
+        (TF_LABEL_SUFFIX, suffix),
+        (TF_LABEL_WORKSPACE, TF_WORKSPACE),
+        (TF_LABEL_MANAGED_BY, "terraform"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
 /// Terraform cuts a state whose gzip exceeds this many bytes into part Secrets.
 pub const TF_CHUNK_SIZE: usize = 1_048_576;
 /// Annotation on Terraform's lock Lease with the lock's JSON.

@@ -1,6 +1,8 @@
-//! Leader election on a coordination.k8s.io Lease, so that two replicas are safe: the
-//! holder renews it; another replica takes over once it has not been renewed for the
-//! lease duration. Writes are guarded by the Lease's resourceVersion.
+//! Leader election on a coordination.k8s.io Lease, so that two replicas are safe, as
+//! client-go's leaderelection does it: the holder renews it, and steps down when it has
+//! not managed to for the renew deadline; another replica takes over once it has seen the
+//! same record, unchanged, for the lease duration on its own clock. Writes are guarded
+//! by the Lease's resourceVersion.
 
 use std::time::Duration;
 
@@ -10,81 +12,147 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 pub struct LeaderConfig {
     pub namespace: String,
     pub name: String,
     pub identity: String,
+    /// How long a Lease record must stay unchanged, as this replica sees it, before it may
+    /// take the Lease over.
     pub lease_duration: Duration,
+    /// How long the leader keeps leading without a successful renewal; shorter than the
+    /// lease duration, so that it has stopped before another replica may take over.
+    pub renew_deadline: Duration,
+    /// How often the Lease is tried or renewed.
     pub renew_every: Duration,
 }
 
-/// Tries once to take or renew the Lease; returns whether this replica holds it.
-pub async fn try_acquire(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bool, kube::Error> {
-    let now = Timestamp::now();
-    let secs = i32::try_from(cfg.lease_duration.as_secs()).unwrap_or(15);
-    match api.get_opt(&cfg.name).await? {
-        None => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(cfg.name.clone()),
-                    namespace: Some(cfg.namespace.clone()),
-                    ..Default::default()
-                },
-                spec: Some(LeaseSpec {
+/// What a replica saw of the Lease: its record as written, and when (on this replica's
+/// own monotonic clock) it first saw that record. Expiry is judged by how long the record
+/// has stayed the same here, never by comparing the holder's `renewTime` with the local
+/// wall clock, so a clock that is off on either side cannot take a healthy leader's Lease
+/// (client-go's rule).
+#[derive(Default)]
+pub struct Elector {
+    observed: Option<(Record, Instant)>,
+}
+
+/// The fields of a Lease that change when its holder renews it or another takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    holder: String,
+    renew_time: Option<Timestamp>,
+    acquire_time: Option<Timestamp>,
+    transitions: i32,
+    duration: i32,
+}
+
+impl Record {
+    fn of(spec: &LeaseSpec) -> Record {
+        Record {
+            holder: spec.holder_identity.clone().unwrap_or_default(),
+            renew_time: spec.renew_time.as_ref().map(|t| t.0),
+            acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            duration: spec.lease_duration_seconds.unwrap_or(0),
+        }
+    }
+}
+
+impl Elector {
+    pub fn new() -> Elector {
+        Elector::default()
+    }
+
+    /// Tries once to take or renew the Lease; returns whether this replica holds it.
+    pub async fn try_acquire(
+        &mut self,
+        api: &Api<Lease>,
+        cfg: &LeaderConfig,
+    ) -> Result<bool, kube::Error> {
+        let now = Timestamp::now();
+        let seen_at = Instant::now();
+        let secs = i32::try_from(cfg.lease_duration.as_secs())
+            .unwrap_or(15)
+            .max(1);
+        match api.get_opt(&cfg.name).await? {
+            None => {
+                let spec = LeaseSpec {
                     holder_identity: Some(cfg.identity.clone()),
                     lease_duration_seconds: Some(secs),
                     acquire_time: Some(MicroTime(now)),
                     renew_time: Some(MicroTime(now)),
                     lease_transitions: Some(0),
                     ..Default::default()
-                }),
-            };
-            match api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                Err(e) => Err(e),
+                };
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(cfg.name.clone()),
+                        namespace: Some(cfg.namespace.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(spec.clone()),
+                };
+                match api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => {
+                        self.observed = Some((Record::of(&spec), seen_at));
+                        Ok(true)
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                    Err(e) => Err(e),
+                }
             }
-        }
-        Some(mut lease) => {
-            let spec = lease.spec.clone().unwrap_or_default();
-            let holder = spec.holder_identity.clone().unwrap_or_default();
-            let renewed = spec
-                .renew_time
-                .as_ref()
-                .map(|t| t.0)
-                .unwrap_or(Timestamp::UNIX_EPOCH);
-            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(secs));
-            let expired = now.as_second() - renewed.as_second() > duration;
-            if holder != cfg.identity && !holder.is_empty() && !expired {
-                return Ok(false);
-            }
-            let mut new_spec = spec.clone();
-            if holder != cfg.identity {
-                new_spec.acquire_time = Some(MicroTime(now));
-                new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-            }
-            new_spec.holder_identity = Some(cfg.identity.clone());
-            new_spec.renew_time = Some(MicroTime(now));
-            new_spec.lease_duration_seconds = Some(secs);
-            lease.spec = Some(new_spec);
-            match api.replace(&cfg.name, &PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                Err(e) => Err(e),
+            Some(mut lease) => {
+                let spec = lease.spec.clone().unwrap_or_default();
+                let record = Record::of(&spec);
+                let since = match &self.observed {
+                    Some((r, at)) if *r == record => *at,
+                    _ => {
+                        self.observed = Some((record.clone(), seen_at));
+                        seen_at
+                    }
+                };
+                let duration = Duration::from_secs(
+                    u64::try_from(spec.lease_duration_seconds.unwrap_or(secs)).unwrap_or(15),
+                );
+                let expired = seen_at.duration_since(since) > duration;
+                let holder = record.holder.clone();
+                if holder != cfg.identity && !holder.is_empty() && !expired {
+                    return Ok(false);
+                }
+                let mut new_spec = spec.clone();
+                if holder != cfg.identity {
+                    new_spec.acquire_time = Some(MicroTime(now));
+                    new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                }
+                new_spec.holder_identity = Some(cfg.identity.clone());
+                new_spec.renew_time = Some(MicroTime(now));
+                new_spec.lease_duration_seconds = Some(secs);
+                lease.spec = Some(new_spec.clone());
+                match api.replace(&cfg.name, &PostParams::default(), &lease).await {
+                    Ok(_) => {
+                        self.observed = Some((Record::of(&new_spec), seen_at));
+                        Ok(true)
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                    Err(e) => Err(e),
+                }
             }
         }
     }
 }
 
 /// Waits until this replica leads, then keeps renewing in the background. The receiver
-/// turns `false` when leadership is lost; the manager then exits so that it restarts
-/// clean instead of acting on a Lease it no longer holds.
+/// turns `false` when leadership is lost (another replica holds the Lease, or no renewal
+/// succeeded for the renew deadline); the manager then exits so that it restarts clean
+/// instead of acting on a Lease it may no longer hold.
 pub async fn lead(client: Client, cfg: LeaderConfig) -> watch::Receiver<bool> {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    let mut elector = Elector::new();
     loop {
-        match try_acquire(&api, &cfg).await {
+        match elector.try_acquire(&api, &cfg).await {
             Ok(true) => break,
             Ok(false) => {}
             Err(e) => warn!(error = %e, "leader election: cannot read or write the Lease"),
@@ -94,23 +162,31 @@ pub async fn lead(client: Client, cfg: LeaderConfig) -> watch::Receiver<bool> {
     info!(identity = %cfg.identity, lease = %cfg.name, "became the leader");
     let (tx, rx) = watch::channel(true);
     tokio::spawn(async move {
-        let mut last_ok = tokio::time::Instant::now();
+        let mut last_ok = Instant::now();
         loop {
             tokio::time::sleep(cfg.renew_every).await;
-            match try_acquire(&api, &cfg).await {
-                Ok(true) => last_ok = tokio::time::Instant::now(),
-                Ok(false) => {
+            let tried = tokio::time::timeout(
+                cfg.renew_deadline.saturating_sub(last_ok.elapsed()),
+                elector.try_acquire(&api, &cfg),
+            )
+            .await;
+            match tried {
+                Ok(Ok(true)) => last_ok = Instant::now(),
+                Ok(Ok(false)) => {
                     warn!("leader election: another replica holds the Lease");
                     let _ = tx.send(false);
                     return;
                 }
-                Err(e) => {
-                    warn!(error = %e, "leader election: renewing failed");
-                    if last_ok.elapsed() > cfg.lease_duration {
-                        let _ = tx.send(false);
-                        return;
-                    }
-                }
+                Ok(Err(e)) => warn!(error = %e, "leader election: renewing failed"),
+                Err(_) => warn!("leader election: renewing did not answer in time"),
+            }
+            if last_ok.elapsed() >= cfg.renew_deadline {
+                warn!(
+                    deadline = ?cfg.renew_deadline,
+                    "leader election: no renewal within the renew deadline; stepping down"
+                );
+                let _ = tx.send(false);
+                return;
             }
         }
     });

@@ -148,6 +148,9 @@ pub struct Context {
     /// The API's refusal of the latest try to start an attempt, by object uid, until an
     /// attempt starts: shown in place of "attempt N is starting" while it lasts.
     pub refused: Mutex<HashMap<String, String>>,
+    /// The lineage and serial each object's backup was last seen or written to hold, by
+    /// uid: a pass that reads the same state again need not look at the backup.
+    pub backups: Mutex<HashMap<String, (String, u64)>>,
 }
 
 impl Context {
@@ -178,7 +181,24 @@ impl Context {
             rbac_creating: tokio::sync::Mutex::new(()),
             released: Released::default(),
             refused: Mutex::default(),
+            backups: Mutex::default(),
         }
+    }
+
+    /// What object `uid`'s backup holds, as last seen or written.
+    pub fn backed_up(&self, uid: &str) -> Option<(String, u64)> {
+        self.backups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .cloned()
+    }
+
+    pub fn set_backed_up(&self, uid: &str, lineage: &str, serial: u64) {
+        self.backups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_string(), (lineage.to_string(), serial));
     }
 
     fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
@@ -651,7 +671,8 @@ pub async fn run(
             name: "captf-manager-leader".into(),
             identity: cfg.identity.clone(),
             lease_duration: cfg.lease_duration,
-            renew_every: cfg.lease_duration / 3,
+            renew_deadline: cfg.lease_duration * 2 / 3,
+            renew_every: cfg.lease_duration / 5,
         };
         leadership = Some(leader::lead(client.clone(), lc).await);
     }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
@@ -218,6 +218,7 @@ async fn observe_rounds<K: TerraformObject>(
         crd_deleting,
         namespace_terminating,
         owners_gone,
+        stuck_pods: BTreeMap::new(),
         jobs,
         pods: Vec::new(),
         earlier_jobs,
@@ -249,9 +250,60 @@ async fn observe_rounds<K: TerraformObject>(
     };
     let (pods, secrets) = futures::try_join!(pods, secrets)?;
     (o.pods, o.earlier_pods) = split_namesakes(pods, &uid);
+    o.stuck_pods = stuck_pods(&client, o.pods.iter().chain(o.earlier_pods.iter()), o.now).await?;
     o.job_refusals = job_refusals(&client, &ns, &o.jobs, &o.pods, o.now).await?;
     o.now = Timestamp::now();
     Ok((o, secrets))
+}
+
+/// The Pods still terminating after their grace period (their `deletionTimestamp` has
+/// passed and a container has not stopped), with their node and the node's state: a lost
+/// node never confirms that a Pod stopped, and its Job waits. Nodes are read only for such
+/// Pods.
+async fn stuck_pods<'a>(
+    client: &Client,
+    pods: impl Iterator<Item = &'a Pod>,
+    now: Timestamp,
+) -> Result<BTreeMap<String, String>, Error> {
+    let mut out = BTreeMap::new();
+    for p in pods {
+        let Some(deleted) = &p.metadata.deletion_timestamp else {
+            continue;
+        };
+        if deleted.0 > now || crate::state::lock::pod_terminated(p) {
+            continue;
+        }
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        let text = match node {
+            None => "no node (it was never scheduled)".to_string(),
+            Some(n) => match Api::<Node>::all(client.clone()).get_opt(&n).await {
+                Ok(None) => format!("node {n}, which no longer exists"),
+                Ok(Some(node)) => {
+                    let ready = node
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .find(|c| c.type_ == "Ready");
+                    match ready {
+                        Some(c) => format!(
+                            "node {n} (Ready={}{}{})",
+                            c.status,
+                            c.reason.map(|r| format!(" {r}")).unwrap_or_default(),
+                            c.last_transition_time
+                                .map(|t| format!(" since {}", t.0))
+                                .unwrap_or_default()
+                        ),
+                        None => format!("node {n} (it reports no Ready condition)"),
+                    }
+                }
+                Err(e) => format!("node {n} (its state cannot be read: {e})"),
+            },
+        };
+        out.insert(name, text);
+    }
+    Ok(out)
 }
 
 /// The unfinished Jobs that have no Pod (none made yet, or each refused).
@@ -454,12 +506,13 @@ async fn read_chunked_with_meta(
     let meta = base_secret.metadata.clone();
     let mut found = vec![base_secret];
     match listed {
-        Some(items) => found.extend(items.into_iter().filter(|s| {
-            s.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| names::part_index(base, n).is_some())
-        })),
+        // Every Secret listed by the suffix label: the parts, and any other Secret that
+        // Terraform's backend would select with them.
+        Some(items) => found.extend(
+            items
+                .into_iter()
+                .filter(|s| s.metadata.name.as_deref() != Some(base)),
+        ),
         None => {
             let mut n = 1;
             while let Some(s) = secrets.get_opt(&names::part_secret_name(base, n)).await? {

@@ -91,7 +91,23 @@ pub async fn reconcile<K: TerraformObject>(
         let cluster = facts::owning_cluster(obj.meta());
         let request = owner_request(obj.as_ref(), &suffix, cluster.as_deref(), n, inputs);
         match job::render(&ctx.templates, &request) {
-            Ok(j) => job = Some((j, job::secret_labels(&request))),
+            // Before the attempt, the state's Secrets get every label Terraform's backend
+            // selects them by, its own included (a state restored by hand may lack one,
+            // and Terraform would then find no state and write an empty one over it).
+            Ok(j) => match job::attempt_secret(&ctx.templates, &request) {
+                Ok(secret) => {
+                    let uid = obj.meta().uid.as_deref().unwrap_or_default();
+                    job = Some((
+                        j,
+                        secret,
+                        crate::inputs::state_selector(K::KIND, &obj.name_any(), uid),
+                    ));
+                }
+                Err(e) => {
+                    facts.blocker = Some(Blocker::JobDoesNotRender(e.to_string()));
+                    decision = rules::decide(&facts);
+                }
+            },
             Err(e) => {
                 facts.blocker = Some(Blocker::JobDoesNotRender(e.to_string()));
                 decision = rules::decide(&facts);
@@ -111,7 +127,7 @@ pub async fn reconcile<K: TerraformObject>(
     };
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
-    if bookkeeping(
+    let kept = bookkeeping(
         &ctx,
         &api,
         obj.as_ref(),
@@ -120,17 +136,26 @@ pub async fn reconcile<K: TerraformObject>(
         &facts,
         &decision,
     )
-    .await?
-    {
+    .await?;
+    if kept.written {
         // The object changed; the next pass decides on fresh facts.
         return Ok(Requeue::requeue(Duration::ZERO));
     }
+    // A part too new to protect yet is looked at again soon.
+    let resync = if kept.young_parts {
+        REFUSED_RETRY
+    } else {
+        RESYNC
+    };
     // Our status write changes the resourceVersion; the guarded writes that follow in
     // this pass (write-ahead attempt, cleanup marker, release) test the new one when
     // nothing but the status changed, instead of failing on their own status write and
     // redoing the pass.
-    // The cleanup writes its status itself, after its marker.
-    let obj = if decision.action == Action::CleanUp {
+    // The cleanup writes its status itself, after its marker; so does an abandon in a
+    // terminating namespace, after its copies are made and verified (until then it is
+    // not abandoning, and a failure is shown instead).
+    let copies_first = decision.action == Action::Abandon && observed.namespace_terminating;
+    let obj = if decision.action == Action::CleanUp || copies_first {
         obj
     } else {
         match write_status(&api, obj.as_ref(), &shown).await? {
@@ -147,18 +172,25 @@ pub async fn reconcile<K: TerraformObject>(
     }
 
     match decision.action {
-        Action::NotDeleting => Ok(Requeue::requeue(RESYNC)),
+        Action::NotDeleting => Ok(Requeue::requeue(resync)),
         // A Job without a Pod changes nothing the manager watches while the Job controller
         // keeps failing to make its Pod: look again soon, for its FailedCreate Events.
+        // Nor while a Pod is terminating: once its grace period is over, a Pod still there
+        // is stuck (a lost node), and the message names it.
         Action::WaitForJob
             if observe::podless(&observed.jobs, &observed.pods)
                 .next()
-                .is_some() =>
+                .is_some()
+                || observed
+                    .pods
+                    .iter()
+                    .chain(observed.earlier_pods.iter())
+                    .any(|p| p.metadata.deletion_timestamp.is_some()) =>
         {
             Ok(Requeue::requeue(REFUSED_RETRY))
         }
         Action::BookkeepingOnly | Action::WaitForJob | Action::WaitForDependents => {
-            Ok(Requeue::requeue(RESYNC))
+            Ok(Requeue::requeue(resync))
         }
         Action::Hold => {
             ctx.metrics.held.inc(&[
@@ -179,7 +211,7 @@ pub async fn reconcile<K: TerraformObject>(
                 &decision.deleting().message,
             )
             .await;
-            Ok(Requeue::requeue(RESYNC))
+            Ok(Requeue::requeue(resync))
         }
         Action::RemoveFinalizer => {
             release(&ctx, &api, obj.as_ref()).await?;
@@ -195,7 +227,7 @@ pub async fn reconcile<K: TerraformObject>(
             Ok(Requeue::await_change())
         }
         Action::StartDestroy | Action::RetryLater => match (decision.start_attempt, job) {
-            (Some(n), Some((job, labels))) => {
+            (Some(n), Some((job, secret, labels))) => {
                 let started = start_attempt(
                     &ctx,
                     &api,
@@ -203,7 +235,7 @@ pub async fn reconcile<K: TerraformObject>(
                     &observed,
                     &extras,
                     n,
-                    job,
+                    (job, secret),
                     &labels,
                 )
                 .await;
@@ -235,6 +267,11 @@ pub async fn reconcile<K: TerraformObject>(
                 }
             }
             _ => {
+                // Between attempts, the backup follows the state a failed attempt left.
+                if let (Some(state), Some(fp)) = (&observed.state, readable_fingerprint(&extras)) {
+                    let suffix = names::state_suffix(K::KIND, &obj.name_any());
+                    ensure_backup(&ctx, obj.as_ref(), &ns, &suffix, state, fp).await?;
+                }
                 let wait = decision
                     .next_retry_at
                     .map(|at| until(at, facts.now))
@@ -244,6 +281,24 @@ pub async fn reconcile<K: TerraformObject>(
         },
         Action::CleanUp => {
             cleanup(&ctx, &api, obj.as_ref(), &observed, &decision).await?;
+            Ok(Requeue::await_change())
+        }
+        Action::Abandon if copies_first => {
+            let suffix = names::state_suffix(K::KIND, &obj.name_any());
+            let ns = obj.namespace().unwrap_or_default();
+            if let Err(e) = copy_out(&ctx, obj.as_ref(), &ns, &suffix).await {
+                let why = e.to_string();
+                warn!(%why, "the abandon's copies could not be made; nothing is released");
+                write_status(&api, obj.as_ref(), &copy_failed(&decision, &ctx, &ns, &why)).await?;
+                return Ok(Requeue::requeue(REFUSED_RETRY));
+            }
+            let obj = match write_status(&api, obj.as_ref(), &shown).await? {
+                Some(written) if writes::only_status_changed(obj.as_ref(), &written) => {
+                    Arc::new(written)
+                }
+                _ => obj,
+            };
+            abandon(&ctx, &api, obj.as_ref(), &observed, &extras).await?;
             Ok(Requeue::await_change())
         }
         Action::Abandon => {
@@ -264,9 +319,17 @@ fn until(at: Timestamp, now: Timestamp) -> Duration {
     Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0))
 }
 
+/// What the bookkeeping of a pass did.
+struct Kept {
+    /// The object was written: the next pass decides on fresh facts.
+    written: bool,
+    /// A state part was too new to protect (see [`protect_state`]).
+    young_parts: bool,
+}
+
 /// Records Job outcomes on the object (destroy failure time, interrupted apply), keeps
-/// block-move while a Job is unfinished or the object is being deleted, and keeps only
-/// the last three finished destroy Jobs. Returns whether the object was written.
+/// block-move while a Job is unfinished or the object is being deleted, keeps only the
+/// last three finished destroy Jobs, and protects the state.
 async fn bookkeeping<K: TerraformObject>(
     ctx: &Context,
     api: &Api<K>,
@@ -275,7 +338,7 @@ async fn bookkeeping<K: TerraformObject>(
     state_meta: &StateMeta,
     facts: &Facts,
     decision: &Decision,
-) -> Result<bool, Error> {
+) -> Result<Kept, Error> {
     let mut edits: Vec<(&str, Option<String>)> = Vec::new();
     let suffix = names::state_suffix(K::KIND, &obj.name_any());
 
@@ -321,12 +384,7 @@ async fn bookkeeping<K: TerraformObject>(
             ctx.metrics
                 .destroy_failures
                 .inc(&[K::KIND.as_str(), &reason]);
-            let text = match error_tail.filter(|t| !t.trim().is_empty()) {
-                Some(t) => {
-                    job::failure_text(&t, &j.name_any(), &obj.namespace().unwrap_or_default())
-                }
-                None => reason,
-            };
+            let text = job::failure_message(&reason, error_tail.as_deref(), j, &o.pods);
             publish(
                 ctx,
                 obj,
@@ -396,59 +454,97 @@ async fn bookkeeping<K: TerraformObject>(
 
     prune_destroy_jobs(ctx, o, facts.attempt).await?;
     // Not while a Job of the object runs: Terraform writes the state with the
-    // resourceVersion it read, and a finalizer added in between fails that write.
+    // resourceVersion it read, and a finalizer added in between fails that write. Nor on
+    // the parts when this pass starts a Job, which takes their finalizer off again.
+    let mut young_parts = false;
     if facts.cleanup.is_none() && facts.unfinished_jobs.is_empty() {
-        protect_state(ctx, o, state_meta, &suffix).await?;
+        let parts = decision.start_attempt.is_none();
+        young_parts = protect_state(ctx, obj, o, state_meta, &suffix, parts).await?;
     }
 
     let ops = annotation_ops(obj.meta(), &edits);
-    Ok(guarded_patch(api, obj.meta(), ops).await?.is_some())
+    Ok(Kept {
+        written: guarded_patch(api, obj.meta(), ops).await?.is_some(),
+        young_parts,
+    })
 }
 
-/// Puts the protection finalizer on the base state Secret, and on its parts once the
-/// namespace is terminating (before that, Terraform deletes parts itself when a state
-/// shrinks, and a part lingering in deletion would corrupt the next read). The base's
-/// metadata is read again unless this pass read the state.
-async fn protect_state(
+/// A part Secret younger than this is not protected yet: Terraform makes a new part with
+/// a create and then an update, and a finalizer added in between fails its write. (Only
+/// a Terraform run outside CAPTF's Jobs can be writing when no Job runs.)
+const PART_SETTLES: i64 = 10;
+
+/// Puts the protection finalizer on the base state Secret and, with `parts`, on its part
+/// Secrets: whenever no Job of the object runs, so that a namespace deletion, which
+/// deletes every Secret in one call, leaves the whole state. (While a Job runs they stay
+/// off the parts: Terraform deletes parts itself when a state shrinks, and a part held in
+/// deletion would corrupt the next read; the backup is the protected copy then.) Uses
+/// the metadata this pass read with the state, or lists the base and parts by
+/// Terraform's suffix label. Returns whether a part was left for being too new.
+async fn protect_state<K: TerraformObject>(
     ctx: &Context,
+    obj: &K,
     o: &Observed,
     state_meta: &StateMeta,
     suffix: &str,
-) -> Result<(), Error> {
+    parts: bool,
+) -> Result<bool, Error> {
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let base = names::state_secret_name(suffix);
-    let mut targets = vec![base.clone()];
-    if o.namespace_terminating {
-        let mut n = 1;
-        while secrets
-            .get_metadata_opt(&names::part_secret_name(&base, n))
-            .await?
-            .is_some()
-        {
-            targets.push(names::part_secret_name(&base, n));
-            n += 1;
+    let metas: Vec<kube::api::ObjectMeta> = match (&o.state, state_meta) {
+        (Some(state), Some(_)) => state.metas.values().cloned().collect(),
+        _ => {
+            let lp = ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
+            let mut found: Vec<kube::api::ObjectMeta> = secrets
+                .list_metadata(&lp)
+                .await?
+                .items
+                .into_iter()
+                .map(|m| m.metadata)
+                .filter(|m| {
+                    m.name
+                        .as_deref()
+                        .is_some_and(|n| n == base || names::part_index(&base, n).is_some())
+                })
+                .collect();
+            // A base restored by hand may lack the label.
+            if !found
+                .iter()
+                .any(|m| m.name.as_deref() == Some(base.as_str()))
+                && annotation(obj, names::APPLIED_AT).is_some()
+                && let Some(m) = secrets.get_metadata_opt(&base).await?
+            {
+                found.push(m.metadata);
+            }
+            found
         }
-    }
-    for name in targets {
-        let meta = match state_meta {
-            Some(read) if name == base => read.clone(),
-            _ => secrets.get_metadata_opt(&name).await?.map(|m| m.metadata),
-        };
-        let Some(meta) = meta else {
-            continue;
-        };
-        if meta.deletion_timestamp.is_some() {
+    };
+    let mut young = false;
+    for meta in metas {
+        let is_base = meta.name.as_deref() == Some(base.as_str());
+        if meta.deletion_timestamp.is_some() || !(is_base || parts) {
             continue;
         }
         let ops = writes::add_finalizer_ops(&meta, names::PROTECT_FINALIZER);
+        if ops.is_empty() {
+            continue;
+        }
+        let age = meta
+            .creation_timestamp
+            .as_ref()
+            .map(|t| o.now.as_second() - t.0.as_second());
+        if !is_base && age.is_some_and(|a| a < PART_SETTLES) {
+            young = true;
+            continue;
+        }
         match guarded_patch(&secrets, &meta, ops).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(young)
 }
 
 /// Keeps the last three finished destroy Jobs for their logs; older ones go. Only
@@ -549,7 +645,7 @@ async fn start_attempt<K: TerraformObject>(
     o: &Observed,
     extras: &Extras,
     n: u32,
-    job: Job,
+    (job, secret): (Job, Secret),
     backend_labels: &BTreeMap<String, String>,
 ) -> Result<Requeue, Error> {
     let ns = obj.namespace().unwrap_or_default();
@@ -558,8 +654,14 @@ async fn start_attempt<K: TerraformObject>(
     // other, so their requests run at once.
     let backup_and_labels = async {
         if let Some(state) = &o.state {
+            let backup = async {
+                match readable_fingerprint(extras) {
+                    Some(fp) => ensure_backup(ctx, obj, &ns, &suffix, state, fp).await,
+                    None => Ok(()),
+                }
+            };
             futures::try_join!(
-                ensure_backup(ctx, obj, &ns, &suffix, state),
+                backup,
                 ensure_backend_labels(ctx, &ns, state, backend_labels),
             )?;
         }
@@ -589,19 +691,36 @@ async fn start_attempt<K: TerraformObject>(
     ];
     let written = guarded_patch(api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-    let created = writes::create_if_absent(&jobs, &job).await?;
-    if !created {
-        // The name is taken. By this attempt's own Job (a restart): nothing to do. By a
-        // Job of an earlier object of this name: move on to the next number.
-        let existing = jobs.get_opt(&job.name_any()).await?;
-        let foreign = existing
-            .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != obj.meta().uid.as_ref());
-        if foreign {
-            let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
-            let bump = [(names::DESTROY_ATTEMPT, Some((n + 1).to_string()))];
-            guarded_patch(api, current, annotation_ops(current, &bump)).await?;
-            return Ok(Requeue::requeue(Duration::ZERO));
-        }
+    // The name is taken by a Job of an earlier object of this name: move on to the next
+    // number (its Secret, of the same name, is that Job's). By this attempt's own Job (a
+    // restart): it is made already.
+    let existing = jobs.get_metadata_opt(&job.name_any()).await?;
+    if existing
+        .as_ref()
+        .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != obj.meta().uid.as_ref())
+    {
+        let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
+        let bump = [(names::DESTROY_ATTEMPT, Some((n + 1).to_string()))];
+        guarded_patch(api, current, annotation_ops(current, &bump)).await?;
+        return Ok(Requeue::requeue(Duration::ZERO));
+    }
+    // The attempt's Secret (the variables) first, then the Job, which then owns it.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    writes::create_if_absent(&secrets, &secret).await?;
+    let created = existing.is_none() && writes::create_if_absent(&jobs, &job).await?;
+    if let Some(j) = jobs.get_metadata_opt(&job.name_any()).await?
+        && let Some(job_uid) = j.metadata.uid
+    {
+        let owner = json!({"metadata": {"ownerReferences": [{
+            "apiVersion": "batch/v1", "kind": "Job", "name": job.name_any(), "uid": job_uid
+        }]}});
+        secrets
+            .patch(
+                &secret.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(owner),
+            )
+            .await?;
     }
     if created {
         ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
@@ -618,9 +737,10 @@ async fn start_attempt<K: TerraformObject>(
     Ok(Requeue::requeue(RESYNC))
 }
 
-/// Terraform's backend finds the state's Secrets by its labels, the `labels` setting
-/// included: a state Secret lacking one (restored by hand, or written by an apply with
-/// other labels) would read as no state, and the destroy would find nothing to destroy.
+/// Terraform's backend finds the state's Secrets by its labels, its own and the `labels`
+/// setting: a state Secret lacking one (restored by hand, or written by an apply with
+/// other labels) reads as no state, Terraform then writes an empty state over the base
+/// (by name), and the destroy finds nothing to destroy.
 async fn ensure_backend_labels(
     ctx: &Context,
     ns: &str,
@@ -638,7 +758,7 @@ async fn ensure_backend_labels(
         let Some(meta) = secrets.get_metadata_opt(&name).await? else {
             continue;
         };
-        let have = meta.metadata.labels.unwrap_or_default();
+        let have = meta.metadata.labels.clone().unwrap_or_default();
         let missing: BTreeMap<&String, &String> = labels
             .iter()
             .filter(|(k, v)| have.get(*k) != Some(*v))
@@ -649,48 +769,128 @@ async fn ensure_backend_labels(
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                 .await?;
         }
+        // A part keeps no finalizer while the Job runs: Terraform deletes the parts a
+        // shrinking state no longer has.
+        if name != state.base_name {
+            let ops = remove_finalizer_ops(&meta.metadata, names::PROTECT_FINALIZER);
+            if !ops.is_empty() {
+                let current = secrets.get_metadata_opt(&name).await?;
+                if let Some(current) = current {
+                    let ops = remove_finalizer_ops(&current.metadata, names::PROTECT_FINALIZER);
+                    guarded_patch(&secrets, &current.metadata, ops).await?;
+                }
+            }
+        }
     }
     Ok(())
 }
 
-/// Copies the state it read into the backup Secret(s) before the first attempt.
+/// The lineage and serial of the state this pass read, when it is readable.
+fn readable_fingerprint(extras: &Extras) -> Option<(&str, u64)> {
+    let v = extras.verdict.as_ref().filter(|v| v.readable)?;
+    Some((v.lineage.as_deref()?, v.serial?))
+}
+
+/// Keeps the backup Secret(s) a copy of the latest readable state this object's passes
+/// read: written before the first attempt, and again whenever a pass reads a newer serial
+/// of the same lineage (a backup of another lineage is never overwritten). The backup
+/// carries the lineage and serial it holds; a backup without them (written by an older
+/// version) is replaced only when the object's recorded fingerprint names the lineage.
 async fn ensure_backup<K: TerraformObject>(
     ctx: &Context,
     obj: &K,
     ns: &str,
     suffix: &str,
     state: &StateSecrets,
+    fingerprint: (&str, u64),
 ) -> Result<(), Error> {
+    let (lineage, serial) = fingerprint;
+    let uid = obj.meta().uid.clone().unwrap_or_default();
+    if ctx.backed_up(&uid) == Some((lineage.to_string(), serial)) {
+        return Ok(());
+    }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let base = names::backup_secret_name(suffix);
-    if secrets.get_metadata_opt(&base).await?.is_some() {
-        return Ok(());
+    let existing = secrets.get_metadata_opt(&base).await?;
+    if let Some(existing) = &existing {
+        let ann = existing.metadata.annotations.clone().unwrap_or_default();
+        let held_serial = ann
+            .get(names::STATE_SERIAL)
+            .and_then(|v| v.parse::<u64>().ok());
+        let replace = match (ann.get(names::STATE_LINEAGE), held_serial) {
+            (Some(l), Some(n)) => l == lineage && n < serial,
+            _ => annotation(obj, names::STATE_LINEAGE) == Some(lineage),
+        };
+        if !replace {
+            if ann.get(names::STATE_LINEAGE).map(String::as_str) == Some(lineage)
+                && held_serial == Some(serial)
+            {
+                ctx.set_backed_up(&uid, lineage, serial);
+            }
+            return Ok(());
+        }
     }
     let Some(joined) = state.joined() else {
         return Ok(());
     };
     let chunks = state::chunk(&joined);
-    // Parts first, the base last: a base present means the backup is complete.
+    // Parts first, the base last: the base names the lineage and serial of what its parts
+    // hold, and a base present means the backup is complete.
     for (i, chunk) in chunks.iter().enumerate().skip(1).rev() {
-        let s = backup_secret(obj, ns, &names::part_secret_name(&base, i as u32), chunk);
-        writes::create_if_absent(&secrets, &s).await?;
+        let s = backup_secret(
+            obj,
+            ns,
+            &names::part_secret_name(&base, i as u32),
+            chunk,
+            None,
+        );
+        writes::create_or_replace(&secrets, &s).await?;
     }
     if let Some(first) = chunks.first() {
-        writes::create_if_absent(&secrets, &backup_secret(obj, ns, &base, first)).await?;
+        let s = backup_secret(obj, ns, &base, first, Some((lineage, serial)));
+        writes::create_or_replace(&secrets, &s).await?;
     }
+    // Parts an earlier, larger backup had.
+    let mut n = chunks.len().max(1) as u32;
+    while secrets
+        .get_metadata_opt(&names::part_secret_name(&base, n))
+        .await?
+        .is_some()
+    {
+        let part = names::part_secret_name(&base, n);
+        if let Some(m) = secrets.get_metadata_opt(&part).await? {
+            let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
+            let _ = guarded_patch(&secrets, &m.metadata, ops).await;
+        }
+        writes::delete_if_present(&secrets, &part).await?;
+        n += 1;
+    }
+    ctx.set_backed_up(&uid, lineage, serial);
     Ok(())
 }
 
-fn backup_secret<K: TerraformObject>(obj: &K, ns: &str, name: &str, chunk: &[u8]) -> Secret {
+fn backup_secret<K: TerraformObject>(
+    obj: &K,
+    ns: &str,
+    name: &str,
+    chunk: &[u8],
+    holds: Option<(&str, u64)>,
+) -> Secret {
     let mut labels = owner_labels(obj);
     labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
+    let mut annotations: BTreeMap<String, String> =
+        [("encoding".to_string(), "gzip".to_string())].into();
+    if let Some((lineage, serial)) = holds {
+        annotations.insert(names::STATE_LINEAGE.into(), lineage.into());
+        annotations.insert(names::STATE_SERIAL.into(), serial.to_string());
+    }
     Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
             labels: Some(labels),
             finalizers: Some(vec![names::PROTECT_FINALIZER.into()]),
-            annotations: Some([("encoding".to_string(), "gzip".to_string())].into()),
+            annotations: Some(annotations),
             ..Default::default()
         },
         data: Some(
@@ -944,7 +1144,7 @@ async fn abandon<K: TerraformObject>(
         .unwrap_or_else(|| "the state was not read".into());
 
     if o.namespace_terminating {
-        copy_out(ctx, obj, &ns, &suffix, &described).await?;
+        announce_copies(ctx, obj, &ns, &suffix, &described).await;
     }
     let mut current = obj.clone();
     if facts::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_none() {
@@ -1001,70 +1201,145 @@ async fn abandon<K: TerraformObject>(
     release(ctx, api, &current).await
 }
 
-/// In a terminating namespace the kept Secrets would go with it: copy the joined state and
-/// the inputs into the manager's namespace first, and write the Event there.
+/// The decision shown when an abandon in a terminating namespace cannot make its copies:
+/// held, with the API's message, nothing released.
+fn copy_failed(decision: &Decision, ctx: &Context, ns: &str, why: &str) -> Decision {
+    let mut d = decision.clone();
+    d.conditions[0] = conditions::Desired::new(
+        conditions::DELETING,
+        conditions::Status::True,
+        conditions::reason::HELD,
+        format!(
+            "the abandon cannot finish: copying the state, inputs and backup Secrets to namespace {} before namespace {} goes failed: {why}; nothing is released and the copy is tried again every {}s; see {}",
+            ctx.manager_namespace,
+            ns,
+            REFUSED_RETRY.as_secs(),
+            rules::RUNBOOK_ABANDON
+        ),
+    );
+    let shown = format!(
+        "the object is being deleted: {}: {}",
+        d.conditions[0].reason, d.conditions[0].message
+    );
+    for c in d.conditions.iter_mut().skip(1) {
+        if c.type_ == conditions::READY {
+            c.message = shown.clone();
+        }
+    }
+    d
+}
+
+/// In a terminating namespace the kept Secrets would go with the namespace: before any
+/// protection comes off, each of them (the state and its parts, the inputs, the backup
+/// and its parts) is copied as it is, Secret for Secret, into the manager's namespace
+/// (`captf-abandoned-<namespace>-<suffix>`, `…-part-N`, `…-inputs`, `…-backup`,
+/// `…-backup-part-N`), and every copy is read back and compared with its source. Any
+/// failure is returned, and the abandon does not go on.
 async fn copy_out<K: TerraformObject>(
     ctx: &Context,
     obj: &K,
     ns: &str,
     suffix: &str,
-    described: &str,
 ) -> Result<(), Error> {
     let here: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let there: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.manager_namespace);
     let base = names::abandoned_copy_name(ns, suffix);
-    let state =
-        observe::read_chunked(&here, &names::state_secret_name(suffix), Some(suffix)).await?;
-    let inputs = here.get_opt(&names::inputs_secret_name(suffix)).await?;
-    let joined = state.joined().unwrap_or_default();
-    let chunks = state::chunk(&joined);
     let mut labels = owner_labels(obj);
-    labels.insert(
-        "terraform.infrastructure.cluster.x-k8s.io/source-namespace".into(),
-        ns.into(),
-    );
-    for (i, chunk) in chunks.iter().enumerate() {
-        let name = if i == 0 {
-            base.clone()
-        } else {
-            names::part_secret_name(&base, i as u32)
-        };
-        let mut data: std::collections::BTreeMap<String, k8s_openapi::ByteString> = [(
-            names::TF_STATE_KEY.to_string(),
-            k8s_openapi::ByteString(chunk.to_vec()),
-        )]
-        .into();
-        let input = inputs
-            .as_ref()
-            .and_then(|s| s.data.as_ref())
-            .and_then(|d| d.get(names::INPUTS_KEY));
-        if i == 0
-            && let Some(input) = input
-        {
-            data.insert(names::INPUTS_KEY.into(), input.clone());
+    labels.insert(names::LABEL_SOURCE_NAMESPACE.into(), ns.into());
+    // Source → copy, by name.
+    let mut pairs = Vec::new();
+    for (source, copy) in [
+        (names::state_secret_name(suffix), base.clone()),
+        (names::backup_secret_name(suffix), format!("{base}-backup")),
+    ] {
+        for name in chunk_names(&here, &source).await? {
+            let target = match names::part_index(&source, &name) {
+                Some(n) => names::part_secret_name(&copy, n),
+                None => copy.clone(),
+            };
+            pairs.push((name, target));
         }
-        let s = Secret {
+    }
+    pairs.push((names::inputs_secret_name(suffix), format!("{base}-inputs")));
+    let now = Timestamp::now().to_string();
+    for (source, target) in &pairs {
+        let Some(original) = here.get_opt(source).await? else {
+            continue;
+        };
+        let mut annotations = original.metadata.annotations.clone().unwrap_or_default();
+        annotations.retain(|k, _| {
+            k == "encoding" || k == names::STATE_LINEAGE || k == names::STATE_SERIAL
+        });
+        annotations.insert(names::ABANDONED_AT.into(), now.clone());
+        annotations.insert(names::COPIED_FROM.into(), format!("{ns}/{source}"));
+        let copy = Secret {
             metadata: kube::api::ObjectMeta {
-                name: Some(name),
+                name: Some(target.clone()),
                 namespace: Some(ctx.manager_namespace.clone()),
                 labels: Some(labels.clone()),
-                annotations: Some(
-                    [(
-                        names::ABANDONED_AT.to_string(),
-                        Timestamp::now().to_string(),
-                    )]
-                    .into(),
-                ),
+                annotations: Some(annotations),
                 ..Default::default()
             },
-            data: Some(data),
+            data: original.data.clone(),
             ..Default::default()
         };
-        writes::create_if_absent(&there, &s).await?;
+        if !writes::create_if_absent(&there, &copy).await? {
+            // Made by an earlier pass: the same bytes, or made again from these.
+            let held = there.get_opt(target).await?;
+            if held.as_ref().and_then(|s| s.data.as_ref()) != original.data.as_ref() {
+                writes::create_or_replace(&there, &copy).await?;
+            }
+        }
+        let back = there.get_opt(target).await?;
+        if back.as_ref().and_then(|s| s.data.as_ref()) != original.data.as_ref() {
+            return Err(Error::Stale(format!(
+                "the copy {}/{target} of {ns}/{source} does not read back as written",
+                ctx.manager_namespace
+            )));
+        }
     }
-    if let Some(copy) = there.get_opt(&base).await? {
+    // The state, joined from the copies, reads as the original did.
+    let original =
+        observe::read_chunked(&here, &names::state_secret_name(suffix), Some(suffix)).await?;
+    let copied = observe::read_chunked(&there, &base, None).await?;
+    let cap = ctx.settings.decompression_cap;
+    let fingerprint = |c: state::StateContent| match c {
+        state::StateContent::Parsed {
+            lineage, serial, ..
+        } => Some((lineage, serial)),
+        _ => None,
+    };
+    let (a, b) = (
+        fingerprint(state::read(&original, cap)),
+        fingerprint(state::read(&copied, cap)),
+    );
+    if a != b {
+        return Err(Error::Stale(format!(
+            "the copied state {}/{base} reads as {b:?}, the state in {ns} as {a:?} (lineage, serial)",
+            ctx.manager_namespace
+        )));
+    }
+    Ok(())
+}
+
+/// The Warning Event of an abandon in a terminating namespace, on the copy in the
+/// manager's namespace (none can be made in a terminating one).
+async fn announce_copies<K: TerraformObject>(
+    ctx: &Context,
+    obj: &K,
+    ns: &str,
+    suffix: &str,
+    described: &str,
+) {
+    let there: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.manager_namespace);
+    let base = names::abandoned_copy_name(ns, suffix);
+    let target = match there.get_metadata_opt(&base).await {
+        Ok(Some(_)) => base.clone(),
+        _ => format!("{base}-inputs"),
+    };
+    if let Ok(Some(copy)) = there.get_opt(&target).await {
         let msg = format!(
-            "{}/{} abandoned while namespace {ns} terminates: its state and inputs were copied here as {base}; the state described: {described}",
+            "{}/{} abandoned while namespace {ns} terminates: its state, inputs and backup Secrets were copied here as {base}…; the state described: {described}",
             K::KIND,
             obj.name_any()
         );
@@ -1078,7 +1353,6 @@ async fn copy_out<K: TerraformObject>(
         )
         .await;
     }
-    Ok(())
 }
 
 /// Publishes an Event about the object; a failure to publish is logged, never fatal.

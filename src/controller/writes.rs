@@ -223,6 +223,35 @@ where
     }
 }
 
+/// Creates an object, or replaces the one of that name (its resourceVersion taken from a
+/// fresh read, so the replace fails rather than overwrite a change made in between).
+pub async fn create_or_replace<K>(api: &Api<K>, obj: &K) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    if create_if_absent(api, obj).await? {
+        return Ok(());
+    }
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let Some(current) = api.get_metadata_opt(&name).await? else {
+        return Err(Error::Stale(format!(
+            "{name} went while it was being replaced"
+        )));
+    };
+    let mut replacement = obj.clone();
+    replacement.meta_mut().resource_version = current.metadata.resource_version;
+    api.replace(
+        &name,
+        &kube::api::PostParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        },
+        &replacement,
+    )
+    .await?;
+    Ok(())
+}
+
 /// A merge patch of the status subresource; returns the object as written.
 pub async fn patch_status<K>(api: &Api<K>, name: &str, status: Value) -> Result<K, Error>
 where

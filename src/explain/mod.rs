@@ -209,6 +209,8 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         meta,
         spec: object.terraform().clone(),
         owners_gone,
+        // Nodes are not read from dumps: a Pod stuck on a lost node shows as unfinished.
+        stuck_pods: BTreeMap::new(),
         cluster,
         cluster_kind_unknown: None,
         job_refusals: Default::default(),

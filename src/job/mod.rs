@@ -14,11 +14,11 @@ mod runner_tests;
 pub(crate) mod testutil;
 
 pub use outcome::{
-    JobOutcome, attempt_of, error_summary, failure_text, finished_at, operation_of, outcome,
-    pod_of_job, suspended,
+    JobOutcome, RUNNER_NEVER_STARTED, attempt_of, error_summary, failure_message, failure_text,
+    finished_at, operation_of, outcome, pod_of_job, reason_text, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
-pub use render::{render, secret_labels};
+pub use render::{attempt_secret, render, secret_labels};
 pub use template::Templates;
 
 use crate::api::names::Kind;

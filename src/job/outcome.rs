@@ -190,6 +190,90 @@ fn main_pod<'a>(pods: &[&'a Pod]) -> Option<&'a Pod> {
         .or_else(|| newest(&mut pods.iter().copied()))
 }
 
+/// The failure reason of a Job whose deadline passed before any of its Pods ran the
+/// runner (refused by admission or a quota, an image that is not pulled, no node).
+pub const RUNNER_NEVER_STARTED: &str = "RunnerNeverStarted";
+
+/// The failure reason of a runner the kernel killed for exceeding its memory limit.
+pub const OOM_KILLED: &str = "OOMKilled";
+
+/// Whether the Pod's runner container ever started.
+fn runner_started(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.state
+                .as_ref()
+                .is_some_and(|st| st.running.is_some() || st.terminated.is_some())
+                || c.last_state
+                    .as_ref()
+                    .is_some_and(|st| st.running.is_some() || st.terminated.is_some())
+        })
+}
+
+/// The text of a failed attempt for the condition and the Event: what killed the runner
+/// when something did (its memory, a deadline before it ever ran), else a summary of
+/// Terraform's errors with where to read the rest, else the Job's reason.
+pub fn failure_message(reason: &str, error_tail: Option<&str>, job: &Job, pods: &[Pod]) -> String {
+    let ns = job.metadata.namespace.clone().unwrap_or_default();
+    let name = job.metadata.name.clone().unwrap_or_default();
+    match error_tail.filter(|t| !t.trim().is_empty()) {
+        Some(t) if reason != OOM_KILLED && reason != RUNNER_NEVER_STARTED => {
+            failure_text(t, &name, &ns)
+        }
+        _ => reason_text(reason, job, pods),
+    }
+}
+
+/// What an operator reads for a failure without Terraform output: the reason, or for a
+/// runner that never started, what kept it, and where to look.
+pub fn reason_text(reason: &str, job: &Job, pods: &[Pod]) -> String {
+    if reason == OOM_KILLED {
+        let limit = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| {
+                p.containers
+                    .iter()
+                    .find(|c| c.name == CONTAINER_NAME)
+                    .or(p.containers.first())
+            })
+            .and_then(|c| {
+                c.resources
+                    .as_ref()?
+                    .limits
+                    .as_ref()?
+                    .get("memory")
+                    .cloned()
+            });
+        let limit = match limit {
+            Some(q) => format!("its memory limit is {}", q.0),
+            None => "it has no memory limit, so the node ran out".to_string(),
+        };
+        return format!(
+            "the runner was killed for its memory use (OOMKilled; {limit}): raise resources.limits.memory of the runner container in the Job template (--templates-dir), or make the module load less"
+        );
+    }
+    if reason != RUNNER_NEVER_STARTED {
+        return reason.to_string();
+    }
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let ns = job.metadata.namespace.clone().unwrap_or_default();
+    let own: Vec<&Pod> = pods.iter().filter(|p| pod_of_job(job, p)).collect();
+    let why = match own.iter().find_map(|p| waiting_reason(p)) {
+        Some(w) => format!("its Pod waited with {w}"),
+        None if own.is_empty() => "no Pod was made (see the Job's FailedCreate Events)".to_string(),
+        None => "its Pod was never scheduled or started".to_string(),
+    };
+    format!(
+        "the runner Pod never started before the Job's deadline ({why}); Terraform did not run: kubectl describe job/{name} -n {ns}"
+    )
+}
+
 /// What became of `job`; `pods` may contain any Pods, this Job's are picked out.
 pub fn outcome(job: &Job, pods: &[Pod]) -> JobOutcome {
     let pods: Vec<&Pod> = pods.iter().filter(|p| pod_of_job(job, p)).collect();
@@ -206,6 +290,20 @@ pub fn outcome(job: &Job, pods: &[Pod]) -> JobOutcome {
         let interrupted = job_reason.as_deref() == Some("DeadlineExceeded")
             || deleting
             || pod.is_none_or(pod_interrupted);
+        // The runner killed for its memory: named as such, whatever the Job says.
+        let oom = t.is_some_and(|t| t.reason.as_deref() == Some(OOM_KILLED));
+        let job_reason = if oom {
+            Some(OOM_KILLED.to_string())
+        } else {
+            job_reason
+        };
+        // The deadline passed before Terraform ever ran: not a Terraform timeout.
+        let job_reason = match job_reason {
+            Some(r) if r == "DeadlineExceeded" && !pods.iter().any(|p| runner_started(p)) => {
+                Some(RUNNER_NEVER_STARTED.to_string())
+            }
+            other => other,
+        };
         return JobOutcome::Failed {
             reason: job_reason
                 .or(pod_reason)
@@ -532,6 +630,72 @@ mod tests {
         assert_eq!(reason, "DeadlineExceeded");
         assert!(interrupted);
         assert_eq!(exit_code, Some(1));
+    }
+
+    #[test]
+    fn a_deadline_before_the_runner_ever_ran_says_it_never_started() {
+        let j = job(&[("Failed", "True", "DeadlineExceeded")]);
+        // Its Pod waited on an image for the whole deadline.
+        let pulling = waiting("ImagePullBackOff");
+        let out = outcome(&j, std::slice::from_ref(&pulling));
+        let JobOutcome::Failed { reason, .. } = &out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(reason, RUNNER_NEVER_STARTED);
+        let text = reason_text(reason, &j, &[pulling]);
+        assert!(
+            text.contains("the runner Pod never started") && text.contains("ImagePullBackOff"),
+            "{text}"
+        );
+        assert!(!text.contains("DeadlineExceeded"), "{text}");
+        // No Pod at all (each one refused).
+        let out = outcome(&j, &[]);
+        let JobOutcome::Failed { reason, .. } = &out else {
+            panic!("{out:?}")
+        };
+        assert!(reason_text(reason, &j, &[]).contains("no Pod was made"));
+        // A runner that ran and was stopped by the deadline: Terraform's own timeout.
+        let out = outcome(&j, &[running()]);
+        assert!(
+            matches!(&out, JobOutcome::Failed { reason, .. } if reason == "DeadlineExceeded"),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn an_oom_killed_runner_is_named_with_its_limit() {
+        let mut j = job(&[("Failed", "True", "BackoffLimitExceeded")]);
+        let mut p = exited("Failed", 137, None, None);
+        p.status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .state
+            .as_mut()
+            .unwrap()
+            .terminated
+            .as_mut()
+            .unwrap()
+            .reason = Some("OOMKilled".into());
+        let out = outcome(&j, std::slice::from_ref(&p));
+        let JobOutcome::Failed { reason, .. } = &out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(reason, OOM_KILLED);
+        assert!(reason_text(reason, &j, &[]).contains("no memory limit"));
+        j.spec = Some(
+            serde_json::from_value(json!({"template": {"spec": {"containers": [
+                {"name": "terraform", "resources": {"limits": {"memory": "512Mi"}}}
+            ]}}}))
+            .unwrap(),
+        );
+        let text = reason_text(reason, &j, &[p]);
+        assert!(
+            text.contains("OOMKilled") && text.contains("512Mi"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //!
 //! How the runner gets its files: the stock `hashicorp/terraform` image has no `jq`, so
 //! the runner parses no JSON. The controller renders every file the runner needs into
-//! Pod-template annotations `A/file-<index>`, and a `downwardAPI` volume projects each
-//! annotation to its path under `/captf/render` (read-only). Annotations total at most
+//! Pod-template annotations `A/file-<index>`, and a projected volume puts each annotation
+//! at its path under `/captf/render` (read-only). The variables, which may hold values
+//! resolved from Secrets, go instead into the attempt's own Secret (named as the Job),
+//! projected into the same directory: anyone who may read Pods may read their
+//! annotations. Annotations total at most
 //! 256 KiB (Kubernetes' limit), which bounds inline modules; a larger module must be
 //! given as `module.source`.
 //!
@@ -18,12 +21,17 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, SeccompProfile,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::{
+    Job, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, PodSecurityContext,
+    ProjectedVolumeSource, SeccompProfile, Secret, SecretKeySelector, SecretProjection,
+    SecurityContext, Volume, VolumeMount, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::template::{Templates, substitute};
 use super::{JobRequest, RenderError};
@@ -72,6 +80,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "CAPTF_SUFFIX",
     "CAPTF_OPERATION",
     "CAPTF_ERRORED_SECRET",
+    "CAPTF_JOB_NAME",
     "CHECKPOINT_DISABLE",
 ];
 
@@ -145,9 +154,7 @@ fn hcl_string(s: &str) -> String {
 /// selects the state's Secrets by these labels, so a state Secret lacking one of them
 /// reads as no state: the controller adds them before an attempt.
 pub fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
-    let mut labels = inputs::owner_labels(req.kind, req.name, req.uid);
-    labels.insert(names::CLUSTERCTL_MOVE_LABEL.to_string(), String::new());
-    labels
+    inputs::backend_labels(req.kind, req.name, req.uid)
 }
 
 /// `backend.hcl`: the backend's namespace and suffix, set explicitly (the backend does not
@@ -165,6 +172,51 @@ fn backend_hcl(req: &JobRequest) -> String {
     }
     out.push_str("}\n");
     out
+}
+
+/// The labels of an attempt's Job, its Pods and its Secret.
+fn attempt_labels(req: &JobRequest) -> BTreeMap<String, String> {
+    let mut labels = inputs::owner_labels(req.kind, req.name, req.uid);
+    labels.insert(
+        names::LABEL_OPERATION.to_string(),
+        req.operation.to_string(),
+    );
+    labels.insert(names::LABEL_ATTEMPT.to_string(), req.attempt.to_string());
+    if let Some(cluster) = req.cluster_name {
+        labels.insert(
+            names::CAPI_CLUSTER_NAME_LABEL.to_string(),
+            cluster.to_string(),
+        );
+    }
+    labels
+}
+
+/// The files that can hold a resolved value (the variables, which `variablesFrom` may
+/// fill from Secrets): they reach the runner through the attempt's Secret, never through
+/// the Pod template, which anyone who may read Pods can read.
+const SECRET_FILES: &[&str] = &[FILE_VARIABLES];
+
+/// The Secret of one attempt: the files of [`SECRET_FILES`], projected into the render
+/// directory beside the others. Named as the Job, labelled as it; the controller makes it
+/// before the Job and then hands it to the Job as its owner, so it goes with the Job.
+pub fn attempt_secret(templates: &Templates, req: &JobRequest) -> Result<Secret, RenderError> {
+    let files = runner_files(templates, req)?;
+    let data = files
+        .into_iter()
+        .filter(|(path, _)| SECRET_FILES.contains(&path.as_str()))
+        .map(|(path, content)| (path, ByteString(content.into_bytes())))
+        .collect();
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(names::job_name(req.suffix, req.operation, req.attempt)),
+            namespace: Some(req.namespace.to_string()),
+            labels: Some(attempt_labels(req)),
+            ..Default::default()
+        },
+        data: Some(data),
+        type_: Some("Opaque".to_string()),
+        ..Default::default()
+    })
 }
 
 /// Every file the runner needs, by path under the render directory, in a fixed order.
@@ -245,23 +297,12 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     let mut job = parse_job(&substitute(&templates.job, &values)?)?;
 
     // The labels of the Job and of its Pods.
-    let mut labels = inputs::owner_labels(req.kind, req.name, req.uid);
+    let labels = attempt_labels(req);
     debug_assert_eq!(labels[names::LABEL_OWNER_NAME], owner_name_label);
-    labels.insert(
-        names::LABEL_OPERATION.to_string(),
-        req.operation.to_string(),
-    );
-    labels.insert(names::LABEL_ATTEMPT.to_string(), req.attempt.to_string());
-    if let Some(cluster) = req.cluster_name {
-        labels.insert(
-            names::CAPI_CLUSTER_NAME_LABEL.to_string(),
-            cluster.to_string(),
-        );
-    }
 
     // Job metadata.
     let meta = &mut job.metadata;
-    meta.name = Some(job_name);
+    meta.name = Some(job_name.clone());
     meta.generate_name = None;
     meta.namespace = Some(req.namespace.to_string());
     meta.owner_references = None;
@@ -287,7 +328,20 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     spec.suspend = None;
     spec.selector = None;
     spec.manual_selector = None;
-    spec.pod_failure_policy = None;
+    // A Pod stopped by a disruption (a drain, a node-pressure eviction, a preemption, a
+    // node shutdown: the Pod's DisruptionTarget condition) is not a failed attempt: the
+    // Job makes a new Pod, once the old one has stopped (podReplacementPolicy Failed
+    // keeps it to one Terraform at a time).
+    spec.pod_failure_policy = Some(PodFailurePolicy {
+        rules: vec![PodFailurePolicyRule {
+            action: "Ignore".to_string(),
+            on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                type_: "DisruptionTarget".to_string(),
+                status: "True".to_string(),
+            }]),
+            on_exit_codes: None,
+        }],
+    });
     spec.success_policy = None;
     spec.completion_mode = None;
     spec.backoff_limit_per_index = None;
@@ -303,7 +357,10 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     let annotations = pod_meta.annotations.get_or_insert_with(BTreeMap::new);
     let prefix = file_annotation_prefix();
     annotations.retain(|k, _| !k.starts_with(&prefix));
-    let files = runner_files(templates, req)?;
+    let files: Vec<(String, String)> = runner_files(templates, req)?
+        .into_iter()
+        .filter(|(path, _)| !SECRET_FILES.contains(&path.as_str()))
+        .collect();
     let mut items = Vec::with_capacity(files.len());
     for (index, (path, content)) in files.into_iter().enumerate() {
         let key = file_annotation(index);
@@ -344,19 +401,48 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     let psc = pod
         .security_context
         .get_or_insert_with(PodSecurityContext::default);
+    // Never root; the user is the template's (the shipped one names 65532), so that a
+    // platform that assigns users from a range (OpenShift) can, when the template names
+    // none.
     psc.run_as_non_root = Some(true);
-    psc.run_as_user = Some(RUNNER_UID);
-    psc.run_as_group = Some(RUNNER_UID);
-    psc.fs_group = Some(RUNNER_UID);
+    if psc.run_as_user == Some(0) {
+        psc.run_as_user = Some(RUNNER_UID);
+    }
+    if psc.run_as_group == Some(0) {
+        psc.run_as_group = Some(RUNNER_UID);
+    }
     psc.seccomp_profile = Some(runtime_default());
 
     let volumes = pod.volumes.get_or_insert_with(Vec::new);
     volumes.retain(|v| v.name != RENDER_VOLUME && v.name != WORKSPACE_VOLUME);
+    // One directory: the annotations' files and the attempt Secret's.
     volumes.push(Volume {
         name: RENDER_VOLUME.to_string(),
-        downward_api: Some(DownwardAPIVolumeSource {
-            items: Some(items),
+        projected: Some(ProjectedVolumeSource {
             default_mode: Some(0o444),
+            sources: Some(vec![
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection { items: Some(items) }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    secret: Some(SecretProjection {
+                        name: job_name.clone(),
+                        items: Some(
+                            SECRET_FILES
+                                .iter()
+                                .map(|f| KeyToPath {
+                                    key: f.to_string(),
+                                    path: f.to_string(),
+                                    mode: None,
+                                })
+                                .collect(),
+                        ),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                },
+            ]),
         }),
         ..Default::default()
     });
@@ -487,6 +573,10 @@ fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>, RenderErr
         plain(
             "CAPTF_ERRORED_SECRET",
             names::errored_secret_name(req.suffix),
+        ),
+        plain(
+            "CAPTF_JOB_NAME",
+            names::job_name(req.suffix, req.operation, req.attempt),
         ),
         plain("CHECKPOINT_DISABLE", "1".to_string()),
     ]);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Secret};
 use serde_json::json;
 
 use super::render::*;
@@ -70,7 +70,7 @@ pub(crate) fn request(inputs: &Inputs) -> JobRequest<'_> {
 }
 
 /// The value of each projected file, by path, as the kubelet would write it.
-pub(crate) fn projected_files(job: &Job) -> BTreeMap<String, String> {
+pub(crate) fn projected_files(job: &Job, secret: &Secret) -> BTreeMap<String, String> {
     let pod = &job.spec.as_ref().unwrap().template;
     let annotations = pod.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
     let volume = pod
@@ -84,23 +84,36 @@ pub(crate) fn projected_files(job: &Job) -> BTreeMap<String, String> {
         .find(|v| v.name == RENDER_VOLUME)
         .unwrap();
     let mut files = BTreeMap::new();
-    for item in volume
-        .downward_api
-        .as_ref()
-        .unwrap()
-        .items
-        .as_ref()
-        .unwrap()
-    {
-        let path = &item.field_ref.as_ref().unwrap().field_path;
-        let key = path
-            .strip_prefix("metadata.annotations['")
-            .unwrap()
-            .strip_suffix("']")
-            .unwrap();
-        files.insert(item.path.clone(), annotations[key].clone());
+    for source in volume.projected.as_ref().unwrap().sources.as_ref().unwrap() {
+        if let Some(d) = &source.downward_api {
+            for item in d.items.as_ref().unwrap() {
+                let path = &item.field_ref.as_ref().unwrap().field_path;
+                let key = path
+                    .strip_prefix("metadata.annotations['")
+                    .unwrap()
+                    .strip_suffix("']")
+                    .unwrap();
+                files.insert(item.path.clone(), annotations[key].clone());
+            }
+        }
+        if let Some(sp) = &source.secret {
+            assert_eq!(Some(&sp.name), secret.metadata.name.as_ref());
+            let data = secret.data.as_ref().unwrap();
+            for item in sp.items.as_ref().unwrap() {
+                let bytes = &data[&item.key].0;
+                files.insert(item.path.clone(), String::from_utf8(bytes.clone()).unwrap());
+            }
+        }
     }
     files
+}
+
+/// The Job and the Secret of one attempt.
+pub(crate) fn rendered(templates: &Templates, req: &JobRequest) -> (Job, Secret) {
+    (
+        render(templates, req).unwrap(),
+        attempt_secret(templates, req).unwrap(),
+    )
 }
 
 fn container(job: &Job) -> &Container {
@@ -240,7 +253,10 @@ fn the_job_carries_the_safety_fields_labels_and_files() {
     assert_eq!(env["CAPTF_OPERATION"].value.as_deref(), Some("destroy"));
     assert_eq!(env["TF_INPUT"].value.as_deref(), Some("0"));
 
-    let files = projected_files(&job);
+    let files = projected_files(
+        &job,
+        &attempt_secret(&Templates::embedded(), &request(&inputs)).unwrap(),
+    );
     assert_eq!(files["runner.sh"], template::EMBEDDED_RUNNER);
     assert_eq!(
         files["module/main.tf"],
@@ -376,7 +392,8 @@ spec:
     let psc = pod.security_context.as_ref().unwrap();
     assert_eq!(
         (psc.run_as_user, psc.run_as_non_root),
-        (Some(65532), Some(true))
+        (Some(65532), Some(true)),
+        "root becomes the runner user"
     );
     let ws: Vec<_> = pod
         .volumes
@@ -412,6 +429,74 @@ spec:
         Some("/workspace/home")
     );
     assert!(env.iter().any(|e| e.name == "HTTPS_PROXY"));
+}
+
+#[test]
+fn a_template_without_a_user_leaves_it_to_the_platform_and_never_runs_as_root() {
+    // OpenShift assigns the user from the namespace's range: a template naming none gets
+    // none, and the Pod still may not run as root.
+    let job = Templates::embedded()
+        .job
+        .replace("        runAsUser: 65532\n", "")
+        .replace("        runAsGroup: 65532\n", "")
+        .replace("        fsGroup: 65532\n", "");
+    let templates = Templates {
+        job,
+        runner: String::new(),
+    };
+    let inputs = inline_inputs();
+    let job = render(&templates, &request(&inputs)).unwrap();
+    let psc = job
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .security_context
+        .unwrap();
+    assert_eq!(
+        (
+            psc.run_as_user,
+            psc.run_as_group,
+            psc.fs_group,
+            psc.run_as_non_root
+        ),
+        (None, None, None, Some(true))
+    );
+    // The shipped template names the runner user.
+    let job = render(&Templates::embedded(), &request(&inputs)).unwrap();
+    let psc = job
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .security_context
+        .unwrap();
+    assert_eq!(
+        (psc.run_as_user, psc.run_as_group, psc.fs_group),
+        (Some(65532), Some(65532), Some(65532))
+    );
+}
+
+#[test]
+fn a_disruption_is_not_a_failed_attempt() {
+    let inputs = inline_inputs();
+    let job = render(&Templates::embedded(), &request(&inputs)).unwrap();
+    let spec = job.spec.unwrap();
+    assert_eq!(
+        (spec.backoff_limit, spec.pod_replacement_policy.as_deref()),
+        (Some(0), Some("Failed"))
+    );
+    let policy = spec.pod_failure_policy.expect("a pod failure policy");
+    assert_eq!(policy.rules.len(), 1);
+    let rule = &policy.rules[0];
+    assert_eq!(rule.action, "Ignore");
+    let on = rule.on_pod_conditions.as_ref().expect("on pod conditions");
+    assert_eq!(
+        (on[0].type_.as_str(), on[0].status.as_str()),
+        ("DisruptionTarget", "True")
+    );
 }
 
 #[test]
@@ -474,8 +559,8 @@ fn a_source_module_renders_module_source_and_no_module_files() {
     let mut req = request(&inputs);
     req.cluster_name = None;
     req.operation = names::OPERATION_APPLY;
-    let job = render(&Templates::embedded(), &req).unwrap();
-    let files = projected_files(&job);
+    let (job, secret) = rendered(&Templates::embedded(), &req);
+    let files = projected_files(&job, &secret);
     assert_eq!(
         files["module-source"],
         "git::https://example.com/infra.git//vm?ref=v1.4.0"
@@ -596,4 +681,25 @@ fn the_runners_environment_is_captfs() {
             .any(|n| n == "TF_CLI_ARGS" || n == "KUBE_TOKEN"),
         "{names:?}"
     );
+}
+
+#[test]
+fn no_variable_value_is_in_the_job_only_in_the_attempts_secret() {
+    let mut inputs = inline_inputs();
+    inputs.variables.insert(
+        "token".into(),
+        serde_json::json!("tok-9f2c1e-from-a-secret"),
+    );
+    let req = request(&inputs);
+    let (job, secret) = rendered(&Templates::embedded(), &req);
+    let text = serde_json::to_string(&job).unwrap();
+    assert!(!text.contains("tok-9f2c1e-from-a-secret"), "{text}");
+    // The attempt's Secret holds them, is named as the Job and labelled as it.
+    assert_eq!(secret.metadata.name, job.metadata.name);
+    assert_eq!(secret.metadata.labels, job.metadata.labels);
+    let vars = &secret.data.as_ref().unwrap()["terraform.tfvars.json"].0;
+    assert!(String::from_utf8_lossy(vars).contains("tok-9f2c1e-from-a-secret"));
+    // And the runner finds them where it always did.
+    let files = projected_files(&job, &secret);
+    assert!(files["terraform.tfvars.json"].contains("tok-9f2c1e-from-a-secret"));
 }

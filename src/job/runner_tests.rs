@@ -20,7 +20,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 
 use super::render::CONTAINER_NAME;
-use super::render_tests::{NS, inline_inputs, projected_files, request};
+use super::render_tests::{NS, inline_inputs, projected_files, rendered, request};
 use super::testutil::TempDir;
 use super::*;
 use crate::api::names;
@@ -56,7 +56,15 @@ init)
     fi
     exit 0
     ;;
+force-unlock)
+    touch "$rec.unlocked"
+    exit 0
+    ;;
 destroy | apply)
+    if [ -n "${FAKE_TF_LOCKED_BY:-}" ] && [ ! -f "$rec.unlocked" ]; then
+        printf '\nError: Error acquiring the state lock\n\nError message: the state is already locked by another terraform client\nLock Info:\n  ID:        lock-1234\n  Path:      \n  Operation: OperationTypeApply\n  Who:       %s\n  Version:   1.11.4\n  Created:   2026-12-01 10:00:00 +0000 UTC\n  Info:      \n\n' "$FAKE_TF_LOCKED_BY" >&2
+        exit 1
+    fi
     for a in "$@"; do
         case "$a" in
             -var-file=*) echo "VARS $(cat "${a#-var-file=}" | tr -d ' \n')" >> "$rec" ;;
@@ -110,7 +118,8 @@ enum Shell {
 const BUSYBOX: &str = "/usr/bin/busybox";
 const BUSYBOX_APPLETS: &[&str] = &[
     "sh", "cp", "mkdir", "rm", "cat", "tee", "mkfifo", "sed", "tail", "tr", "base64", "wget",
-    "setsid", "kill", "sleep", "printf", "find", "ls", "sort", "pwd", "env",
+    "setsid", "kill", "sleep", "printf", "find", "ls", "sort", "pwd", "env", "head", "cut",
+    "hostname",
 ];
 
 /// The shells to run each test under: busybox too when it is installed.
@@ -132,7 +141,7 @@ fn shells() -> Vec<Shell> {
 }
 
 impl Runner {
-    fn new(job: Job, shell: Shell) -> Runner {
+    fn new((job, secret): (Job, Secret), shell: Shell) -> Runner {
         let dir = TempDir::new("runner");
         let root = dir.path().to_path_buf();
         // The kubelet's layout of a downwardAPI volume: the files in a timestamped
@@ -140,7 +149,7 @@ impl Runner {
         // `..data`.
         let render = root.join("render");
         let mut top = std::collections::BTreeSet::new();
-        for (path, content) in projected_files(&job) {
+        for (path, content) in projected_files(&job, &secret) {
             let target = render.join("..2026_12_01_10_00_00.000000001").join(&path);
             std::fs::create_dir_all(target.parent().unwrap()).unwrap();
             std::fs::write(&target, content).unwrap();
@@ -171,10 +180,7 @@ impl Runner {
 
     fn destroy(shell: Shell) -> Runner {
         let inputs = inline_inputs();
-        Runner::new(
-            render(&Templates::embedded(), &request(&inputs)).unwrap(),
-            shell,
-        )
+        Runner::new(rendered(&Templates::embedded(), &request(&inputs)), shell)
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -353,7 +359,7 @@ fn a_source_module_is_fetched_into_an_empty_directory_first() {
         inputs.lock_file = None;
         let mut req = request(&inputs);
         req.operation = names::OPERATION_APPLY;
-        let r = Runner::new(render(&Templates::embedded(), &req).unwrap(), shell);
+        let r = Runner::new(rendered(&Templates::embedded(), &req), shell);
         let (status, stderr) = r.run(r.command());
         let record = r.record();
         assert!(status.success(), "{stderr}\n{record}");
@@ -699,4 +705,44 @@ fn the_script_is_valid_posix_sh() {
     std::fs::write(path, template::EMBEDDED_RUNNER).unwrap();
     let status = Command::new("sh").arg("-n").arg(path).status().unwrap();
     assert!(status.success());
+}
+
+#[test]
+fn a_lock_left_by_an_earlier_pod_of_the_same_job_is_broken_and_any_other_is_not() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let job_name = r.job.metadata.name.clone().unwrap_or_default();
+        // The Pod a disruption stopped: the Job's Pod prefix and five characters.
+        let earlier = format!(
+            "root@{}abcde",
+            format!("{job_name}-").chars().take(58).collect::<String>()
+        );
+        let mut c = r.command();
+        c.env("FAKE_TF_LOCKED_BY", &earlier);
+        let (status, stderr) = r.run(c);
+        let record = r.record();
+        assert!(status.success(), "{status:?}\n{stderr}\n{record}");
+        assert!(stderr.contains("breaking it"), "{stderr}");
+        assert!(r.path("record.unlocked").exists());
+        let ops = record
+            .lines()
+            .filter(|l| l.starts_with("ARGS destroy"))
+            .count();
+        assert_eq!(ops, 2, "{record}");
+
+        // Anybody else's lock (a person, another Job) is never broken.
+        for who in ["alice@laptop", "root@captf-web-1-tfm-destroy-7-abcde"] {
+            let r = Runner::destroy(shell);
+            let mut c = r.command();
+            c.env("FAKE_TF_LOCKED_BY", who);
+            let (status, stderr) = r.run(c);
+            assert!(!status.success(), "{who}: {stderr}");
+            assert!(!r.path("record.unlocked").exists(), "{who}");
+            assert!(
+                r.termination_log()
+                    .contains("Error acquiring the state lock")
+            );
+        }
+    }
 }

@@ -25,7 +25,7 @@ pub const DEFAULT_DECOMPRESSION_CAP: u64 = 256 * 1024 * 1024;
 
 /// The Secrets of one state (or of a backup, which has the same chunking): the base and
 /// its parts.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StateSecrets {
     pub base_name: String,
     /// Value of key `tfstate` of the base Secret; None = key missing (or no base Secret).
@@ -34,6 +34,13 @@ pub struct StateSecrets {
     pub base_present: bool,
     /// Part N → value of its key `tfstate` (None = key missing).
     pub parts: BTreeMap<u32, Option<Vec<u8>>>,
+    /// The other Secrets that were looked at and carry this state's `tfstateSecretSuffix`
+    /// label: name → labels. Terraform's backend selects the state by labels, not by
+    /// name, so one of these with the full set of its labels is read by Terraform as a
+    /// part of this state (see [`StateSecrets::strangers`]).
+    pub labelled_others: BTreeMap<String, BTreeMap<String, String>>,
+    /// The metadata of the base and its parts, by name (for their protection finalizer).
+    pub metas: BTreeMap<String, k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
 }
 
 fn state_value(secret: &Secret) -> Option<Vec<u8>> {
@@ -52,6 +59,8 @@ impl StateSecrets {
             base_name: base_name.to_string(),
             ..StateSecrets::default()
         };
+        let suffix =
+            base_name.strip_prefix(&format!("tfstate-{}-", crate::api::names::TF_WORKSPACE));
         for secret in secrets {
             let Some(name) = secret.metadata.name.as_deref() else {
                 continue;
@@ -59,11 +68,32 @@ impl StateSecrets {
             if name == base_name {
                 out.base_present = true;
                 out.base = state_value(secret);
+                out.metas.insert(name.to_string(), secret.metadata.clone());
             } else if let Some(n) = part_index(base_name, name) {
                 out.parts.insert(n, state_value(secret));
+                out.metas.insert(name.to_string(), secret.metadata.clone());
+            } else if let Some(labels) = &secret.metadata.labels
+                && suffix.is_some()
+                && labels
+                    .get(crate::api::names::TF_LABEL_SUFFIX)
+                    .map(String::as_str)
+                    == suffix
+            {
+                out.labelled_others.insert(name.to_string(), labels.clone());
             }
         }
         out
+    }
+
+    /// The Secrets, other than the base and its parts, that Terraform's backend would
+    /// select with `selector` (its own labels and its configured ones): it reads them as
+    /// chunks of this state, so Terraform and CAPTF would not read the same state.
+    pub fn strangers(&self, selector: &BTreeMap<String, String>) -> Vec<String> {
+        self.labelled_others
+            .iter()
+            .filter(|(_, labels)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// The first problem with the set of Secrets before any byte is read, as the message
@@ -127,9 +157,16 @@ impl StateSecrets {
     }
 
     /// The joined gzip bytes (base then parts 1..N), or None when absent/incomplete.
-    /// (Used for the backup.)
+    /// (Used for the backup.) Parts left over past the end of the gzip stream (see
+    /// [`read_noting`]) are not part of it.
     pub fn joined(&self) -> Option<Vec<u8>> {
-        self.chunks().map(|c| c.concat())
+        let chunks = self.chunks()?;
+        let all = chunks.concat();
+        let end = gzip_member_end(&all);
+        match end.and_then(|e| live_chunks(&chunks, e)) {
+            Some(live) => Some(chunks[..live].concat()),
+            None => Some(all),
+        }
     }
 }
 
@@ -191,14 +228,25 @@ impl Read for Chain<'_> {
 /// Streams gunzip over base+parts (without concatenating), under the decompression cap,
 /// and scans the JSON.
 pub fn read(secrets: &StateSecrets, cap: u64) -> StateContent {
+    read_noting(secrets, cap).0
+}
+
+/// [`read`], with a note when the state was read as Terraform reads it past stale parts:
+/// when a state shrinks, Terraform writes the lower parts and then deletes the surplus
+/// ones, and a delete that failed leaves them behind. Terraform's backend joins every
+/// part and stops at the end of the gzip stream, ignoring what follows; so when the
+/// stream ends exactly where a part ends, and every part after it is whole, the state is
+/// what comes before (tried with Terraform 1.11.4; a gap in the parts crashes it, and
+/// stays `StateCorrupt` here).
+pub fn read_noting(secrets: &StateSecrets, cap: u64) -> (StateContent, Option<String>) {
     if !secrets.base_present {
-        return StateContent::Missing;
+        return (StateContent::Missing, None);
     }
     if let Some(message) = secrets.structural_problem() {
-        return StateContent::Corrupt { message };
+        return (StateContent::Corrupt { message }, None);
     }
     let chunks = secrets.chunks().expect("checked just above");
-    let subject = match chunks.len() - 1 {
+    let subject = |parts: usize| match parts {
         0 => format!("state Secret {}", secrets.base_name),
         1 => format!("state Secret {} (with its part 1)", secrets.base_name),
         n => format!(
@@ -206,7 +254,59 @@ pub fn read(secrets: &StateSecrets, cap: u64) -> StateContent {
             secrets.base_name
         ),
     };
-    content(&subject, scan::scan(Chain { chunks, index: 0 }, cap))
+    let all = chunks.len();
+    let scanned = scan::scan(
+        Chain {
+            chunks: chunks.clone(),
+            index: 0,
+        },
+        cap,
+    );
+    if let scan::Scanned::Gzip(scan::GzipFailure::TrailingData { compressed }) = &scanned
+        && let Some(live) = live_chunks(&chunks, *compressed)
+    {
+        let rescanned = scan::scan(
+            Chain {
+                chunks: chunks[..live].to_vec(),
+                index: 0,
+            },
+            cap,
+        );
+        if matches!(rescanned, scan::Scanned::Ok(_)) {
+            let stale: Vec<u32> = (live as u32..all as u32).collect();
+            let note = format!(
+                "its part Secret(s) {} are left over from a larger state (a shrink whose delete failed); Terraform reads the state without them, and so does CAPTF; delete them once nothing runs (see runbooks/StateCorrupt.md)",
+                list(&stale)
+            );
+            return (content(&subject(live - 1), rescanned), Some(note));
+        }
+    }
+    (content(&subject(all - 1), scanned), None)
+}
+
+/// Where the first gzip member of `bytes` ends, when it decodes to its end (the output
+/// goes nowhere, so no size limit is needed).
+fn gzip_member_end(bytes: &[u8]) -> Option<u64> {
+    let mut dec = flate2::bufread::GzDecoder::new(bytes);
+    std::io::copy(&mut dec, &mut std::io::sink()).ok()?;
+    let rest = dec.into_inner().len();
+    Some((bytes.len() - rest) as u64)
+}
+
+/// How many leading chunks hold the gzip stream that ended at byte `end` of the joined
+/// chunks, when it ended exactly at the end of one that is not the last.
+fn live_chunks(chunks: &[&[u8]], end: u64) -> Option<usize> {
+    let mut at = 0u64;
+    for (i, c) in chunks.iter().enumerate() {
+        at += c.len() as u64;
+        if at == end {
+            return (i + 1 < chunks.len()).then_some(i + 1);
+        }
+        if at > end {
+            return None;
+        }
+    }
+    None
 }
 
 /// Streams gunzip over `gzip` under the decompression cap and scans the JSON: the core of

@@ -1158,3 +1158,51 @@ fn scanner_agrees_with_serde_json_on_what_is_json() {
         "valid {valid}, invalid {invalid}"
     );
 }
+
+/// When a state shrinks, Terraform writes the base and deletes the parts it no longer
+/// needs; a delete that failed leaves whole parts of the older state after the new one.
+/// Terraform 1.11.4 reads such a state fine (it stops at the end of the gzip stream),
+/// and so does CAPTF, saying so; with a gap in the parts it crashes, and CAPTF holds.
+#[test]
+fn whole_stale_parts_after_the_gzip_stream_are_read_past_as_terraform_does() {
+    let small = gz(state(
+        json!([{"mode": "managed", "type": "t", "name": "a", "instances": [{}]}]),
+    )
+    .as_bytes());
+    let old_part = |n: u8| vec![n; 4096];
+    let secrets = |parts: &[u32]| {
+        let mut all = vec![secret(BASE, Some(&small))];
+        for &n in parts {
+            all.push(secret(&part_secret_name(BASE, n), Some(&old_part(n as u8))));
+        }
+        StateSecrets::from_secrets(BASE, &all)
+    };
+    // Parts 1 and 2 left over: read as the base alone, with a note naming them.
+    let stale = secrets(&[1, 2]);
+    let (content, note) = read_noting(&stale, CAP);
+    assert_eq!(managed(&content), 1);
+    let note = note.expect("a note");
+    assert!(
+        note.contains("1 and 2") && note.contains("left over"),
+        "{note}"
+    );
+    assert_eq!(
+        stale.joined().expect("joined"),
+        small,
+        "the backup takes the live state"
+    );
+    // A gap (part 1 deleted, part 2 left): corrupt, as it is to Terraform.
+    let gap = secrets(&[2]);
+    assert!(matches!(read(&gap, CAP), StateContent::Corrupt { .. }));
+    // Bytes after the stream that do not start a part: corrupt.
+    let mut torn = small.clone();
+    torn.extend_from_slice(b"xyz");
+    let torn = StateSecrets::from_secrets(
+        BASE,
+        &[
+            secret(BASE, Some(&torn)),
+            secret(&part_secret_name(BASE, 1), Some(&old_part(1))),
+        ],
+    );
+    assert!(matches!(read(&torn, CAP), StateContent::Corrupt { .. }));
+}

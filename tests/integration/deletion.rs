@@ -602,6 +602,85 @@ async fn a_recreated_object_ignores_the_earlier_deletion_bookkeeping_and_records
     env.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orphans_and_restore_work_for_a_ninety_character_name() {
+    let name = format!("web-{}", "x".repeat(86));
+    assert_eq!(name.len(), 90);
+    let mut env =
+        Env::with_machine_named(Env::start("long-name").await, &name, &module(0), FAST).await;
+    let suffix = names::state_suffix(Kind::TerraformMachine, &name);
+    let state = names::state_secret_name(&suffix);
+    let orphans = |env: &Env| -> Vec<serde_json::Value> {
+        let out = env.captf(&["orphans", "-n", &env.ns, "-o", "json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("orphans json")
+    };
+    // The object exists: none of its Secrets is an orphan.
+    assert_eq!(orphans(&env), Vec::<serde_json::Value>::new());
+    // Restore writes labels the API server accepts (the owner name cut to a label value).
+    let gz = env
+        .secrets()
+        .get(&state)
+        .await
+        .expect("state")
+        .data
+        .and_then(|d| d.get("tfstate").cloned())
+        .expect("tfstate")
+        .0;
+    let file = env.dir.join("state.tfstate.gz");
+    std::fs::write(&file, gz).expect("state file");
+    let out = env.captf(&[
+        "state",
+        "restore",
+        &format!("tfm/{name}"),
+        "--from-file",
+        file.to_str().expect("path"),
+        "--force",
+        "-n",
+        &env.ns,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Once the object is gone (its finalizer stripped), they all are.
+    env.stop_manager().await;
+    env.delete::<Tfm>(&name).await;
+    env.api::<Tfm>()
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip");
+    env.wait_gone::<Tfm>(&name, long()).await;
+    let listed = orphans(&env);
+    let roles: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|o| {
+            (
+                o["secret"].as_str().unwrap_or_default(),
+                o["role"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let inputs = names::inputs_secret_name(&suffix);
+    assert!(roles.contains(&(state.as_str(), "state")), "{roles:?}");
+    assert!(roles.contains(&(inputs.as_str(), "inputs")), "{roles:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|o| o["kind"] == "TerraformMachine" && o["uid"].is_string())
+    );
+    env.shutdown().await;
+}
+
 async fn machine_with(tag: &str, module_body: &str) -> Env {
     Env::with_machine(tag, module_body, FAST).await
 }
@@ -748,8 +827,15 @@ async fn scenario_08_terminating_namespace_completes_what_needs_no_job_and_aband
         .get(&names::abandoned_copy_name(&env.ns, "web-1.tfm"))
         .await
         .expect("the copy in the manager's namespace");
-    let data = copy.data.unwrap_or_default();
-    assert!(data.contains_key("tfstate") && data.contains_key("inputs.json"));
+    assert!(copy.data.unwrap_or_default().contains_key("tfstate"));
+    let inputs = copies
+        .get(&format!(
+            "{}-inputs",
+            names::abandoned_copy_name(&env.ns, "web-1.tfm")
+        ))
+        .await
+        .expect("the inputs copy, a Secret of its own");
+    assert!(inputs.data.unwrap_or_default().contains_key("inputs.json"));
     assert!(!env.destroyed("web-1"));
     wait_for("the namespace to go", long(), || async {
         Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
@@ -853,6 +939,72 @@ async fn a_machine_owner_taken_first_holds_the_destroy() {
     env.abandon::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(!env.destroyed("web-1"));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_state_restored_without_terraforms_labels_is_destroyed_not_overwritten() {
+    // Restored by hand (kubectl create secret generic ... --from-file=tfstate=...), the
+    // base lacks a label Terraform's backend selects by: Terraform would find no state,
+    // write an empty one over the base and destroy nothing.
+    let env = machine_env("tf-labels", 0, FAST).await;
+    let state = names::state_secret_name("web-1.tfm");
+    env.secrets()
+        .patch(
+            &state,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                names::TF_LABEL_MANAGED_BY: null, names::TF_LABEL_WORKSPACE: null
+            }}})),
+        )
+        .await
+        .expect("unlabel");
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(
+        env.destroyed("web-1"),
+        "the destroy ran against the real state"
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_with_the_states_labels_holds_the_deletion_until_it_is_gone() {
+    // An operator's quick copy of the state, with all its labels: Terraform's backend
+    // would read it with the base.
+    let env = machine_env("tf-copy", 0, FAST).await;
+    let state = names::state_secret_name("web-1.tfm");
+    let mut copy = env.secrets().get(&state).await.expect("state");
+    let copy_name = format!("{state}-bak");
+    copy.metadata = kube::api::ObjectMeta {
+        name: Some(copy_name.clone()),
+        labels: copy.metadata.labels.clone(),
+        ..Default::default()
+    };
+    env.secrets()
+        .create(&Default::default(), &copy)
+        .await
+        .expect("copy");
+    let jobs_before = env.jobs_created();
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "Held", long()).await;
+    let (_, reason, msg) = env
+        .condition::<Tfm>("web-1", "StateReadable")
+        .await
+        .expect("StateReadable");
+    assert_eq!(reason, "StateInconsistent");
+    assert!(msg.contains(&copy_name), "{msg}");
+    assert_eq!(
+        env.jobs_created(),
+        jobs_before,
+        "no destroy against two states"
+    );
+    env.secrets()
+        .delete(&copy_name, &Default::default())
+        .await
+        .expect("delete the copy");
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
     env.shutdown().await;
 }
 

@@ -321,3 +321,205 @@ async fn a_destroy_job_whose_pods_are_refused_says_why() {
     assert!(env.destroyed("web-1"));
     env.shutdown().await;
 }
+
+/// A runner evicted while it ran (a drain, node pressure, a preemption) is not a failed
+/// attempt: the Job makes a new Pod once the old one has stopped, that Pod breaks the
+/// lock the killed Terraform left (it was this Job's), and the destroy finishes in the
+/// same attempt. The eviction's `SIGKILL` leaves the lock held, as a node-pressure
+/// eviction does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_evicted_runner_is_replaced_within_the_same_attempt() {
+    if envtest_only("it evicts the runner with the local kubelet's test control") {
+        return;
+    }
+    let env = Env::start("evicted").await;
+    env.kubelet_fault(
+        "evict",
+        &[
+            (names::LABEL_OWNER_NAME, "web-1"),
+            (names::LABEL_OPERATION, "destroy"),
+        ],
+        KubeletFault::Evicted,
+        4.0,
+    )
+    .await;
+    let env = Env::with_machine_in(env, &sleepy_module(60), Duration::from_millis(300)).await;
+    env.delete::<Tfm>("web-1").await;
+    // The first Pod is evicted; the rule goes before the replacement has run as long.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    wait_for("the runner Pod evicted", long(), || async {
+        pods.list(&ListParams::default())
+            .await
+            .expect("pods")
+            .items
+            .iter()
+            .any(|p| p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Evicted"))
+    })
+    .await;
+    env.clear_kubelet_fault("evict").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    assert_eq!(
+        env.tries("web-1"),
+        2,
+        "the evicted run, then its replacement"
+    );
+    assert_eq!(env.jobs_created(), 1, "one attempt, one Job");
+    assert!(
+        !env.event_reasons("web-1")
+            .await
+            .contains(&"DestroyFailed".to_string()),
+        "an eviction is not a failed attempt"
+    );
+    env.shutdown().await;
+}
+
+/// An OOM-killed runner is named as such in the failure, with its memory limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oom_killed_runner_is_named_in_the_condition() {
+    if envtest_only("it OOM-kills the runner with the local kubelet's test control") {
+        return;
+    }
+    let env = Env::start("oom-named").await;
+    env.kubelet_fault(
+        "oom",
+        &[
+            (names::LABEL_OWNER_NAME, "web-1"),
+            (names::LABEL_ATTEMPT, "1"),
+        ],
+        KubeletFault::OomKilled,
+        3.0,
+    )
+    .await;
+    // A slow backoff, so that the failure stays on show.
+    let env = Env::with_machine_in(env, &sleepy_module(60), Duration::from_secs(60)).await;
+    env.delete::<Tfm>("web-1").await;
+    let msg = env
+        .wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
+        .await;
+    assert!(
+        msg.contains("OOMKilled") && msg.contains("raise resources.limits.memory"),
+        "{msg}"
+    );
+    env.clear_kubelet_fault("oom").await;
+    env.shutdown().await;
+}
+
+/// The resolved variables reach Terraform through the attempt's own Secret: no field of
+/// the Job or its Pod (which anyone who may read Pods can read) holds a variable's value.
+/// The Secret goes with the Job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_job_or_pod_field_holds_a_variables_value() {
+    let env = Env::with_machine("no-vars", &sleepy_module(4), Duration::from_millis(300)).await;
+    // The module's `marker_dir` variable: a value only the variables carry.
+    let value = env.markers().display().to_string();
+    env.delete::<Tfm>("web-1").await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
+    wait_for("the runner Pod", long(), || async {
+        !pods
+            .list(&ListParams::default().labels(names::LABEL_OPERATION))
+            .await
+            .expect("pods")
+            .items
+            .is_empty()
+    })
+    .await;
+    let job_list = jobs
+        .list(&ListParams::default().labels(names::LABEL_OPERATION))
+        .await
+        .expect("jobs");
+    let pod_list = pods
+        .list(&ListParams::default().labels(names::LABEL_OPERATION))
+        .await
+        .expect("pods");
+    assert!(!job_list.items.is_empty() && !pod_list.items.is_empty());
+    for text in [
+        serde_json::to_string(&job_list).expect("json"),
+        serde_json::to_string(&pod_list).expect("json"),
+    ] {
+        assert!(!text.contains(&value), "a variable's value in {text}");
+    }
+    // The attempt's Secret holds them, owned by the Job.
+    let job = &job_list.items[0];
+    let secret = env
+        .secrets()
+        .get(job.metadata.name.as_deref().expect("name"))
+        .await
+        .expect("the attempt's Secret");
+    let owner = secret.metadata.owner_references.unwrap_or_default();
+    assert_eq!(
+        owner.first().map(|o| (o.kind.as_str(), o.uid.as_str())),
+        Some(("Job", job.metadata.uid.as_deref().unwrap_or_default()))
+    );
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"), "Terraform had the variables");
+    env.shutdown().await;
+}
+
+/// A runner Pod on a node that is lost stays terminating once deleted (the kubelet never
+/// confirms it stopped), and its Job waits for it: the message names the Pod, its node
+/// and the node's state, and points to the runbook on when a force delete is safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_pod_stuck_on_a_lost_node_is_named() {
+    if envtest_only("it loses the runner's node with the local kubelet's test control") {
+        return;
+    }
+    let env = Env::start("lost-node").await;
+    env.kubelet_fault(
+        "lost",
+        &[
+            (names::LABEL_OWNER_NAME, "web-1"),
+            (names::LABEL_OPERATION, "destroy"),
+        ],
+        KubeletFault::LostNode,
+        2.0,
+    )
+    .await;
+    let env = Env::with_machine_in(env, &sleepy_module(120), Duration::from_millis(300)).await;
+    env.delete::<Tfm>("web-1").await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let lp = ListParams::default().labels(names::LABEL_OPERATION);
+    wait_for("the runner Pod", long(), || async {
+        !pods.list(&lp).await.expect("pods").items.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A drain deletes it; the lost node never confirms.
+    let pod = pods.list(&lp).await.expect("pods").items.remove(0);
+    let pod_name = pod.metadata.name.clone().expect("name");
+    pods.delete(
+        &pod_name,
+        &kube::api::DeleteParams {
+            grace_period_seconds: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("delete the Pod");
+    let expected = format!(
+        "its Pod {pod_name} is still terminating past its grace period on node {ENVTEST_NODE} (Ready="
+    );
+    wait_for("the stuck Pod named", long(), || async {
+        env.condition::<Tfm>("web-1", "Deleting")
+            .await
+            .is_some_and(|(_, r, m)| {
+                r == "WaitingForJob"
+                    && m.contains(&expected)
+                    && m.contains("runbooks/WaitingForJob.md")
+            })
+    })
+    .await;
+    // The runbook's last step, once the node is known to be gone.
+    pods.delete(
+        &pod_name,
+        &kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("force delete");
+    env.clear_kubelet_fault("lost").await;
+    env.shutdown().await;
+}

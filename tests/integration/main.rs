@@ -10,5 +10,6 @@ mod deletion;
 mod jobs;
 mod manager;
 mod runbooks;
+mod state_safety;
 mod support;
 mod uninstall;

@@ -3,41 +3,103 @@
 
 use std::time::Duration;
 
-use captf::controller::leader::{LeaderConfig, try_acquire};
+use captf::controller::leader::{Elector, LeaderConfig};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 
 use crate::support::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_stops_renewing() {
-    let env = Env::start("leader").await;
-    let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.manager_ns);
-    let cfg = |who: &str| LeaderConfig {
+fn leader_cfg(env: &Env, who: &str) -> LeaderConfig {
+    LeaderConfig {
         namespace: env.manager_ns.clone(),
         name: "captf-manager-leader".into(),
         identity: who.into(),
         lease_duration: Duration::from_secs(1),
-        renew_every: Duration::from_millis(300),
-    };
+        renew_deadline: Duration::from_millis(700),
+        renew_every: Duration::from_millis(200),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_stops_renewing() {
+    let env = Env::start("leader").await;
+    let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.manager_ns);
+    let (mut a, mut b) = (Elector::new(), Elector::new());
+    let (ca, cb) = (leader_cfg(&env, "a"), leader_cfg(&env, "b"));
     assert!(
-        try_acquire(&api, &cfg("a")).await.expect("a"),
+        a.try_acquire(&api, &ca).await.expect("a"),
         "the first replica leads"
     );
     assert!(
-        !try_acquire(&api, &cfg("b")).await.expect("b"),
+        !b.try_acquire(&api, &cb).await.expect("b"),
         "the second waits while the lease is fresh"
     );
-    assert!(try_acquire(&api, &cfg("a")).await.expect("a renews"));
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert!(a.try_acquire(&api, &ca).await.expect("a renews"));
+    // a stops renewing: b takes over once it has seen the same record for the lease
+    // duration.
+    assert!(!b.try_acquire(&api, &cb).await.expect("b sees the renewal"));
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     assert!(
-        try_acquire(&api, &cfg("b")).await.expect("b"),
+        b.try_acquire(&api, &cb).await.expect("b"),
         "the second takes over once the lease expired"
     );
     assert!(
-        !try_acquire(&api, &cfg("a")).await.expect("a"),
+        !a.try_acquire(&api, &ca).await.expect("a"),
         "the old leader does not take it back"
     );
+    env.shutdown().await;
+}
+
+/// A leader whose clock is a minute behind writes renew times a minute old; a replica
+/// that compared them with its own clock would take the Lease from it at once. Judged by
+/// how long the record stays unchanged, the healthy leader keeps it, and loses it only
+/// once it stops renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_clock_does_not_take_the_lease_from_a_healthy_leader() {
+    let env = Env::start("leader-skew").await;
+    let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.manager_ns);
+    let cb = leader_cfg(&env, "b");
+    // Leader a, renewing every 200 ms with a clock 60 s behind.
+    let renew = |n: i32| {
+        let api = api.clone();
+        let ns = env.manager_ns.clone();
+        async move {
+            let at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60);
+            let lease: Lease = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "captf-manager-leader", "namespace": ns},
+                "spec": {"holderIdentity": "a", "leaseDurationSeconds": 1,
+                    "acquireTime": at.to_string(), "renewTime": (at + jiff::SignedDuration::from_millis(i64::from(n))).to_string(),
+                    "leaseTransitions": 0}
+            }))
+            .expect("lease");
+            match api.get_opt("captf-manager-leader").await.expect("get") {
+                None => {
+                    api.create(&Default::default(), &lease)
+                        .await
+                        .expect("create");
+                }
+                Some(old) => {
+                    let mut l = lease;
+                    l.metadata.resource_version = old.metadata.resource_version;
+                    api.replace("captf-manager-leader", &Default::default(), &l)
+                        .await
+                        .expect("renew");
+                }
+            }
+        }
+    };
+    let mut b = Elector::new();
+    for n in 0..15 {
+        renew(n * 200).await;
+        assert!(
+            !b.try_acquire(&api, &cb).await.expect("b"),
+            "round {n}: the leader renews, so its Lease is not b's to take"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // a stops renewing.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(b.try_acquire(&api, &cb).await.expect("b"));
     env.shutdown().await;
 }
 

@@ -1,0 +1,228 @@
+//! A namespace deletion never takes the last readable state: whatever the moment, a
+//! complete, readable, protected copy of the latest state survives, and an abandon in the
+//! terminating namespace copies everything out before anything is let go. States of
+//! three part Secrets, as Terraform cuts a state whose gzip passes 1 MiB.
+
+use std::time::Duration;
+
+use captf::api::TerraformMachine as Tfm;
+use captf::api::names::{self, Kind};
+use captf::controller::observe;
+use captf::state::{self, StateContent};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams};
+
+use crate::support::*;
+
+/// A state of about 3.9 MB of JSON, 2.6 MB gzipped: a base and two parts.
+const BLOB: &str = r#"
+output "blob" {
+  value = join("", [for i in range(1000) : join("", [for j in range(35) : sha512("${i}-${j}")])])
+}
+"#;
+
+const FAST: Duration = Duration::from_millis(300);
+
+async fn big_machine(tag: &str, module_body: &str) -> Env {
+    let env = Env::with_machine(tag, &format!("{module_body}{BLOB}"), FAST).await;
+    let base = names::state_secret_name("web-1.tfm");
+    assert!(
+        state_secrets(&env, &base).await.len() >= 3,
+        "the state is cut into a base and at least two parts"
+    );
+    env
+}
+
+/// The Secrets of a chunked set (`base` and `base-part-N`), with whether each carries
+/// the protection finalizer.
+async fn state_secrets(env: &Env, base: &str) -> Vec<(String, bool)> {
+    let mut out: Vec<(String, bool)> = env
+        .secrets()
+        .list_metadata(&Default::default())
+        .await
+        .expect("secrets")
+        .items
+        .into_iter()
+        .filter_map(|s| {
+            let name = s.metadata.name.clone()?;
+            (name == base || names::part_index(base, &name).is_some()).then(|| {
+                let protected = s
+                    .metadata
+                    .finalizers
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|f| f == names::PROTECT_FINALIZER);
+                (name, protected)
+            })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn fingerprint(content: StateContent) -> Option<(String, u64)> {
+    match content {
+        StateContent::Parsed {
+            lineage, serial, ..
+        } => Some((lineage, serial)),
+        _ => None,
+    }
+}
+
+async fn read_set(api: &Api<Secret>, base: &str) -> Option<(String, u64)> {
+    let secrets = observe::read_chunked(api, base, None).await.expect("read");
+    fingerprint(state::read(&secrets, state::DEFAULT_DECOMPRESSION_CAP))
+}
+
+async fn wait_all_protected(env: &Env, base: &str) {
+    wait_for("the state and all its parts protected", long(), || async {
+        let all = state_secrets(env, base).await;
+        all.len() >= 3 && all.iter().all(|(_, p)| *p)
+    })
+    .await;
+}
+
+async fn delete_namespace(env: &Env) {
+    Api::<Namespace>::all(env.client.clone())
+        .delete(&env.ns, &DeleteParams::default())
+        .await
+        .expect("delete namespace");
+}
+
+/// After the namespace deletion: the state still reads, whole, as it did.
+async fn assert_state_survived(env: &Env, before: &(String, u64)) {
+    // The namespace controller has deleted what it could by the time the object says so.
+    env.wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let base = names::state_secret_name("web-1.tfm");
+    let left = state_secrets(env, &base).await;
+    assert!(left.len() >= 3, "{left:?}");
+    assert_eq!(
+        read_set(&env.secrets(), &base).await.as_ref(),
+        Some(before),
+        "the state reads as before"
+    );
+}
+
+/// The abandon copies the state, Secret for Secret, and the inputs into the manager's
+/// namespace, verified, then releases.
+async fn abandon_and_check_copies(env: &Env, before: &(String, u64), with_backup: bool) {
+    env.abandon::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    let there: Api<Secret> = Api::namespaced(env.client.clone(), &env.manager_ns);
+    let copy = names::abandoned_copy_name(&env.ns, "web-1.tfm");
+    assert_eq!(read_set(&there, &copy).await.as_ref(), Some(before));
+    let inputs = there
+        .get(&format!("{copy}-inputs"))
+        .await
+        .expect("the inputs copy");
+    assert!(
+        inputs
+            .data
+            .unwrap_or_default()
+            .contains_key(names::INPUTS_KEY)
+    );
+    if with_backup {
+        assert!(
+            read_set(&there, &format!("{copy}-backup")).await.is_some(),
+            "the backup copied too"
+        );
+    }
+    assert!(!env.destroyed("web-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_deletion_with_no_job_running_keeps_the_whole_state() {
+    let env = big_machine("ns-idle", &module(0)).await;
+    let base = names::state_secret_name("web-1.tfm");
+    // No Job of the object runs: the base and every part are protected.
+    wait_all_protected(&env, &base).await;
+    let before =
+        fingerprint(env.read_state(Kind::TerraformMachine, "web-1").await).expect("readable");
+    delete_namespace(&env).await;
+    assert_state_survived(&env, &before).await;
+    abandon_and_check_copies(&env, &before, false).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_deletion_just_after_the_objects_deletion_began_keeps_the_whole_state() {
+    let env = big_machine("ns-began", &module(0)).await;
+    let base = names::state_secret_name("web-1.tfm");
+    // The object's deletion has begun, and stops (paused) before any Job.
+    env.annotate::<Tfm>("web-1", &[(names::CAPI_PAUSED, Some("true".into()))])
+        .await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
+    wait_all_protected(&env, &base).await;
+    let before =
+        fingerprint(env.read_state(Kind::TerraformMachine, "web-1").await).expect("readable");
+    delete_namespace(&env).await;
+    env.annotate::<Tfm>("web-1", &[(names::CAPI_PAUSED, None)])
+        .await;
+    assert_state_survived(&env, &before).await;
+    abandon_and_check_copies(&env, &before, false).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_deletion_while_the_destroy_job_runs_keeps_a_whole_protected_backup() {
+    // The first destroy sleeps long enough for the namespace to go under it.
+    let env = big_machine("ns-job", &sleepy_module(20)).await;
+    let before =
+        fingerprint(env.read_state(Kind::TerraformMachine, "web-1").await).expect("readable");
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "WaitingForJob", long())
+        .await;
+    // The parts are off protection while the Job runs (Terraform deletes the parts a
+    // shrinking state no longer has); the backup holds the state, protected, whole.
+    let backup = names::backup_secret_name("web-1.tfm");
+    let held = state_secrets(&env, &backup).await;
+    assert!(held.len() >= 3 && held.iter().all(|(_, p)| *p), "{held:?}");
+    delete_namespace(&env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = state_secrets(&env, &backup).await;
+    assert!(held.len() >= 3, "{held:?}");
+    assert_eq!(
+        read_set(&env.secrets(), &backup).await.as_ref(),
+        Some(&before),
+        "the backup reads as the state did before the Job"
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abandon_whose_copies_are_refused_holds_and_says_why() {
+    let env = big_machine("ns-refused", &module(0)).await;
+    let base = names::state_secret_name("web-1.tfm");
+    wait_all_protected(&env, &base).await;
+    let before =
+        fingerprint(env.read_state(Kind::TerraformMachine, "web-1").await).expect("readable");
+    delete_namespace(&env).await;
+    env.wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
+        .await;
+    // The manager's namespace refuses the copies for a while.
+    env.proxy
+        .faults()
+        .fail_next(10_000, Some("create"), Some("secrets"), 403);
+    env.abandon::<Tfm>("web-1").await;
+    let msg = env.wait_deleting::<Tfm>("web-1", "Held", long()).await;
+    assert!(
+        msg.contains("the abandon cannot finish") && msg.contains("runbooks/Abandon.md"),
+        "{msg}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, reason, _) = env
+        .condition::<Tfm>("web-1", "Deleting")
+        .await
+        .expect("Deleting");
+    assert_eq!(reason, "Held", "never Abandoning while the copies fail");
+    assert!(
+        state_secrets(&env, &base).await.iter().all(|(_, p)| *p),
+        "nothing unprotected"
+    );
+    env.proxy.faults().clear();
+    abandon_and_check_copies(&env, &before, false).await;
+    env.shutdown().await;
+}
