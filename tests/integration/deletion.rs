@@ -444,16 +444,7 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
     let saved = env.object::<Tfm>("web-1").await.expect("object");
     // While the manager is down, delete the object and strip its finalizer by hand.
     env.stop_manager().await;
-    env.delete::<Tfm>("web-1").await;
-    env.api::<Tfm>()
-        .patch(
-            "web-1",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("strip");
-    env.wait_gone::<Tfm>("web-1", long()).await;
+    env.delete_stripping_finalizers::<Tfm>("web-1").await;
     env.start_manager();
     let out = env.captf(&["orphans", "-n", &env.ns, "-o", "json"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -536,16 +527,7 @@ async fn a_recreated_object_ignores_the_earlier_deletion_bookkeeping_and_records
         other => panic!("the applied state reads as {other:?}"),
     };
     env.stop_manager().await;
-    env.delete::<Tfm>("web-1").await;
-    env.api::<Tfm>()
-        .patch(
-            "web-1",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("strip");
-    env.wait_gone::<Tfm>("web-1", long()).await;
+    env.delete_stripping_finalizers::<Tfm>("web-1").await;
     // Recreated from a YAML saved while the earlier object's cleanup ran (its bookkeeping
     // written under its uid), adopting the state without a recorded fingerprint.
     let mut again = saved.clone();
@@ -650,16 +632,7 @@ async fn orphans_and_restore_work_for_a_ninety_character_name() {
     );
     // Once the object is gone (its finalizer stripped), they all are.
     env.stop_manager().await;
-    env.delete::<Tfm>(&name).await;
-    env.api::<Tfm>()
-        .patch(
-            &name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .expect("strip");
-    env.wait_gone::<Tfm>(&name, long()).await;
+    env.delete_stripping_finalizers::<Tfm>(&name).await;
     let listed = orphans(&env);
     let roles: Vec<(&str, &str)> = listed
         .iter()

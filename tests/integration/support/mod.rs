@@ -835,6 +835,21 @@ impl Env {
             .expect("annotate");
     }
 
+    /// Deletes the object and strips its finalizers by hand (docs/08), and waits until it
+    /// is gone: no destroy, no cleanup.
+    pub async fn delete_stripping_finalizers<K: TerraformObject>(&self, name: &str) {
+        self.delete::<K>(name).await;
+        self.api::<K>()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .expect("strip the finalizers");
+        self.wait_gone::<K>(name, long()).await;
+    }
+
     /// Sets the abandon annotation as the runbook does: to the object's uid.
     pub async fn abandon<K: TerraformObject>(&self, name: &str) {
         let uid = self
