@@ -51,6 +51,9 @@ pub const LABEL_OPERATION: &str = "terraform.infrastructure.cluster.x-k8s.io/ope
 /// On a copy an abandon made in the manager's namespace: the object's namespace.
 pub const LABEL_SOURCE_NAMESPACE: &str =
     "terraform.infrastructure.cluster.x-k8s.io/source-namespace";
+/// On a Secret holding a state Terraform could not save (`errored.tfstate`): a record of
+/// resources that may be in no state, which cleanup never deletes.
+pub const LABEL_ERRORED_STATE: &str = "terraform.infrastructure.cluster.x-k8s.io/errored-state";
 pub const LABEL_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/attempt";
 pub const OPERATION_APPLY: &str = "apply";
 pub const OPERATION_DESTROY: &str = "destroy";

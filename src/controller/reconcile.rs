@@ -1064,12 +1064,14 @@ async fn secret_metas(
     secrets: &Api<Secret>,
     suffix: &str,
 ) -> Result<Vec<kube::core::PartialObjectMeta<Secret>>, Error> {
+    // Not the errored state: what Terraform could not save may be the only record of
+    // resources, and cleanup never deletes it (`captf orphans` lists it afterwards).
     let bases = [
         names::inputs_secret_name(suffix),
         names::state_secret_name(suffix),
         names::backup_secret_name(suffix),
-        names::errored_secret_name(suffix),
     ];
+    keep_errored_state(secrets, suffix).await?;
     Ok(
         futures::future::try_join_all(bases.iter().map(|b| chunk_metas(secrets, b)))
             .await?
@@ -1077,6 +1079,21 @@ async fn secret_metas(
             .flatten()
             .collect(),
     )
+}
+
+/// Marks an errored-state Secret written without [`names::LABEL_ERRORED_STATE`] (by an
+/// older runner) with it, so that the labelled delete of the cleanup leaves it.
+async fn keep_errored_state(secrets: &Api<Secret>, suffix: &str) -> Result<(), Error> {
+    let name = names::errored_secret_name(suffix);
+    if let Some(m) = secrets.get_metadata_opt(&name).await?
+        && !m.labels().contains_key(names::LABEL_ERRORED_STATE)
+    {
+        let patch = json!({"metadata": {"labels": {names::LABEL_ERRORED_STATE: "true"}}});
+        secrets
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Deletes the Secrets `found` (from [`secret_metas`]): their protection finalizers off
@@ -1104,7 +1121,11 @@ async fn delete_secrets(
     // deleted), or must be read first.
     let mut known = false;
     if !uid.is_empty() && !found.is_empty() {
-        let lp = ListParams::default().labels(&observe::owner_selector(uid));
+        let lp = ListParams::default().labels(&format!(
+            "{},!{}",
+            observe::owner_selector(uid),
+            names::LABEL_ERRORED_STATE
+        ));
         if let Some(deleted) = secrets
             .delete_collection(&kube::api::DeleteParams::background(), &lp)
             .await?

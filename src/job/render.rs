@@ -234,7 +234,12 @@ pub fn runner_files(
         ),
         (
             FILE_SECRET_LABELS.to_string(),
-            serde_json::to_string(&secret_labels(req)).expect("labels serialize"),
+            serde_json::to_string(&{
+                let mut labels = secret_labels(req);
+                labels.insert(names::LABEL_ERRORED_STATE.to_string(), "true".to_string());
+                labels
+            })
+            .expect("labels serialize"),
         ),
     ];
     if let Some(lock) = &inputs.lock_file {

@@ -654,6 +654,51 @@ async fn orphans_and_restore_work_for_a_ninety_character_name() {
     env.shutdown().await;
 }
 
+/// What Terraform could not save (`errored.tfstate`, kept by the runner in
+/// `captf-errored-<suffix>`) may be the only record of resources: the cleanup after a
+/// destroy leaves it, and `captf orphans` lists it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cleanup_keeps_the_errored_state() {
+    let env = machine_env("errored-kept", 0, FAST).await;
+    let uid = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.uid)
+        .expect("uid");
+    // As an earlier runner wrote it: the owner labels only.
+    let errored = names::errored_secret_name("web-1.tfm");
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": errored, "labels": captf::inputs::backend_labels(Kind::TerraformMachine, "web-1", &uid)},
+        "stringData": {"errored.tfstate": "{\"version\":4,\"serial\":9,\"lineage\":\"l\",\"resources\":[]}"}
+    }))
+    .expect("secret");
+    env.secrets()
+        .create(&Default::default(), &secret)
+        .await
+        .expect("errored state");
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    assert!(
+        !env.secret_exists(&names::state_secret_name("web-1.tfm"))
+            .await,
+        "the state went with the cleanup"
+    );
+    assert!(
+        env.secret_exists(&errored).await,
+        "the errored state is kept"
+    );
+    let out = env.captf(&["orphans", "-n", &env.ns, "-o", "json"]);
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        listed
+            .iter()
+            .any(|o| o["secret"] == errored.as_str() && o["role"] == "errored"),
+        "{listed:?}"
+    );
+    env.shutdown().await;
+}
+
 async fn machine_with(tag: &str, module_body: &str) -> Env {
     Env::with_machine(tag, module_body, FAST).await
 }
