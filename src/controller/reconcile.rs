@@ -563,8 +563,10 @@ async fn prune_destroy_jobs(ctx: &Context, o: &Observed, current: u32) -> Result
     let keep_from = finished.len().saturating_sub(2); // plus the current attempt: three kept
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     for (j, _) in &finished[..keep_from] {
         writes::delete_if_present(&jobs, &j.name_any()).await?;
+        writes::delete_if_present(&secrets, &j.name_any()).await?;
     }
     Ok(())
 }
@@ -704,24 +706,12 @@ async fn start_attempt<K: TerraformObject>(
         guarded_patch(api, current, annotation_ops(current, &bump)).await?;
         return Ok(Requeue::requeue(Duration::ZERO));
     }
-    // The attempt's Secret (the variables) first, then the Job, which then owns it.
+    // The attempt's Secret (the variables) first, then the Job. The Secret carries the
+    // owner labels, so the cleanup's labelled delete takes it; a pruned Job's and an
+    // abandoned object's are deleted with their Jobs.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     writes::create_if_absent(&secrets, &secret).await?;
     let created = existing.is_none() && writes::create_if_absent(&jobs, &job).await?;
-    if let Some(j) = jobs.get_metadata_opt(&job.name_any()).await?
-        && let Some(job_uid) = j.metadata.uid
-    {
-        let owner = json!({"metadata": {"ownerReferences": [{
-            "apiVersion": "batch/v1", "kind": "Job", "name": job.name_any(), "uid": job_uid
-        }]}});
-        secrets
-            .patch(
-                &secret.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(owner),
-            )
-            .await?;
-    }
     if created {
         ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
         publish(
@@ -1185,6 +1175,10 @@ async fn abandon<K: TerraformObject>(
         }
     }
     delete_jobs(ctx, &ns, o).await?;
+    // The variables of its attempts (each in a Secret named as its Job) are not kept.
+    for j in &o.jobs {
+        writes::delete_if_present(&secrets, &j.name_any()).await?;
+    }
     delete_lock_if_free(ctx, &ns, &suffix, o).await?;
     let now = Timestamp::now().to_string();
     for base in [

@@ -407,7 +407,7 @@ async fn an_oom_killed_runner_is_named_in_the_condition() {
 
 /// The resolved variables reach Terraform through the attempt's own Secret: no field of
 /// the Job or its Pod (which anyone who may read Pods can read) holds a variable's value.
-/// The Secret goes with the Job.
+/// The Secret goes with the cleanup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_job_or_pod_field_holds_a_variables_value() {
     let env = Env::with_machine("no-vars", &sleepy_module(4), Duration::from_millis(300)).await;
@@ -440,20 +440,21 @@ async fn no_job_or_pod_field_holds_a_variables_value() {
     ] {
         assert!(!text.contains(&value), "a variable's value in {text}");
     }
-    // The attempt's Secret holds them, owned by the Job.
-    let job = &job_list.items[0];
+    // The attempt's Secret holds them, and goes with the cleanup.
+    let job_name = job_list.items[0].metadata.name.clone().expect("name");
     let secret = env
         .secrets()
-        .get(job.metadata.name.as_deref().expect("name"))
+        .get(&job_name)
         .await
         .expect("the attempt's Secret");
-    let owner = secret.metadata.owner_references.unwrap_or_default();
-    assert_eq!(
-        owner.first().map(|o| (o.kind.as_str(), o.uid.as_str())),
-        Some(("Job", job.metadata.uid.as_deref().unwrap_or_default()))
-    );
+    let vars = secret.data.unwrap_or_default();
+    assert!(String::from_utf8_lossy(&vars["terraform.tfvars.json"].0).contains(&value));
     env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(env.destroyed("web-1"), "Terraform had the variables");
+    assert!(
+        !env.secret_exists(&job_name).await,
+        "the variables do not outlive the object"
+    );
     env.shutdown().await;
 }
 
