@@ -284,11 +284,19 @@ pub fn read_noting(secrets: &StateSecrets, cap: u64) -> (StateContent, Option<St
     (content(&subject(all - 1), scanned), None)
 }
 
-/// Where the first gzip member of `bytes` ends, when it decodes to its end (the output
-/// goes nowhere, so no size limit is needed).
+/// Where the first gzip member of `bytes` ends, when it decodes to its end within the
+/// decompression cap (the output goes nowhere; the cap bounds the time a bomb takes).
 fn gzip_member_end(bytes: &[u8]) -> Option<u64> {
+    use std::io::Read;
     let mut dec = flate2::bufread::GzDecoder::new(bytes);
-    std::io::copy(&mut dec, &mut std::io::sink()).ok()?;
+    let copied = std::io::copy(
+        &mut (&mut dec).take(DEFAULT_DECOMPRESSION_CAP + 1),
+        &mut std::io::sink(),
+    )
+    .ok()?;
+    if copied > DEFAULT_DECOMPRESSION_CAP {
+        return None;
+    }
     let rest = dec.into_inner().len();
     Some((bytes.len() - rest) as u64)
 }
