@@ -26,7 +26,7 @@ use crate::api::conditions::{self, Condition};
 use crate::api::names;
 use crate::facts::{self, Extras, Observed};
 use crate::job::{self, JobOutcome, JobRequest};
-use crate::rules::{self, Action, Blocker, Decision, Facts, StateFacts};
+use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts, StateFacts};
 use crate::state::lock::{self, Lock};
 use crate::state::{self, StateSecrets};
 
@@ -158,12 +158,7 @@ pub async fn reconcile<K: TerraformObject>(
     let obj = if decision.action == Action::CleanUp || copies_first {
         obj
     } else {
-        match write_status(&api, obj.as_ref(), &shown).await? {
-            Some(written) if writes::only_status_changed(obj.as_ref(), &written) => {
-                Arc::new(written)
-            }
-            _ => obj,
-        }
+        write_status_keeping(&api, obj, &shown).await?
     };
     if deleting {
         ctx.metrics
@@ -289,15 +284,18 @@ pub async fn reconcile<K: TerraformObject>(
             if let Err(e) = copy_out(&ctx, obj.as_ref(), &ns, &suffix).await {
                 let why = e.to_string();
                 warn!(%why, "the abandon's copies could not be made; nothing is released");
-                write_status(&api, obj.as_ref(), &copy_failed(&decision, &ctx, &ns, &why)).await?;
+                let held = rules::decide(&Facts {
+                    abandon: AbandonMark::CannotFinish(format!(
+                        "copying the state, inputs and backup Secrets to namespace {} before namespace {ns} goes failed: {why}; nothing is released and the copy is tried again every {}s",
+                        ctx.manager_namespace,
+                        REFUSED_RETRY.as_secs()
+                    )),
+                    ..facts.clone()
+                });
+                write_status(&api, obj.as_ref(), &held).await?;
                 return Ok(Requeue::requeue(REFUSED_RETRY));
             }
-            let obj = match write_status(&api, obj.as_ref(), &shown).await? {
-                Some(written) if writes::only_status_changed(obj.as_ref(), &written) => {
-                    Arc::new(written)
-                }
-                _ => obj,
-            };
+            let obj = write_status_keeping(&api, obj, &shown).await?;
             abandon(&ctx, &api, obj.as_ref(), &observed, &extras).await?;
             Ok(Requeue::await_change())
         }
@@ -571,6 +569,20 @@ async fn prune_destroy_jobs(ctx: &Context, o: &Observed, current: u32) -> Result
     Ok(())
 }
 
+/// [`write_status`], then the object to go on with: the written one when only its status
+/// changed (so that the guarded writes after it test the new resourceVersion), else the
+/// one read.
+async fn write_status_keeping<K: TerraformObject>(
+    api: &Api<K>,
+    obj: Arc<K>,
+    decision: &Decision,
+) -> Result<Arc<K>, Error> {
+    Ok(match write_status(api, obj.as_ref(), decision).await? {
+        Some(written) if writes::only_status_changed(obj.as_ref(), &written) => Arc::new(written),
+        _ => obj,
+    })
+}
+
 /// Merges the decision's conditions into the status; unchanged status is not rewritten.
 /// Returns the object as written, if it was.
 async fn write_status<K: TerraformObject>(
@@ -753,22 +765,20 @@ async fn ensure_backend_labels(
             .iter()
             .filter(|(k, v)| have.get(*k) != Some(*v))
             .collect();
+        let mut current = meta.metadata;
         if !missing.is_empty() {
             let patch = json!({ "metadata": { "labels": missing } });
-            secrets
+            current = secrets
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                .await?;
+                .await?
+                .metadata;
         }
         // A part keeps no finalizer while the Job runs: Terraform deletes the parts a
         // shrinking state no longer has.
         if name != state.base_name {
-            let ops = remove_finalizer_ops(&meta.metadata, names::PROTECT_FINALIZER);
+            let ops = remove_finalizer_ops(&current, names::PROTECT_FINALIZER);
             if !ops.is_empty() {
-                let current = secrets.get_metadata_opt(&name).await?;
-                if let Some(current) = current {
-                    let ops = remove_finalizer_ops(&current.metadata, names::PROTECT_FINALIZER);
-                    guarded_patch(&secrets, &current.metadata, ops).await?;
-                }
+                guarded_patch(&secrets, &current, ops).await?;
             }
         }
     }
@@ -842,17 +852,13 @@ async fn ensure_backup<K: TerraformObject>(
     }
     // Parts an earlier, larger backup had.
     let mut n = chunks.len().max(1) as u32;
-    while secrets
+    while let Some(m) = secrets
         .get_metadata_opt(&names::part_secret_name(&base, n))
         .await?
-        .is_some()
     {
-        let part = names::part_secret_name(&base, n);
-        if let Some(m) = secrets.get_metadata_opt(&part).await? {
-            let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
-            let _ = guarded_patch(&secrets, &m.metadata, ops).await;
-        }
-        writes::delete_if_present(&secrets, &part).await?;
+        let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
+        let _ = guarded_patch(&secrets, &m.metadata, ops).await;
+        writes::delete_if_present(&secrets, &names::part_secret_name(&base, n)).await?;
         n += 1;
     }
     ctx.set_backed_up(&uid, lineage, serial);
@@ -1216,34 +1222,6 @@ async fn abandon<K: TerraformObject>(
     release(ctx, api, &current).await
 }
 
-/// The decision shown when an abandon in a terminating namespace cannot make its copies:
-/// held, with the API's message, nothing released.
-fn copy_failed(decision: &Decision, ctx: &Context, ns: &str, why: &str) -> Decision {
-    let mut d = decision.clone();
-    d.conditions[0] = conditions::Desired::new(
-        conditions::DELETING,
-        conditions::Status::True,
-        conditions::reason::HELD,
-        format!(
-            "the abandon cannot finish: copying the state, inputs and backup Secrets to namespace {} before namespace {} goes failed: {why}; nothing is released and the copy is tried again every {}s; see {}",
-            ctx.manager_namespace,
-            ns,
-            REFUSED_RETRY.as_secs(),
-            rules::RUNBOOK_ABANDON
-        ),
-    );
-    let shown = format!(
-        "the object is being deleted: {}: {}",
-        d.conditions[0].reason, d.conditions[0].message
-    );
-    for c in d.conditions.iter_mut().skip(1) {
-        if c.type_ == conditions::READY {
-            c.message = shown.clone();
-        }
-    }
-    d
-}
-
 /// In a terminating namespace the kept Secrets would go with the namespace: before any
 /// protection comes off, each of them (the state and its parts, the inputs, the backup
 /// and its parts) is copied as it is, Secret for Secret, into the manager's namespace
@@ -1298,15 +1276,22 @@ async fn copy_out<K: TerraformObject>(
             data: original.data.clone(),
             ..Default::default()
         };
+        // Made by an earlier pass: the same bytes, or made again from these.
+        let same =
+            |s: &Option<Secret>| s.as_ref().and_then(|s| s.data.as_ref()) == original.data.as_ref();
+        let mut back = None;
         if !writes::create_if_absent(&there, &copy).await? {
-            // Made by an earlier pass: the same bytes, or made again from these.
-            let held = there.get_opt(target).await?;
-            if held.as_ref().and_then(|s| s.data.as_ref()) != original.data.as_ref() {
+            back = there.get_opt(target).await?;
+            if !same(&back) {
                 writes::create_or_replace(&there, &copy).await?;
+                back = None;
             }
         }
-        let back = there.get_opt(target).await?;
-        if back.as_ref().and_then(|s| s.data.as_ref()) != original.data.as_ref() {
+        // Read back what is there now.
+        if back.is_none() {
+            back = there.get_opt(target).await?;
+        }
+        if !same(&back) {
             return Err(Error::Stale(format!(
                 "the copy {}/{target} of {ns}/{source} does not read back as written",
                 ctx.manager_namespace
@@ -1348,11 +1333,15 @@ async fn announce_copies<K: TerraformObject>(
 ) {
     let there: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.manager_namespace);
     let base = names::abandoned_copy_name(ns, suffix);
-    let target = match there.get_metadata_opt(&base).await {
-        Ok(Some(_)) => base.clone(),
-        _ => format!("{base}-inputs"),
+    let copy = match there.get_metadata_opt(&base).await {
+        Ok(Some(m)) => Some(m),
+        _ => there
+            .get_metadata_opt(&format!("{base}-inputs"))
+            .await
+            .ok()
+            .flatten(),
     };
-    if let Ok(Some(copy)) = there.get_opt(&target).await {
+    if let Some(copy) = copy {
         let msg = format!(
             "{}/{} abandoned while namespace {ns} terminates: its state, inputs and backup Secrets were copied here as {base}…; the state described: {described}",
             K::KIND,

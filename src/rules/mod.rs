@@ -115,6 +115,10 @@ pub enum AbandonMark {
     /// The annotation holds something else (`"true"`, another object's uid): ignored, and
     /// the held condition says so.
     Ignored(String),
+    /// The annotation holds this object's uid, but the release cannot finish: what keeps
+    /// it (the manager could not copy the kept Secrets out of a terminating namespace).
+    /// Only the manager, which tried, knows this; the object is held, nothing released.
+    CannotFinish(String),
 }
 
 impl AbandonMark {
@@ -694,6 +698,9 @@ fn held(row: u8, f: &Facts, msg: String, runbook: &'static str, others: Vec<Desi
     if f.abandon == AbandonMark::ThisObject {
         return abandon(row, msg, others);
     }
+    if let AbandonMark::CannotFinish(why) = &f.abandon {
+        return abandon_cannot_finish(row, why, others);
+    }
     let msg = format!("{msg}{}", f.abandon.note(&f.uid));
     let d = Desired::new(cond::DELETING, Status::True, reason::HELD, msg);
     finish(
@@ -720,6 +727,9 @@ fn retry(
     if f.abandon == AbandonMark::ThisObject {
         return abandon(9, msg, others);
     }
+    if let AbandonMark::CannotFinish(why) = &f.abandon {
+        return abandon_cannot_finish(9, why, others);
+    }
     let msg = format!("{msg}{}", f.abandon.note(&f.uid));
     let d = Desired::new(cond::DELETING, Status::True, why, msg);
     finish(
@@ -742,6 +752,21 @@ fn abandon(row: u8, why_held: String, others: Vec<Desired>) -> Decision {
     finish(
         Some(row),
         Action::Abandon,
+        d,
+        others,
+        Some(RUNBOOK_ABANDON),
+        None,
+        None,
+    )
+}
+
+/// An abandon that cannot finish: held, saying why, nothing released.
+fn abandon_cannot_finish(row: u8, why: &str, others: Vec<Desired>) -> Decision {
+    let msg = format!("the abandon cannot finish: {why}; see {RUNBOOK_ABANDON}");
+    let d = Desired::new(cond::DELETING, Status::True, reason::HELD, msg);
+    finish(
+        Some(row),
+        Action::Hold,
         d,
         others,
         Some(RUNBOOK_ABANDON),
