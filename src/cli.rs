@@ -67,13 +67,17 @@ pub struct RestoreArgs {
     /// Restore from the backup Secret taken before the first destroy attempt.
     #[arg(
         long,
-        conflicts_with = "from_file",
-        required_unless_present = "from_file"
+        conflicts_with_all = ["from_file", "from_errored"],
+        required_unless_present_any = ["from_file", "from_errored"]
     )]
     pub from_backup: bool,
     /// Restore from a state file (JSON as `terraform state pull` prints it, or gzip).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_errored")]
     pub from_file: Option<PathBuf>,
+    /// Restore from an errored state a runner kept (what Terraform could not save), by
+    /// the name of its Secret (`tfstate-errored-…`, or an older `captf-errored-…`).
+    #[arg(long, value_name = "SECRET")]
+    pub from_errored: Option<String>,
     /// Overwrite a state that is readable.
     #[arg(long)]
     pub force: bool,
@@ -324,9 +328,10 @@ fn with_client<T>(
 }
 
 fn run_restore(args: &RestoreArgs) -> Result<(), Misuse> {
-    let source = match &args.from_file {
-        Some(p) => crate::tools::RestoreSource::File(p.clone()),
-        None => crate::tools::RestoreSource::Backup,
+    let source = match (&args.from_file, &args.from_errored) {
+        (Some(p), _) => crate::tools::RestoreSource::File(p.clone()),
+        (None, Some(s)) => crate::tools::RestoreSource::Errored(s.clone()),
+        (None, None) => crate::tools::RestoreSource::Backup,
     };
     let out = with_client(async |client, default_ns| {
         let ns = args.namespace.clone().unwrap_or(default_ns);

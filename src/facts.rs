@@ -89,6 +89,9 @@ pub struct Observed {
     pub dependents: Vec<String>,
     /// The state Secret and its parts; `None` when not read in this pass.
     pub state: Option<StateSecrets>,
+    /// The states Terraform could not save that runners kept for this object (read with
+    /// the state).
+    pub errored: Vec<state::Errored>,
     pub inputs_secret: Option<Secret>,
     /// Secrets and ConfigMaps the inputs or the spec reference (credentials, variablesFrom).
     pub referenced_secrets: BTreeMap<String, Secret>,
@@ -309,7 +312,8 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
             job::operation_of(j) == Some(names::OPERATION_DESTROY)
                 && job::attempt_of(j) == Some(attempt)
         });
-    let blocker = blocker(o, &suffix, &namespace, &mut extras);
+    let errored = errored_uncovered(o, settings.decompression_cap);
+    let blocker = blocker(o, &suffix, &namespace, errored.as_deref(), &mut extras);
 
     let facts = Facts {
         kind: o.kind,
@@ -330,6 +334,7 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Extras) {
         last_attempt,
         attempt_unstarted,
         blocker,
+        errored_uncovered: errored.is_some(),
         now: o.now,
         backoff: settings.backoff,
     };
@@ -506,12 +511,21 @@ fn deletion_time(meta: &ObjectMeta) -> Option<Timestamp> {
     meta.deletion_timestamp.as_ref().map(|t| t.0)
 }
 
-fn blocker(o: &Observed, suffix: &str, namespace: &str, extras: &mut Extras) -> Option<Blocker> {
+fn blocker(
+    o: &Observed,
+    suffix: &str,
+    namespace: &str,
+    errored: Option<&str>,
+    extras: &mut Extras,
+) -> Option<Blocker> {
     let uid = o.meta.uid.as_deref().unwrap_or_default();
     if !o.owners_gone.is_empty()
         && (uid.is_empty() || annotation(&o.meta, names::DESTROY_WITHOUT_OWNER) != Some(uid))
     {
         return Some(Blocker::OwnerGone(o.owners_gone.join("; ")));
+    }
+    if let Some(what) = errored {
+        return Some(Blocker::ErroredState(what.to_string()));
     }
     if o.namespace_terminating {
         return Some(Blocker::NamespaceTerminating(namespace.to_string()));
@@ -593,6 +607,50 @@ fn usable_inputs(o: &Observed, suffix: &str, namespace: &str) -> Result<Inputs, 
 /// Terraform's lock, judged by [`lock::judge`]: free, stale (its holder a runner of this
 /// object, or of an earlier one of its name, that is provably gone: cleared before the
 /// attempt), or held (never broken).
+/// The errored states (see [`Observed::errored`]) that list a managed resource instance
+/// the state does not, or cannot be read, described; None when every one is covered by
+/// the state (a destroy whose last save failed leaves a subset of it, for instance).
+pub fn errored_uncovered(o: &Observed, cap: u64) -> Option<String> {
+    if o.errored.is_empty() {
+        return None;
+    }
+    let state = match o.state.as_ref().map(|s| s.instances(cap)) {
+        Some(Ok(i)) => Some(i.managed),
+        None => Some(Default::default()),
+        Some(Err(_)) => None,
+    };
+    let mut said = Vec::new();
+    for e in &o.errored {
+        let name = e.name();
+        match (e.instances(cap), &state) {
+            (Err(why), _) => said.push(format!(
+                "the errored state {name} (what Terraform could not save) cannot be read ({why}), so the resources it records are unknown"
+            )),
+            (Ok(_), None) => said.push(format!(
+                "the errored state {name} (what Terraform could not save) cannot be compared with the state, which cannot be read"
+            )),
+            (Ok(errored), Some(state)) => {
+                let missing: Vec<&String> = errored.managed.difference(state).collect();
+                if missing.is_empty() {
+                    continue;
+                }
+                const SHOWN: usize = 3;
+                let mut list: Vec<String> =
+                    missing.iter().take(SHOWN).map(|m| m.to_string()).collect();
+                if missing.len() > SHOWN {
+                    list.push(format!("{} more", missing.len() - SHOWN));
+                }
+                said.push(format!(
+                    "the errored state {name} (what Terraform could not save) records {} managed resource instance(s) that the state does not: {}",
+                    missing.len(),
+                    list.join(", ")
+                ));
+            }
+        }
+    }
+    (!said.is_empty()).then(|| said.join("; "))
+}
+
 fn lock_blocker(o: &Observed, suffix: &str, extras: &mut Extras) -> Option<Blocker> {
     let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
     match lock::judge(o.lock.as_ref(), suffix, &pods, o.now) {
@@ -706,6 +764,7 @@ mod tests {
             earlier_pods: vec![],
             dependents: vec![],
             state: None,
+            errored: vec![],
             inputs_secret: None,
             referenced_secrets: BTreeMap::new(),
             referenced_config_maps: BTreeMap::new(),
@@ -1025,6 +1084,128 @@ mod tests {
             ..Default::default()
         };
         StateSecrets::from_secrets(&base, &[secret])
+    }
+
+    /// Secrets holding `state` gzip-compressed as Terraform's backend stores it, under base
+    /// `base`, with `labels`.
+    fn state_secrets_of(base: &str, state: &serde_json::Value, labels: &[(&str, &str)]) -> Secret {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(state.to_string().as_bytes()).expect("gzip");
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(base.to_string()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            data: Some([("tfstate".to_string(), ByteString(e.finish().expect("gzip")))].into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_errored_state_with_instances_the_state_lacks_holds_the_destroy() {
+        let applied = (names::APPLIED_AT, "2026-11-30T10:00:00Z");
+        let sha = rebuilt_sha(Kind::TerraformCluster);
+        let mut o = observed(
+            Kind::TerraformCluster,
+            &[applied, (names::INPUTS_SHA256, &sha)],
+        );
+        o.meta.deletion_timestamp = Some(Time("2026-12-01T11:00:00Z".parse().expect("time")));
+        let instance = |id: &str| serde_json::json!({"index_key": 0, "attributes": {"id": id}});
+        let state = |ids: &[&str]| {
+            serde_json::json!({"version": 4, "serial": 5, "lineage": "l-1", "resources": [
+                {"mode": "managed", "type": "terraform_data", "name": "vm",
+                 "instances": ids.iter().map(|i| instance(i)).collect::<Vec<_>>()}]})
+        };
+        let base = names::state_secret_name("prod.tfc");
+        o.state = Some(StateSecrets::from_secrets(
+            &base,
+            &[state_secrets_of(&base, &state(&["a"]), &[])],
+        ));
+        let errored_suffix = names::errored_suffix("prod.tfc", 1, "ab1cd");
+        let errored_base = names::state_secret_name(&errored_suffix);
+        let errored = |ids: &[&str]| {
+            state::Errored::find(
+                "prod.tfc",
+                &[state_secrets_of(
+                    &errored_base,
+                    &state(ids),
+                    &[
+                        (names::LABEL_ERRORED_STATE, "true"),
+                        (names::TF_LABEL_SUFFIX, &errored_suffix),
+                    ],
+                )],
+            )
+        };
+        // Covered by the state (a destroy whose save failed leaves a subset): no hold.
+        o.errored = errored(&["a"]);
+        assert_eq!(o.errored.len(), 1);
+        assert_eq!(blocker(&o), None);
+        let (d, _, _) = decide(&o, &Settings::default());
+        assert_eq!((d.row, d.action), (Some(7), Action::StartDestroy));
+        // An instance the state does not hold (another id): held, named, its own runbook.
+        o.errored = errored(&["a", "b"]);
+        let (d, _, _) = decide(&o, &Settings::default());
+        assert_eq!(d.row, Some(9), "{}", d.deleting().message);
+        assert_ne!(d.action, Action::StartDestroy);
+        assert_eq!(d.runbook, Some(crate::rules::RUNBOOK_ERRORED_STATE));
+        let msg = &d.deleting().message;
+        assert!(
+            msg.contains(&format!(
+                "the errored state {errored_base} (what Terraform could not save) records 1 managed resource instance(s) that the state does not: terraform_data.vm[0] (id b)"
+            )),
+            "{msg}"
+        );
+        let blocked = d
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::api::conditions::DELETION_BLOCKED)
+            .expect("DeletionBlocked");
+        assert_eq!(
+            (blocked.status, blocked.reason),
+            (crate::api::conditions::Status::True, "ErroredState")
+        );
+        // One that cannot be read holds too.
+        let mut unreadable = errored(&["a"]);
+        if let state::Errored::Pushed(s) = &mut unreadable[0] {
+            s.base = Some(b"not gzip".to_vec());
+        }
+        o.errored = unreadable;
+        assert!(
+            matches!(blocker(&o), Some(Blocker::ErroredState(m)) if m.contains("cannot be read")),
+            "{:?}",
+            blocker(&o)
+        );
+        // An empty state (an apply that could not save left only the errored state):
+        // held, not cleaned up and released.
+        let empty =
+            serde_json::json!({"version": 4, "serial": 1, "lineage": "l-1", "resources": []});
+        o.state = Some(StateSecrets::from_secrets(
+            &base,
+            &[state_secrets_of(&base, &empty, &[])],
+        ));
+        o.errored = errored(&["b"]);
+        let (d, _, _) = decide(&o, &Settings::default());
+        assert_eq!(
+            (d.row, d.runbook),
+            (Some(9), Some(crate::rules::RUNBOOK_ERRORED_STATE)),
+            "{}",
+            d.deleting().message
+        );
+        // Abandon still releases.
+        o.errored = errored(&["b"]);
+        o.meta
+            .annotations
+            .get_or_insert_default()
+            .insert(names::ABANDON.to_string(), "uid-1".to_string());
+        let (d, _, _) = decide(&o, &Settings::default());
+        assert_eq!(d.action, Action::Abandon);
     }
 
     #[test]

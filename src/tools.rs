@@ -37,6 +37,9 @@ pub enum ToolError {
 pub enum RestoreSource {
     Backup,
     File(std::path::PathBuf),
+    /// An errored state a runner kept, by the name of its (base) Secret in the object's
+    /// namespace: Terraform's last state of the failed run, to merge back.
+    Errored(String),
 }
 
 /// `captf state restore KIND/NAME`: writes a state back in Terraform's format (parts
@@ -66,6 +69,35 @@ pub async fn restore(
             })?
         }
         RestoreSource::File(path) => read_state_file(path)?,
+        RestoreSource::Errored(name) => {
+            let secret = secrets
+                .get_opt(name)
+                .await?
+                .ok_or_else(|| ToolError::Refused(format!("no Secret {name} in namespace {ns}")))?;
+            let data = secret.data.unwrap_or_default();
+            if let Some(json) = data.get(names::LEGACY_ERRORED_KEY) {
+                // An older runner's: plain JSON.
+                let mut enc = GzEncoder::new(Vec::new(), Compression::default());
+                std::io::copy(&mut &json.0[..], &mut enc)
+                    .and_then(|_| enc.finish())
+                    .map_err(|e| ToolError::Refused(format!("Secret {name}: {e}")))?
+            } else if data.contains_key(names::TF_STATE_KEY) {
+                observe::read_chunked(&secrets, name, None)
+                    .await?
+                    .joined()
+                    .ok_or_else(|| {
+                        ToolError::Refused(format!(
+                            "the errored state {name} is not complete (a part Secret is missing)"
+                        ))
+                    })?
+            } else {
+                return Err(ToolError::Refused(format!(
+                    "Secret {name} holds no state (neither {} nor {})",
+                    names::TF_STATE_KEY,
+                    names::LEGACY_ERRORED_KEY
+                )));
+            }
+        }
     };
     // The source itself must be a readable Terraform state.
     match state::read_bytes(&gzip[..], state::DEFAULT_DECOMPRESSION_CAP) {
@@ -282,7 +314,7 @@ pub struct Orphan {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_namespace: Option<String>,
     /// `state`, `state-part`, `inputs`, `backup`, `backup-part`, `errored`,
-    /// `abandoned-copy` or `abandoned-copy-part`.
+    /// `errored-part`, `abandoned-copy` or `abandoned-copy-part`.
     pub role: String,
     pub kind: String,
     /// The owner-name label: the object's name, cut and hashed when longer than 63.
@@ -402,7 +434,10 @@ fn owner_of_secret(meta: &ObjectMeta) -> Option<(String, Kind, String)> {
     let labels = meta.labels.as_ref().unwrap_or(&empty);
     let name = meta.name.as_deref().unwrap_or_default();
     let part = name.contains("-part-");
+    let errored = labels.contains_key(names::LABEL_ERRORED_STATE);
     let role = match name {
+        n if n.starts_with("tfstate-") && errored && part => "errored-part",
+        n if n.starts_with("tfstate-") && errored => "errored",
         n if n.starts_with("captf-inputs-") => "inputs",
         n if n.starts_with("captf-backup-") && part => "backup-part",
         n if n.starts_with("captf-backup-") => "backup",

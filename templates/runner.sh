@@ -2,23 +2,25 @@
 # CAPTF runner: `terraform init`, then `terraform $CAPTF_OPERATION` (destroy or apply)
 # against the object's state Secret through Terraform's kubernetes backend.
 #
-# POSIX sh, busybox compatible: the stock hashicorp/terraform image has busybox sh,
-# wget, base64 and tee, and no jq, so the controller renders every file this script
+# POSIX sh, busybox compatible: the stock hashicorp/terraform image has busybox sh and
+# tee, and no jq, so the controller renders every file this script
 # needs (no JSON parsing here) into the read-only directory $CAPTF_RENDER_DIR:
 #   runner.sh              this script
 #   backend.hcl            namespace, secret_suffix and labels of the kubernetes backend
 #   terraform.tfvars.json  the variables (passed with -var-file, so they win)
-#   secret-labels.json     the labels of the errored-state Secret, a JSON object
+#   errored-backend.hcl    the backend settings for saving an errored.tfstate: the same
+#                          namespace, and the labels of an errored state
 #   module/...             the module's inline files, or
 #   module-source          the module's source address (terraform init -from-module)
 #   terraform.lock.hcl     the provider lock file, when the inputs carry one
-# Environment: CAPTF_OPERATION, CAPTF_NAMESPACE, CAPTF_SUFFIX, CAPTF_ERRORED_SECRET,
+# Environment: CAPTF_OPERATION, CAPTF_NAMESPACE, CAPTF_SUFFIX,
+# CAPTF_ERRORED_SUFFIX_BEFORE_TAG and _AFTER_TAG (the backend suffix an errored.tfstate is
+# saved under, around the Pod's name tag),
 # CAPTF_JOB_NAME (the Job's name: a lock left by an earlier Pod of it is broken),
 # CAPTF_RENDER_DIR, CAPTF_WORKSPACE (an emptyDir: HOME, TF_DATA_DIR, TMPDIR and the
 # working copy live there, the root filesystem is read-only), and optionally
-# CAPTF_TERMINATION_LOG (default /dev/termination-log), CAPTF_API_SERVER (default
-# https://kubernetes.default.svc), CAPTF_SERVICEACCOUNT_DIR, CAPTF_HTTP_CLIENT (curl or
-# wget), KUBE_CONFIG_PATH (a local runner: no in_cluster_config then).
+# CAPTF_TERMINATION_LOG (default /dev/termination-log), KUBE_CONFIG_PATH (a local runner:
+# no in_cluster_config then).
 #
 # Signals: a shell as PID 1 has no default signal handling, so Terraform runs as a child
 # (in its own session when `setsid` exists, so that a signal sent to the whole process
@@ -38,8 +40,6 @@ WS="${CAPTF_WORKSPACE:-/workspace}"
 WORK="$WS/work"
 OP="${CAPTF_OPERATION:-}"
 TERMLOG="${CAPTF_TERMINATION_LOG:-/dev/termination-log}"
-SA_DIR="${CAPTF_SERVICEACCOUNT_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}"
-API="${CAPTF_API_SERVER:-https://kubernetes.default.svc}"
 STDERR_LOG="$WS/terraform-stderr.log"
 FIFO="$WS/terraform-stderr.fifo"
 VARS="$WS/captf.tfvars.json"
@@ -154,87 +154,43 @@ stop_if_signalled() {
     fi
 }
 
-# http METHOD URL BODY_FILE: prints the HTTP status code (000 when there is none).
-http() {
-    h_method=$1
-    h_url=$2
-    h_body=$3
-    h_token=""
-    if [ -r "$SA_DIR/token" ]; then
-        h_token=$(cat "$SA_DIR/token")
-    fi
-    h_client="${CAPTF_HTTP_CLIENT:-}"
-    if [ -z "$h_client" ]; then
-        if command -v curl > /dev/null 2>&1; then h_client=curl; else h_client=wget; fi
-    fi
-    if [ "$h_client" = curl ]; then
-        set -- -sS -o "$WS/http-response" -w '%{http_code}' -X "$h_method" \
-            -H 'Content-Type: application/json' --data-binary "@$h_body"
-        if [ -n "$h_token" ]; then set -- "$@" -H "Authorization: Bearer $h_token"; fi
-        if [ -r "$SA_DIR/ca.crt" ]; then set -- "$@" --cacert "$SA_DIR/ca.crt"; fi
-        curl "$@" "$h_url" || true
-        return 0
-    fi
-    # wget: busybox wget can only POST; GNU wget has --method.
-    set -- -q -O "$WS/http-response" --header 'Content-Type: application/json'
-    if [ -n "$h_token" ]; then set -- "$@" --header "Authorization: Bearer $h_token"; fi
-    h_help=$(wget --help 2>&1)
-    case "$h_help" in
-        *--ca-certificate*) if [ -r "$SA_DIR/ca.crt" ]; then set -- "$@" --ca-certificate="$SA_DIR/ca.crt"; fi ;;
-    esac
-    case "$h_help" in *--server-response*) set -- "$@" --server-response ;; esac
-    if [ "$h_method" = POST ]; then
-        set -- "$@" --post-file="$h_body"
-    else
-        case "$h_help" in
-            *--method*) set -- "$@" --method="$h_method" --body-file="$h_body" ;;
-            *)
-                log "this wget cannot send $h_method"
-                echo 000
-                return 0
-                ;;
-        esac
-    fi
-    if h_out=$(wget "$@" "$h_url" 2>&1); then
-        h_code=$(printf '%s\n' "$h_out" | sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' | tail -n 1)
-        echo "${h_code:-200}"
-    else
-        h_code=$(printf '%s\n' "$h_out" | sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' | tail -n 1)
-        log "wget: $h_out"
-        echo "${h_code:-000}"
-    fi
-}
-
-# save_errored: uploads errored.tfstate as the Secret $CAPTF_ERRORED_SECRET; replaces an
-# existing one. Returns non-zero when it could not.
+# save_errored: pushes errored.tfstate through Terraform's own kubernetes backend into a
+# state of its own, under the backend suffix $CAPTF_ERRORED_SUFFIX_BEFORE_TAG, this Pod's
+# name tag, $CAPTF_ERRORED_SUFFIX_AFTER_TAG (errored-<attempt>-<tag>.<suffix>), so that
+# every attempt, and every Pod of one, keeps its own. The backend stores it as it stores
+# any state: gzip-compressed, chunked under the Secret size limit, labelled (the labels of
+# errored-backend.hcl mark it as an errored state, which cleanup never deletes), over the
+# Pod's verified in-cluster TLS. Never in a workspace of the object's own suffix: there,
+# the backend's default workspace is the object's state. Sets ERRORED_SECRET. Returns
+# non-zero when it could not.
 save_errored() {
-    e_name="${CAPTF_ERRORED_SECRET:-captf-errored-${CAPTF_SUFFIX:-}}"
-    e_ns="${CAPTF_NAMESPACE:-}"
-    e_labels='{}'
-    if [ -s "$RENDER/secret-labels.json" ]; then
-        e_labels=$(cat "$RENDER/secret-labels.json")
-    fi
-    e_body="$WS/errored-secret.json"
-    {
-        printf '{"apiVersion":"v1","kind":"Secret","type":"Opaque","metadata":{"name":"%s","namespace":"%s","labels":%s},"data":{"errored.tfstate":"' \
-            "$e_name" "$e_ns" "$e_labels"
-        base64 < "$WORK/errored.tfstate" | tr -d '\n'
-        printf '"}}\n'
-    } > "$e_body" || return 1
-    e_url="$API/api/v1/namespaces/$e_ns/secrets"
-    e_code=$(http POST "$e_url" "$e_body")
-    if [ "$e_code" = 409 ]; then
-        log "Secret $e_ns/$e_name exists: replacing it"
-        e_code=$(http PUT "$e_url/$e_name" "$e_body")
-    fi
-    case "$e_code" in
-        2??)
-            log "saved errored.tfstate in Secret $e_ns/$e_name"
-            return 0
-            ;;
+    e_tag=${HOSTNAME:-$(hostname 2>/dev/null)}
+    case "$e_tag" in
+        *-?????) e_tag=${e_tag##*-} ;;
+        *) e_tag=$(date +%s | tail -c 6) ;;
     esac
-    log "could not save errored.tfstate in Secret $e_ns/$e_name (HTTP status $e_code)"
-    return 1
+    e_suffix="${CAPTF_ERRORED_SUFFIX_BEFORE_TAG:-errored-}$e_tag${CAPTF_ERRORED_SUFFIX_AFTER_TAG:-.${CAPTF_SUFFIX:-}}"
+    ERRORED_SECRET="tfstate-default-$e_suffix"
+    e_dir="$WS/errored"
+    mkdir -p "$e_dir" || return 1
+    printf 'terraform {\n  backend "kubernetes" {}\n}\n' > "$e_dir/captf_backend.tf" || return 1
+    {
+        cat "$RENDER/errored-backend.hcl" &&
+            printf 'secret_suffix = "%s"\n' "$e_suffix" &&
+            if [ -z "${KUBE_CONFIG_PATH:-}" ]; then printf 'in_cluster_config = true\n'; fi
+    } > "$e_dir/backend.hcl" || return 1
+    log "saving errored.tfstate as the state of suffix $e_suffix (Secret $ERRORED_SECRET)"
+    # In a subshell, in a directory and data directory of its own: init (which makes the
+    # new suffix's default workspace, an empty state) and the push, without a lock
+    # (nothing else knows this state).
+    (
+        cd "$e_dir" || exit 1
+        unset TF_WORKSPACE
+        export TF_DATA_DIR="$e_dir/.terraform"
+        terraform init -input=false -no-color -backend-config=backend.hcl > "$e_dir/init.log" 2>&1 ||
+            { cat "$e_dir/init.log" >&2; exit 1; }
+        terraform state push -lock=false "$WORK/errored.tfstate"
+    ) < /dev/null
 }
 
 # stale_own_lock: whether the last Terraform command failed on a state lock held by an
@@ -324,9 +280,9 @@ fi
 if [ -f "$WORK/errored.tfstate" ]; then
     log "=================================================================="
     log "TERRAFORM COULD NOT SAVE ITS STATE: it wrote errored.tfstate."
-    log "The resources it describes are not in the state Secret."
+    log "The resources it describes may not be in the state Secret."
     if save_errored; then
-        where="saved in Secret ${CAPTF_NAMESPACE:-}/${CAPTF_ERRORED_SECRET:-}"
+        where="saved in Secret ${CAPTF_NAMESPACE:-}/$ERRORED_SECRET"
     else
         where="NOT saved (see the log)"
     fi

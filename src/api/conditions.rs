@@ -30,6 +30,7 @@ pub mod reason {
     // DeletionBlocked
     pub const DEPENDENTS_EXIST: &str = "DependentsExist";
     pub const OWNER_GONE: &str = "OwnerGone";
+    pub const ERRORED_STATE: &str = "ErroredState";
     pub const NOT_BLOCKED: &str = "NotBlocked";
     // StateReadable
     pub const READABLE: &str = "Readable";

@@ -236,9 +236,39 @@ pub fn backup_secret_name(suffix: &str) -> String {
     format!("captf-backup-{suffix}")
 }
 
-/// Where the runner saves `errored.tfstate`: `captf-errored-<suffix>`.
+/// Where a runner before the errored-workspace change saved `errored.tfstate` (plain
+/// JSON under key [`LEGACY_ERRORED_KEY`]): `captf-errored-<suffix>`. Still read, never
+/// written.
 pub fn errored_secret_name(suffix: &str) -> String {
     format!("captf-errored-{suffix}")
+}
+
+/// The key of [`errored_secret_name`]'s Secret.
+pub const LEGACY_ERRORED_KEY: &str = "errored.tfstate";
+
+/// Where attempt `attempt`'s runner saves an `errored.tfstate`: a state of its own, written
+/// by Terraform's backend in the default workspace under the backend suffix
+/// `errored-<attempt>-<tag>.<suffix>` (`tag`: the five characters that end the runner
+/// Pod's name), in `tfstate-default-errored-<attempt>-<tag>.<suffix>` and its parts,
+/// labelled [`LABEL_ERRORED_STATE`] and with the owner labels. A suffix of its own, not a
+/// workspace of the object's: Terraform's `init` refuses to start in a workspace that does
+/// not exist once another one does, and the backend's default workspace there is the
+/// object's state. When `<suffix>` would make it longer than a label value, its short hash
+/// stands in for it. Returns the parts before and after the tag.
+pub fn errored_suffix_around_tag(suffix: &str, attempt: u32) -> (String, String) {
+    let before = format!("errored-{attempt}-");
+    let tail = if before.len() + 5 + 1 + suffix.len() <= LABEL_VALUE_MAX {
+        format!(".{suffix}")
+    } else {
+        format!(".{}", short_hash(suffix))
+    };
+    (before, tail)
+}
+
+/// [`errored_suffix_around_tag`] with the tag in place.
+pub fn errored_suffix(suffix: &str, attempt: u32, tag: &str) -> String {
+    let (before, after) = errored_suffix_around_tag(suffix, attempt);
+    format!("{before}{tag}{after}")
 }
 
 /// The copy an abandon makes in the manager's namespace when the object's namespace is
@@ -339,6 +369,19 @@ mod tests {
             state_suffix(Kind::TerraformMachine, &a),
             state_suffix(Kind::TerraformMachine, &b)
         );
+    }
+
+    #[test]
+    fn an_errored_suffix_is_a_label_value_and_names_its_attempt() {
+        assert_eq!(
+            errored_suffix("web-1.tfm", 3, "x7k2p"),
+            "errored-3-x7k2p.web-1.tfm"
+        );
+        let long = state_suffix(Kind::TerraformMachine, &"a".repeat(90));
+        assert!(long.len() > 63 - "errored-4000000000-x7k2p.".len());
+        let e = errored_suffix(&long, 4_000_000_000, "x7k2p");
+        assert_eq!(e, format!("errored-4000000000-x7k2p.{}", short_hash(&long)));
+        assert!(e.len() <= 63, "{e}");
     }
 
     #[test]

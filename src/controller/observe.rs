@@ -21,7 +21,7 @@ use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, Variab
 use crate::facts::{self, ClusterView, Observed, Settings};
 use crate::inputs;
 use crate::job::{self, JobOutcome};
-use crate::state::StateSecrets;
+use crate::state::{self, StateSecrets};
 
 /// The label selector of everything CAPTF made for one object.
 pub fn owner_selector(uid: &str) -> String {
@@ -226,6 +226,7 @@ async fn observe_rounds<K: TerraformObject>(
         job_refusals: BTreeMap::new(),
         dependents,
         state: None,
+        errored: Vec::new(),
         inputs_secret: None,
         referenced_secrets: BTreeMap::new(),
         referenced_config_maps: BTreeMap::new(),
@@ -382,6 +383,7 @@ async fn dependents(client: &Client, ns: &str, cluster: &str) -> Result<Vec<Stri
 /// The Secrets, ConfigMaps and lock of one object, as read for a pass.
 pub struct SecretsRead {
     state: StateSecrets,
+    errored: Vec<state::Errored>,
     state_meta: Option<ObjectMeta>,
     inputs_secret: Option<Secret>,
     referenced_secrets: BTreeMap<String, Secret>,
@@ -393,6 +395,7 @@ impl SecretsRead {
     /// Puts what was read into `o`; returns the base state Secret's metadata.
     fn apply(self, o: &mut Observed) -> Option<ObjectMeta> {
         o.state = Some(self.state);
+        o.errored = self.errored;
         o.inputs_secret = self.inputs_secret;
         o.referenced_secrets = self.referenced_secrets;
         o.referenced_config_maps = self.referenced_config_maps;
@@ -419,10 +422,12 @@ async fn read_secrets(client: &Client, o: &Observed) -> Result<SecretsRead, Erro
     let state_name = names::state_secret_name(&suffix);
     let inputs_name = names::inputs_secret_name(&suffix);
     let lock_name = names::lock_lease_name(&suffix);
-    let ((state, state_meta), inputs_secret, lock) = futures::try_join!(
-        read_chunked_with_meta(&secrets, &state_name, Some(&suffix)),
+    let uid = o.meta.uid.clone().unwrap_or_default();
+    let ((state, state_meta), inputs_secret, lock, errored) = futures::try_join!(
+        read_state(&secrets, &state_name, &suffix),
         async { Ok(secrets.get_opt(&inputs_name).await?) },
         async { Ok(leases.get_opt(&lock_name).await?) },
+        read_errored(&secrets, &suffix, &uid),
     )?;
 
     // Names the inputs (or, without them, the spec) reference.
@@ -462,6 +467,7 @@ async fn read_secrets(client: &Client, o: &Observed) -> Result<SecretsRead, Erro
     )?;
     Ok(SecretsRead {
         state,
+        errored,
         state_meta,
         inputs_secret,
         referenced_secrets: found_secrets.into_iter().flatten().collect(),
@@ -480,46 +486,88 @@ pub async fn read_chunked(
     Ok(read_chunked_with_meta(secrets, base, tf_suffix).await?.0)
 }
 
-/// [`read_chunked`], with the base Secret's metadata. With Terraform's suffix label, the
-/// base and the list of parts are read at the same time (the list is dropped when there is
-/// no base).
+/// [`read_chunked`], with the base Secret's metadata.
 async fn read_chunked_with_meta(
     secrets: &Api<Secret>,
     base: &str,
     tf_suffix: Option<&str>,
 ) -> Result<(StateSecrets, Option<ObjectMeta>), Error> {
-    let listed = async {
-        match tf_suffix {
-            Some(suffix) => {
-                let lp =
-                    ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
-                Ok::<_, Error>(Some(secrets.list(&lp).await?.items))
-            }
-            None => Ok(None),
-        }
-    };
-    let (base_secret, listed) =
-        futures::try_join!(async { Ok(secrets.get_opt(base).await?) }, listed)?;
-    let Some(base_secret) = base_secret else {
-        return Ok((StateSecrets::from_secrets(base, &[]), None));
-    };
-    let meta = base_secret.metadata.clone();
-    let mut found = vec![base_secret];
-    match listed {
-        // Every Secret listed by the suffix label: the parts, and any other Secret that
-        // Terraform's backend would select with them.
-        Some(items) => found.extend(
-            items
-                .into_iter()
-                .filter(|s| s.metadata.name.as_deref() != Some(base)),
-        ),
+    match tf_suffix {
+        Some(suffix) => read_state(secrets, base, suffix).await,
         None => {
+            let Some(base_secret) = secrets.get_opt(base).await? else {
+                return Ok((StateSecrets::from_secrets(base, &[]), None));
+            };
+            let meta = base_secret.metadata.clone();
+            let mut found = vec![base_secret];
             let mut n = 1;
             while let Some(s) = secrets.get_opt(&names::part_secret_name(base, n)).await? {
                 found.push(s);
                 n += 1;
             }
+            Ok((StateSecrets::from_secrets(base, &found), Some(meta)))
         }
     }
-    Ok((StateSecrets::from_secrets(base, &found), Some(meta)))
+}
+
+/// The errored states a runner kept for the object (see [`state::Errored`]): the metadata
+/// of the object's Secrets (by its uid), then, only when there are any, the errored ones
+/// in full.
+async fn read_errored(
+    secrets: &Api<Secret>,
+    suffix: &str,
+    uid: &str,
+) -> Result<Vec<state::Errored>, Error> {
+    if uid.is_empty() {
+        return Ok(Vec::new());
+    }
+    let legacy = names::errored_secret_name(suffix);
+    let lp = ListParams::default().labels(&owner_selector(uid));
+    let errored: Vec<String> = secrets
+        .list_metadata(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| {
+            m.metadata.name.as_deref() == Some(legacy.as_str())
+                || m.labels().contains_key(names::LABEL_ERRORED_STATE)
+        })
+        .filter_map(|m| m.metadata.name)
+        .collect();
+    let found = futures::future::try_join_all(
+        errored
+            .iter()
+            .map(|name| async move { Ok::<_, Error>(secrets.get_opt(name).await?) }),
+    )
+    .await?;
+    let found: Vec<Secret> = found.into_iter().flatten().collect();
+    Ok(state::Errored::find(suffix, &found))
+}
+
+/// Reads a state by Terraform's suffix label, each Secret once: one list of every Secret
+/// with that label (the base and its parts, and any other Secret that Terraform's backend
+/// would select with them), and a read of the base by name only when the list did not
+/// hold it (a base without Terraform's labels). Returns the state and the base's metadata.
+async fn read_state(
+    secrets: &Api<Secret>,
+    base: &str,
+    suffix: &str,
+) -> Result<(StateSecrets, Option<ObjectMeta>), Error> {
+    let lp = ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
+    let mut listed = secrets.list(&lp).await?.items;
+    if !listed
+        .iter()
+        .any(|s| s.metadata.name.as_deref() == Some(base))
+    {
+        match secrets.get_opt(base).await? {
+            Some(b) => listed.push(b),
+            // No base: no state, whatever else carries the label.
+            None => return Ok((StateSecrets::from_secrets(base, &[]), None)),
+        }
+    }
+    let meta = listed
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(base))
+        .map(|s| s.metadata.clone());
+    Ok((StateSecrets::from_secrets(base, &listed), meta))
 }

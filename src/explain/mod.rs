@@ -155,6 +155,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         &names::state_secret_name(&suffix),
         &secrets,
     ));
+    let errored = crate::state::Errored::find(&suffix, &secrets);
     let inputs_name = names::inputs_secret_name(&suffix);
     let inputs_secret = secrets
         .iter()
@@ -222,6 +223,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         earlier_pods,
         dependents,
         state,
+        errored,
         inputs_secret,
         referenced_secrets,
         referenced_config_maps,

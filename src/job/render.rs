@@ -61,7 +61,7 @@ pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 pub const FILE_RUNNER: &str = "runner.sh";
 pub const FILE_BACKEND: &str = "backend.hcl";
 pub const FILE_VARIABLES: &str = "terraform.tfvars.json";
-pub const FILE_SECRET_LABELS: &str = "secret-labels.json";
+pub const FILE_ERRORED_BACKEND: &str = "errored-backend.hcl";
 pub const FILE_LOCK: &str = "terraform.lock.hcl";
 pub const FILE_MODULE_SOURCE: &str = "module-source";
 pub const DIR_MODULE: &str = "module";
@@ -79,7 +79,8 @@ pub const RESERVED_ENV: &[&str] = &[
     "CAPTF_NAMESPACE",
     "CAPTF_SUFFIX",
     "CAPTF_OPERATION",
-    "CAPTF_ERRORED_SECRET",
+    "CAPTF_ERRORED_SUFFIX_BEFORE_TAG",
+    "CAPTF_ERRORED_SUFFIX_AFTER_TAG",
     "CAPTF_JOB_NAME",
     "CHECKPOINT_DISABLE",
 ];
@@ -149,8 +150,8 @@ fn hcl_string(s: &str) -> String {
         .replace("%{", "%%{")
 }
 
-/// The labels the runner's backend puts on the state Secrets and the runner on the
-/// errored-state Secret: the owner labels and the move label. Terraform's backend also
+/// The labels the runner's backend puts on the state Secrets and on an errored state's:
+/// the owner labels and the move label. Terraform's backend also
 /// selects the state's Secrets by these labels, so a state Secret lacking one of them
 /// reads as no state: the controller adds them before an attempt.
 pub fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
@@ -161,13 +162,35 @@ pub fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
 /// default to the Pod's namespace), and its `labels`. The runner appends
 /// `in_cluster_config = true` unless it runs with a kubeconfig.
 fn backend_hcl(req: &JobRequest) -> String {
+    backend_settings(
+        req,
+        Some(&req.inputs.backend.secret_suffix),
+        secret_labels(req),
+    )
+}
+
+/// `errored-backend.hcl`: the namespace and labels of [`backend_hcl`] and the errored-state
+/// label (cleanup never deletes a Secret with it), for the state the runner pushes an
+/// `errored.tfstate` into; the runner appends its `secret_suffix` (see
+/// [`names::errored_suffix_around_tag`]).
+fn errored_backend_hcl(req: &JobRequest) -> String {
+    let mut labels = secret_labels(req);
+    labels.insert(names::LABEL_ERRORED_STATE.to_string(), "true".to_string());
+    backend_settings(req, None, labels)
+}
+
+fn backend_settings(
+    req: &JobRequest,
+    suffix: Option<&str>,
+    labels: BTreeMap<String, String>,
+) -> String {
     let b = &req.inputs.backend;
-    let mut out = format!(
-        "namespace     = {}\nsecret_suffix = {}\nlabels = {{\n",
-        hcl_string(&b.namespace),
-        hcl_string(&b.secret_suffix)
-    );
-    for (k, v) in secret_labels(req) {
+    let mut out = format!("namespace     = {}\n", hcl_string(&b.namespace));
+    if let Some(suffix) = suffix {
+        out.push_str(&format!("secret_suffix = {}\n", hcl_string(suffix)));
+    }
+    out.push_str("labels = {\n");
+    for (k, v) in labels {
         out.push_str(&format!("  {} = {}\n", hcl_string(&k), hcl_string(&v)));
     }
     out.push_str("}\n");
@@ -232,15 +255,7 @@ pub fn runner_files(
             FILE_VARIABLES.to_string(),
             serde_json::to_string_pretty(&inputs.variables).expect("variables serialize") + "\n",
         ),
-        (
-            FILE_SECRET_LABELS.to_string(),
-            serde_json::to_string(&{
-                let mut labels = secret_labels(req);
-                labels.insert(names::LABEL_ERRORED_STATE.to_string(), "true".to_string());
-                labels
-            })
-            .expect("labels serialize"),
-        ),
+        (FILE_ERRORED_BACKEND.to_string(), errored_backend_hcl(req)),
     ];
     if let Some(lock) = &inputs.lock_file {
         files.push((FILE_LOCK.to_string(), lock.clone()));
@@ -564,6 +579,7 @@ fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>, RenderErr
         value: Some(value),
         value_from: None,
     };
+    let (errored_before, errored_after) = names::errored_suffix_around_tag(req.suffix, req.attempt);
     out.extend([
         plain("HOME", format!("{WORKSPACE_DIR}/home")),
         plain("TF_DATA_DIR", format!("{WORKSPACE_DIR}/.terraform-data")),
@@ -575,10 +591,8 @@ fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>, RenderErr
         plain("CAPTF_NAMESPACE", req.namespace.to_string()),
         plain("CAPTF_SUFFIX", req.suffix.to_string()),
         plain("CAPTF_OPERATION", req.operation.to_string()),
-        plain(
-            "CAPTF_ERRORED_SECRET",
-            names::errored_secret_name(req.suffix),
-        ),
+        plain("CAPTF_ERRORED_SUFFIX_BEFORE_TAG", errored_before),
+        plain("CAPTF_ERRORED_SUFFIX_AFTER_TAG", errored_after),
         plain(
             "CAPTF_JOB_NAME",
             names::job_name(req.suffix, req.operation, req.attempt),

@@ -247,8 +247,11 @@ fn the_job_carries_the_safety_fields_labels_and_files() {
         Some("/workspace/.terraform-data")
     );
     assert_eq!(
-        env["CAPTF_ERRORED_SECRET"].value.as_deref(),
-        Some("captf-errored-web-1.tfm")
+        (
+            env["CAPTF_ERRORED_SUFFIX_BEFORE_TAG"].value.as_deref(),
+            env["CAPTF_ERRORED_SUFFIX_AFTER_TAG"].value.as_deref()
+        ),
+        (Some("errored-2-"), Some(".web-1.tfm"))
     );
     assert_eq!(env["CAPTF_OPERATION"].value.as_deref(), Some("destroy"));
     assert_eq!(env["TF_INPUT"].value.as_deref(), Some("0"));
@@ -284,9 +287,21 @@ fn the_job_carries_the_safety_fields_labels_and_files() {
         backend.contains("\"terraform.infrastructure.cluster.x-k8s.io/owner-uid\" = \"0a1b2c3d"),
         "{backend}"
     );
-    let labels: BTreeMap<String, String> =
-        serde_json::from_str(&files["secret-labels.json"]).unwrap();
-    assert_eq!(labels[names::LABEL_OWNER_NAME], "web-1");
+    // The errored state's backend: the same namespace, suffix and labels, and the label
+    // that keeps cleanup off it.
+    let errored = &files["errored-backend.hcl"];
+    assert_eq!(
+        errored.replace(
+            "  \"terraform.infrastructure.cluster.x-k8s.io/errored-state\" = \"true\"\n",
+            ""
+        ),
+        backend.replace("secret_suffix = \"web-1.tfm\"\n", ""),
+        "the same settings but the suffix, which the runner adds: {errored}"
+    );
+    assert!(
+        errored.contains(&format!("\"{}\" = \"true\"", names::LABEL_ERRORED_STATE)),
+        "{errored}"
+    );
 }
 
 #[test]

@@ -6,21 +6,17 @@
 //! can be told through env vars to fail with a given stderr, to write `errored.tfstate`,
 //! or to sleep while trapping TERM and recording each TERM it gets.
 
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 
 use super::render::CONTAINER_NAME;
-use super::render_tests::{NS, inline_inputs, projected_files, rendered, request};
+use super::render_tests::{inline_inputs, projected_files, rendered, request};
 use super::testutil::TempDir;
 use super::*;
 use crate::api::names;
@@ -58,6 +54,21 @@ init)
     ;;
 force-unlock)
     touch "$rec.unlocked"
+    exit 0
+    ;;
+state)
+    echo "STATE $* WORKSPACE=${TF_WORKSPACE:-} DATA=${TF_DATA_DIR:-} CWD=$(pwd)" >> "$rec"
+    shift 2
+    for a in "$@"; do
+        case "$a" in
+            -*) ;;
+            *) echo "PUSHED $(cat "$a")" >> "$rec" ;;
+        esac
+    done
+    if [ -n "${FAKE_TF_FAIL_PUSH:-}" ]; then
+        printf '%s\n' "$FAKE_TF_FAIL_PUSH" >&2
+        exit 1
+    fi
     exit 0
     ;;
 destroy | apply)
@@ -117,9 +128,8 @@ enum Shell {
 
 const BUSYBOX: &str = "/usr/bin/busybox";
 const BUSYBOX_APPLETS: &[&str] = &[
-    "sh", "cp", "mkdir", "rm", "cat", "tee", "mkfifo", "sed", "tail", "tr", "base64", "wget",
-    "setsid", "kill", "sleep", "printf", "find", "ls", "sort", "pwd", "env", "head", "cut",
-    "hostname",
+    "sh", "cp", "mkdir", "rm", "cat", "tee", "mkfifo", "sed", "tail", "tr", "date", "setsid",
+    "kill", "sleep", "printf", "find", "ls", "sort", "pwd", "env", "head", "cut", "hostname",
 ];
 
 /// The shells to run each test under: busybox too when it is installed.
@@ -239,9 +249,7 @@ impl Runner {
                 ),
             )
             .env("CAPTF_TERMINATION_LOG", self.path("termination-log"))
-            .env("CAPTF_SERVICEACCOUNT_DIR", self.path("serviceaccount"))
             .env("FAKE_TF_RECORD", self.path("record"))
-            .env("CAPTF_API_SERVER", "http://127.0.0.1:9")
             .current_dir(self.path("workspace"));
         command
     }
@@ -491,195 +499,84 @@ fn sigterm_to_the_whole_process_group_reaches_terraform_once() {
     }
 }
 
-/// One request the tiny API server got.
-struct Request {
-    line: String,
-    headers: String,
-    body: Vec<u8>,
-}
+const ERRORED: &str = "{\"version\":4,\"lineage\":\"l-1\",\"serial\":7}";
 
-/// A tiny HTTP server answering each request with the next status; the requests come back
-/// through the channel.
-fn api_server(statuses: Vec<u16>) -> (String, mpsc::Receiver<Request>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut statuses = VecDeque::from(statuses);
-        while let Some(code) = statuses.pop_front() {
-            let Ok((stream, _)) = listener.accept() else {
-                return;
-            };
-            let mut reader = BufReader::new(stream);
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            let mut headers = String::new();
-            let mut length = 0;
-            loop {
-                let mut header = String::new();
-                reader.read_line(&mut header).unwrap();
-                if header == "\r\n" || header.is_empty() {
-                    break;
-                }
-                if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-                headers.push_str(&header);
-            }
-            if headers
-                .to_ascii_lowercase()
-                .contains("expect: 100-continue")
-            {
-                reader
-                    .get_mut()
-                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    .unwrap();
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let text = match code {
-                201 => "Created",
-                200 => "OK",
-                409 => "Conflict",
-                _ => "Error",
-            };
-            let response = format!(
-                "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
-            );
-            reader.get_mut().write_all(response.as_bytes()).unwrap();
-            tx.send(Request {
-                line: line.trim().to_string(),
-                headers,
-                body,
-            })
-            .unwrap();
-        }
-    });
-    (url, rx)
-}
-
-/// The HTTP clients to try under a shell: curl and GNU wget on the system, busybox wget.
-fn clients(shell: Shell) -> &'static [&'static str] {
-    match shell {
-        Shell::System => &["curl", "wget"],
-        Shell::Busybox => &["wget"],
-    }
-}
-
-fn errored_run(
-    shell: Shell,
-    client: &str,
-    statuses: Vec<u16>,
-) -> (Runner, ExitStatus, Vec<Request>) {
+/// A destroy whose Terraform leaves an errored.tfstate, in a Pod named as attempt 2's.
+fn errored_run(shell: Shell, fail_push: Option<&str>) -> (Runner, ExitStatus, String) {
     let r = Runner::destroy(shell);
-    let (url, rx) = api_server(statuses.clone());
-    std::fs::create_dir_all(r.path("serviceaccount")).unwrap();
-    std::fs::write(r.path("serviceaccount/token"), "test-token").unwrap();
     let mut command = r.command();
     command
-        .env("CAPTF_API_SERVER", &url)
-        .env("CAPTF_HTTP_CLIENT", client)
-        .env(
-            "FAKE_TF_ERRORED",
-            "{\"version\":4,\"lineage\":\"l-1\",\"serial\":7}",
-        )
+        .env("HOSTNAME", "captf-web-1-tfm-destroy-2-ab1cd")
+        .env("FAKE_TF_ERRORED", ERRORED)
         .env(
             "FAKE_TF_STDERR",
             "Error: Failed to persist state to backend\n",
         );
+    if let Some(why) = fail_push {
+        command.env("FAKE_TF_FAIL_PUSH", why);
+    }
     let (status, stderr) = r.run(command);
-    let requests: Vec<_> = rx.try_iter().collect();
-    assert_eq!(
-        requests.len(),
-        statuses.len(),
-        "{shell:?} {client}: {stderr}"
-    );
-    for request in &requests {
-        assert!(
-            request.headers.contains("Authorization: Bearer test-token"),
-            "{}",
-            request.headers
+    (r, status, stderr)
+}
+
+#[test]
+fn an_errored_state_is_pushed_as_a_state_of_its_own_and_the_runner_fails_loudly() {
+    for shell in shells() {
+        let (r, status, stderr) = errored_run(shell, None);
+        // Terraform exited 0 here, but an errored state is a failure.
+        assert_eq!(status.code(), Some(1), "{shell:?}: {stderr}");
+        let record = r.record();
+        // Terraform's own backend, in a directory of its own, with the errored backend
+        // settings (the state's namespace, suffix and labels, and the errored label), in
+        // the workspace of this attempt and this Pod.
+        let ws = r.path("workspace").display().to_string();
+        let push = format!(
+            "STATE state push -lock=false {ws}/work/errored.tfstate WORKSPACE= DATA={ws}/errored/.terraform CWD={ws}/errored\n"
         );
-    }
-    (r, status, requests)
-}
-
-fn check_errored_secret(body: &[u8]) {
-    let secret: Secret = serde_json::from_slice(body).unwrap();
-    assert_eq!(
-        secret.metadata.name.as_deref(),
-        Some("captf-errored-web-1.tfm")
-    );
-    assert_eq!(secret.metadata.namespace.as_deref(), Some(NS));
-    let labels = secret.metadata.labels.unwrap();
-    assert_eq!(
-        labels[names::LABEL_OWNER_UID],
-        "0a1b2c3d-0000-4000-8000-000000000001"
-    );
-    assert_eq!(labels[names::CLUSTERCTL_MOVE_LABEL], "");
-    let data = secret.data.unwrap();
-    assert_eq!(
-        data["errored.tfstate"].0,
-        b"{\"version\":4,\"lineage\":\"l-1\",\"serial\":7}"
-    );
-}
-
-#[test]
-fn an_errored_state_is_uploaded_and_the_runner_fails_loudly() {
-    for shell in shells() {
-        for client in clients(shell) {
-            let (r, status, requests) = errored_run(shell, client, vec![201]);
-            // Terraform exited 0 here, but an errored state is a failure.
-            assert_eq!(status.code(), Some(1), "{shell:?} {client}");
-            assert_eq!(
-                requests[0].line, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
-                "{shell:?} {client}"
-            );
-            check_errored_secret(&requests[0].body);
-            let log = r.termination_log();
-            assert!(
-                log.starts_with(
-                    "terraform could not save its state: errored.tfstate saved in Secret team-a/captf-errored-web-1.tfm"
-                ),
-                "{shell:?} {client}: {log}"
-            );
-            assert!(
-                log.contains("Failed to persist state"),
-                "{shell:?} {client}: {log}"
-            );
-        }
+        assert!(record.contains(&push), "{shell:?}: {record}");
+        assert!(
+            record.contains(&format!("PUSHED {ERRORED}")),
+            "{shell:?}: {record}"
+        );
+        // Its init: the errored backend settings (the state's namespace and labels, and
+        // the errored label) and a suffix of its own, of this attempt and this Pod.
+        let init = record
+            .split("ARGS init")
+            .last()
+            .expect("the errored directory's init");
+        assert!(
+            init.contains(&format!("\"{}\" = \"true\"", names::LABEL_ERRORED_STATE))
+                && init.contains("secret_suffix = \"errored-2-ab1cd.web-1.tfm\"")
+                && init.contains("in_cluster_config = true")
+                && init.contains(&format!("CWD {ws}/errored")),
+            "{shell:?}: {init}"
+        );
+        let log = r.termination_log();
+        assert!(
+            log.starts_with(
+                "terraform could not save its state: errored.tfstate saved in Secret team-a/tfstate-default-errored-2-ab1cd.web-1.tfm"
+            ),
+            "{shell:?}: {log}"
+        );
+        // The tail is the failed destroy's, not the push's.
+        assert!(log.contains("Failed to persist state"), "{shell:?}: {log}");
     }
 }
 
 #[test]
-fn an_existing_errored_state_secret_is_replaced() {
+fn an_errored_state_that_cannot_be_pushed_is_said_not_saved() {
     for shell in shells() {
-        for client in clients(shell) {
-            if shell == Shell::Busybox {
-                // busybox wget can only POST: the existing Secret is kept, and the runner says so.
-                let (r, status, requests) = errored_run(shell, client, vec![409]);
-                assert_eq!(status.code(), Some(1));
-                assert_eq!(
-                    requests[0].line,
-                    "POST /api/v1/namespaces/team-a/secrets HTTP/1.1"
-                );
-                let log = r.termination_log();
-                assert!(log.contains("errored.tfstate NOT saved"), "{log}");
-                continue;
-            }
-            let (_r, status, requests) = errored_run(shell, client, vec![409, 200]);
-            assert_eq!(status.code(), Some(1));
-            assert_eq!(
-                requests[0].line, "POST /api/v1/namespaces/team-a/secrets HTTP/1.1",
-                "{client}"
-            );
-            assert_eq!(
-                requests[1].line,
-                "PUT /api/v1/namespaces/team-a/secrets/captf-errored-web-1.tfm HTTP/1.1",
-                "{client}"
-            );
-            check_errored_secret(&requests[1].body);
-        }
+        let (r, status, stderr) = errored_run(shell, Some("Error: secrets is forbidden"));
+        assert_eq!(status.code(), Some(1), "{shell:?}: {stderr}");
+        let log = r.termination_log();
+        assert!(
+            log.starts_with("terraform could not save its state: errored.tfstate NOT saved"),
+            "{shell:?}: {log}"
+        );
+        assert!(
+            stderr.contains("secrets is forbidden"),
+            "{shell:?}: {stderr}"
+        );
     }
 }
 

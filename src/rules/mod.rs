@@ -180,6 +180,10 @@ pub enum Blocker {
     /// is deleted, so this means clusterctl move (the infrastructure now belongs to the
     /// target) or stripped finalizers: nothing is destroyed unless the operator says so.
     OwnerGone(String),
+    /// A state Terraform could not save (`errored.tfstate`, kept by a runner) lists managed
+    /// resource instances the state does not, or cannot be read: they may be live, and a
+    /// destroy against the state would leave them. Which, and why, for the message.
+    ErroredState(String),
     /// The API server refused something the attempt needs (the Job, the backup Secret, the
     /// runner RBAC): an admission policy, a quota, a missing permission. The API's message.
     /// Only the manager, which tried, reports this; `captf explain` cannot.
@@ -212,6 +216,9 @@ impl Blocker {
             Blocker::OwnerGone(which) => format!(
                 "its Cluster API owner is gone ({which}); Cluster API keeps an owner until its infrastructure is deleted, so clusterctl move or a stripped finalizer took it, and the infrastructure may now belong to another cluster: nothing is destroyed; abandon, or set {} to this object's uid to destroy on purpose",
                 crate::api::names::DESTROY_WITHOUT_OWNER
+            ),
+            Blocker::ErroredState(what) => format!(
+                "{what}; a destroy against the state would leave them: merge the errored state into the state with captf state restore --from-errored, or delete it once they are confirmed gone, or abandon"
             ),
             Blocker::Refused(why) => {
                 format!("the API server refused what the destroy needs: {why}")
@@ -276,6 +283,9 @@ pub struct Facts {
     pub attempt_unstarted: bool,
     /// Why a destroy cannot start now, if anything keeps it.
     pub blocker: Option<Blocker>,
+    /// An errored state records a managed resource instance the state does not, or cannot
+    /// be read (then `blocker` says so, unless an earlier blocker does).
+    pub errored_uncovered: bool,
     pub now: Timestamp,
     pub backoff: Backoff,
 }
@@ -329,6 +339,7 @@ pub const RUNBOOK_DESTROY_FAILED: &str = "runbooks/DestroyFailed.md";
 pub const RUNBOOK_DESTROY_CANNOT_START: &str = "runbooks/DestroyCannotStart.md";
 pub const RUNBOOK_ABANDON: &str = "runbooks/Abandon.md";
 pub const RUNBOOK_OWNER_GONE: &str = "runbooks/OwnerGone.md";
+pub const RUNBOOK_ERRORED_STATE: &str = "runbooks/ErroredState.md";
 
 /// The rows as the docs list them: number, situation, Deleting reason. The docs test
 /// checks that the overview page's table matches this list.
@@ -579,8 +590,15 @@ pub fn decide(f: &Facts) -> Decision {
 
 /// Rows 7, 8 and 9 for a readable state.
 fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
-    // Row 8: nothing left to destroy (whether a destroy ran or the state was empty).
-    if managed == 0 {
+    // Row 8: nothing left to destroy (whether a destroy ran or the state was empty) ...
+    // unless an errored state records instances the state does not and no destroy of
+    // this deletion succeeded (one starts only once the errored states are covered): after
+    // an apply that could not save its state, the errored state may be the only record of
+    // what exists. Then row 9 holds, as for a destroy that cannot start.
+    let errored_hold = f.errored_uncovered
+        && !matches!(f.last_attempt, LastAttempt::Succeeded { .. })
+        && f.blocker.is_some();
+    if managed == 0 && !errored_hold {
         let msg = "the state describes no managed resource instance: cleaning up, then the finalizer comes off";
         let d = Desired::new(cond::DELETING, Status::True, reason::CLEANING_UP, msg);
         return finish(Some(8), Action::CleanUp, d, others, None, None, None);
@@ -632,9 +650,15 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
                 Some((_, text)) => format!(" ({text})"),
                 None => String::new(),
             };
-            // An owner gone is its own runbook, and DeletionBlocked says so.
-            let (runbook, others) = match blocker {
-                Blocker::OwnerGone(_) => {
+            // An owner gone and an errored state are runbooks of their own, and
+            // DeletionBlocked says so.
+            let own = match blocker {
+                Blocker::OwnerGone(_) => Some((reason::OWNER_GONE, RUNBOOK_OWNER_GONE)),
+                Blocker::ErroredState(_) => Some((reason::ERRORED_STATE, RUNBOOK_ERRORED_STATE)),
+                _ => None,
+            };
+            let (runbook, others) = match own {
+                Some((why, runbook)) => {
                     let others = others
                         .into_iter()
                         .map(|c| {
@@ -642,17 +666,17 @@ fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decision {
                                 Desired::new(
                                     cond::DELETION_BLOCKED,
                                     Status::True,
-                                    reason::OWNER_GONE,
-                                    format!("{}; see {RUNBOOK_OWNER_GONE}", blocker.describe()),
+                                    why,
+                                    format!("{}; see {runbook}", blocker.describe()),
                                 )
                             } else {
                                 c
                             }
                         })
                         .collect();
-                    (RUNBOOK_OWNER_GONE, others)
+                    (runbook, others)
                 }
-                _ => (RUNBOOK_DESTROY_CANNOT_START, others),
+                None => (RUNBOOK_DESTROY_CANNOT_START, others),
             };
             // No time in the message: it would change on every pass and rewrite the status.
             let msg = format!(

@@ -25,6 +25,7 @@ fn facts() -> Facts {
         last_attempt: LastAttempt::NoneFinished,
         attempt_unstarted: false,
         blocker: None,
+        errored_uncovered: false,
         now: t("2026-12-01T12:00:00Z"),
         backoff: Backoff::default(),
     }
@@ -672,4 +673,30 @@ fn an_owner_gone_holds_the_destroy_and_abandon_releases() {
         ..facts()
     });
     assert_eq!(d.action, Action::Abandon);
+}
+
+#[test]
+fn an_errored_state_holds_an_empty_state_unless_a_destroy_succeeded() {
+    let what = "the errored state tfstate-default-errored-1-ab1cd.web-1.tfm (what Terraform could not save) records 1 managed resource instance(s) that the state does not: aws_instance.vm (id i-1)";
+    let mut f = Facts {
+        state: readable(0),
+        blocker: Some(Blocker::ErroredState(what.into())),
+        errored_uncovered: true,
+        ..facts()
+    };
+    // The state is empty, the errored state is not: no cleanup, no release.
+    let d = decide(&f);
+    assert_eq!(d.row, Some(9));
+    assert_eq!(d.runbook, Some(RUNBOOK_ERRORED_STATE));
+    assert!(
+        d.deleting().message.contains(what),
+        "{}",
+        d.deleting().message
+    );
+    // After a destroy of this deletion succeeded (it started only with the errored states
+    // covered): row 8, cleanup.
+    f.attempt = 1;
+    f.last_attempt = LastAttempt::Succeeded { at: Some(f.now) };
+    let d = decide(&f);
+    assert_eq!((d.row, d.action), (Some(8), Action::CleanUp));
 }

@@ -608,6 +608,96 @@ async fn runbook_owner_gone() {
     env.shutdown().await;
 }
 
+/// The errored-state hold, proved by its runbook: an errored state (as the runner pushes
+/// it through Terraform's backend) records an instance the state does not; the deletion
+/// holds with DeletionBlocked=ErroredState and destroys nothing; the runbook merges it
+/// back with `captf state restore --from-errored`, and the destroy then takes that
+/// instance too. Cleanup keeps the errored state; the runbook deletes it at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_errored_state() {
+    const RB: &str = "runbooks/ErroredState.md";
+    let suffix = check_vars(RB, "terraformmachine", "web-1");
+    let env = machine("rb-errored", 0, Duration::from_millis(300)).await;
+    wait_protected(&env, &names::state_secret_name(&suffix)).await;
+    // Terraform's last state of a run whose save failed: the state, and one more instance.
+    let mut errored = state_json(&env).await;
+    errored["serial"] = json!(errored["serial"].as_u64().expect("serial") + 1);
+    let resources = errored["resources"].as_array_mut().expect("resources");
+    let vm = resources
+        .iter_mut()
+        .find(|r| r["type"] == "terraform_data")
+        .expect("terraform_data");
+    let mut extra = vm["instances"][1].clone();
+    let marker = env.markers().join("web-1-extra").display().to_string();
+    extra["index_key"] = json!(2);
+    extra["attributes"]["id"] = json!("0b0e7a11-0000-4000-8000-0000000e77a0");
+    extra["attributes"]["input"]["value"] = json!(marker);
+    extra["attributes"]["output"]["value"] = json!(marker);
+    vm["instances"]
+        .as_array_mut()
+        .expect("instances")
+        .push(extra);
+    let errored_suffix = names::errored_suffix(&suffix, 1, "ab1cd");
+    let errored_name = names::state_secret_name(&errored_suffix);
+    let uid = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.uid)
+        .expect("uid");
+    let mut labels = backend_labels(names::Kind::TerraformMachine, "web-1", &uid);
+    labels.extend([
+        (names::TF_LABEL_STATE.to_string(), "true".to_string()),
+        (names::TF_LABEL_SUFFIX.to_string(), errored_suffix.clone()),
+        (names::TF_LABEL_WORKSPACE.to_string(), "default".to_string()),
+        (
+            names::TF_LABEL_MANAGED_BY.to_string(),
+            "terraform".to_string(),
+        ),
+        (names::LABEL_ERRORED_STATE.to_string(), "true".to_string()),
+    ]);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": errored_name, "labels": labels},
+        "data": {names::TF_STATE_KEY: ByteString(gzip(&serde_json::to_vec(&errored).expect("json")))},
+    }))
+    .expect("secret");
+    env.secrets()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("errored state");
+
+    env.delete::<Tfm>("web-1").await;
+    let msg = wait_deleting(&env, "DestroyCannotStart").await;
+    assert!(
+        msg.contains(&format!(
+            "the errored state {errored_name} (what Terraform could not save) records 1 managed resource instance(s) that the state does not: terraform_data.vm[2] (id 0b0e7a11-0000-4000-8000-0000000e77a0)"
+        )) && msg.contains(RB),
+        "{msg}"
+    );
+    let (status, reason, _) = env
+        .condition::<Tfm>("web-1", "DeletionBlocked")
+        .await
+        .expect("DeletionBlocked");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "ErroredState"));
+    assert_eq!(env.jobs_created(), 0, "no destroy while held");
+
+    let run = run_runbook(&env, RB).await;
+    assert!(
+        run.stdout.contains("ErroredState: the errored state"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        std::path::Path::new(&format!("{marker}.destroyed")).exists(),
+        "Terraform destroyed the instance only the errored state recorded"
+    );
+    assert_destroyed_and_cleaned(&env, &suffix).await;
+    assert!(
+        !env.secret_exists(&errored_name).await,
+        "the runbook's last step deletes the errored state"
+    );
+    env.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_abandon() {
     const RB: &str = "runbooks/Abandon.md";

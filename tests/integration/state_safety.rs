@@ -226,3 +226,218 @@ async fn an_abandon_whose_copies_are_refused_holds_and_says_why() {
     abandon_and_check_copies(&env, &before, false).await;
     env.shutdown().await;
 }
+
+/// Two `terraform_data` instances: `gone` destroys; `kept` (4.5 MB of attributes, so what
+/// a destroy leaves of the state still needs parts) fails to destroy while
+/// `<markers>/web-1-kept.fail` exists, and leaves `web-1-kept.destroyed` when it succeeds.
+const ONE_FAILS: &str = r#"
+variable "name" { type = string }
+variable "marker_dir" { type = string }
+resource "terraform_data" "gone" {
+  input = "${var.marker_dir}/${var.name}-gone"
+}
+resource "terraform_data" "kept" {
+  input = {
+    marker = "${var.marker_dir}/${var.name}-kept"
+    blob   = join("", [for i in range(1000) : join("", [for j in range(35) : sha512("kept-${i}-${j}")])])
+  }
+  provisioner "local-exec" {
+    when    = destroy
+    command = "if [ -e '${self.input.marker}.fail' ]; then echo 'Error: the cloud said no' >&2; exit 1; fi; touch '${self.input.marker}.destroyed'"
+  }
+}
+"#;
+
+/// A ValidatingAdmissionPolicy (the API server's own admission) that refuses the runner's
+/// writes of `web-1`'s state Secrets in the test's namespace, as a quota or a policy would.
+fn refuse_state_saves(env: &Env, apply: bool) {
+    let ns = &env.ns;
+    let manifest = format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: refuse-state-saves-{ns}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: ["v1"]
+      operations: ["CREATE", "UPDATE"]
+      resources: ["secrets"]
+  validations:
+  - expression: "!((object.metadata.name == 'tfstate-default-web-1.tfm' || object.metadata.name.startsWith('tfstate-default-web-1.tfm-part-')) && request.userInfo.username in ['system:serviceaccount:{ns}:{runner}', 'captf-test-probe'])"
+    message: "the state Secrets are read-only for the runner in this test"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: refuse-state-saves-{ns}
+spec:
+  policyName: refuse-state-saves-{ns}
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels:
+        kubernetes.io/metadata.name: {ns}
+"#,
+        runner = names::RUNNER_NAME
+    );
+    let mut child = std::process::Command::new("kubectl")
+        .args([if apply { "apply" } else { "delete" }, "-f", "-"])
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(manifest.as_bytes())
+        .expect("manifest");
+    assert!(child.wait().expect("kubectl").success(), "kubectl failed");
+}
+
+/// Whether the policy is in force: a probe user the policy names too (impersonated, with
+/// every permission, in a dry run) is refused a state Secret.
+fn state_saves_refused(env: &Env) -> bool {
+    let out = std::process::Command::new("kubectl")
+        .args([
+            "create",
+            "secret",
+            "generic",
+            "tfstate-default-web-1.tfm-part-9",
+            "-n",
+            &env.ns,
+            "--dry-run=server",
+            "--as=captf-test-probe",
+            "--as-group=system:masters",
+        ])
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .output()
+        .expect("kubectl");
+    String::from_utf8_lossy(&out.stderr).contains("read-only for the runner")
+}
+
+/// The errored states of `web-1` by workspace: the names of each one's Secrets.
+async fn errored_sets(env: &Env) -> std::collections::BTreeMap<String, Vec<Secret>> {
+    let lp = kube::api::ListParams::default().labels(names::LABEL_ERRORED_STATE);
+    let mut out = std::collections::BTreeMap::<String, Vec<Secret>>::new();
+    for s in env.secrets().list(&lp).await.expect("secrets").items {
+        let suffix = s.metadata.labels.as_ref().expect("labels")[names::TF_LABEL_SUFFIX].clone();
+        out.entry(suffix).or_default().push(s);
+    }
+    out
+}
+
+/// What Terraform could not save is kept whole, whatever its size, once per attempt: the
+/// API server refuses the runner's state writes, so Terraform's destroy (one instance
+/// gone, one failing) ends with an `errored.tfstate` of a few MB gzipped; the runner
+/// pushes it through Terraform's own backend, over the Pod's verified in-cluster TLS, into
+/// a state of its own per attempt and Pod: gzip-compressed, in Secrets of at most 1 MiB,
+/// readable, with the state's lineage. The retries go on (the errored state holds nothing
+/// the state does not), and once the refusal is lifted the destroy finishes; cleanup
+/// keeps the errored states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
+    let env = Env::with_machine("errored-saved", ONE_FAILS, Duration::from_secs(1)).await;
+    let base = names::state_secret_name("web-1.tfm");
+    wait_all_protected(&env, &base).await;
+    let (lineage, _) = read_set(&env.secrets(), &base).await.expect("readable");
+    let fail = env.markers().join("web-1-kept.fail");
+    std::fs::write(&fail, "").expect("fail marker");
+    refuse_state_saves(&env, true);
+    wait_for("the policy in force", long(), || async {
+        state_saves_refused(&env)
+    })
+    .await;
+
+    env.delete::<Tfm>("web-1").await;
+    let start = std::time::Instant::now();
+    let mut said_saved = false;
+    loop {
+        let sets = errored_sets(&env).await;
+        // Both there, and whole: the runner's init first makes an empty state there, and
+        // the push then writes the base and the parts.
+        let whole = |prefix: &str| {
+            sets.iter().any(|(suffix, secrets)| {
+                suffix.starts_with(prefix)
+                    && matches!(
+                        state::read(
+                            &state::StateSecrets::from_secrets(
+                                &names::state_secret_name(suffix),
+                                secrets
+                            ),
+                            state::DEFAULT_DECOMPRESSION_CAP
+                        ),
+                        StateContent::Parsed {
+                            managed_instances: 1,
+                            ..
+                        }
+                    )
+            })
+        };
+        if whole("errored-1-") && whole("errored-2-") {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(150) {
+            panic!(
+                "timed out waiting for the errored states of two attempts: {:?}; Deleting is {:?}",
+                sets.keys().collect::<Vec<_>>(),
+                env.condition::<Tfm>("web-1", "Deleting").await
+            );
+        }
+        if let Some((_, _, msg)) = env.condition::<Tfm>("web-1", "Deleting").await
+            && msg.contains(&format!(
+                "terraform could not save its state: errored.tfstate saved in Secret {}/tfstate-default-errored-",
+                env.ns
+            ))
+        {
+            said_saved = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        said_saved,
+        "a failed attempt's Deleting message said where the errored state went"
+    );
+    for (ws, secrets) in errored_sets(&env).await {
+        assert!(ws.ends_with(".web-1.tfm"), "{ws}");
+        let errored_base = names::state_secret_name(&ws);
+        assert!(
+            secrets.len() >= 3,
+            "{ws}: chunked as Terraform chunks a state: {:?}",
+            secrets
+                .iter()
+                .map(|s| s.metadata.name.clone())
+                .collect::<Vec<_>>()
+        );
+        for s in &secrets {
+            let size: usize = s.data.iter().flatten().map(|(_, v)| v.0.len()).sum();
+            assert!(size <= 1024 * 1024, "{:?}: {size} bytes", s.metadata.name);
+        }
+        let set = state::StateSecrets::from_secrets(&errored_base, &secrets);
+        match state::read(&set, state::DEFAULT_DECOMPRESSION_CAP) {
+            StateContent::Parsed {
+                lineage: l,
+                managed_instances,
+                ..
+            } => {
+                assert_eq!(l, lineage, "{ws}: the state's lineage");
+                assert_eq!(managed_instances, 1, "{ws}: what the destroy left");
+            }
+            other => panic!("{ws}: {other:?}"),
+        }
+    }
+
+    refuse_state_saves(&env, false);
+    std::fs::remove_file(&fail).expect("fail marker");
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.markers().join("web-1-kept.destroyed").exists());
+    assert!(
+        errored_sets(&env).await.len() >= 2,
+        "cleanup keeps the errored states"
+    );
+    env.shutdown().await;
+}
