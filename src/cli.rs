@@ -119,6 +119,11 @@ pub struct ManagerArgs {
     /// How often runner RBAC is swept from namespaces without CAPTF objects.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub rbac_sweep_interval: std::time::Duration,
+    /// How many passes may hold an object's state in memory at once (the others wait):
+    /// the manager's memory grows with this times the largest state, not with the number
+    /// of objects.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_state_reads: u16,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -273,6 +278,7 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
             .or_else(|_| std::env::var("HOSTNAME"))
             .unwrap_or_else(|_| "captf-manager".into()),
         rbac_sweep_every: args.rbac_sweep_interval,
+        max_state_reads: usize::from(args.max_state_reads),
         ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new()

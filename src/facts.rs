@@ -92,6 +92,9 @@ pub struct Observed {
     /// The states Terraform could not save that runners kept for this object (read with
     /// the state).
     pub errored: Vec<state::Errored>,
+    /// The manager's permit to hold this pass's state in memory (see
+    /// `Context::state_reads`), released with the observation.
+    pub state_permit: Option<std::sync::Arc<tokio::sync::OwnedSemaphorePermit>>,
     pub inputs_secret: Option<Secret>,
     /// Secrets and ConfigMaps the inputs or the spec reference (credentials, variablesFrom).
     pub referenced_secrets: BTreeMap<String, Secret>,
@@ -765,6 +768,7 @@ mod tests {
             dependents: vec![],
             state: None,
             errored: vec![],
+            state_permit: None,
             inputs_secret: None,
             referenced_secrets: BTreeMap::new(),
             referenced_config_maps: BTreeMap::new(),

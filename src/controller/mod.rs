@@ -106,6 +106,8 @@ pub struct ManagerConfig {
     /// How often the manager looks for Cluster API's Cluster kind while it is unknown.
     pub rediscover_every: Duration,
     pub lease_duration: Duration,
+    /// How many passes may hold a state read at once (see [`Context::state_reads`]).
+    pub max_state_reads: usize,
 }
 
 impl Default for ManagerConfig {
@@ -124,6 +126,7 @@ impl Default for ManagerConfig {
             rbac_sweep_every: Duration::from_secs(300),
             rediscover_every: Duration::from_secs(30),
             lease_duration: Duration::from_secs(15),
+            max_state_reads: 4,
         }
     }
 }
@@ -151,6 +154,10 @@ pub struct Context {
     /// The lineage and serial each object's backup was last seen or written to hold, by
     /// uid: a pass that reads the same state again need not look at the backup.
     pub backups: Mutex<HashMap<String, (String, u64)>>,
+    /// A permit per state a pass may hold in memory at once: taken before a pass reads the
+    /// state Secrets, kept until the pass ends (its backup and abandon copies are written
+    /// from what it read). This bounds the manager's memory whatever the states' sizes.
+    pub state_reads: Arc<tokio::sync::Semaphore>,
 }
 
 impl Context {
@@ -182,6 +189,7 @@ impl Context {
             released: Released::default(),
             refused: Mutex::default(),
             backups: Mutex::default(),
+            state_reads: Arc::new(tokio::sync::Semaphore::new(cfg.max_state_reads.max(1))),
         }
     }
 

@@ -3,6 +3,7 @@
 //! table needs the state. Secrets are read on demand, never cached whole.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -14,6 +15,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::ObjectMeta;
 
 use kube::Client;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{ClusterKind, Error};
 use crate::api::names::{self, Kind};
@@ -59,7 +61,10 @@ pub async fn observe<K: TerraformObject>(
     cluster_api: &ClusterKind,
     obj: &K,
 ) -> Result<Observed, Error> {
-    Ok(observe_rounds(client, cluster_api, obj, |_| false).await?.0)
+    let unused = Arc::new(Semaphore::new(1));
+    Ok(observe_rounds(client, cluster_api, obj, |_| false, &unused)
+        .await?
+        .0)
 }
 
 /// The base state Secret's metadata as a pass read it: `None` when the pass did not read
@@ -78,15 +83,16 @@ pub async fn observe_pass<K: TerraformObject>(
     cluster_api: &ClusterKind,
     obj: &K,
     settings: &Settings,
+    state_reads: &Arc<Semaphore>,
 ) -> Result<(Observed, StateMeta), Error> {
     let needed = |o: &Observed| facts::state_needed(&facts::gather(o, settings).0);
-    let (mut o, early) = observe_rounds(client, cluster_api, obj, needed).await?;
+    let (mut o, early) = observe_rounds(client, cluster_api, obj, needed, state_reads).await?;
     if !needed(&o) {
         return Ok((o, None));
     }
     let read = match early {
         Some(read) => read,
-        None => read_secrets(client, &o).await?,
+        None => read_secrets(client, &o, state_reads).await?,
     };
     let meta = read.apply(&mut o);
     Ok((o, Some(meta)))
@@ -101,6 +107,7 @@ async fn observe_rounds<K: TerraformObject>(
     cluster_api: &ClusterKind,
     obj: &K,
     secrets_now: impl Fn(&Observed) -> bool,
+    state_reads: &Arc<Semaphore>,
 ) -> Result<(Observed, Option<SecretsRead>), Error> {
     let meta = obj.meta().clone();
     let ns = obj.namespace().unwrap_or_default();
@@ -227,6 +234,7 @@ async fn observe_rounds<K: TerraformObject>(
         dependents,
         state: None,
         errored: Vec::new(),
+        state_permit: None,
         inputs_secret: None,
         referenced_secrets: BTreeMap::new(),
         referenced_config_maps: BTreeMap::new(),
@@ -244,7 +252,7 @@ async fn observe_rounds<K: TerraformObject>(
     };
     let secrets = async {
         if read_now {
-            Ok(Some(read_secrets(&client, &o).await?))
+            Ok(Some(read_secrets(&client, &o, state_reads).await?))
         } else {
             Ok(None)
         }
@@ -382,6 +390,8 @@ async fn dependents(client: &Client, ns: &str, cluster: &str) -> Result<Vec<Stri
 
 /// The Secrets, ConfigMaps and lock of one object, as read for a pass.
 pub struct SecretsRead {
+    /// The permit this read holds (see [`super::Context::state_reads`]).
+    permit: OwnedSemaphorePermit,
     state: StateSecrets,
     errored: Vec<state::Errored>,
     state_meta: Option<ObjectMeta>,
@@ -394,6 +404,7 @@ pub struct SecretsRead {
 impl SecretsRead {
     /// Puts what was read into `o`; returns the base state Secret's metadata.
     fn apply(self, o: &mut Observed) -> Option<ObjectMeta> {
+        o.state_permit = Some(Arc::new(self.permit));
         o.state = Some(self.state);
         o.errored = self.errored;
         o.inputs_secret = self.inputs_secret;
@@ -407,13 +418,24 @@ impl SecretsRead {
 
 /// Reads the state Secrets, the inputs Secret, what they reference, and the lock.
 pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Error> {
-    read_secrets(client, o).await?.apply(o);
+    let one = Arc::new(Semaphore::new(1));
+    read_secrets(client, o, &one).await?.apply(o);
     Ok(())
 }
 
 /// The reads of [`observe_secrets`]: the state, the inputs and the lock at once, then what
 /// the inputs (or, without them, the spec) reference, at once.
-async fn read_secrets(client: &Client, o: &Observed) -> Result<SecretsRead, Error> {
+async fn read_secrets(
+    client: &Client,
+    o: &Observed,
+    state_reads: &Arc<Semaphore>,
+) -> Result<SecretsRead, Error> {
+    // Waits its turn: at most as many states in memory as there are permits.
+    let permit = state_reads
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the state-read semaphore is never closed");
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let name = o.meta.name.clone().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, &name);
@@ -466,6 +488,7 @@ async fn read_secrets(client: &Client, o: &Observed) -> Result<SecretsRead, Erro
         })),
     )?;
     Ok(SecretsRead {
+        permit,
         state,
         errored,
         state_meta,
@@ -569,5 +592,5 @@ async fn read_state(
         .iter()
         .find(|s| s.metadata.name.as_deref() == Some(base))
         .map(|s| s.metadata.clone());
-    Ok((StateSecrets::from_secrets(base, &listed), meta))
+    Ok((StateSecrets::from_owned(base, listed), meta))
 }

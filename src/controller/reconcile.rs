@@ -79,8 +79,14 @@ pub async fn reconcile<K: TerraformObject>(
         return Ok(Requeue::await_change());
     }
 
-    let (observed, state_meta) =
-        observe::observe_pass(&ctx.client, &ctx.cluster_api, obj.as_ref(), &ctx.settings).await?;
+    let (observed, state_meta) = observe::observe_pass(
+        &ctx.client,
+        &ctx.cluster_api,
+        obj.as_ref(),
+        &ctx.settings,
+        &ctx.state_reads,
+    )
+    .await?;
     let (mut decision, mut facts, extras) = facts::decide(&observed, &ctx.settings);
     // Starting an attempt needs its Job, which only the manager can render (its templates):
     // a Job that does not render is one more thing that keeps the destroy from starting,

@@ -224,6 +224,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         dependents,
         state,
         errored,
+        state_permit: None,
         inputs_secret,
         referenced_secrets,
         referenced_config_maps,

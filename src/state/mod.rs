@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Read};
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::names::{
     LABEL_ERRORED_STATE, LEGACY_ERRORED_KEY, TF_CHUNK_SIZE, TF_LABEL_SUFFIX, TF_STATE_KEY,
@@ -59,34 +60,57 @@ impl StateSecrets {
     /// Picks the base Secret (named `base_name`) and its `-part-N` Secrets out of any set
     /// of Secrets (others ignored).
     pub fn from_secrets(base_name: &str, secrets: &[Secret]) -> StateSecrets {
-        let mut out = StateSecrets {
-            base_name: base_name.to_string(),
-            ..StateSecrets::default()
-        };
-        let suffix =
-            base_name.strip_prefix(&format!("tfstate-{}-", crate::api::names::TF_WORKSPACE));
+        let mut out = StateSecrets::empty(base_name);
         for secret in secrets {
-            let Some(name) = secret.metadata.name.as_deref() else {
-                continue;
-            };
-            if name == base_name {
-                out.base_present = true;
-                out.base = state_value(secret);
-                out.metas.insert(name.to_string(), secret.metadata.clone());
-            } else if let Some(n) = part_index(base_name, name) {
-                out.parts.insert(n, state_value(secret));
-                out.metas.insert(name.to_string(), secret.metadata.clone());
-            } else if let Some(labels) = &secret.metadata.labels
-                && suffix.is_some()
-                && labels
-                    .get(crate::api::names::TF_LABEL_SUFFIX)
-                    .map(String::as_str)
-                    == suffix
-            {
-                out.labelled_others.insert(name.to_string(), labels.clone());
-            }
+            out.add(&secret.metadata, || state_value(secret));
         }
         out
+    }
+
+    /// [`StateSecrets::from_secrets`], taking the Secrets: their values move, so a state
+    /// read is in memory once, not twice.
+    pub fn from_owned(base_name: &str, secrets: Vec<Secret>) -> StateSecrets {
+        let mut out = StateSecrets::empty(base_name);
+        for mut secret in secrets {
+            let value = secret
+                .data
+                .as_mut()
+                .and_then(|d| d.remove(TF_STATE_KEY))
+                .map(|v| v.0);
+            out.add(&secret.metadata, || value);
+        }
+        out
+    }
+
+    fn empty(base_name: &str) -> StateSecrets {
+        StateSecrets {
+            base_name: base_name.to_string(),
+            ..StateSecrets::default()
+        }
+    }
+
+    /// Takes in one Secret: the base, a part, or another with this state's suffix label.
+    fn add(&mut self, meta: &ObjectMeta, value: impl FnOnce() -> Option<Vec<u8>>) {
+        let Some(name) = meta.name.as_deref() else {
+            return;
+        };
+        let suffix = self
+            .base_name
+            .strip_prefix(&format!("tfstate-{}-", crate::api::names::TF_WORKSPACE));
+        if name == self.base_name {
+            self.base_present = true;
+            self.base = value();
+            self.metas.insert(name.to_string(), meta.clone());
+        } else if let Some(n) = part_index(&self.base_name, name) {
+            self.parts.insert(n, value());
+            self.metas.insert(name.to_string(), meta.clone());
+        } else if let Some(labels) = &meta.labels
+            && suffix.is_some()
+            && labels.get(TF_LABEL_SUFFIX).map(String::as_str) == suffix
+        {
+            self.labelled_others
+                .insert(name.to_string(), labels.clone());
+        }
     }
 
     /// The Secrets, other than the base and its parts, that Terraform's backend would

@@ -441,3 +441,124 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
     );
     env.shutdown().await;
 }
+
+/// The manager's memory does not grow with the number of deleting objects, nor with a
+/// second copy of a state: a pass that needs the state takes one of the manager's
+/// state-read permits first, and holds it for the pass (with none free, it waits; with
+/// one, it reads), and it reads each Secret of the state once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
+    use captf::controller::{ClusterKind, discover_cluster};
+    use std::sync::Arc;
+    let env = Env::start("state-permits").await;
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
+        .await;
+    // No manager here: a finalizer of the test's own keeps the deleted object.
+    let objects: Api<Tfm> = Api::namespaced(env.client.clone(), &env.ns);
+    objects
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"metadata": {"finalizers": ["captf.test/hold"]}}),
+            ),
+        )
+        .await
+        .expect("finalizer");
+    objects
+        .delete("web-1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let obj = objects.get("web-1").await.expect("the deleting object");
+    // A state of a base and a part, labelled as Terraform's backend labels it.
+    let suffix = "web-1.tfm";
+    let base = names::state_secret_name(suffix);
+    let labels = serde_json::json!({
+        names::TF_LABEL_STATE: "true", names::TF_LABEL_SUFFIX: suffix,
+        names::TF_LABEL_WORKSPACE: "default", names::TF_LABEL_MANAGED_BY: "terraform",
+    });
+    let gz = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(br#"{"version":4,"serial":3,"lineage":"l-1","resources":[]}"#)
+            .expect("gzip");
+        e.finish().expect("gzip")
+    };
+    let (first, second) = gz.split_at(gz.len() / 2);
+    for (name, bytes) in [
+        (base.clone(), first),
+        (names::part_secret_name(&base, 1), second),
+    ] {
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": labels},
+            "data": {names::TF_STATE_KEY: k8s_openapi::ByteString(bytes.to_vec())},
+        }))
+        .expect("secret");
+        env.secrets()
+            .create(&Default::default(), &secret)
+            .await
+            .expect("state Secret");
+    }
+    env.proxy.request_log().reset();
+    let cluster_api = discover_cluster(&env.client).await;
+    assert!(matches!(cluster_api, ClusterKind::Known(_)));
+    let settings = captf::facts::Settings::default();
+    let permits = Arc::new(tokio::sync::Semaphore::new(0));
+    let client = env.proxy.client();
+    let (observed, state_meta) = {
+        let pass = observe::observe_pass(&client, &cluster_api, &obj, &settings, &permits);
+        tokio::pin!(pass);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), &mut pass)
+                .await
+                .is_err(),
+            "with no permit free, the pass waits before reading the state"
+        );
+        permits.add_permits(1);
+        tokio::time::timeout(Duration::from_secs(20), pass)
+            .await
+            .expect("with a permit, the pass reads")
+            .expect("observe")
+    };
+    assert!(state_meta.is_some(), "the state was read");
+    assert!(
+        matches!(
+            state::read(
+                observed.state.as_ref().expect("state"),
+                state::DEFAULT_DECOMPRESSION_CAP
+            ),
+            StateContent::Parsed { serial: 3, .. }
+        ),
+        "{:?}",
+        observed.state
+    );
+    // Each Secret of the state once: one list by Terraform's suffix label holds the base
+    // and its part; the one read by name is the inputs Secret's.
+    let log = env.proxy.request_log();
+    assert_eq!(
+        (
+            log.count("get", "secrets", ""),
+            log.count("list", "secrets", "")
+        ),
+        (1, 2),
+        "the inputs by name; the state's list and the errored states' (metadata) list: {:?}",
+        log.snapshot()
+    );
+    assert_eq!(
+        permits.available_permits(),
+        0,
+        "the pass holds its permit while its observation lives"
+    );
+    drop(observed);
+    assert_eq!(permits.available_permits(), 1, "and gives it back after");
+    objects
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("finalizer off");
+    env.shutdown().await;
+}
