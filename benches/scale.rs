@@ -19,6 +19,8 @@
 //! `captf-scale-manager.log` in the temp directory, at `CAPTF_SCALE_RUST_LOG` (default
 //! `info,kube=warn`).
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/integration/support/mod.rs"]
 mod support;
 
@@ -39,21 +41,13 @@ use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use support::{Env, Tfm, backend_labels, module};
 
-fn env_usize(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default)
-}
-
 fn main() {
     if !support::on_path("terraform") {
         eprintln!("error: `terraform` is not on PATH; the scale bench runs the real destroys");
         std::process::exit(2);
     }
-    let n = env_usize("CAPTF_SCALE_N", 500);
-    let jobs = env_usize("CAPTF_SCALE_JOBS", 4);
+    let n = common::env_usize("CAPTF_SCALE_N", 500);
+    let jobs = common::env_usize("CAPTF_SCALE_JOBS", 4);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -67,17 +61,6 @@ fn main() {
 
 fn name_of(i: usize) -> String {
     format!("m-{i:04}")
-}
-
-fn vm_hwm_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 fn gunzip(bytes: &[u8]) -> String {
@@ -497,7 +480,7 @@ async fn measure(
     println!(
         "  the manager took the {n} objects in ({:.1}s); RSS before the deletion: {:.1} MiB",
         t.elapsed().as_secs_f64(),
-        vm_hwm_kib(pid, "VmRSS:").unwrap_or(0) as f64 / 1024.0
+        common::proc_kib(pid, "VmRSS:").unwrap_or(0) as f64 / 1024.0
     );
 
     // The bench's watches start before the deletion (they do not go through the proxy).
@@ -584,7 +567,7 @@ async fn measure(
     .await
     .is_ok();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let peak_kib = vm_hwm_kib(pid, "VmHWM:").unwrap_or(0);
+    let peak_kib = common::proc_kib(pid, "VmHWM:").unwrap_or(0);
     // CPU seconds since each process started: the manager's; the control plane's
     // (captf-envtest with etcd, and its children kube-apiserver, kube-controller-manager
     // and the kubelet); the Jobs' processes (reaped children of the kubelet).

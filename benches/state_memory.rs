@@ -17,6 +17,8 @@
 //! manager's peak RSS (VmHWM), its RSS at the end, and how many passes it made (each
 //! reads a whole state; from its log's `decision` lines).
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/integration/support/mod.rs"]
 mod support;
 
@@ -32,78 +34,55 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use support::{Env, Tfm, backend_labels};
 
-fn env_usize(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default)
-}
-
 fn main() {
-    let n = env_usize("CAPTF_MEM_N", 500);
-    let mb = env_usize("CAPTF_MEM_STATE_MB", 10);
-    let seconds = env_usize("CAPTF_MEM_SECONDS", 60);
+    let n = common::env_usize("CAPTF_MEM_N", 500);
+    let mb = common::env_usize("CAPTF_MEM_STATE_MB", 10);
+    let seconds = common::env_usize("CAPTF_MEM_SECONDS", 60);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    if let Err(e) = runtime.block_on(bench(n, mb, seconds)) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
-}
-
-/// xorshift64*: random-looking attribute values without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn hex(&mut self, len: usize) -> String {
-        let mut s = String::with_capacity(len);
-        while s.len() < len {
-            s.push_str(&format!("{:016x}", self.next()));
+    let code = match runtime.block_on(bench(n, mb, seconds)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
         }
-        s.truncate(len);
-        s
-    }
+    };
+    // At once: the test support's background tasks would retry against the control plane
+    // that is gone while the runtime shuts down.
+    std::process::exit(code);
 }
 
 /// A version-4 state of about `mb` MB: `aws_instance.vm[i]` instances with the attributes
 /// a cloud instance has.
 fn state_json(mb: usize) -> String {
-    let mut rng = Rng(0x5eed_cafe_f00d_0001);
+    let mut rng = common::Rng(0x5eed_cafe_f00d_0001);
     let mut instances = Vec::new();
     let mut size = 0;
     let mut i = 0;
     while size < mb * 1_000_000 {
-        let id = format!("i-{}", rng.hex(17));
+        let id = format!("i-{}", rng.hex_words(17));
         let instance = json!({
             "index_key": i,
             "schema_version": 1,
             "attributes": {
                 "id": id,
                 "arn": format!("arn:aws:ec2:eu-west-1:123456789012:instance/{id}"),
-                "ami": format!("ami-{}", rng.hex(17)),
+                "ami": format!("ami-{}", rng.hex_words(17)),
                 "instance_type": "m6i.large",
                 "availability_zone": "eu-west-1b",
                 "private_ip": format!("10.{}.{}.{}", rng.next() % 256, rng.next() % 256, rng.next() % 256),
-                "private_dns": format!("ip-{}.eu-west-1.compute.internal", rng.hex(8)),
-                "subnet_id": format!("subnet-{}", rng.hex(17)),
-                "vpc_security_group_ids": [format!("sg-{}", rng.hex(17))],
-                "root_block_device": [{"volume_id": format!("vol-{}", rng.hex(17)), "volume_size": 50, "volume_type": "gp3", "encrypted": true}],
+                "private_dns": format!("ip-{}.eu-west-1.compute.internal", rng.hex_words(8)),
+                "subnet_id": format!("subnet-{}", rng.hex_words(17)),
+                "vpc_security_group_ids": [format!("sg-{}", rng.hex_words(17))],
+                "root_block_device": [{"volume_id": format!("vol-{}", rng.hex_words(17)), "volume_size": 50, "volume_type": "gp3", "encrypted": true}],
                 "tags": {"Name": format!("web-{i}"), "cluster": "prod", "owner": "platform", "cost-center": "1234"},
-                "user_data_base64": rng.hex(64),
+                "user_data_base64": rng.hex_words(64),
             },
             "sensitive_attributes": [],
-            "private": rng.hex(48),
+            "private": rng.hex_words(48),
         });
         size += instance.to_string().len();
         instances.push(instance);
@@ -125,17 +104,6 @@ fn state_json(mb: usize) -> String {
         "check_results": null,
     })
     .to_string()
-}
-
-fn vm_kib(pid: u32, field: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 fn name_of(i: usize) -> String {
@@ -278,6 +246,9 @@ async fn bench(n: usize, mb: usize, seconds: usize) -> Result<(), String> {
     result
 }
 
+/// How many of the listed objects are as a wait wants them.
+type Count = dyn Fn(&[Tfm]) -> usize + Send + Sync;
+
 fn passes(log_path: &std::path::Path) -> usize {
     std::fs::read_to_string(log_path)
         .map(|l| l.lines().filter(|l| l.contains("\"decision\"")).count())
@@ -292,7 +263,7 @@ async fn measure(
     log_path: &std::path::Path,
 ) -> Result<(), String> {
     let objects: Api<Tfm> = Api::namespaced(env.client.clone(), &env.ns);
-    let wait = |what: &'static str, check: Box<dyn Fn(&[Tfm]) -> usize + Send + Sync>| {
+    let wait = |what: &'static str, check: Box<Count>| {
         let objects = objects.clone();
         async move {
             let start = Instant::now();
@@ -353,11 +324,11 @@ async fn measure(
     let mut peak_seen = 0;
     let until = Instant::now() + Duration::from_secs(seconds as u64);
     while Instant::now() < until {
-        peak_seen = peak_seen.max(vm_kib(pid, "VmRSS:").unwrap_or(0));
+        peak_seen = peak_seen.max(common::proc_kib(pid, "VmRSS:").unwrap_or(0));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let hwm = vm_kib(pid, "VmHWM:").ok_or("the manager is gone")?;
-    let rss = vm_kib(pid, "VmRSS:").unwrap_or(0);
+    let hwm = common::proc_kib(pid, "VmHWM:").ok_or("the manager is gone")?;
+    let rss = common::proc_kib(pid, "VmRSS:").unwrap_or(0);
     let elapsed = deleted.elapsed().as_secs_f64();
     let made = passes(log_path) - passes_before;
     println!(

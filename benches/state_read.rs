@@ -53,30 +53,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-/// xorshift64*: deterministic data without a crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn hex(&mut self, out: &mut String, n: usize) {
-        for _ in 0..n {
-            out.push(char::from_digit((self.next() >> 60) as u32, 16).unwrap());
-        }
-    }
-    fn uuid(&mut self, out: &mut String) {
-        for (i, n) in [8, 4, 4, 4, 12].into_iter().enumerate() {
-            if i > 0 {
-                out.push('-');
-            }
-            self.hex(out, n);
-        }
-    }
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::Rng;
 
 const WORDS: &[&str] = &[
     "subnet",

@@ -1,0 +1,63 @@
+//! What the benches share: their settings from the environment, a process's memory from
+//! `/proc`, and deterministic data without a crate.
+#![allow(dead_code)]
+
+/// `key` as a positive number, else `default`.
+pub fn env_usize(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}
+
+/// A `/proc/<pid>/status` field in KiB (`VmHWM:`, `VmRSS:`).
+pub fn proc_kib(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// xorshift64*.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// `n` hex digits appended to `out`.
+    pub fn hex(&mut self, out: &mut String, n: usize) {
+        for _ in 0..n {
+            out.push(char::from_digit((self.next() >> 60) as u32, 16).expect("a hex digit"));
+        }
+    }
+
+    /// A UUID-shaped string appended to `out`.
+    pub fn uuid(&mut self, out: &mut String) {
+        for (i, n) in [8, 4, 4, 4, 12].into_iter().enumerate() {
+            if i > 0 {
+                out.push('-');
+            }
+            self.hex(out, n);
+        }
+    }
+
+    /// `len` hex digits, sixteen from each number.
+    pub fn hex_words(&mut self, len: usize) -> String {
+        let mut s = String::with_capacity(len + 16);
+        while s.len() < len {
+            s.push_str(&format!("{:016x}", self.next()));
+        }
+        s.truncate(len);
+        s
+    }
+}
