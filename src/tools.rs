@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 
-use crate::api::names::{self, Kind};
+use crate::api::names::{self, Kind, SecretRole};
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 use crate::controller::observe;
 use crate::explain::Explained;
@@ -433,20 +433,20 @@ fn owner_of_secret(meta: &ObjectMeta) -> Option<(String, Kind, String)> {
     let empty = BTreeMap::new();
     let labels = meta.labels.as_ref().unwrap_or(&empty);
     let name = meta.name.as_deref().unwrap_or_default();
-    let part = name.contains("-part-");
-    let errored = labels.contains_key(names::LABEL_ERRORED_STATE);
-    let role = match name {
-        n if n.starts_with("tfstate-") && errored && part => "errored-part",
-        n if n.starts_with("tfstate-") && errored => "errored",
-        n if n.starts_with("captf-inputs-") => "inputs",
-        n if n.starts_with("captf-backup-") && part => "backup-part",
-        n if n.starts_with("captf-backup-") => "backup",
-        n if n.starts_with("captf-errored-") => "errored",
-        n if n.starts_with("captf-abandoned-") && part => "abandoned-copy-part",
-        n if n.starts_with("captf-abandoned-") => "abandoned-copy",
-        n if n.starts_with("tfstate-") && part => "state-part",
-        n if n.starts_with("tfstate-") => "state",
-        _ => return None,
+    let parsed = names::parse_secret_name(name)?;
+    let part = parsed.part.is_some();
+    let role = match parsed.role {
+        SecretRole::Inputs => "inputs",
+        SecretRole::State if part => "state-part",
+        SecretRole::State => "state",
+        SecretRole::Backup if part => "backup-part",
+        SecretRole::Backup => "backup",
+        SecretRole::Errored if part => "errored-part",
+        SecretRole::Errored => "errored",
+        SecretRole::AbandonedState | SecretRole::AbandonedBackup if part => "abandoned-copy-part",
+        SecretRole::AbandonedState | SecretRole::AbandonedBackup | SecretRole::AbandonedInputs => {
+            "abandoned-copy"
+        }
     };
     if let (Some(k), Some(n)) = (
         labels.get(names::LABEL_OWNER_KIND),

@@ -277,6 +277,108 @@ pub fn abandoned_copy_name(namespace: &str, suffix: &str) -> String {
     format!("captf-abandoned-{namespace}-{suffix}")
 }
 
+/// The abandoned copy of the backup: `captf-abandoned-<namespace>-<suffix>-backup`.
+pub fn abandoned_backup_copy_name(namespace: &str, suffix: &str) -> String {
+    format!("{}-backup", abandoned_copy_name(namespace, suffix))
+}
+
+/// The abandoned copy of the inputs: `captf-abandoned-<namespace>-<suffix>-inputs`.
+pub fn abandoned_inputs_copy_name(namespace: &str, suffix: &str) -> String {
+    format!("{}-inputs", abandoned_copy_name(namespace, suffix))
+}
+
+/// What a Secret CAPTF writes (or Terraform's backend writes for it) holds, by its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecretRole {
+    /// [`inputs_secret_name`].
+    Inputs,
+    /// [`state_secret_name`] and its parts.
+    State,
+    /// [`backup_secret_name`] and its parts.
+    Backup,
+    /// An errored state ([`errored_suffix`]) and its parts, or an older runner's
+    /// [`errored_secret_name`].
+    Errored,
+    /// [`abandoned_copy_name`] and its parts.
+    AbandonedState,
+    /// [`abandoned_backup_copy_name`] and its parts.
+    AbandonedBackup,
+    /// [`abandoned_inputs_copy_name`].
+    AbandonedInputs,
+}
+
+/// A Secret name read back: its role, what follows the role's prefix (the suffix; for an
+/// errored state the backend suffix `errored-<attempt>-<tag>.<suffix>`; for an abandoned
+/// copy `<namespace>-<suffix>`, which cannot be split without knowing the namespace), and
+/// its part number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretName {
+    pub role: SecretRole,
+    pub rest: String,
+    pub part: Option<u32>,
+}
+
+/// The inverse of the Secret name constructors above; None for a name none of them makes.
+pub fn parse_secret_name(name: &str) -> Option<SecretName> {
+    // A trailing `-part-N`: every suffix ends with `.<kind short name>`, so it is a part.
+    // (Terraform writes part numbers without leading zeros: `-part-01` is nobody's.)
+    let (whole, part) = match name.rsplit_once("-part-") {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            if n.starts_with('0') {
+                return None;
+            }
+            (base, Some(n.parse().ok()?))
+        }
+        _ => (name, None),
+    };
+    let found = |role, rest: &str| {
+        (!rest.is_empty()).then(|| SecretName {
+            role,
+            rest: rest.to_string(),
+            part,
+        })
+    };
+    if let Some(rest) = whole.strip_prefix(&format!("tfstate-{TF_WORKSPACE}-")) {
+        let errored = rest
+            .strip_prefix("errored-")
+            .and_then(|r| r.split_once('-'))
+            .is_some_and(|(attempt, tail)| {
+                attempt.bytes().all(|b| b.is_ascii_digit())
+                    && !attempt.is_empty()
+                    && tail.as_bytes().get(5) == Some(&b'.')
+            });
+        return found(
+            if errored {
+                SecretRole::Errored
+            } else {
+                SecretRole::State
+            },
+            rest,
+        );
+    }
+    if let Some(rest) = whole.strip_prefix("captf-abandoned-") {
+        if let Some(r) = rest.strip_suffix("-inputs") {
+            return part
+                .is_none()
+                .then(|| found(SecretRole::AbandonedInputs, r))?;
+        }
+        if let Some(r) = rest.strip_suffix("-backup") {
+            return found(SecretRole::AbandonedBackup, r);
+        }
+        return found(SecretRole::AbandonedState, rest);
+    }
+    let single = [
+        ("captf-inputs-", SecretRole::Inputs),
+        ("captf-errored-", SecretRole::Errored),
+    ];
+    for (prefix, role) in single {
+        if let Some(rest) = whole.strip_prefix(prefix) {
+            return part.is_none().then(|| found(role, rest))?;
+        }
+    }
+    found(SecretRole::Backup, whole.strip_prefix("captf-backup-")?)
+}
+
 /// The Job of one attempt: `captf-<suffix with dots as dashes>-<operation>-<attempt>`, cut
 /// and hashed like the suffix so that it stays a valid label value (63 characters).
 pub fn job_name(suffix: &str, operation: &str, attempt: u32) -> String {
@@ -369,6 +471,103 @@ mod tests {
             state_suffix(Kind::TerraformMachine, &a),
             state_suffix(Kind::TerraformMachine, &b)
         );
+    }
+
+    #[test]
+    fn every_secret_name_reads_back_as_what_made_it() {
+        let named = |role, rest: &str, part| {
+            Some(SecretName {
+                role,
+                rest: rest.to_string(),
+                part,
+            })
+        };
+        let long = state_suffix(Kind::TerraformMachine, &"a".repeat(90));
+        for suffix in ["web-1.tfm", "prod.tfc", "pool-part-3.tfmp", long.as_str()] {
+            let state = state_secret_name(suffix);
+            let backup = backup_secret_name(suffix);
+            let errored = errored_suffix(suffix, 12, "x7k2p");
+            let cases = [
+                (
+                    inputs_secret_name(suffix),
+                    named(SecretRole::Inputs, suffix, None),
+                ),
+                (state.clone(), named(SecretRole::State, suffix, None)),
+                (
+                    part_secret_name(&state, 2),
+                    named(SecretRole::State, suffix, Some(2)),
+                ),
+                (backup.clone(), named(SecretRole::Backup, suffix, None)),
+                (
+                    part_secret_name(&backup, 1),
+                    named(SecretRole::Backup, suffix, Some(1)),
+                ),
+                (
+                    errored_secret_name(suffix),
+                    named(SecretRole::Errored, suffix, None),
+                ),
+                (
+                    state_secret_name(&errored),
+                    named(SecretRole::Errored, &errored, None),
+                ),
+                (
+                    part_secret_name(&state_secret_name(&errored), 3),
+                    named(SecretRole::Errored, &errored, Some(3)),
+                ),
+                (
+                    abandoned_copy_name("team-a", suffix),
+                    named(
+                        SecretRole::AbandonedState,
+                        &format!("team-a-{suffix}"),
+                        None,
+                    ),
+                ),
+                (
+                    part_secret_name(&abandoned_copy_name("team-a", suffix), 1),
+                    named(
+                        SecretRole::AbandonedState,
+                        &format!("team-a-{suffix}"),
+                        Some(1),
+                    ),
+                ),
+                (
+                    abandoned_backup_copy_name("team-a", suffix),
+                    named(
+                        SecretRole::AbandonedBackup,
+                        &format!("team-a-{suffix}"),
+                        None,
+                    ),
+                ),
+                (
+                    part_secret_name(&abandoned_backup_copy_name("team-a", suffix), 2),
+                    named(
+                        SecretRole::AbandonedBackup,
+                        &format!("team-a-{suffix}"),
+                        Some(2),
+                    ),
+                ),
+                (
+                    abandoned_inputs_copy_name("team-a", suffix),
+                    named(
+                        SecretRole::AbandonedInputs,
+                        &format!("team-a-{suffix}"),
+                        None,
+                    ),
+                ),
+            ];
+            for (name, want) in cases {
+                assert_eq!(parse_secret_name(&name), want, "{name}");
+            }
+        }
+        for other in [
+            "aws-creds",
+            "captf-web-1-tfm-destroy-2",
+            "tfstate-default-",
+            "captf-inputs-web-1.tfm-part-1",
+            "captf-backup-web-1.tfm-part-01",
+        ] {
+            assert_eq!(parse_secret_name(other), None, "{other}");
+        }
     }
 
     #[test]

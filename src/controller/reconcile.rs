@@ -1249,7 +1249,10 @@ async fn copy_out<K: TerraformObject>(
     let mut pairs = Vec::new();
     for (source, copy) in [
         (names::state_secret_name(suffix), base.clone()),
-        (names::backup_secret_name(suffix), format!("{base}-backup")),
+        (
+            names::backup_secret_name(suffix),
+            names::abandoned_backup_copy_name(ns, suffix),
+        ),
     ] {
         for name in chunk_names(&here, &source).await? {
             let target = match names::part_index(&source, &name) {
@@ -1259,7 +1262,10 @@ async fn copy_out<K: TerraformObject>(
             pairs.push((name, target));
         }
     }
-    pairs.push((names::inputs_secret_name(suffix), format!("{base}-inputs")));
+    pairs.push((
+        names::inputs_secret_name(suffix),
+        names::abandoned_inputs_copy_name(ns, suffix),
+    ));
     let now = Timestamp::now().to_string();
     for (source, target) in &pairs {
         let Some(original) = here.get_opt(source).await? else {
@@ -1342,7 +1348,7 @@ async fn announce_copies<K: TerraformObject>(
     let copy = match there.get_metadata_opt(&base).await {
         Ok(Some(m)) => Some(m),
         _ => there
-            .get_metadata_opt(&format!("{base}-inputs"))
+            .get_metadata_opt(&names::abandoned_inputs_copy_name(ns, suffix))
             .await
             .ok()
             .flatten(),

@@ -114,7 +114,7 @@ async fn abandon_and_check_copies(env: &Env, before: &(String, u64), with_backup
     let copy = names::abandoned_copy_name(&env.ns, "web-1.tfm");
     assert_eq!(read_set(&there, &copy).await.as_ref(), Some(before));
     let inputs = there
-        .get(&format!("{copy}-inputs"))
+        .get(&names::abandoned_inputs_copy_name(&env.ns, "web-1.tfm"))
         .await
         .expect("the inputs copy");
     assert!(
@@ -125,7 +125,12 @@ async fn abandon_and_check_copies(env: &Env, before: &(String, u64), with_backup
     );
     if with_backup {
         assert!(
-            read_set(&there, &format!("{copy}-backup")).await.is_some(),
+            read_set(
+                &there,
+                &names::abandoned_backup_copy_name(&env.ns, "web-1.tfm")
+            )
+            .await
+            .is_some(),
             "the backup copied too"
         );
     }
