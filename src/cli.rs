@@ -58,6 +58,7 @@ pub struct OrphansArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("source").required(true).multiple(false).args(["from_backup", "from_file", "from_errored"]))]
 pub struct RestoreArgs {
     /// The object whose state to restore, as KIND/NAME (e.g. terraformmachine/web-1).
     pub target: String,
@@ -65,14 +66,10 @@ pub struct RestoreArgs {
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
     /// Restore from the backup Secret taken before the first destroy attempt.
-    #[arg(
-        long,
-        conflicts_with_all = ["from_file", "from_errored"],
-        required_unless_present_any = ["from_file", "from_errored"]
-    )]
+    #[arg(long)]
     pub from_backup: bool,
     /// Restore from a state file (JSON as `terraform state pull` prints it, or gzip).
-    #[arg(long, conflicts_with = "from_errored")]
+    #[arg(long)]
     pub from_file: Option<PathBuf>,
     /// Restore from an errored state a runner kept (what Terraform could not save), by
     /// the name of its Secret (`tfstate-errored-…`, or an older `captf-errored-…`).
@@ -558,5 +555,34 @@ mod tests {
         assert_eq!(parse_duration("7"), Ok(std::time::Duration::from_secs(7)));
         assert!(parse_duration("x").is_err());
         assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn a_restore_takes_exactly_one_source_and_says_which_there_are() {
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["captf", "state", "restore", "tfm/web-1"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        let none = parse(&[]).expect_err("no source").to_string();
+        assert!(
+            none.contains("--from-backup|--from-file <FROM_FILE>|--from-errored <SECRET>"),
+            "{none}"
+        );
+        let two = parse(&["--from-backup", "--from-errored", "x"])
+            .expect_err("two sources")
+            .to_string();
+        assert!(two.contains("cannot be used with"), "{two}");
+        for one in [
+            &["--from-backup"][..],
+            &["--from-file", "state.json"],
+            &[
+                "--from-errored",
+                "tfstate-default-errored-1-ab1cd.web-1.tfm",
+            ],
+        ] {
+            assert!(parse(one).is_ok(), "{one:?}");
+        }
     }
 }
