@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Container, Secret};
+use k8s_openapi::api::core::v1::{Container, PodSecurityContext, Secret};
 use serde_json::json;
 
 use super::render::*;
@@ -122,6 +122,12 @@ fn container(job: &Job) -> &Container {
         .iter()
         .find(|c| c.name == CONTAINER_NAME)
         .unwrap()
+}
+
+/// The Pod's security context.
+fn pod_security(job: &Job) -> &PodSecurityContext {
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    pod.security_context.as_ref().unwrap()
 }
 
 fn golden_path() -> PathBuf {
@@ -461,14 +467,7 @@ fn a_template_without_a_user_leaves_it_to_the_platform_and_never_runs_as_root() 
     };
     let inputs = inline_inputs();
     let job = render(&templates, &request(&inputs)).unwrap();
-    let psc = job
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .security_context
-        .unwrap();
+    let psc = pod_security(&job);
     assert_eq!(
         (
             psc.run_as_user,
@@ -480,14 +479,7 @@ fn a_template_without_a_user_leaves_it_to_the_platform_and_never_runs_as_root() 
     );
     // The shipped template names the runner user.
     let job = render(&Templates::embedded(), &request(&inputs)).unwrap();
-    let psc = job
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .security_context
-        .unwrap();
+    let psc = pod_security(&job);
     assert_eq!(
         (psc.run_as_user, psc.run_as_group, psc.fs_group),
         (Some(65532), Some(65532), Some(65532))
