@@ -715,67 +715,8 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
-    use crate::api::{ModuleSpec, TerraformSpec};
     use crate::rules::{Action, Blocker};
-
-    fn meta(annotations: &[(&str, &str)]) -> ObjectMeta {
-        ObjectMeta {
-            name: Some("prod".into()),
-            namespace: Some("team-a".into()),
-            uid: Some("uid-1".into()),
-            deletion_timestamp: Some(Time("2026-12-01T10:00:00Z".parse().expect("time"))),
-            annotations: Some(
-                annotations
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..Default::default()
-        }
-    }
-
-    fn spec() -> TerraformSpec {
-        TerraformSpec {
-            module: ModuleSpec {
-                source: None,
-                files: Some([("main.tf".to_string(), "# module".to_string())].into()),
-            },
-            variables: Some(
-                [("name".to_string(), serde_json::json!("prod"))]
-                    .into_iter()
-                    .collect(),
-            ),
-            ..Default::default()
-        }
-    }
-
-    fn observed(kind: Kind, annotations: &[(&str, &str)]) -> Observed {
-        Observed {
-            kind,
-            meta: meta(annotations),
-            spec: spec(),
-            cluster: None,
-            cluster_kind_unknown: None,
-            job_refusals: BTreeMap::new(),
-            crd_deleting: false,
-            namespace_terminating: false,
-            stuck_pods: BTreeMap::new(),
-            owners_gone: vec![],
-            jobs: vec![],
-            pods: vec![],
-            earlier_jobs: vec![],
-            earlier_pods: vec![],
-            dependents: vec![],
-            state: None,
-            errored: vec![],
-            state_permit: None,
-            inputs_secret: None,
-            referenced_secrets: BTreeMap::new(),
-            referenced_config_maps: BTreeMap::new(),
-            lock: None,
-            now: "2026-12-01T12:00:00Z".parse().expect("time"),
-        }
-    }
+    use crate::testing::{meta, observed, spec};
 
     fn rebuilt_sha(kind: Kind) -> String {
         let suffix = names::state_suffix(kind, "prod");

@@ -13,4 +13,6 @@ pub mod metrics;
 pub mod rules;
 pub mod state;
 pub mod telemetry;
+#[cfg(test)]
+mod testing;
 pub mod tools;

@@ -1,0 +1,174 @@
+//! The cleanup after a verified destroy (SPEC section 6, row 5 of the rule table).
+//!
+//! Write order: the cleanup marker on the object first, before the first delete and
+//! before the status (this action writes the status itself), with the reads of what there
+//! is to delete at the same time; a crash from then on resumes the cleanup. Then, at once,
+//! the status, the Jobs, the Secrets (protection off first, then one labelled delete, then
+//! by name what it did not take) and Terraform's lock when it is free. The release last,
+//! after all of them. The errored states are never deleted.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::{chunk_metas, delete_jobs, delete_lock_if_free, release};
+use crate::api::TerraformObject;
+use crate::api::names;
+use crate::controller::events::{self, publish};
+use crate::controller::observe;
+use crate::controller::status::write_status;
+use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
+use crate::controller::{Context, Error, Scope};
+use crate::facts::{self, Observed};
+use crate::rules::Decision;
+
+/// Cleans up and releases, in the order the file's head states.
+pub async fn cleanup<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+    decision: &Decision,
+) -> Result<(), Error> {
+    let (api, secrets) = (&scope.api, &scope.secrets);
+    let marker = async {
+        if facts::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_some() {
+            return Ok(None);
+        }
+        // Before the status write of this pass, so the cached copy may lack the status
+        // an earlier pass wrote: that alone does not fail the marker.
+        writes::guarded_patch_past_status(api, obj, |meta| {
+            annotation_ops(
+                meta,
+                &[
+                    (
+                        names::CLEANUP_STARTED,
+                        Some(names::CLEANUP_DESTROYED.into()),
+                    ),
+                    (names::DELETION_UID, meta.uid.clone()),
+                    (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
+                ],
+            )
+        })
+        .await
+    };
+    let (marked, found) = futures::try_join!(marker, secret_metas(secrets, &scope.suffix))?;
+    let mut current = marked.unwrap_or_else(|| obj.clone());
+    // The cleanup marker is written: a crash from here on resumes the cleanup. Each part
+    // keeps its own order.
+    let (written, (), (), ()) = futures::try_join!(
+        write_status(api, &current, decision),
+        delete_jobs(scope, o),
+        delete_secrets(secrets, &found, &scope.uid),
+        delete_lock_if_free(scope, o),
+    )?;
+    if let Some(w) = written
+        && writes::only_status_changed(&current, &w)
+    {
+        current = w;
+    }
+    let (_, released) = tokio::join!(
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            events::CLEANED_UP,
+            "CleanUp",
+            "destroy verified: Jobs, state, inputs and backup Secrets deleted; releasing",
+        ),
+        release(ctx, scope, &current)
+    );
+    released
+}
+
+/// The metadata of the object's inputs, state, backup and errored-state Secrets and their
+/// parts that exist, read at once.
+async fn secret_metas(
+    secrets: &Api<Secret>,
+    suffix: &str,
+) -> Result<Vec<PartialObjectMeta<Secret>>, Error> {
+    // Not the errored state: what Terraform could not save may be the only record of
+    // resources, and cleanup never deletes it (`captf orphans` lists it afterwards).
+    let bases = [
+        names::inputs_secret_name(suffix),
+        names::state_secret_name(suffix),
+        names::backup_secret_name(suffix),
+    ];
+    keep_errored_state(secrets, suffix).await?;
+    Ok(
+        futures::future::try_join_all(bases.iter().map(|b| chunk_metas(secrets, b)))
+            .await?
+            .into_iter()
+            .flatten()
+            .collect(),
+    )
+}
+
+/// Marks an errored-state Secret written without [`names::LABEL_ERRORED_STATE`] (by an
+/// older runner) with it, so that the labelled delete of the cleanup leaves it.
+async fn keep_errored_state(secrets: &Api<Secret>, suffix: &str) -> Result<(), Error> {
+    let name = names::errored_secret_name(suffix);
+    if let Some(m) = secrets.get_metadata_opt(&name).await?
+        && !m.labels().contains_key(names::LABEL_ERRORED_STATE)
+    {
+        let patch = json!({"metadata": {"labels": {names::LABEL_ERRORED_STATE: "true"}}});
+        secrets
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Deletes the Secrets `found` (from [`secret_metas`]): their protection finalizers off
+/// first, then one delete of everything labelled as the object's (`uid`), then by name
+/// whatever that delete did not return (a state Secret written without the owner labels).
+async fn delete_secrets(
+    secrets: &Api<Secret>,
+    found: &[PartialObjectMeta<Secret>],
+    uid: &str,
+) -> Result<(), Error> {
+    futures::future::try_join_all(found.iter().map(|m| async {
+        let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
+        match guarded_patch(secrets, &m.metadata, ops).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }))
+    .await?;
+    let mut left: Vec<String> = found
+        .iter()
+        .filter_map(|m| m.metadata.name.clone())
+        .collect();
+    // Whether the names left are known to exist (the labelled delete listed what it
+    // deleted), or must be read first.
+    let mut known = false;
+    if !uid.is_empty() && !found.is_empty() {
+        let lp = ListParams::default().labels(&format!(
+            "{},!{}",
+            observe::owner_selector(uid),
+            names::LABEL_ERRORED_STATE
+        ));
+        if let Some(deleted) = secrets
+            .delete_collection(&kube::api::DeleteParams::background(), &lp)
+            .await?
+            .left()
+        {
+            let gone: std::collections::BTreeSet<String> =
+                deleted.items.iter().map(|s| s.name_any()).collect();
+            left.retain(|n| !gone.contains(n));
+            known = true;
+        }
+    }
+    futures::future::try_join_all(left.into_iter().map(|name| async move {
+        if known || secrets.get_metadata_opt(&name).await?.is_some() {
+            writes::delete_if_present(secrets, &name).await?;
+        }
+        Ok::<_, Error>(())
+    }))
+    .await?;
+    Ok(())
+}

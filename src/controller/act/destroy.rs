@@ -1,0 +1,210 @@
+//! Starting destroy attempt `n` (rows 4 and 6 of the rule table).
+//!
+//! Write order: everything the Job needs first (the backup of the state it starts from,
+//! the backend's labels on the state Secrets with the parts' protection off, the runner's
+//! RBAC, a stale lock of a runner that is gone), all before the attempt number; then the
+//! attempt number, under this object's uid, on the object (write-ahead: a crash after it
+//! starts the same attempt again, never a second one beside it); then the attempt's
+//! variables Secret; the Job last. Creating a name that exists is a no-op, so a restarted
+//! pass makes nothing twice.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tracing::info;
+
+use super::backup::{ensure_backup, readable_fingerprint};
+use crate::api::TerraformObject;
+use crate::api::names;
+use crate::controller::events::{self, publish};
+use crate::controller::reconcile::RESYNC;
+use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
+use crate::controller::{Context, Error, Scope};
+use crate::facts::{self, Extras, Observed};
+use crate::inputs::Inputs;
+use crate::job::{self, JobRequest};
+use crate::state::StateSecrets;
+
+/// What an attempt is started with: its Job, its variables Secret, and the labels
+/// Terraform's backend selects the state's Secrets by.
+pub struct Attempt {
+    pub n: u32,
+    pub job: Job,
+    pub secret: Secret,
+    pub backend_labels: BTreeMap<String, String>,
+}
+
+/// Renders attempt `n` of the object from its inputs; the error says why it does not
+/// render (a Job that does not render keeps the destroy from starting: row 9).
+pub fn render<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    n: u32,
+    inputs: &Inputs,
+) -> Result<Attempt, String> {
+    let cluster = facts::owning_cluster(obj.meta());
+    let request = JobRequest {
+        kind: K::KIND,
+        name: &scope.name,
+        uid: &scope.uid,
+        namespace: &scope.namespace,
+        suffix: &scope.suffix,
+        cluster_name: cluster.as_deref(),
+        operation: names::OPERATION_DESTROY,
+        attempt: n,
+        inputs,
+    };
+    let job = job::render(&ctx.templates, &request).map_err(|e| e.to_string())?;
+    let secret = job::attempt_secret(&ctx.templates, &request).map_err(|e| e.to_string())?;
+    Ok(Attempt {
+        n,
+        job,
+        secret,
+        // Before the attempt, the state's Secrets get every label Terraform's backend
+        // selects them by, its own included (a state restored by hand may lack one, and
+        // Terraform would then find no state and write an empty one over it).
+        backend_labels: crate::inputs::state_selector(K::KIND, &scope.name, &scope.uid),
+    })
+}
+
+/// Starts `attempt` in the order the file's head states.
+pub async fn start_attempt<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+    extras: &Extras,
+    attempt: Attempt,
+) -> Result<Requeue, Error> {
+    let Attempt {
+        n,
+        job,
+        secret,
+        backend_labels,
+    } = attempt;
+    // What the Job needs, all before the attempt number is written; independent of each
+    // other, so their requests run at once.
+    let backup_and_labels = async {
+        if let Some(state) = &o.state {
+            let backup = async {
+                match readable_fingerprint(extras) {
+                    Some(fp) => ensure_backup(ctx, scope, obj, state, fp).await,
+                    None => Ok(()),
+                }
+            };
+            futures::try_join!(
+                backup,
+                ensure_backend_labels(&scope.secrets, state, &backend_labels),
+            )?;
+        }
+        Ok::<_, Error>(())
+    };
+    let stale_lock = async {
+        if let (true, Some(lease)) = (extras.stale_lock, &o.lock) {
+            let leases: Api<Lease> = scope.api_of();
+            info!("clearing Terraform's lock held by a runner of this object that is gone");
+            writes::delete_as_read(&leases, &lease.metadata).await?;
+        }
+        Ok::<_, Error>(())
+    };
+    futures::try_join!(
+        backup_and_labels,
+        crate::controller::rbac::ensure_runner_rbac(ctx, &scope.namespace),
+        stale_lock,
+    )?;
+    // Write-ahead: the attempt number is on the object before its Job exists, under this
+    // object's uid; a cleanup marker of an earlier object of this name goes.
+    let edits = [
+        (names::DESTROY_ATTEMPT, Some(n.to_string())),
+        (names::DELETION_UID, Some(scope.uid.clone())),
+        (names::DESTROY_FAILED_AT, None),
+        (names::CLEANUP_STARTED, None),
+        (names::CLUSTERCTL_BLOCK_MOVE, Some("true".to_string())),
+    ];
+    let written = guarded_patch(&scope.api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
+    let jobs: Api<Job> = scope.api_of();
+    // The name is taken by a Job of an earlier object of this name: move on to the next
+    // number (its Secret, of the same name, is that Job's). By this attempt's own Job (a
+    // restart): it is made already.
+    let existing = jobs.get_metadata_opt(&job.name_any()).await?;
+    if existing
+        .as_ref()
+        .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != Some(&scope.uid))
+    {
+        let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
+        let bump = [(names::DESTROY_ATTEMPT, Some((n + 1).to_string()))];
+        guarded_patch(&scope.api, current, annotation_ops(current, &bump)).await?;
+        return Ok(Requeue::requeue(Duration::ZERO));
+    }
+    // The attempt's Secret (the variables) first, then the Job. The Secret carries the
+    // owner labels, so the cleanup's labelled delete takes it; a pruned Job's and an
+    // abandoned object's are deleted with their Jobs.
+    writes::create_if_absent(&scope.secrets, &secret).await?;
+    let created = existing.is_none() && writes::create_if_absent(&jobs, &job).await?;
+    if created {
+        ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            events::DESTROY_STARTED,
+            "Destroy",
+            &format!("destroy attempt {n} started in Job {}", job.name_any()),
+        )
+        .await;
+    }
+    Ok(Requeue::requeue(RESYNC))
+}
+
+/// Terraform's backend finds the state's Secrets by its labels, its own and the `labels`
+/// setting: a state Secret lacking one (restored by hand, or written by an apply with
+/// other labels) reads as no state, Terraform then writes an empty state over the base
+/// (by name), and the destroy finds nothing to destroy.
+async fn ensure_backend_labels(
+    secrets: &Api<Secret>,
+    state: &StateSecrets,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let names = std::iter::once(state.base_name.clone()).chain(
+        state
+            .parts
+            .keys()
+            .map(|n| names::part_secret_name(&state.base_name, *n)),
+    );
+    for name in names {
+        let Some(meta) = secrets.get_metadata_opt(&name).await? else {
+            continue;
+        };
+        let have = meta.metadata.labels.clone().unwrap_or_default();
+        let missing: BTreeMap<&String, &String> = labels
+            .iter()
+            .filter(|(k, v)| have.get(*k) != Some(*v))
+            .collect();
+        let mut current = meta.metadata;
+        if !missing.is_empty() {
+            let patch = json!({ "metadata": { "labels": missing } });
+            current = secrets
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await?
+                .metadata;
+        }
+        // A part keeps no finalizer while the Job runs: Terraform deletes the parts a
+        // shrinking state no longer has.
+        if name != state.base_name {
+            let ops = remove_finalizer_ops(&current, names::PROTECT_FINALIZER);
+            if !ops.is_empty() {
+                guarded_patch(secrets, &current, ops).await?;
+            }
+        }
+    }
+    Ok(())
+}

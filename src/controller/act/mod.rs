@@ -1,0 +1,127 @@
+//! The actions a decision dispatches to, one file each, with the write order each keeps
+//! stated at its top: starting a destroy attempt ([`destroy`]), keeping the backup
+//! ([`backup`]), the cleanup after a verified destroy ([`cleanup`]) and the abandon
+//! ([`abandon`]). What more than one of them does is here: the release, deleting the
+//! object's Jobs and Terraform's lock, and finding a chunked Secret's members.
+
+pub mod abandon;
+pub mod backup;
+pub mod cleanup;
+pub mod destroy;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
+use tracing::debug;
+
+use super::observe::owner_selector;
+use super::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
+use super::{Context, Error, Scope};
+use crate::api::TerraformObject;
+use crate::api::names;
+use crate::facts::Observed;
+use crate::state::lock::{self, Lock};
+
+/// Removes the object finalizer and block-move in one write, and remembers the release.
+pub async fn release<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+) -> Result<(), Error> {
+    let mut ops = annotation_ops(obj.meta(), &[(names::CLUSTERCTL_BLOCK_MOVE, None)]);
+    ops.extend(remove_finalizer_ops(obj.meta(), K::KIND.finalizer()));
+    match guarded_patch(&scope.api, obj.meta(), ops).await {
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e),
+    }
+    ctx.released.insert(&scope.uid);
+    Ok(())
+}
+
+/// The owner labels, as every Secret and Job of the object carries them.
+pub fn owner_labels<K: TerraformObject>(scope: &Scope<K>) -> BTreeMap<String, String> {
+    crate::inputs::owner_labels(K::KIND, &scope.name, &scope.uid)
+}
+
+/// The names of a chunked Secret set that exist (base and parts), from a read.
+pub async fn chunk_names(secrets: &Api<Secret>, base: &str) -> Result<Vec<String>, Error> {
+    Ok(chunk_metas(secrets, base)
+        .await?
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .collect())
+}
+
+/// The metadata of a chunked Secret set's members that exist (base and parts), from a
+/// read: the base and the first part at once, then the parts up to the first gap.
+pub async fn chunk_metas(
+    secrets: &Api<Secret>,
+    base: &str,
+) -> Result<Vec<PartialObjectMeta<Secret>>, Error> {
+    let first = names::part_secret_name(base, 1);
+    let (base_meta, mut part) = futures::try_join!(
+        secrets.get_metadata_opt(base),
+        secrets.get_metadata_opt(&first)
+    )?;
+    let mut out: Vec<_> = base_meta.into_iter().collect();
+    let mut n = 1;
+    while let Some(meta) = part {
+        out.push(meta);
+        n += 1;
+        part = secrets
+            .get_metadata_opt(&names::part_secret_name(base, n))
+            .await?;
+    }
+    Ok(out)
+}
+
+/// Deletes the object's Jobs (their Pods go with them) and Pods left without a Job.
+pub async fn delete_jobs<K: TerraformObject>(scope: &Scope<K>, o: &Observed) -> Result<(), Error> {
+    let jobs: Api<Job> = scope.api_of();
+    for j in &o.jobs {
+        writes::delete_if_present(&jobs, &j.name_any()).await?;
+    }
+    let pods: Api<Pod> = scope.api_of();
+    for p in pods
+        .list(&ListParams::default().labels(&owner_selector(&scope.uid)))
+        .await?
+        .items
+    {
+        let orphan = !o
+            .jobs
+            .iter()
+            .any(|j| p.labels().get("job-name") == j.metadata.name.as_ref());
+        if orphan && p.metadata.deletion_timestamp.is_none() {
+            writes::delete_if_present(&pods, &p.name_any()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes Terraform's lock Lease when [`lock::judge`] finds it free or held by a runner
+/// of this object that is provably gone, and only as it was read; a lock held by anyone
+/// else stays, whatever the step.
+pub async fn delete_lock_if_free<K: TerraformObject>(
+    scope: &Scope<K>,
+    o: &Observed,
+) -> Result<(), Error> {
+    let leases: Api<Lease> = scope.api_of();
+    let name = names::lock_lease_name(&scope.suffix);
+    let Some(lease) = leases.get_opt(&name).await? else {
+        return Ok(());
+    };
+    let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
+    match lock::judge(Some(&lease), &scope.suffix, &pods, jiff::Timestamp::now()) {
+        Lock::Free | Lock::StaleOwn { .. } => {
+            writes::delete_as_read(&leases, &lease.metadata).await?;
+        }
+        Lock::Held { holder, .. } => debug!(%holder, "lock Lease left in place: held"),
+    }
+    Ok(())
+}

@@ -1,0 +1,327 @@
+//! What a pass records of its Jobs, on every pass, paused or not: a destroy attempt that
+//! failed or was interrupted (`destroy-failed-at`, with a Warning Event), an apply that
+//! ended without Terraform exiting by itself (`apply-interrupted`), an adopted state's
+//! fingerprint, `block-move`, which finished destroy Jobs are pruned, and whether the state
+//! gets its protection finalizers.
+//!
+//! [`plan`] decides all of it from the observation, the facts and the decision, with no
+//! I/O; [`apply`] carries it out. Write order: the Events, the pruning and the state's
+//! protection first, the object's annotations last, in one guarded write (a pass that
+//! writes them ends, and the next decides on the object as written).
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, ObjectMeta};
+
+use super::events::{self, Note, publish_note};
+use super::observe::StateMeta;
+use super::writes::{self, annotation_ops, guarded_patch};
+use super::{Context, Error, Scope};
+use crate::api::TerraformObject;
+use crate::api::names;
+use crate::facts::{self, Observed};
+use crate::job::{self, JobOutcome};
+use crate::rules::{Action, Decision, Facts, StateFacts};
+
+#[cfg(test)]
+#[path = "bookkeeping_tests.rs"]
+mod tests;
+
+/// Which of the state's Secrets get the protection finalizer in this pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protect {
+    /// None: a Job of the object runs (Terraform writes the state with the resourceVersion
+    /// it read, and a finalizer added in between fails that write), or the cleanup began.
+    Nothing,
+    /// The base only: this pass starts a Job, which takes the parts' finalizers off again
+    /// (Terraform deletes the parts a shrinking state no longer has).
+    Base,
+    /// The base and its parts.
+    BaseAndParts,
+}
+
+/// What the bookkeeping of a pass is to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bookkeeping {
+    /// Annotation edits on the object (set, or remove with `None`), in one guarded write.
+    pub edits: Vec<(&'static str, Option<String>)>,
+    /// The Events to publish.
+    pub notes: Vec<Note>,
+    /// The reason of a destroy failure to count in the metrics.
+    pub failure: Option<String>,
+    /// Finished destroy Jobs to delete, each with its variables Secret of the same name.
+    pub prune: Vec<String>,
+    pub protect: Protect,
+}
+
+/// Decides the bookkeeping of a pass; `o.now` stands for "now".
+pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
+    let meta = &o.meta;
+    let ann = |key: &str| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    let mut edits: Vec<(&'static str, Option<String>)> = Vec::new();
+    let mut notes = Vec::new();
+    let mut failure = None;
+    let suffix = names::state_suffix(o.kind, meta.name.as_deref().unwrap_or_default());
+
+    // The latest destroy attempt failed and that is not recorded yet.
+    if facts.attempt > 0 && facts::deletion_bookkeeping(meta, names::DESTROY_FAILED_AT).is_none() {
+        let name = names::job_name(&suffix, names::OPERATION_DESTROY, facts.attempt);
+        let job = o
+            .jobs
+            .iter()
+            .find(|j| j.metadata.name.as_deref() == Some(name.as_str()));
+        // Its Job is gone while its Pod is still there (the Job was deleted by hand, or
+        // by foreground deletion of something else): the attempt was aborted. Recorded
+        // now, because the Pod goes too once Terraform has saved its state, and the next
+        // attempt then continues from that state.
+        let pod_left = o.pods.iter().any(|p| {
+            let l = p.metadata.labels.as_ref();
+            l.and_then(|l| l.get(names::LABEL_OPERATION))
+                .map(String::as_str)
+                == Some(names::OPERATION_DESTROY)
+                && l.and_then(|l| l.get(names::LABEL_ATTEMPT)) == Some(&facts.attempt.to_string())
+        });
+        if job.is_none() && pod_left {
+            edits.push((names::DESTROY_FAILED_AT, Some(o.now.to_string())));
+            notes.push(Note::warning(
+                events::DESTROY_INTERRUPTED,
+                "Destroy",
+                format!("the Job of destroy attempt {} was deleted while it ran; the next attempt continues from the state Terraform saves", facts.attempt),
+            ));
+        }
+        if let Some(j) = job
+            && let JobOutcome::Failed {
+                reason, error_tail, ..
+            } = job::outcome(j, &o.pods)
+        {
+            let at = job::finished_at(j).unwrap_or(o.now);
+            edits.push((names::DESTROY_FAILED_AT, Some(at.to_string())));
+            let text = job::failure_message(&reason, error_tail.as_deref(), j, &o.pods);
+            notes.push(Note::warning(
+                events::DESTROY_FAILED,
+                "Destroy",
+                format!("destroy attempt {} failed: {text}", facts.attempt),
+            ));
+            failure = Some(reason);
+        }
+    }
+
+    // The latest apply Job ended without Terraform exiting by itself, or completed.
+    let latest_apply = o
+        .jobs
+        .iter()
+        .filter(|j| job::operation_of(j) == Some(names::OPERATION_APPLY))
+        .max_by_key(|j| job::attempt_of(j).unwrap_or(0));
+    if let Some(j) = latest_apply {
+        match job::outcome(j, &o.pods) {
+            JobOutcome::Failed {
+                interrupted: true, ..
+            } if ann(names::APPLY_INTERRUPTED).is_none() => {
+                edits.push((
+                    names::APPLY_INTERRUPTED,
+                    Some(job::finished_at(j).unwrap_or(o.now).to_string()),
+                ));
+            }
+            JobOutcome::Succeeded if ann(names::APPLY_INTERRUPTED).is_some() => {
+                edits.push((names::APPLY_INTERRUPTED, None));
+            }
+            _ => {}
+        }
+    }
+
+    // An adopted state's fingerprint is recorded once: from then on it is checked like
+    // any other, and adopt no longer matters.
+    if ann(names::ADOPT) == Some("true")
+        && ann(names::STATE_LINEAGE).is_none()
+        && ann(names::STATE_SERIAL).is_none()
+        && let StateFacts::Readable {
+            lineage, serial, ..
+        } = &facts.state
+    {
+        edits.push((names::STATE_LINEAGE, Some(lineage.clone())));
+        edits.push((names::STATE_SERIAL, Some(serial.to_string())));
+    }
+
+    // block-move: on while a Job is unfinished, and from deletion until the finalizer goes.
+    // When the action itself writes the object (the attempt number, the cleanup marker,
+    // the release), block-move goes into that write instead of one of its own.
+    let action_writes_object = decision.start_attempt.is_some()
+        || matches!(
+            decision.action,
+            Action::CleanUp | Action::Abandon | Action::RemoveFinalizer
+        );
+    let want_block = (facts.deleting && !action_writes_object) || !facts.unfinished_jobs.is_empty();
+    match (want_block, ann(names::CLUSTERCTL_BLOCK_MOVE).is_some()) {
+        (true, false) => edits.push((names::CLUSTERCTL_BLOCK_MOVE, Some("true".into()))),
+        (false, true) if !facts.deleting => edits.push((names::CLUSTERCTL_BLOCK_MOVE, None)),
+        _ => {}
+    }
+
+    let protect = if facts.cleanup.is_some() || !facts.unfinished_jobs.is_empty() {
+        Protect::Nothing
+    } else if decision.start_attempt.is_some() {
+        Protect::Base
+    } else {
+        Protect::BaseAndParts
+    };
+    Bookkeeping {
+        edits,
+        notes,
+        failure,
+        prune: prunable(o, facts.attempt),
+        protect,
+    }
+}
+
+/// The finished destroy Jobs past the last three, oldest first: the last three stay for
+/// their logs. Only attempts before the current one, whose outcome is recorded, are ever
+/// pruned.
+fn prunable(o: &Observed, current: u32) -> Vec<String> {
+    let mut finished: Vec<(&Job, u32)> = o
+        .jobs
+        .iter()
+        .filter(|j| job::operation_of(j) == Some(names::OPERATION_DESTROY))
+        .filter_map(|j| job::attempt_of(j).map(|a| (j, a)))
+        .filter(|(j, a)| {
+            *a < current && !matches!(job::outcome(j, &o.pods), JobOutcome::Unfinished { .. })
+        })
+        .collect();
+    finished.sort_by_key(|(_, a)| *a);
+    let keep_from = finished.len().saturating_sub(2); // plus the current attempt: three kept
+    finished[..keep_from]
+        .iter()
+        .filter_map(|(j, _)| j.metadata.name.clone())
+        .collect()
+}
+
+/// What the bookkeeping of a pass did.
+pub struct Kept {
+    /// The object was written: the next pass decides on fresh facts.
+    pub written: bool,
+    /// A state part was too new to protect (see [`PART_SETTLES`]).
+    pub young_parts: bool,
+}
+
+/// Carries out `plan` in the order the file's head states.
+pub async fn apply<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+    state_meta: &StateMeta,
+    plan: Bookkeeping,
+) -> Result<Kept, Error> {
+    for note in &plan.notes {
+        publish_note(ctx, obj, note).await;
+    }
+    if let Some(reason) = &plan.failure {
+        ctx.metrics
+            .destroy_failures
+            .inc(&[K::KIND.as_str(), reason]);
+    }
+    let jobs: Api<Job> = scope.api_of();
+    for name in &plan.prune {
+        writes::delete_if_present(&jobs, name).await?;
+        writes::delete_if_present(&scope.secrets, name).await?;
+    }
+    let young_parts = match plan.protect {
+        Protect::Nothing => false,
+        Protect::Base => protect_state(scope, obj, o, state_meta, false).await?,
+        Protect::BaseAndParts => protect_state(scope, obj, o, state_meta, true).await?,
+    };
+    let edits: Vec<(&str, Option<String>)> = plan.edits;
+    let ops = annotation_ops(obj.meta(), &edits);
+    Ok(Kept {
+        written: guarded_patch(&scope.api, obj.meta(), ops).await?.is_some(),
+        young_parts,
+    })
+}
+
+/// A part Secret younger than this is not protected yet: Terraform makes a new part with
+/// a create and then an update, and a finalizer added in between fails its write. (Only
+/// a Terraform run outside CAPTF's Jobs can be writing when no Job runs.)
+const PART_SETTLES: i64 = 10;
+
+/// Puts the protection finalizer on the base state Secret and, with `parts`, on its part
+/// Secrets, so that a namespace deletion, which deletes every Secret in one call, leaves
+/// the whole state. (While a Job runs they stay off the parts: Terraform deletes parts
+/// itself when a state shrinks, and a part held in deletion would corrupt the next read;
+/// the backup is the protected copy then.) Uses the metadata this pass read with the
+/// state, or lists the base and parts by Terraform's suffix label. Returns whether a part
+/// was left for being too new.
+async fn protect_state<K: TerraformObject>(
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+    state_meta: &StateMeta,
+    parts: bool,
+) -> Result<bool, Error> {
+    let secrets: &Api<Secret> = &scope.secrets;
+    let base = names::state_secret_name(&scope.suffix);
+    let metas: Vec<ObjectMeta> = match (&o.state, state_meta) {
+        (Some(state), Some(_)) => state.metas.values().cloned().collect(),
+        _ => {
+            let lp = ListParams::default().labels(&format!(
+                "{}={}",
+                names::TF_LABEL_SUFFIX,
+                scope.suffix
+            ));
+            let mut found: Vec<ObjectMeta> = secrets
+                .list_metadata(&lp)
+                .await?
+                .items
+                .into_iter()
+                .map(|m| m.metadata)
+                .filter(|m| {
+                    m.name
+                        .as_deref()
+                        .is_some_and(|n| n == base || names::part_index(&base, n).is_some())
+                })
+                .collect();
+            // A base restored by hand may lack the label.
+            if !found
+                .iter()
+                .any(|m| m.name.as_deref() == Some(base.as_str()))
+                && obj
+                    .meta()
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(names::APPLIED_AT))
+                && let Some(m) = secrets.get_metadata_opt(&base).await?
+            {
+                found.push(m.metadata);
+            }
+            found
+        }
+    };
+    let mut young = false;
+    for meta in metas {
+        let is_base = meta.name.as_deref() == Some(base.as_str());
+        if meta.deletion_timestamp.is_some() || !(is_base || parts) {
+            continue;
+        }
+        let ops = writes::add_finalizer_ops(&meta, names::PROTECT_FINALIZER);
+        if ops.is_empty() {
+            continue;
+        }
+        let age = meta
+            .creation_timestamp
+            .as_ref()
+            .map(|t| o.now.as_second() - t.0.as_second());
+        if !is_base && age.is_some_and(|a| a < PART_SETTLES) {
+            young = true;
+            continue;
+        }
+        match guarded_patch(secrets, &meta, ops).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(young)
+}

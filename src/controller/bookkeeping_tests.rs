@@ -1,0 +1,247 @@
+//! The bookkeeping plan, one case per choice it makes, on the facts and decision the rule
+//! table gives for the observation (as a pass would have them).
+
+use super::*;
+use crate::api::names::Kind;
+use crate::facts::Settings;
+use crate::rules::{CleanupMarker, UnfinishedJob};
+use crate::testing::{created_at, job, observed, pod_of};
+
+const FAILED_AT: &str = "2026-12-01T11:30:00Z";
+const NOW: &str = "2026-12-01T12:00:00Z";
+
+/// A TerraformMachine being deleted whose destroy attempt `n` was recorded, with `extra`
+/// annotations.
+fn deleting_at_attempt(n: u32, extra: &[(&str, &str)]) -> Observed {
+    let attempt = n.to_string();
+    let mut annotations = vec![
+        (names::DESTROY_ATTEMPT, attempt.as_str()),
+        (names::DELETION_UID, "uid-1"),
+    ];
+    annotations.extend_from_slice(extra);
+    let mut o = observed(Kind::TerraformMachine, &annotations);
+    o.meta = created_at(o.meta, "2026-12-01T08:00:00Z");
+    o
+}
+
+fn plan_of(o: &Observed) -> Bookkeeping {
+    let (decision, facts, _) = facts::decide(o, &Settings::default());
+    plan(o, &facts, &decision)
+}
+
+fn failed(kind: Kind, operation: &str, n: u32, reason: &str) -> Job {
+    job(kind, operation, n, &[("Failed", "True", reason, FAILED_AT)])
+}
+
+fn edit<'a>(p: &'a Bookkeeping, key: &str) -> Option<&'a Option<String>> {
+    p.edits.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+}
+
+#[test]
+fn a_failed_destroy_attempt_is_recorded_at_its_jobs_end_with_a_warning_and_its_reason() {
+    let mut o = deleting_at_attempt(2, &[]);
+    let j = failed(Kind::TerraformMachine, "destroy", 2, "BackoffLimitExceeded");
+    o.pods = vec![pod_of(
+        &j,
+        Some((1, "Error: deleting subnet: DependencyViolation")),
+    )];
+    o.jobs = vec![j];
+    let p = plan_of(&o);
+    assert_eq!(
+        edit(&p, names::DESTROY_FAILED_AT),
+        Some(&Some(
+            FAILED_AT.parse::<jiff::Timestamp>().unwrap().to_string()
+        ))
+    );
+    assert_eq!(p.failure.as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(p.notes.len(), 1);
+    assert_eq!(p.notes[0].reason, events::DESTROY_FAILED);
+    assert!(
+        p.notes[0].note.starts_with("destroy attempt 2 failed: ")
+            && p.notes[0].note.contains("DependencyViolation"),
+        "{}",
+        p.notes[0].note
+    );
+}
+
+#[test]
+fn a_failure_already_recorded_for_this_object_is_not_recorded_again() {
+    let mut o = deleting_at_attempt(2, &[(names::DESTROY_FAILED_AT, FAILED_AT)]);
+    let j = failed(Kind::TerraformMachine, "destroy", 2, "BackoffLimitExceeded");
+    o.pods = vec![pod_of(&j, Some((1, "Error")))];
+    o.jobs = vec![j];
+    let p = plan_of(&o);
+    assert_eq!(edit(&p, names::DESTROY_FAILED_AT), None);
+    assert!(p.notes.is_empty() && p.failure.is_none());
+}
+
+#[test]
+fn a_destroy_job_deleted_while_its_pod_runs_is_an_interrupted_attempt_recorded_now() {
+    let mut o = deleting_at_attempt(3, &[]);
+    let gone = job(Kind::TerraformMachine, "destroy", 3, &[]);
+    o.pods = vec![pod_of(&gone, None)];
+    let p = plan_of(&o);
+    assert_eq!(
+        edit(&p, names::DESTROY_FAILED_AT),
+        Some(&Some(NOW.parse::<jiff::Timestamp>().unwrap().to_string()))
+    );
+    assert_eq!(p.notes.len(), 1);
+    assert_eq!(p.notes[0].reason, events::DESTROY_INTERRUPTED);
+    assert!(p.failure.is_none(), "not counted as a failure of Terraform");
+}
+
+#[test]
+fn an_attempt_with_neither_job_nor_pod_records_nothing() {
+    let o = deleting_at_attempt(3, &[]);
+    let p = plan_of(&o);
+    assert_eq!(edit(&p, names::DESTROY_FAILED_AT), None);
+    assert!(p.notes.is_empty());
+}
+
+#[test]
+fn an_interrupted_apply_is_recorded_once_and_cleared_by_a_later_success() {
+    let mut o = observed(Kind::TerraformMachine, &[]);
+    o.meta.deletion_timestamp = None;
+    o.jobs = vec![
+        failed(Kind::TerraformMachine, "apply", 1, "BackoffLimitExceeded"),
+        failed(Kind::TerraformMachine, "apply", 2, "DeadlineExceeded"),
+    ];
+    let p = plan_of(&o);
+    assert_eq!(
+        edit(&p, names::APPLY_INTERRUPTED),
+        Some(&Some(
+            FAILED_AT.parse::<jiff::Timestamp>().unwrap().to_string()
+        )),
+        "the latest apply (2) ran past its deadline"
+    );
+
+    let mut recorded = o.clone();
+    recorded.meta.annotations =
+        Some([(names::APPLY_INTERRUPTED.to_string(), FAILED_AT.to_string())].into());
+    assert_eq!(edit(&plan_of(&recorded), names::APPLY_INTERRUPTED), None);
+
+    recorded.jobs.push(job(
+        Kind::TerraformMachine,
+        "apply",
+        3,
+        &[("Complete", "True", "", NOW)],
+    ));
+    assert_eq!(
+        edit(&plan_of(&recorded), names::APPLY_INTERRUPTED),
+        Some(&None),
+        "a later apply succeeded"
+    );
+}
+
+#[test]
+fn an_adopted_states_fingerprint_is_recorded_once() {
+    let o = deleting_at_attempt(0, &[(names::ADOPT, "true")]);
+    let (decision, mut facts, _) = facts::decide(&o, &Settings::default());
+    facts.state = StateFacts::Readable {
+        managed_instances: 1,
+        lineage: "lin-1".into(),
+        serial: 7,
+        secret: "tfstate-default-prod.tfm".into(),
+    };
+    let p = plan(&o, &facts, &decision);
+    assert_eq!(edit(&p, names::STATE_LINEAGE), Some(&Some("lin-1".into())));
+    assert_eq!(edit(&p, names::STATE_SERIAL), Some(&Some("7".into())));
+
+    let recorded = deleting_at_attempt(
+        0,
+        &[
+            (names::ADOPT, "true"),
+            (names::STATE_LINEAGE, "lin-1"),
+            (names::STATE_SERIAL, "5"),
+        ],
+    );
+    let p = plan(&recorded, &facts, &decision);
+    assert_eq!(edit(&p, names::STATE_LINEAGE), None);
+    assert_eq!(edit(&p, names::STATE_SERIAL), None);
+}
+
+#[test]
+fn block_move_is_on_while_deleting_or_a_job_runs_and_rides_on_the_actions_own_write() {
+    let unfinished = UnfinishedJob {
+        name: "captf-prod-tfm-apply-1".into(),
+        operation: "apply".into(),
+        detail: None,
+    };
+    let o = deleting_at_attempt(1, &[]);
+    let (decision, facts, _) = facts::decide(&o, &Settings::default());
+    // (deleting, a Job runs, the action writes the object, block-move there) -> edit
+    type Case = (bool, bool, bool, bool, Option<Option<String>>);
+    let table: [Case; 8] = [
+        (true, false, false, false, Some(Some("true".into()))),
+        (true, false, true, false, None),
+        (true, false, false, true, None),
+        (true, false, true, true, None),
+        (false, true, false, false, Some(Some("true".into()))),
+        (false, true, false, true, None),
+        (false, false, false, true, Some(None)),
+        (false, false, false, false, None),
+    ];
+    for (deleting, running, action_writes, there, want) in table {
+        let mut o = o.clone();
+        if there {
+            o.meta
+                .annotations
+                .get_or_insert_default()
+                .insert(names::CLUSTERCTL_BLOCK_MOVE.into(), "true".into());
+        }
+        let mut f = facts.clone();
+        f.deleting = deleting;
+        f.unfinished_jobs = if running {
+            vec![unfinished.clone()]
+        } else {
+            vec![]
+        };
+        let mut d = decision.clone();
+        d.action = Action::WaitForJob;
+        d.start_attempt = action_writes.then_some(2);
+        let p = plan(&o, &f, &d);
+        assert_eq!(
+            edit(&p, names::CLUSTERCTL_BLOCK_MOVE).cloned(),
+            want,
+            "deleting {deleting}, a Job runs {running}, the action writes {action_writes}, block-move there {there}"
+        );
+    }
+}
+
+#[test]
+fn the_last_three_finished_destroy_jobs_are_kept_and_no_unfinished_one_is_pruned() {
+    let mut o = deleting_at_attempt(7, &[]);
+    o.jobs = (1..=6)
+        .map(|n| failed(Kind::TerraformMachine, "destroy", n, "BackoffLimitExceeded"))
+        .collect();
+    // Attempt 2's Job has not finished (its Pod still runs after a restart of the manager).
+    o.jobs[1] = job(Kind::TerraformMachine, "destroy", 2, &[]);
+    o.pods = vec![pod_of(&o.jobs[1], None)];
+    o.jobs.push(job(Kind::TerraformMachine, "destroy", 7, &[]));
+    let p = plan_of(&o);
+    let name = |n| names::job_name("prod.tfm", "destroy", n);
+    assert_eq!(p.prune, vec![name(1), name(3), name(4)]);
+}
+
+#[test]
+fn the_state_is_protected_whole_only_when_no_job_runs_or_starts_and_never_after_cleanup_began() {
+    let o = deleting_at_attempt(1, &[]);
+    let (decision, facts, _) = facts::decide(&o, &Settings::default());
+    let mut d = decision.clone();
+    d.start_attempt = None;
+    assert_eq!(plan(&o, &facts, &d).protect, Protect::BaseAndParts);
+    d.start_attempt = Some(2);
+    assert_eq!(plan(&o, &facts, &d).protect, Protect::Base);
+
+    let mut running = facts.clone();
+    running.unfinished_jobs = vec![UnfinishedJob {
+        name: "captf-prod-tfm-destroy-1".into(),
+        operation: "destroy".into(),
+        detail: None,
+    }];
+    assert_eq!(plan(&o, &running, &decision).protect, Protect::Nothing);
+
+    let mut cleaning = facts.clone();
+    cleaning.cleanup = Some(CleanupMarker::Destroyed);
+    assert_eq!(plan(&o, &cleaning, &decision).protect, Protect::Nothing);
+}

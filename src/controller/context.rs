@@ -1,0 +1,236 @@
+//! What every pass shares: the manager's settings, the clients, the recorder, the
+//! metrics, and what the manager remembers between passes (releases, refusals, backups,
+//! the state-read permits); and Cluster API's Cluster kind as discovered.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::ApiResource;
+use kube::runtime::events::{Recorder, Reporter};
+
+use crate::api::names;
+use crate::facts::Settings;
+use crate::job::Templates;
+use crate::metrics::Metrics;
+
+/// The manager's settings (SPEC section 10).
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    pub namespace: Option<String>,
+    pub watch_filter: Option<String>,
+    pub concurrency: u16,
+    pub settings: Settings,
+    pub templates_dir: Option<PathBuf>,
+    pub leader_elect: bool,
+    pub metrics_addr: Option<SocketAddr>,
+    pub health_addr: Option<SocketAddr>,
+    /// Where the leader Lease and abandoned copies live.
+    pub manager_namespace: String,
+    /// This replica's identity for leader election and Events.
+    pub identity: String,
+    pub rbac_sweep_every: Duration,
+    /// How often the manager looks for Cluster API's Cluster kind while it is unknown.
+    pub rediscover_every: Duration,
+    pub lease_duration: Duration,
+    /// How many passes may hold a state read at once (see [`Context::state_reads`]).
+    pub max_state_reads: usize,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            namespace: None,
+            watch_filter: None,
+            concurrency: 4,
+            settings: Settings::default(),
+            templates_dir: None,
+            leader_elect: false,
+            metrics_addr: None,
+            health_addr: None,
+            manager_namespace: "captf-system".into(),
+            identity: "captf-manager".into(),
+            rbac_sweep_every: Duration::from_secs(300),
+            rediscover_every: Duration::from_secs(30),
+            lease_duration: Duration::from_secs(15),
+            max_state_reads: 4,
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub templates: Templates,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub manager_namespace: String,
+    pub watch_namespace: Option<String>,
+    /// The `cluster.x-k8s.io` Cluster resource served by the API server, if any.
+    pub cluster_api: ClusterKind,
+    /// Namespaces where the runner RBAC is known to exist.
+    pub rbac_ready: Mutex<BTreeSet<String>>,
+    /// Held while the runner RBAC is being created.
+    pub rbac_creating: tokio::sync::Mutex<()>,
+    /// Objects this manager released.
+    pub released: Released,
+    /// The API's refusal of the latest try to start an attempt, by object uid, until an
+    /// attempt starts: shown in place of "attempt N is starting" while it lasts.
+    pub refused: Mutex<HashMap<String, String>>,
+    /// The lineage and serial each object's backup was last seen or written to hold, by
+    /// uid: a pass that reads the same state again need not look at the backup.
+    pub backups: Mutex<HashMap<String, (String, u64)>>,
+    /// A permit per state a pass may hold in memory at once: taken before a pass reads the
+    /// state Secrets, kept until the pass ends (its backup and abandon copies are written
+    /// from what it read). This bounds the manager's memory whatever the states' sizes.
+    pub state_reads: Arc<tokio::sync::Semaphore>,
+}
+
+impl Context {
+    /// The context of the passes, as `run` makes it (a test can run passes itself).
+    pub fn new(
+        client: Client,
+        cfg: &ManagerConfig,
+        templates: Templates,
+        metrics: Arc<Metrics>,
+        cluster_api: ClusterKind,
+    ) -> Context {
+        Context {
+            client: client.clone(),
+            settings: cfg.settings,
+            templates,
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: "captf-manager".into(),
+                    instance: Some(cfg.identity.clone()),
+                },
+            ),
+            metrics,
+            manager_namespace: cfg.manager_namespace.clone(),
+            watch_namespace: cfg.namespace.clone(),
+            cluster_api,
+            rbac_ready: Mutex::new(BTreeSet::new()),
+            rbac_creating: tokio::sync::Mutex::new(()),
+            released: Released::default(),
+            refused: Mutex::default(),
+            backups: Mutex::default(),
+            state_reads: Arc::new(tokio::sync::Semaphore::new(cfg.max_state_reads.max(1))),
+        }
+    }
+
+    /// What object `uid`'s backup holds, as last seen or written.
+    pub fn backed_up(&self, uid: &str) -> Option<(String, u64)> {
+        self.backups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .cloned()
+    }
+
+    pub fn set_backed_up(&self, uid: &str, lineage: &str, serial: u64) {
+        self.backups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_string(), (lineage.to_string(), serial));
+    }
+
+    fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The API's refusal of the latest try to start an attempt of object `uid`, if any.
+    pub fn refusal(&self, uid: &str) -> Option<String> {
+        self.refusals().get(uid).cloned()
+    }
+
+    /// Remembers a refusal; true when it is new (not the one already shown).
+    pub fn set_refusal(&self, uid: &str, why: &str) -> bool {
+        self.refusals()
+            .insert(uid.to_string(), why.to_string())
+            .as_deref()
+            != Some(why)
+    }
+
+    pub fn clear_refusal(&self, uid: &str) {
+        self.refusals().remove(uid);
+    }
+}
+
+/// The uids of the objects this manager released (removed its finalizer from), for ten
+/// minutes. A pass can start from a cached copy that is older than the release: the
+/// release's own writes trigger the object again, and the cache may not have seen them yet
+/// when that pass starts. Such a pass would decide on a copy without the cleanup marker
+/// while the Secrets are already gone (and hold the object as `StateLost`, with a Warning
+/// Event), or redo the cleanup. A released object never needs a pass again: no finalizer
+/// can be added to an object being deleted.
+#[derive(Default)]
+pub struct Released(Mutex<std::collections::HashMap<String, std::time::Instant>>);
+
+impl Released {
+    const KEEP: Duration = Duration::from_secs(600);
+
+    pub fn insert(&self, uid: &str) {
+        let now = std::time::Instant::now();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, at| now.duration_since(*at) < Self::KEEP);
+        map.insert(uid.to_string(), now);
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(uid)
+    }
+}
+
+/// Cluster API's Cluster kind as the manager knows it.
+#[derive(Clone, Debug)]
+pub enum ClusterKind {
+    /// Served, at this version.
+    Known(ApiResource),
+    /// Not served, or its discovery failed: why, for the Paused message.
+    Unknown(String),
+}
+
+impl ClusterKind {
+    pub fn resource(&self) -> Option<&ApiResource> {
+        match self {
+            ClusterKind::Known(ar) => Some(ar),
+            ClusterKind::Unknown(_) => None,
+        }
+    }
+}
+
+/// Finds the served version of the CAPI Cluster (any version of the group).
+pub async fn discover_cluster(client: &Client) -> ClusterKind {
+    let discovery = match kube::discovery::Discovery::new(client.clone())
+        .filter(&[names::CAPI_GROUP])
+        .run()
+        .await
+    {
+        Ok(d) => d,
+        Err(e) => {
+            return ClusterKind::Unknown(format!(
+                "the discovery of {} failed ({e}); the manager tries again",
+                names::CAPI_GROUP
+            ));
+        }
+    };
+    for group in discovery.groups() {
+        for (ar, _) in group.recommended_resources() {
+            if ar.kind == "Cluster" {
+                return ClusterKind::Known(ar);
+            }
+        }
+    }
+    ClusterKind::Unknown(format!(
+        "the API server serves no Cluster kind in {} (is Cluster API installed?); the manager looks again",
+        names::CAPI_GROUP
+    ))
+}

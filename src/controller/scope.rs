@@ -1,0 +1,63 @@
+//! What one pass knows of its object before it reads anything else: the handles and names
+//! every step of the pass uses, each made once.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::{Client, Resource, ResourceExt};
+
+use super::Error;
+use crate::api::TerraformObject;
+use crate::api::names;
+
+/// The object of a pass, as the API server names it, and the APIs of its namespace.
+pub struct Scope<K: TerraformObject> {
+    /// The object's own kind in its namespace.
+    pub api: Api<K>,
+    /// The Secrets of the object's namespace (state, inputs, backup, attempt variables).
+    pub secrets: Api<Secret>,
+    pub client: Client,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// Terraform's backend suffix of the object's state (`<name>.<short kind>`).
+    pub suffix: String,
+}
+
+impl<K: TerraformObject> Scope<K> {
+    /// The scope of `obj`; an object without a namespace, name or uid (none read from the
+    /// API server lacks them) is refused rather than acted on under an empty one.
+    pub fn new(client: &Client, obj: &K) -> Result<Self, Error> {
+        let missing = |what: &str| {
+            Error::Incomplete(format!(
+                "{} {:?} has no {what}; an object read from the API server always has one, so nothing is done to it",
+                K::KIND,
+                obj.name_any()
+            ))
+        };
+        let namespace = obj.namespace().ok_or_else(|| missing("namespace"))?;
+        let name = obj.meta().name.clone().ok_or_else(|| missing("name"))?;
+        let uid = obj
+            .meta()
+            .uid
+            .clone()
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| missing("uid"))?;
+        Ok(Scope {
+            api: Api::namespaced(client.clone(), &namespace),
+            secrets: Api::namespaced(client.clone(), &namespace),
+            client: client.clone(),
+            suffix: names::state_suffix(K::KIND, &name),
+            namespace,
+            name,
+            uid,
+        })
+    }
+
+    /// An API of kind `T` in the object's namespace.
+    pub fn api_of<T>(&self) -> Api<T>
+    where
+        T: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}

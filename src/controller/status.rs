@@ -1,0 +1,58 @@
+//! The object's status: the decision's conditions merged in, written only when they
+//! changed.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+use serde_json::json;
+
+use super::{Error, writes};
+use crate::api::TerraformObject;
+use crate::api::conditions::{self, Condition};
+use crate::rules::Decision;
+
+/// [`write_status`], then the object to go on with: the written one when only its status
+/// changed (so that the guarded writes after it test the new resourceVersion), else the
+/// one read.
+pub async fn write_status_keeping<K: TerraformObject>(
+    api: &Api<K>,
+    obj: Arc<K>,
+    decision: &Decision,
+) -> Result<Arc<K>, Error> {
+    Ok(match write_status(api, obj.as_ref(), decision).await? {
+        Some(written) if writes::only_status_changed(obj.as_ref(), &written) => Arc::new(written),
+        _ => obj,
+    })
+}
+
+/// Merges the decision's conditions into the status; unchanged status is not rewritten.
+/// Returns the object as written, if it was.
+pub async fn write_status<K: TerraformObject>(
+    api: &Api<K>,
+    obj: &K,
+    decision: &Decision,
+) -> Result<Option<K>, Error> {
+    let existing: Vec<Condition> = obj
+        .status()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let generation = obj.meta().generation;
+    let merged = conditions::merge(
+        &existing,
+        &decision.conditions,
+        generation,
+        Timestamp::now(),
+    );
+    let same_generation = obj.status().and_then(|s| s.observed_generation) == generation;
+    if !conditions::differ_ignoring_time(&existing, &merged) && same_generation {
+        return Ok(None);
+    }
+    let status = json!({ "conditions": merged, "observedGeneration": generation });
+    match writes::patch_status(api, &obj.name_any(), status).await {
+        Ok(written) => Ok(Some(written)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,96 @@
+//! What triggers a pass of which object: the watch mappers from a Job, Pod, Secret or
+//! Cluster to the objects it concerns, found in the controller's cache of its kind.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+
+use crate::api::TerraformObject;
+use crate::api::names;
+use crate::facts;
+
+/// The API of `T` in the watched namespace, or in all.
+pub(super) fn scoped<T>(client: &Client, ns: &Option<String>) -> Api<T>
+where
+    T: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    T: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The object a Job, Pod or Secret belongs to, from its owner labels. The name label of
+/// a name longer than a label value is cut and hashed, so the uid label is looked up in the
+/// store first.
+pub(super) fn owner_of<K: TerraformObject>(
+    store: &Store<K>,
+    meta: &kube::api::ObjectMeta,
+) -> Option<ObjectRef<K>> {
+    if let Some(obj) = cached_owner(store, meta) {
+        return Some(ObjectRef::from_obj(obj.as_ref()));
+    }
+    let labels = meta.labels.as_ref()?;
+    if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
+        return None;
+    }
+    let name = labels.get(names::LABEL_OWNER_NAME)?;
+    Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
+}
+
+/// The cached object of kind `K` whose uid the owner labels of `meta` carry.
+pub(super) fn cached_owner<K: TerraformObject>(
+    store: &Store<K>,
+    meta: &kube::api::ObjectMeta,
+) -> Option<Arc<K>> {
+    let labels = meta.labels.as_ref()?;
+    if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
+        return None;
+    }
+    let uid = labels.get(names::LABEL_OWNER_UID)?;
+    store.find(|o| o.meta().uid.as_ref() == Some(uid))
+}
+
+/// The object a state Secret belongs to, from Terraform's suffix label.
+pub(super) fn state_owner<K: TerraformObject>(
+    store: &Store<K>,
+    meta: &kube::api::ObjectMeta,
+) -> Option<ObjectRef<K>> {
+    if let Some(r) = owner_of::<K>(store, meta) {
+        return Some(r);
+    }
+    let suffix = meta.labels.as_ref()?.get(names::TF_LABEL_SUFFIX)?;
+    let name = suffix.strip_suffix(&format!(".{}", K::KIND.short_name()))?;
+    Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
+}
+
+/// The cached objects of kind `K` that Cluster `ns/cluster` owns.
+pub(super) fn objects_of_cluster<K: TerraformObject>(
+    store: &Store<K>,
+    ns: &str,
+    cluster: &str,
+) -> Vec<ObjectRef<K>> {
+    store
+        .state_filter(|o| {
+            o.namespace().as_deref() == Some(ns)
+                && facts::owning_cluster(o.meta()).as_deref() == Some(cluster)
+        })
+        .iter()
+        .map(|o| ObjectRef::from_obj(o.as_ref()))
+        .collect()
+}
+
+/// Whether a Job has finished (its `Complete` or `Failed` condition is true).
+pub(super) fn job_finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
+}

@@ -1,0 +1,142 @@
+//! Builders the unit tests of several modules share: an observed object and its Jobs and
+//! Pods, as the API server would return them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::ObjectMeta;
+use serde_json::{Value, json};
+
+use crate::api::names::{self, Kind};
+use crate::api::{ModuleSpec, TerraformSpec};
+use crate::facts::Observed;
+
+/// The metadata of `team-a/prod` (uid `uid-1`), being deleted, with `annotations`.
+pub fn meta(annotations: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        name: Some("prod".into()),
+        namespace: Some("team-a".into()),
+        uid: Some("uid-1".into()),
+        deletion_timestamp: Some(Time("2026-12-01T10:00:00Z".parse().expect("time"))),
+        annotations: Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// A spec with an inline module and one variable.
+pub fn spec() -> TerraformSpec {
+    TerraformSpec {
+        module: ModuleSpec {
+            source: None,
+            files: Some([("main.tf".to_string(), "# module".to_string())].into()),
+        },
+        variables: Some(
+            [("name".to_string(), serde_json::json!("prod"))]
+                .into_iter()
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// What a pass of `team-a/prod` of `kind` observes with nothing else around it, at
+/// 2026-12-01T12:00:00Z.
+pub fn observed(kind: Kind, annotations: &[(&str, &str)]) -> Observed {
+    Observed {
+        kind,
+        meta: meta(annotations),
+        spec: spec(),
+        cluster: None,
+        cluster_kind_unknown: None,
+        job_refusals: BTreeMap::new(),
+        crd_deleting: false,
+        namespace_terminating: false,
+        stuck_pods: BTreeMap::new(),
+        owners_gone: vec![],
+        jobs: vec![],
+        pods: vec![],
+        earlier_jobs: vec![],
+        earlier_pods: vec![],
+        dependents: vec![],
+        state: None,
+        errored: vec![],
+        state_permit: None,
+        inputs_secret: None,
+        referenced_secrets: BTreeMap::new(),
+        referenced_config_maps: BTreeMap::new(),
+        lock: None,
+        now: "2026-12-01T12:00:00Z".parse().expect("time"),
+    }
+}
+
+/// Job `captf-<suffix>-<operation>-<attempt>` of `team-a/prod` of `kind`, with the owner
+/// labels and the given conditions (type, status, reason, lastTransitionTime).
+pub fn job(
+    kind: Kind,
+    operation: &str,
+    attempt: u32,
+    conditions: &[(&str, &str, &str, &str)],
+) -> Job {
+    let suffix = names::state_suffix(kind, "prod");
+    let name = names::job_name(&suffix, operation, attempt);
+    let conditions: Vec<Value> = conditions
+        .iter()
+        .map(|(t, s, r, at)| json!({"type": t, "status": s, "reason": r, "lastTransitionTime": at}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("job-uid-{operation}-{attempt}"),
+            "labels": {
+                names::LABEL_OWNER_KIND: kind.as_str(), names::LABEL_OWNER_NAME: "prod",
+                names::LABEL_OWNER_UID: "uid-1",
+                names::LABEL_ATTEMPT: attempt.to_string(), names::LABEL_OPERATION: operation}},
+        "spec": {"template": {"spec": {"containers": []}}},
+        "status": {"conditions": conditions}
+    }))
+    .expect("a Job")
+}
+
+/// The Pod of `job` (by the Job controller's labels and the owner labels), its runner
+/// container terminated with `exit_code` and `message`, or running when `None`.
+pub fn pod_of(job: &Job, exited: Option<(i32, &str)>) -> Pod {
+    let name = job.metadata.name.clone().expect("named");
+    let mut labels: BTreeMap<String, String> = job.metadata.labels.clone().unwrap_or_default();
+    labels.insert("batch.kubernetes.io/job-name".into(), name.clone());
+    labels.insert("job-name".into(), name.clone());
+    labels.insert(
+        "batch.kubernetes.io/controller-uid".into(),
+        job.metadata.uid.clone().unwrap_or_default(),
+    );
+    let (phase, state) = match exited {
+        Some((code, message)) => (
+            if code == 0 { "Succeeded" } else { "Failed" },
+            json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }, "message": message}}),
+        ),
+        None => (
+            "Running",
+            json!({"running": {"startedAt": "2026-12-01T11:00:00Z"}}),
+        ),
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{name}-abcde"), "namespace": "team-a",
+            "creationTimestamp": "2026-12-01T11:00:00Z", "labels": labels},
+        "spec": {"containers": [{"name": "terraform"}]},
+        "status": {"phase": phase, "containerStatuses": [{"name": "terraform", "image": "x", "imageID": "",
+            "ready": false, "restartCount": 0, "state": state}]}
+    }))
+    .expect("a Pod")
+}
+
+/// Marks `meta` as created at `at`.
+pub fn created_at(mut meta: ObjectMeta, at: &str) -> ObjectMeta {
+    meta.creation_timestamp = Some(Time(at.parse().expect("time")));
+    meta
+}
