@@ -715,7 +715,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
-    use crate::rules::{Action, Blocker};
+    use crate::rules::{Action, Blocker, Row};
     use crate::testing::{meta, observed, spec};
 
     fn rebuilt_sha(kind: Kind) -> String {
@@ -846,13 +846,16 @@ mod tests {
         o.state = Some(StateSecrets::from_secrets(&base, &[secret]));
         let (d, _, extras) = decide(&o, &Settings::default());
         assert!(extras.foreign_state);
-        assert_eq!((d.row, d.action), (Some(4), Action::RemoveFinalizer));
+        assert_eq!(
+            (d.row, d.action),
+            (Some(Row::NeverApplied), Action::RemoveFinalizer)
+        );
         // With the adopt annotation, it is this object's state: a destroy starts.
         o.meta = meta(&[(names::ADOPT, "true")]);
         let (d, _, _) = decide(&o, &Settings::default());
         assert_eq!(
             d.row,
-            Some(9),
+            Some(Row::FailedOrBlocked),
             "adopted: its inputs are missing, so the destroy cannot start yet"
         );
     }
@@ -912,7 +915,7 @@ mod tests {
         o.earlier_jobs = vec![job];
         o.earlier_pods = vec![pod.clone()];
         let (d, f, _) = decide(&o, &Settings::default());
-        assert_eq!(d.row, Some(2));
+        assert_eq!(d.row, Some(Row::JobUnfinished));
         assert_eq!(
             f.unfinished_jobs[0].detail.as_deref(),
             Some("of an earlier TerraformCluster prod")
@@ -930,7 +933,7 @@ mod tests {
             .expect("lease"),
         );
         let (d, f, extras) = decide(&o, &Settings::default());
-        assert_eq!(d.row, Some(2), "{:?}", f.unfinished_jobs);
+        assert_eq!(d.row, Some(Row::JobUnfinished), "{:?}", f.unfinished_jobs);
         assert!(!extras.stale_lock);
         // The Pod terminated: the lock it left is stale, and the deletion goes on.
         let mut done = pod;
@@ -972,7 +975,7 @@ mod tests {
             detail(&o)
         );
         let (d, _, _) = decide(&o, &Settings::default());
-        assert_eq!(d.row, Some(2));
+        assert_eq!(d.row, Some(Row::JobUnfinished));
         assert!(
             d.deleting().message.contains("the Job is suspended"),
             "{}",
@@ -998,7 +1001,7 @@ mod tests {
                 why: "no Cluster kind is served".into()
             })
         );
-        assert_eq!(d.row, Some(1));
+        assert_eq!(d.row, Some(Row::Paused));
         assert!(
             d.deleting()
                 .message
@@ -1093,11 +1096,19 @@ mod tests {
         assert_eq!(o.errored.len(), 1);
         assert_eq!(blocker(&o), None);
         let (d, _, _) = decide(&o, &Settings::default());
-        assert_eq!((d.row, d.action), (Some(7), Action::StartDestroy));
+        assert_eq!(
+            (d.row, d.action),
+            (Some(Row::Destroy), Action::StartDestroy)
+        );
         // An instance the state does not hold (another id): held, named, its own runbook.
         o.errored = errored(&["a", "b"]);
         let (d, _, _) = decide(&o, &Settings::default());
-        assert_eq!(d.row, Some(9), "{}", d.deleting().message);
+        assert_eq!(
+            d.row,
+            Some(Row::FailedOrBlocked),
+            "{}",
+            d.deleting().message
+        );
         assert_ne!(d.action, Action::StartDestroy);
         assert_eq!(d.runbook, Some(crate::rules::RUNBOOK_ERRORED_STATE));
         let msg = &d.deleting().message;
@@ -1139,7 +1150,10 @@ mod tests {
         let (d, _, _) = decide(&o, &Settings::default());
         assert_eq!(
             (d.row, d.runbook),
-            (Some(9), Some(crate::rules::RUNBOOK_ERRORED_STATE)),
+            (
+                Some(Row::FailedOrBlocked),
+                Some(crate::rules::RUNBOOK_ERRORED_STATE)
+            ),
             "{}",
             d.deleting().message
         );
@@ -1166,11 +1180,18 @@ mod tests {
         };
         // The uid of this object: released without a destroy.
         let d = decide_with("uid-1");
-        assert_eq!((d.row, d.action), (Some(5), Action::Abandon));
+        assert_eq!(
+            (d.row, d.action),
+            (Some(Row::StateMissing), Action::Abandon)
+        );
         // "true" (left in a GitOps repository) or an earlier object's uid: held, saying so.
         for other in ["true", "uid-0"] {
             let d = decide_with(other);
-            assert_eq!((d.row, d.action), (Some(5), Action::Hold), "{other}");
+            assert_eq!(
+                (d.row, d.action),
+                (Some(Row::StateMissing), Action::Hold),
+                "{other}"
+            );
             let msg = &d.deleting().message;
             assert!(
                 msg.contains(&format!("is \"{other}\", not this object's uid uid-1"))
@@ -1232,7 +1253,7 @@ mod tests {
         );
         o.state = Some(machine_state("l-1", 3, 2));
         let (d, f, _) = decide(&o, &Settings::default());
-        assert_eq!((d.row, d.action), (Some(6), Action::Hold));
+        assert_eq!((d.row, d.action), (Some(Row::StateUntrusted), Action::Hold));
         assert!(
             matches!(
                 f.state,
@@ -1342,11 +1363,15 @@ mod tests {
         };
         o.state = Some(with(copy(&earlier)));
         let (d, _, _) = decide(&o, &Settings::default());
-        assert_eq!(d.row, Some(9), "readable: its inputs are missing");
+        assert_eq!(
+            d.row,
+            Some(Row::FailedOrBlocked),
+            "readable: its inputs are missing"
+        );
         // With every label Terraform selects by: held, naming the copy.
         o.state = Some(with(copy(&selector)));
         let (d, f, _) = decide(&o, &Settings::default());
-        assert_eq!((d.row, d.action), (Some(6), Action::Hold));
+        assert_eq!((d.row, d.action), (Some(Row::StateUntrusted), Action::Hold));
         match f.state {
             StateFacts::Unreadable {
                 why: Unreadable::Inconsistent,

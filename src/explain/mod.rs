@@ -15,7 +15,7 @@ use crate::api::Kind;
 use crate::api::names;
 use crate::api::object::AnyObject;
 use crate::facts::{self, ClusterView, Observed, Settings};
-use crate::rules::{Action, Decision};
+use crate::rules::{Action, Decision, Row};
 use crate::state::StateSecrets;
 use inventory::Inventory;
 
@@ -26,7 +26,7 @@ pub struct Explained {
     pub kind: String,
     pub namespace: String,
     pub name: String,
-    pub row: Option<u8>,
+    pub row: Option<Row>,
     pub action: Action,
     pub conditions: Vec<ExplainedCondition>,
     pub runbook: Option<String>,
@@ -262,13 +262,7 @@ pub fn render_text(items: &[Explained]) -> String {
     for e in items {
         out.push_str(&format!("{} {}/{}\n", e.kind, e.namespace, e.name));
         match e.row {
-            Some(row) => {
-                let situation = crate::rules::ROWS
-                    .get(usize::from(row).saturating_sub(1))
-                    .map(|r| r.1)
-                    .unwrap_or("");
-                out.push_str(&format!("  row {row}: {situation}\n"));
-            }
+            Some(row) => out.push_str(&format!("  row {row}: {}\n", row.situation())),
             None => out.push_str("  not being deleted\n"),
         }
         out.push_str(&format!("  action: {:?}\n", e.action));

@@ -88,7 +88,7 @@ fn row1_paused_only_bookkeeping() {
         paused: Some(PauseCause::ClusterSpec("prod".into())),
         ..facts()
     });
-    assert_eq!(d.row, Some(1));
+    assert_eq!(d.row, Some(Row::Paused));
     assert_eq!(d.action, Action::BookkeepingOnly);
     assert_eq!(d.deleting().reason, "Paused");
     assert_eq!(cond(&d, "Paused").status, Status::True);
@@ -108,7 +108,7 @@ fn row1_delete_for_move_and_crd_deletion_count_as_paused() {
             paused: Some(cause),
             ..facts()
         });
-        assert_eq!(d.row, Some(1));
+        assert_eq!(d.row, Some(Row::Paused));
     }
 }
 
@@ -120,7 +120,7 @@ fn row2_waits_for_an_unfinished_job() {
         unfinished_jobs: vec![job],
         ..facts()
     });
-    assert_eq!(d.row, Some(2));
+    assert_eq!(d.row, Some(Row::JobUnfinished));
     assert_eq!(d.action, Action::WaitForJob);
     assert_eq!(d.deleting().reason, "WaitingForJob");
     assert!(
@@ -144,7 +144,7 @@ fn row3_cluster_waits_for_dependents_and_names_them() {
         ],
         ..facts()
     });
-    assert_eq!(d.row, Some(3));
+    assert_eq!(d.row, Some(Row::DependentsExist));
     assert_eq!(d.action, Action::WaitForDependents);
     let blocked = cond(&d, "DeletionBlocked");
     assert_eq!(
@@ -164,7 +164,7 @@ fn row3_applies_only_to_clusters() {
         dependents: vec!["TerraformMachine/x".into()],
         ..facts()
     });
-    assert_eq!(d.row, Some(7));
+    assert_eq!(d.row, Some(Row::Destroy));
 }
 
 #[test]
@@ -174,7 +174,7 @@ fn row4_never_applied_and_no_state_releases_at_once() {
         state: StateFacts::Missing,
         ..facts()
     });
-    assert_eq!(d.row, Some(4));
+    assert_eq!(d.row, Some(Row::NeverApplied));
     assert_eq!(d.action, Action::RemoveFinalizer);
     assert_eq!(d.runbook, None);
     assert_eq!(d.start_attempt, None);
@@ -186,7 +186,7 @@ fn row5_applied_without_state_is_held_as_state_lost() {
         state: StateFacts::Missing,
         ..facts()
     });
-    assert_eq!(d.row, Some(5));
+    assert_eq!(d.row, Some(Row::StateMissing));
     assert_eq!(d.action, Action::Hold);
     assert_eq!(d.deleting().reason, "Held");
     let s = cond(&d, "StateReadable");
@@ -227,7 +227,7 @@ fn row6_unreadable_states_are_held_with_their_reason() {
             state: unreadable(why),
             ..facts()
         });
-        assert_eq!(d.row, Some(6), "{reason}");
+        assert_eq!(d.row, Some(Row::StateUntrusted), "{reason}");
         assert_eq!(d.action, Action::Hold);
         let s = cond(&d, "StateReadable");
         assert_eq!((s.status, s.reason), (Status::False, reason));
@@ -239,7 +239,7 @@ fn row6_unreadable_states_are_held_with_their_reason() {
 #[test]
 fn row7_readable_state_with_instances_starts_attempt_one() {
     let d = decide(&facts());
-    assert_eq!(d.row, Some(7));
+    assert_eq!(d.row, Some(Row::Destroy));
     assert_eq!(d.action, Action::StartDestroy);
     assert_eq!(d.deleting().reason, "DestroyRunning");
     assert_eq!(d.start_attempt, Some(1));
@@ -264,7 +264,7 @@ fn row7_restarts_an_attempt_recorded_but_never_started_under_the_same_number() {
         attempt_unstarted: true,
         ..facts()
     });
-    assert_eq!((d.row, d.start_attempt), (Some(7), Some(2)));
+    assert_eq!((d.row, d.start_attempt), (Some(Row::Destroy), Some(2)));
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn row8_empty_readable_state_cleans_up_without_a_destroy() {
         state: readable(0),
         ..facts()
     });
-    assert_eq!(d.row, Some(8));
+    assert_eq!(d.row, Some(Row::CleanUp));
     assert_eq!(d.action, Action::CleanUp);
     assert_eq!(d.start_attempt, None);
 }
@@ -286,7 +286,7 @@ fn row8_after_a_successful_destroy() {
         last_attempt: LastAttempt::Succeeded { at: None },
         ..facts()
     });
-    assert_eq!(d.row, Some(8));
+    assert_eq!(d.row, Some(Row::CleanUp));
     assert_eq!(d.action, Action::CleanUp);
 }
 
@@ -298,7 +298,7 @@ fn row8_cleanup_marker_beats_a_missing_state() {
         cleanup: Some(CleanupMarker::Destroyed),
         ..facts()
     });
-    assert_eq!(d.row, Some(8));
+    assert_eq!(d.row, Some(Row::CleanUp));
     assert_eq!(d.action, Action::CleanUp);
 }
 
@@ -309,7 +309,7 @@ fn row8_abandoned_marker_continues_the_abandon_release() {
         cleanup: Some(CleanupMarker::Abandoned),
         ..facts()
     });
-    assert_eq!(d.row, Some(8));
+    assert_eq!(d.row, Some(Row::CleanUp));
     assert_eq!(d.action, Action::Abandon);
     assert_eq!(d.runbook, Some("runbooks/Abandon.md"));
 }
@@ -322,7 +322,7 @@ fn row9_failed_attempt_retries_after_the_backoff() {
         ..facts()
     };
     let d = decide(&f);
-    assert_eq!(d.row, Some(9));
+    assert_eq!(d.row, Some(Row::FailedOrBlocked));
     assert_eq!(d.action, Action::RetryLater);
     assert_eq!(d.deleting().reason, "DestroyFailed");
     assert_eq!(d.runbook, Some("runbooks/DestroyFailed.md"));
@@ -347,7 +347,7 @@ fn row9_starts_the_next_attempt_once_the_delay_has_passed() {
         last_attempt: failed("2026-12-01T10:00:00Z"),
         ..facts()
     });
-    assert_eq!(d.row, Some(9));
+    assert_eq!(d.row, Some(Row::FailedOrBlocked));
     assert_eq!(d.action, Action::RetryLater);
     assert_eq!(d.start_attempt, Some(3));
 }
@@ -359,7 +359,7 @@ fn row9_success_that_left_instances_counts_as_failed() {
         last_attempt: LastAttempt::Succeeded { at: None },
         ..facts()
     });
-    assert_eq!(d.row, Some(9));
+    assert_eq!(d.row, Some(Row::FailedOrBlocked));
     assert_eq!(d.deleting().reason, "DestroyFailed");
     assert!(
         d.deleting()
@@ -408,7 +408,7 @@ fn row9_cannot_start_names_what_keeps_it() {
             blocker: Some(blocker),
             ..facts()
         });
-        assert_eq!(d.row, Some(9));
+        assert_eq!(d.row, Some(Row::FailedOrBlocked));
         assert_eq!(d.action, Action::RetryLater);
         assert_eq!(d.deleting().reason, "DestroyCannotStart");
         assert!(
@@ -429,7 +429,7 @@ fn paused_beats_a_running_job() {
         unfinished_jobs: vec![running_job()],
         ..facts()
     });
-    assert_eq!(d.row, Some(1));
+    assert_eq!(d.row, Some(Row::Paused));
 }
 
 #[test]
@@ -440,7 +440,7 @@ fn a_running_job_beats_dependents() {
         dependents: vec!["TerraformMachine/web-1".into()],
         ..facts()
     });
-    assert_eq!(d.row, Some(2));
+    assert_eq!(d.row, Some(Row::JobUnfinished));
 }
 
 #[test]
@@ -451,7 +451,7 @@ fn dependents_beat_state() {
         state: unreadable(Unreadable::Corrupt),
         ..facts()
     });
-    assert_eq!(d.row, Some(3));
+    assert_eq!(d.row, Some(Row::DependentsExist));
 }
 
 #[test]
@@ -462,7 +462,7 @@ fn dependents_beat_the_cleanup_marker() {
         cleanup: Some(CleanupMarker::Destroyed),
         ..facts()
     });
-    assert_eq!(d.row, Some(3));
+    assert_eq!(d.row, Some(Row::DependentsExist));
 }
 
 #[test]
@@ -490,7 +490,12 @@ fn abandon_releases_rows_5_6_and_9() {
             ..facts()
         },
     ];
-    for (f, row) in cases.iter().zip([5, 6, 9, 9]) {
+    for (f, row) in cases.iter().zip([
+        Row::StateMissing,
+        Row::StateUntrusted,
+        Row::FailedOrBlocked,
+        Row::FailedOrBlocked,
+    ]) {
         let d = decide(f);
         assert_eq!(d.row, Some(row));
         assert_eq!(d.action, Action::Abandon);
@@ -509,14 +514,17 @@ fn abandon_never_overrides_rows_1_to_3() {
     });
     assert_eq!(
         (paused.row, paused.action),
-        (Some(1), Action::BookkeepingOnly)
+        (Some(Row::Paused), Action::BookkeepingOnly)
     );
     let job = decide(&Facts {
         unfinished_jobs: vec![running_job()],
         abandon: AbandonMark::ThisObject,
         ..facts()
     });
-    assert_eq!((job.row, job.action), (Some(2), Action::WaitForJob));
+    assert_eq!(
+        (job.row, job.action),
+        (Some(Row::JobUnfinished), Action::WaitForJob)
+    );
     let deps = decide(&Facts {
         kind: Kind::TerraformCluster,
         dependents: vec!["TerraformMachine/a".into()],
@@ -525,7 +533,7 @@ fn abandon_never_overrides_rows_1_to_3() {
     });
     assert_eq!(
         (deps.row, deps.action),
-        (Some(3), Action::WaitForDependents)
+        (Some(Row::DependentsExist), Action::WaitForDependents)
     );
 }
 
@@ -535,7 +543,7 @@ fn abandon_never_skips_an_untried_readable_destroy() {
         abandon: AbandonMark::ThisObject,
         ..facts()
     });
-    assert_eq!(d.row, Some(7));
+    assert_eq!(d.row, Some(Row::Destroy));
     assert_eq!(d.action, Action::StartDestroy);
 }
 
@@ -547,7 +555,10 @@ fn abandon_on_a_never_applied_object_is_a_plain_release() {
         abandon: AbandonMark::ThisObject,
         ..facts()
     });
-    assert_eq!((d.row, d.action), (Some(4), Action::RemoveFinalizer));
+    assert_eq!(
+        (d.row, d.action),
+        (Some(Row::NeverApplied), Action::RemoveFinalizer)
+    );
 }
 
 #[test]
@@ -582,8 +593,10 @@ fn backoff_grows_is_capped_and_is_deterministic() {
 
 #[test]
 fn rows_are_listed_in_order() {
-    for (i, (n, _, _)) in ROWS.iter().enumerate() {
-        assert_eq!(usize::from(*n), i + 1);
+    for (i, row) in Row::ALL.iter().enumerate() {
+        assert_eq!(usize::from(row.number()), i + 1);
+        assert_eq!(row.to_string(), (i + 1).to_string());
+        assert_eq!(serde_json::to_string(row).unwrap(), (i + 1).to_string());
     }
 }
 
@@ -600,7 +613,7 @@ fn row9_a_success_that_left_instances_is_retried_when_its_delay_has_passed() {
         now: later,
         ..facts()
     });
-    assert_eq!(d.row, Some(9));
+    assert_eq!(d.row, Some(Row::FailedOrBlocked));
     assert_eq!(d.start_attempt, Some(2), "{:?}", d.deleting());
     assert!(d.deleting().message.contains("starting attempt 2 now"));
 }
@@ -636,7 +649,10 @@ fn an_owner_gone_holds_the_destroy_and_abandon_releases() {
         blocker: Some(gone.clone()),
         ..facts()
     });
-    assert_eq!((d.row, d.action), (Some(9), Action::RetryLater));
+    assert_eq!(
+        (d.row, d.action),
+        (Some(Row::FailedOrBlocked), Action::RetryLater)
+    );
     assert_eq!(d.start_attempt, None, "nothing is destroyed");
     assert_eq!(d.deleting().reason, "DestroyCannotStart");
     assert_eq!(d.runbook, Some(RUNBOOK_OWNER_GONE));
@@ -666,7 +682,7 @@ fn an_owner_gone_holds_the_destroy_and_abandon_releases() {
         blocker: Some(gone.clone()),
         ..facts()
     });
-    assert_eq!((d.row, d.start_attempt), (Some(9), None));
+    assert_eq!((d.row, d.start_attempt), (Some(Row::FailedOrBlocked), None));
     let d = decide(&Facts {
         blocker: Some(gone),
         abandon: AbandonMark::ThisObject,
@@ -686,7 +702,7 @@ fn an_errored_state_holds_an_empty_state_unless_a_destroy_succeeded() {
     };
     // The state is empty, the errored state is not: no cleanup, no release.
     let d = decide(&f);
-    assert_eq!(d.row, Some(9));
+    assert_eq!(d.row, Some(Row::FailedOrBlocked));
     assert_eq!(d.runbook, Some(RUNBOOK_ERRORED_STATE));
     assert!(
         d.deleting().message.contains(what),
@@ -698,5 +714,5 @@ fn an_errored_state_holds_an_empty_state_unless_a_destroy_succeeded() {
     f.attempt = 1;
     f.last_attempt = LastAttempt::Succeeded { at: Some(f.now) };
     let d = decide(&f);
-    assert_eq!((d.row, d.action), (Some(8), Action::CleanUp));
+    assert_eq!((d.row, d.action), (Some(Row::CleanUp), Action::CleanUp));
 }

@@ -4,7 +4,7 @@
 //! the built `captf` against the real control plane, and checks that the object ends the
 //! way the runbook promises. A runbook whose commands drift from the product fails here.
 //!
-//! Also: the overview page's rule table against `captf::rules::ROWS`, and the flowchart of
+//! Also: the overview page's rule table against `captf::rules::Row`, and the flowchart of
 //! `docs/09-my-object-will-not-delete.md` against what `captf explain` prints for every
 //! example in `examples/`.
 
@@ -789,13 +789,19 @@ fn docs_table_matches_the_rule_table() {
             )
         })
         .collect();
-    let product: Vec<(u8, String, String)> = captf::rules::ROWS
+    let product: Vec<(u8, String, String)> = captf::rules::Row::ALL
         .iter()
-        .map(|(n, s, r)| (*n, s.to_string(), r.to_string()))
+        .map(|r| {
+            (
+                r.number(),
+                r.situation().to_string(),
+                r.reason().to_string(),
+            )
+        })
         .collect();
     assert_eq!(
         documented, product,
-        "docs/01-overview.md's table and rules::ROWS differ"
+        "docs/01-overview.md's table and rules::Row differ"
     );
 }
 
