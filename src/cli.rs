@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use crate::api::names;
 use crate::api::object::AnyObject;
 use crate::explain::{self, inventory::Inventory, load};
-use crate::facts::Settings;
+use crate::gather::Settings;
 use crate::rules::Backoff;
 use crate::state::{self, Fingerprint, StateSecrets};
 

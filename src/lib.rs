@@ -6,7 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod explain;
-pub mod facts;
+pub mod gather;
 pub mod inputs;
 pub mod job;
 pub mod metrics;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::api::names::{self, Kind};
 use crate::api::{ModuleSpec, TerraformSpec};
-use crate::facts::Observed;
+use crate::gather::Observed;
 
 /// The metadata of `team-a/prod` (uid `uid-1`), being deleted, with `annotations`.
 pub fn meta(annotations: &[(&str, &str)]) -> ObjectMeta {

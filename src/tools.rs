@@ -17,7 +17,7 @@ use crate::api::names::{self, Kind, SecretRole};
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 use crate::controller::observe;
 use crate::explain::Explained;
-use crate::facts::{self, Settings};
+use crate::gather::{self, Settings};
 use crate::state::{self, Fingerprint, StateContent};
 
 /// The largest state file `--from-file` reads.
@@ -488,7 +488,7 @@ async fn explain_kind<K: TerraformObject>(
         let mut observed = observe::observe(client, cluster_api, &obj).await?;
         observe::observe_secrets(client, &mut observed).await?;
         observed.now = Timestamp::now();
-        let (decision, _, _) = facts::decide(&observed, settings);
+        let (decision, _, _) = gather::decide(&observed, settings);
         out.push(Explained::new(
             K::KIND,
             &obj.namespace().unwrap_or_default(),

@@ -19,7 +19,7 @@ use super::writes::{self, annotation_ops, guarded_patch};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names;
-use crate::facts::{self, Observed};
+use crate::gather::{self, Observed};
 use crate::job::{self, JobOutcome};
 use crate::rules::{Action, Decision, Facts, StateFacts};
 
@@ -69,7 +69,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
     let suffix = names::state_suffix(o.kind, meta.name.as_deref().unwrap_or_default());
 
     // The latest destroy attempt failed and that is not recorded yet.
-    if facts.attempt > 0 && facts::deletion_bookkeeping(meta, names::DESTROY_FAILED_AT).is_none() {
+    if facts.attempt > 0 && gather::deletion_bookkeeping(meta, names::DESTROY_FAILED_AT).is_none() {
         let name = names::job_name(&suffix, names::OPERATION_DESTROY, facts.attempt);
         let job = o
             .jobs

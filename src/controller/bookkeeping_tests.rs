@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::api::names::Kind;
-use crate::facts::Settings;
+use crate::gather::Settings;
 use crate::rules::{CleanupMarker, UnfinishedJob};
 use crate::testing::{created_at, job, observed, pod_of};
 
@@ -25,7 +25,7 @@ fn deleting_at_attempt(n: u32, extra: &[(&str, &str)]) -> Observed {
 }
 
 fn plan_of(o: &Observed) -> Bookkeeping {
-    let (decision, facts, _) = facts::decide(o, &Settings::default());
+    let (decision, facts, _) = gather::decide(o, &Settings::default());
     plan(o, &facts, &decision)
 }
 
@@ -136,7 +136,7 @@ fn an_interrupted_apply_is_recorded_once_and_cleared_by_a_later_success() {
 #[test]
 fn an_adopted_states_fingerprint_is_recorded_once() {
     let o = deleting_at_attempt(0, &[(names::ADOPT, "true")]);
-    let (decision, mut facts, _) = facts::decide(&o, &Settings::default());
+    let (decision, mut facts, _) = gather::decide(&o, &Settings::default());
     facts.state = StateFacts::Readable {
         managed_instances: 1,
         lineage: "lin-1".into(),
@@ -168,7 +168,7 @@ fn block_move_is_on_while_deleting_or_a_job_runs_and_rides_on_the_actions_own_wr
         detail: None,
     };
     let o = deleting_at_attempt(1, &[]);
-    let (decision, facts, _) = facts::decide(&o, &Settings::default());
+    let (decision, facts, _) = gather::decide(&o, &Settings::default());
     // (deleting, a Job runs, the action writes the object, block-move there) -> edit
     type Case = (bool, bool, bool, bool, Option<Option<String>>);
     let table: [Case; 8] = [
@@ -226,7 +226,7 @@ fn the_last_three_finished_destroy_jobs_are_kept_and_no_unfinished_one_is_pruned
 #[test]
 fn the_state_is_protected_whole_only_when_no_job_runs_or_starts_and_never_after_cleanup_began() {
     let o = deleting_at_attempt(1, &[]);
-    let (decision, facts, _) = facts::decide(&o, &Settings::default());
+    let (decision, facts, _) = gather::decide(&o, &Settings::default());
     let mut d = decision.clone();
     d.start_attempt = None;
     assert_eq!(plan(&o, &facts, &d).protect, Protect::BaseAndParts);

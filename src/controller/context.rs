@@ -13,7 +13,7 @@ use kube::api::ApiResource;
 use kube::runtime::events::{Recorder, Reporter};
 
 use crate::api::names;
-use crate::facts::Settings;
+use crate::gather::Settings;
 use crate::job::Templates;
 use crate::metrics::Metrics;
 

@@ -46,7 +46,7 @@ pub use scope::Scope;
 
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
-use crate::facts;
+use crate::gather;
 use crate::job::Templates;
 use crate::metrics::Metrics;
 use gate::Gate;
@@ -145,7 +145,7 @@ where
             .watches(
                 scoped::<TerraformMachine>(&client, &ns),
                 watcher::Config::default(),
-                move |m: TerraformMachine| match facts::owning_cluster(&m.metadata) {
+                move |m: TerraformMachine| match gather::owning_cluster(&m.metadata) {
                     Some(cl) => objects_of_cluster(&s1, &m.namespace().unwrap_or_default(), &cl),
                     None => Vec::new(),
                 },
@@ -153,7 +153,7 @@ where
             .watches(
                 scoped::<TerraformMachinePool>(&client, &ns),
                 watcher::Config::default(),
-                move |p: TerraformMachinePool| match facts::owning_cluster(&p.metadata) {
+                move |p: TerraformMachinePool| match gather::owning_cluster(&p.metadata) {
                     Some(cl) => objects_of_cluster(&s2, &p.namespace().unwrap_or_default(), &cl),
                     None => Vec::new(),
                 },

@@ -20,7 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::{ClusterKind, Error};
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
-use crate::facts::{self, ClusterView, Observed, Settings};
+use crate::gather::{self, ClusterView, Observed, Settings};
 use crate::inputs;
 use crate::job::{self, JobOutcome};
 use crate::state::{self, StateSecrets};
@@ -72,7 +72,7 @@ pub async fn observe<K: TerraformObject>(
 pub type StateMeta = Option<Option<ObjectMeta>>;
 
 /// One reconcile pass's observation: [`observe`], then the Secrets and the lock when the
-/// rule table needs the state ([`facts::state_needed`]), always read after the Jobs are
+/// rule table needs the state ([`gather::state_needed`]), always read after the Jobs are
 /// listed, so that a Job seen finished is followed by a read of the state it left. When
 /// the Jobs, the Cluster, the CRD and the dependents already say the state will be needed
 /// (the usual pass of a deletion), the Secrets are read at the same time as the Pods; a
@@ -85,7 +85,7 @@ pub async fn observe_pass<K: TerraformObject>(
     settings: &Settings,
     state_reads: &Arc<Semaphore>,
 ) -> Result<(Observed, StateMeta), Error> {
-    let needed = |o: &Observed| facts::state_needed(&facts::gather(o, settings).0);
+    let needed = |o: &Observed| gather::state_needed(&gather::gather(o, settings).0);
     let (mut o, early) = observe_rounds(client, cluster_api, obj, needed, state_reads).await?;
     if !needed(&o) {
         return Ok((o, None));
@@ -122,7 +122,7 @@ async fn observe_rounds<K: TerraformObject>(
                 .items,
         )
     };
-    let cluster_name = facts::owning_cluster(&meta);
+    let cluster_name = gather::owning_cluster(&meta);
     let cluster = async {
         Ok::<_, Error>(match (&cluster_name, cluster_api.resource()) {
             (Some(name), Some(ar)) => {
@@ -170,7 +170,7 @@ async fn observe_rounds<K: TerraformObject>(
     let owners = async {
         let mut found = BTreeMap::new();
         if let (Some(_), Some(ar)) = (&meta.deletion_timestamp, cluster_api.resource()) {
-            for r in facts::capi_owners(&meta).filter(|r| r.kind != "Cluster") {
+            for r in gather::capi_owners(&meta).filter(|r| r.kind != "Cluster") {
                 let owner_ar = ApiResource {
                     kind: r.kind.clone(),
                     plural: format!("{}s", r.kind.to_lowercase()),
@@ -200,7 +200,7 @@ async fn observe_rounds<K: TerraformObject>(
     // Only while Cluster API's kinds are known: while they are not, an object that names
     // a Cluster is held as paused anyway.
     let owners_gone = match (&meta.deletion_timestamp, cluster_api.resource()) {
-        (Some(_), Some(_)) => facts::owners_gone(&meta, |kind, name| {
+        (Some(_), Some(_)) => gather::owners_gone(&meta, |kind, name| {
             if kind == "Cluster" {
                 cluster
                     .as_ref()

@@ -21,7 +21,7 @@ use super::{Context, Error, Scope, bookkeeping};
 use crate::api::TerraformObject;
 use crate::api::conditions;
 use crate::api::names;
-use crate::facts;
+use crate::gather;
 use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts};
 
 /// How often an object is looked at again when nothing it watches changes.
@@ -77,12 +77,12 @@ pub async fn reconcile<K: TerraformObject>(
         &ctx.state_reads,
     )
     .await?;
-    let (mut decision, mut facts, extras) = facts::decide(&observed, &ctx.settings);
+    let (mut decision, mut facts, findings) = gather::decide(&observed, &ctx.settings);
     // Starting an attempt needs its Job, which only the manager can render (its templates):
     // a Job that does not render is one more thing that keeps the destroy from starting,
     // and the rule table turns it into row 9 like the others.
     let mut attempt = None;
-    if let (Some(n), Some(inputs)) = (decision.start_attempt, extras.inputs.as_ref()) {
+    if let (Some(n), Some(inputs)) = (decision.start_attempt, findings.inputs.as_ref()) {
         match destroy::render(&ctx, &scope, obj.as_ref(), n, inputs) {
             Ok(a) => attempt = Some(a),
             Err(e) => {
@@ -192,9 +192,15 @@ pub async fn reconcile<K: TerraformObject>(
         }
         Action::StartDestroy | Action::RetryLater => match attempt {
             Some(attempt) => {
-                let started =
-                    destroy::start_attempt(&ctx, &scope, obj.as_ref(), &observed, &extras, attempt)
-                        .await;
+                let started = destroy::start_attempt(
+                    &ctx,
+                    &scope,
+                    obj.as_ref(),
+                    &observed,
+                    &findings,
+                    attempt,
+                )
+                .await;
                 match started {
                     Err(e) => match e.refusal() {
                         Some(why) => {
@@ -225,7 +231,7 @@ pub async fn reconcile<K: TerraformObject>(
             None => {
                 // Between attempts, the backup follows the state a failed attempt left.
                 if let (Some(state), Some(fp)) =
-                    (&observed.state, backup::readable_fingerprint(&extras))
+                    (&observed.state, backup::readable_fingerprint(&findings))
                 {
                     backup::ensure_backup(&ctx, &scope, obj.as_ref(), state, fp).await?;
                 }
@@ -257,11 +263,11 @@ pub async fn reconcile<K: TerraformObject>(
                 return Ok(Requeue::requeue(REFUSED_RETRY));
             }
             let obj = write_status_keeping(&scope.api, obj, &shown).await?;
-            abandon::abandon(&ctx, &scope, obj.as_ref(), &observed, &extras).await?;
+            abandon::abandon(&ctx, &scope, obj.as_ref(), &observed, &findings).await?;
             Ok(Requeue::await_change())
         }
         Action::Abandon => {
-            abandon::abandon(&ctx, &scope, obj.as_ref(), &observed, &extras).await?;
+            abandon::abandon(&ctx, &scope, obj.as_ref(), &observed, &findings).await?;
             Ok(Requeue::await_change())
         }
     }

@@ -10,7 +10,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use crate::api::TerraformObject;
 use crate::api::names;
-use crate::facts;
+use crate::gather;
 
 /// The API of `T` in the watched namespace, or in all.
 pub(super) fn scoped<T>(client: &Client, ns: &Option<String>) -> Api<T>
@@ -77,7 +77,7 @@ pub(super) fn objects_of_cluster<K: TerraformObject>(
     store
         .state_filter(|o| {
             o.namespace().as_deref() == Some(ns)
-                && facts::owning_cluster(o.meta()).as_deref() == Some(cluster)
+                && gather::owning_cluster(o.meta()).as_deref() == Some(cluster)
         })
         .iter()
         .map(|o| ObjectRef::from_obj(o.as_ref()))

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::api::Kind;
 use crate::api::names;
 use crate::api::object::AnyObject;
-use crate::facts::{self, ClusterView, Observed, Settings};
+use crate::gather::{self, ClusterView, Observed, Settings};
 use crate::rules::{Action, Decision, Row};
 use crate::state::StateSecrets;
 use inventory::Inventory;
@@ -75,7 +75,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
     let suffix = names::state_suffix(kind, &name);
     let in_ns = |ns: Option<&String>| ns.map(String::as_str) == Some(namespace.as_str());
 
-    let cluster_name = facts::owning_cluster(&meta);
+    let cluster_name = gather::owning_cluster(&meta);
     let cluster = cluster_name.as_ref().and_then(|c| {
         inv.clusters
             .iter()
@@ -98,7 +98,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         .jobs
         .iter()
         .filter(|j| {
-            in_ns(j.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &j.metadata)
+            in_ns(j.metadata.namespace.as_ref()) && gather::owned_by(kind, &meta, &j.metadata)
         })
         .cloned()
         .collect();
@@ -106,7 +106,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         .pods
         .iter()
         .filter(|p| {
-            in_ns(p.metadata.namespace.as_ref()) && facts::owned_by(kind, &meta, &p.metadata)
+            in_ns(p.metadata.namespace.as_ref()) && gather::owned_by(kind, &meta, &p.metadata)
         })
         .cloned()
         .collect();
@@ -115,7 +115,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         .iter()
         .filter(|j| {
             in_ns(j.metadata.namespace.as_ref())
-                && facts::of_earlier_namesake(kind, &meta, &j.metadata)
+                && gather::of_earlier_namesake(kind, &meta, &j.metadata)
         })
         .cloned()
         .collect();
@@ -124,7 +124,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         .iter()
         .filter(|p| {
             in_ns(p.metadata.namespace.as_ref())
-                && facts::of_earlier_namesake(kind, &meta, &p.metadata)
+                && gather::of_earlier_namesake(kind, &meta, &p.metadata)
         })
         .cloned()
         .collect();
@@ -183,7 +183,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
     // As the controller does: during a deletion, the Cluster API owners the dump does not
     // hold (or holds under another uid) are gone.
     let owners_gone = if meta.deletion_timestamp.is_some() {
-        facts::owners_gone(&meta, |kind, name| {
+        gather::owners_gone(&meta, |kind, name| {
             let pool = if kind == "Cluster" {
                 &inv.clusters
             } else {
@@ -239,7 +239,7 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
         .iter()
         .map(|(_, object)| {
             let observed = observe(inv, object, now);
-            let (decision, _, _) = facts::decide(&observed, settings);
+            let (decision, _, _) = gather::decide(&observed, settings);
             let meta = object.meta();
             Explained::new(
                 object.kind(),

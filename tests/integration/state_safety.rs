@@ -508,7 +508,7 @@ async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
     env.proxy.request_log().reset();
     let cluster_api = discover_cluster(&env.client).await;
     assert!(matches!(cluster_api, ClusterKind::Known(_)));
-    let settings = captf::facts::Settings::default();
+    let settings = captf::gather::Settings::default();
     let permits = Arc::new(tokio::sync::Semaphore::new(0));
     let client = env.proxy.client();
     let (observed, state_meta) = {

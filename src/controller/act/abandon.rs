@@ -23,7 +23,7 @@ use crate::controller::events::{self, publish, publish_ref};
 use crate::controller::observe;
 use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
-use crate::facts::{self, Extras, Observed};
+use crate::gather::{self, Findings, Observed};
 use crate::state;
 
 /// SPEC section 7: releases without a destroy, keeping the Secrets.
@@ -32,10 +32,10 @@ pub async fn abandon<K: TerraformObject>(
     scope: &Scope<K>,
     obj: &K,
     o: &Observed,
-    extras: &Extras,
+    findings: &Findings,
 ) -> Result<(), Error> {
     let (suffix, secrets) = (&scope.suffix, &scope.secrets);
-    let described = extras
+    let described = findings
         .verdict
         .as_ref()
         .map(|v| v.message.clone())
@@ -45,7 +45,7 @@ pub async fn abandon<K: TerraformObject>(
         announce_copies(ctx, scope, &described).await;
     }
     let mut current = obj.clone();
-    if facts::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_none() {
+    if gather::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_none() {
         let ops = annotation_ops(
             obj.meta(),
             &[

@@ -16,12 +16,12 @@ use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::writes::{self, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
-use crate::facts::Extras;
+use crate::gather::Findings;
 use crate::state::{self, StateSecrets};
 
 /// The lineage and serial of the state this pass read, when it is readable.
-pub fn readable_fingerprint(extras: &Extras) -> Option<(&str, u64)> {
-    let v = extras.verdict.as_ref().filter(|v| v.readable)?;
+pub fn readable_fingerprint(findings: &Findings) -> Option<(&str, u64)> {
+    let v = findings.verdict.as_ref().filter(|v| v.readable)?;
     Some((v.lineage.as_deref()?, v.serial?))
 }
 

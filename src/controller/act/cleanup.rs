@@ -22,7 +22,7 @@ use crate::controller::observe;
 use crate::controller::status::write_status;
 use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
-use crate::facts::{self, Observed};
+use crate::gather::{self, Observed};
 use crate::rules::Decision;
 
 /// Cleans up and releases, in the order the file's head states.
@@ -35,7 +35,7 @@ pub async fn cleanup<K: TerraformObject>(
 ) -> Result<(), Error> {
     let (api, secrets) = (&scope.api, &scope.secrets);
     let marker = async {
-        if facts::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_some() {
+        if gather::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_some() {
             return Ok(None);
         }
         // Before the status write of this pass, so the cached copy may lack the status

@@ -28,7 +28,7 @@ use crate::controller::events::{self, publish};
 use crate::controller::reconcile::RESYNC;
 use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
-use crate::facts::{self, Extras, Observed};
+use crate::gather::{self, Findings, Observed};
 use crate::inputs::Inputs;
 use crate::job::{self, JobRequest};
 use crate::state::StateSecrets;
@@ -51,7 +51,7 @@ pub fn render<K: TerraformObject>(
     n: u32,
     inputs: &Inputs,
 ) -> Result<Attempt, String> {
-    let cluster = facts::owning_cluster(obj.meta());
+    let cluster = gather::owning_cluster(obj.meta());
     let request = JobRequest {
         kind: K::KIND,
         name: &scope.name,
@@ -82,7 +82,7 @@ pub async fn start_attempt<K: TerraformObject>(
     scope: &Scope<K>,
     obj: &K,
     o: &Observed,
-    extras: &Extras,
+    findings: &Findings,
     attempt: Attempt,
 ) -> Result<Requeue, Error> {
     let Attempt {
@@ -96,7 +96,7 @@ pub async fn start_attempt<K: TerraformObject>(
     let backup_and_labels = async {
         if let Some(state) = &o.state {
             let backup = async {
-                match readable_fingerprint(extras) {
+                match readable_fingerprint(findings) {
                     Some(fp) => ensure_backup(ctx, scope, obj, state, fp).await,
                     None => Ok(()),
                 }
@@ -109,7 +109,7 @@ pub async fn start_attempt<K: TerraformObject>(
         Ok::<_, Error>(())
     };
     let stale_lock = async {
-        if let (true, Some(lease)) = (extras.stale_lock, &o.lock) {
+        if let (true, Some(lease)) = (findings.stale_lock, &o.lock) {
             let leases: Api<Lease> = scope.api_of();
             info!("clearing Terraform's lock held by a runner of this object that is gone");
             writes::delete_as_read(&leases, &lease.metadata).await?;

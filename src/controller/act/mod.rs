@@ -24,7 +24,7 @@ use super::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names;
-use crate::facts::Observed;
+use crate::gather::Observed;
 use crate::state::lock::{self, Lock};
 
 /// Removes the object finalizer and block-move in one write, and remembers the release.

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use captf::api::names::{self, Kind};
 use captf::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 use captf::controller::{ManagerConfig, observe};
-use captf::facts::Settings;
+use captf::gather::Settings;
 use captf::inputs::{self, Backend, Inputs, Module, OwnerRef, Runner};
 use captf::rules::Backoff;
 use captf::state::{self, StateContent};

@@ -1,0 +1,224 @@
+//! Gathering the facts of a pass from what was observed. The controllers fill an
+//! [`Observed`] from the API server, `captf explain -f` from files; both then call
+//! [`gather`], so that the rule table sees the same facts either way. The facts' own
+//! vocabulary is the rule table's (`crate::rules`); what is here turns observations into
+//! it: the object's own bookkeeping ([`meta`]), its Jobs ([`jobs`]), its state and lock
+//! ([`tfstate`]), and what keeps a destroy from starting ([`blockers`]).
+
+mod blockers;
+mod jobs;
+mod meta;
+mod tfstate;
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::ObjectMeta;
+use serde_json::Value;
+
+use crate::api::TerraformSpec;
+use crate::api::names::{self, Kind};
+use crate::inputs::Inputs;
+use crate::job;
+use crate::rules::{self, AbandonMark, Backoff, CleanupMarker, Facts};
+use crate::state::{self, StateSecrets, Verdict};
+
+use blockers::blocker;
+use jobs::{destroy_history, pause_cause, unfinished};
+use meta::{annotation, deletion_time, label};
+pub use meta::{
+    capi_owners, deletion_bookkeeping, of_earlier_namesake, owned_by, owners_gone, owning_cluster,
+};
+pub use tfstate::errored_uncovered;
+use tfstate::lock_blocker;
+use tfstate::state_of;
+
+/// The owning Cluster, as far as pausing goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    pub name: String,
+    /// Empty when the dump or the read did not carry it.
+    pub uid: String,
+    pub spec_paused: bool,
+    pub annotation_paused: bool,
+}
+
+impl ClusterView {
+    /// Reads a `cluster.x-k8s.io` Cluster of any version.
+    pub fn from_value(value: &Value) -> ClusterView {
+        ClusterView {
+            name: value["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            uid: value["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            spec_paused: value["spec"]["paused"].as_bool().unwrap_or(false),
+            annotation_paused: value["metadata"]["annotations"]
+                .get(names::CAPI_PAUSED)
+                .is_some(),
+        }
+    }
+}
+
+/// Everything a pass looked at, whichever way it was read.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub kind: Kind,
+    pub meta: ObjectMeta,
+    pub spec: TerraformSpec,
+    /// The owning Cluster when it exists.
+    pub cluster: Option<ClusterView>,
+    /// Why Cluster API's Cluster kind is unknown to the manager, when it is and the object
+    /// names a Cluster.
+    pub cluster_kind_unknown: Option<String>,
+    pub crd_deleting: bool,
+    pub namespace_terminating: bool,
+    /// The Pods of the object (or of an earlier namesake) still terminating after their
+    /// grace period, by name: where they are stuck (their node and its state). A node
+    /// that is lost never confirms that a Pod stopped, and the Job waits for it.
+    pub stuck_pods: BTreeMap<String, String>,
+    /// The Cluster API owners (Cluster, Machine, MachinePool, by ownerReference) that no
+    /// longer exist or exist with another uid, described for the message; looked at only
+    /// during a deletion (see [`owners_gone`]).
+    pub owners_gone: Vec<String>,
+    /// Why the Pods of an unfinished Job of the object that has none could not be made:
+    /// the message of the Job's latest `FailedCreate` Event, by Job name.
+    pub job_refusals: BTreeMap<String, String>,
+    /// The object's Jobs and Pods (found by the owner labels).
+    pub jobs: Vec<Job>,
+    pub pods: Vec<Pod>,
+    /// The Jobs and Pods of earlier objects of the same kind, namespace and name (another
+    /// uid: this one's finalizer was stripped and the object made again). Their Terraform
+    /// writes the same state.
+    pub earlier_jobs: Vec<Job>,
+    pub earlier_pods: Vec<Pod>,
+    /// For a TerraformCluster: its machines and pools, as `Kind/name`.
+    pub dependents: Vec<String>,
+    /// The state Secret and its parts; `None` when not read in this pass.
+    pub state: Option<StateSecrets>,
+    /// The states Terraform could not save that runners kept for this object (read with
+    /// the state).
+    pub errored: Vec<state::Errored>,
+    /// The manager's permit to hold this pass's state in memory (see
+    /// `Context::state_reads`), released with the observation.
+    pub state_permit: Option<std::sync::Arc<tokio::sync::OwnedSemaphorePermit>>,
+    pub inputs_secret: Option<Secret>,
+    /// Secrets and ConfigMaps the inputs or the spec reference (credentials, variablesFrom).
+    pub referenced_secrets: BTreeMap<String, Secret>,
+    pub referenced_config_maps: BTreeMap<String, ConfigMap>,
+    /// Terraform's lock Lease, when it exists.
+    pub lock: Option<Lease>,
+    pub now: Timestamp,
+}
+
+/// What the act step needs beside the decision.
+#[derive(Clone, Debug, Default)]
+pub struct Findings {
+    /// The usable inputs, when they are.
+    pub inputs: Option<Inputs>,
+    /// The state verdict, when the state was read.
+    pub verdict: Option<Verdict>,
+    /// The lock Lease is held by a runner of this object (or of an earlier one of its
+    /// name) that is provably gone: clear it, as read, before an attempt.
+    pub stale_lock: bool,
+    /// The state Secret belongs to an earlier object of this name that this one did not
+    /// adopt: it is left alone.
+    pub foreign_state: bool,
+}
+
+/// Settings that are facts of a pass but not of the object.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub backoff: Backoff,
+    pub decompression_cap: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            backoff: Backoff::default(),
+            decompression_cap: state::DEFAULT_DECOMPRESSION_CAP,
+        }
+    }
+}
+
+/// Gathers the facts of a pass. Pure: everything comes from `o`.
+pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Findings) {
+    let name = o.meta.name.clone().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, &name);
+    let namespace = o.meta.namespace.clone().unwrap_or_default();
+    let mut findings = Findings::default();
+
+    let paused = pause_cause(o);
+    let unfinished_jobs = unfinished(o);
+    let cleanup = match deletion_bookkeeping(&o.meta, names::CLEANUP_STARTED) {
+        Some(names::CLEANUP_DESTROYED) => Some(CleanupMarker::Destroyed),
+        Some(names::CLEANUP_ABANDONED) => Some(CleanupMarker::Abandoned),
+        _ => None,
+    };
+    let adopt = annotation(&o.meta, names::ADOPT) == Some("true");
+    let own_lineage = annotation(&o.meta, names::STATE_LINEAGE).is_some();
+    let applied = annotation(&o.meta, names::APPLIED_AT).is_some() || adopt;
+
+    let state = state_of(o, settings, applied, own_lineage, &mut findings);
+
+    let (attempt, last_attempt) = destroy_history(o, &suffix);
+    let attempt_unstarted = attempt > 0
+        && deletion_bookkeeping(&o.meta, names::DESTROY_FAILED_AT).is_none()
+        && !o.jobs.iter().any(|j| {
+            job::operation_of(j) == Some(names::OPERATION_DESTROY)
+                && job::attempt_of(j) == Some(attempt)
+        });
+    let errored = errored_uncovered(o, settings.decompression_cap);
+    let blocker = blocker(o, &suffix, &namespace, errored.as_deref(), &mut findings);
+
+    let facts = Facts {
+        kind: o.kind,
+        uid: o.meta.uid.clone().unwrap_or_default(),
+        state_secret: names::state_secret_name(&suffix),
+        deleting: o.meta.deletion_timestamp.is_some(),
+        paused,
+        unfinished_jobs,
+        dependents: o.dependents.clone(),
+        cleanup,
+        applied,
+        state,
+        abandon: AbandonMark::of(
+            annotation(&o.meta, names::ABANDON),
+            o.meta.uid.as_deref().unwrap_or_default(),
+        ),
+        attempt,
+        last_attempt,
+        attempt_unstarted,
+        blocker,
+        errored_uncovered: errored.is_some(),
+        now: o.now,
+        backoff: settings.backoff,
+    };
+    (facts, findings)
+}
+
+/// Whether rows 1 to 3 or the cleanup marker decide the pass before the state matters;
+/// the controller reads the state Secrets only when this is false.
+pub fn state_needed(facts: &Facts) -> bool {
+    facts.deleting
+        && facts.paused.is_none()
+        && facts.unfinished_jobs.is_empty()
+        && (facts.kind != Kind::TerraformCluster || facts.dependents.is_empty())
+        && facts.cleanup.is_none()
+}
+
+/// Gathers the facts and decides, in one call.
+pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Findings) {
+    let (facts, findings) = gather(o, settings);
+    (rules::decide(&facts), facts, findings)
+}
+
+#[cfg(test)]
+mod tests;
