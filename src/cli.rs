@@ -332,13 +332,13 @@ fn with_client<T>(
 
 fn run_restore(args: &RestoreArgs) -> Result<(), Misuse> {
     let source = match (&args.from_file, &args.from_errored) {
-        (Some(p), _) => crate::tools::RestoreSource::File(p.clone()),
-        (None, Some(s)) => crate::tools::RestoreSource::Errored(s.clone()),
-        (None, None) => crate::tools::RestoreSource::Backup,
+        (Some(p), _) => crate::ops::RestoreSource::File(p.clone()),
+        (None, Some(s)) => crate::ops::RestoreSource::Errored(s.clone()),
+        (None, None) => crate::ops::RestoreSource::Backup,
     };
     let out = with_client(async |client, default_ns| {
         let ns = args.namespace.clone().unwrap_or(default_ns);
-        crate::tools::restore(&client, &ns, &args.target, source, args.force)
+        crate::ops::restore(&client, &ns, &args.target, source, args.force)
             .await
             .map_err(|e| Misuse(e.to_string()))
     })?;
@@ -348,7 +348,7 @@ fn run_restore(args: &RestoreArgs) -> Result<(), Misuse> {
 
 fn run_orphans(args: &OrphansArgs) -> Result<(), Misuse> {
     let list = with_client(async |client, _| {
-        crate::tools::orphans(&client, args.namespace.as_deref(), &args.manager_namespace)
+        crate::ops::orphans(&client, args.namespace.as_deref(), &args.manager_namespace)
             .await
             .map_err(|e| Misuse(e.to_string()))
     })?;
@@ -390,7 +390,7 @@ fn run_explain(args: &ExplainArgs) -> Result<(), Misuse> {
     };
     let items = if args.files.is_empty() {
         with_client(async |client, _| {
-            crate::tools::explain_live(&client, args.namespace.as_deref(), &settings)
+            crate::explain::live::explain(&client, args.namespace.as_deref(), &settings)
                 .await
                 .map_err(|e| Misuse(e.to_string()))
         })?

@@ -8,11 +8,12 @@ pub mod controller;
 pub mod explain;
 pub mod gather;
 pub mod inputs;
+pub mod io;
 pub mod job;
 pub mod metrics;
+pub mod ops;
 pub mod rules;
 pub mod state;
 pub mod telemetry;
 #[cfg(test)]
 mod testing;
-pub mod tools;

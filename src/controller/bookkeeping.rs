@@ -15,11 +15,11 @@ use kube::api::{Api, ListParams, ObjectMeta};
 
 use super::events::{self, Note, publish_note};
 use super::observe::StateMeta;
-use super::writes::{self, annotation_ops, guarded_patch};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::gather::{self, Observed};
+use crate::io::writes::{self, annotation_ops, guarded_patch};
 use crate::job::{self, JobOutcome};
 use crate::rules::{Action, Decision, Facts, StateFacts};
 

@@ -1,4 +1,5 @@
-//! The manager's failures and what a controller does after one.
+//! What a controller does after a failed pass. The failures themselves are
+//! [`crate::io::Error`]'s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,64 +8,10 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
 use tracing::warn;
 
+pub use crate::io::Error;
+
 use super::Context;
 use crate::api::TerraformObject;
-
-/// Failures to talk to the API server (expected outcomes are data, not errors).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// A guarded write (JSON patch with a `test` of the resourceVersion) that did not
-    /// apply to the object as it is now: the pass acted on a copy older than the object.
-    #[error("{0} changed since this pass read it; the next pass decides again")]
-    Stale(String),
-    #[error("{0}")]
-    Setup(String),
-    /// An object as read lacks what every object from the API server has (its namespace,
-    /// name or uid): nothing is done to it.
-    #[error("{0}")]
-    Incomplete(String),
-}
-
-impl Error {
-    /// A write made from a stale view (409 Conflict, or a guarded patch that did not
-    /// apply): the next pass decides again on fresh facts.
-    pub fn is_conflict(&self) -> bool {
-        match self {
-            Error::Kube(kube::Error::Api(s)) => s.code == 409,
-            Error::Stale(_) => true,
-            _ => false,
-        }
-    }
-
-    /// The API server refused the request as it is (an admission policy or webhook, a
-    /// quota, a missing permission, an invalid object): trying again the same way fails
-    /// again until someone changes something. The API's message.
-    pub fn refusal(&self) -> Option<String> {
-        match self {
-            Error::Kube(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422) => {
-                Some(s.message.clone())
-            }
-            _ => None,
-        }
-    }
-
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 404)
-    }
-
-    /// A short label for metrics and logs.
-    pub fn label(&self) -> String {
-        match self {
-            Error::Kube(kube::Error::Api(s)) => format!("api_{}", s.code),
-            Error::Kube(_) => "api_transport".into(),
-            Error::Stale(_) => "stale".into(),
-            Error::Setup(_) => "setup".into(),
-            Error::Incomplete(_) => "incomplete".into(),
-        }
-    }
-}
 
 /// After a failed pass: a conflict is decided again at once, anything else is counted
 /// and retried after the backoff's base.

@@ -7,7 +7,7 @@
 //! records what Jobs did ([`bookkeeping`]), writes the status ([`status`]) and dispatches
 //! to one action ([`act`]). The files around it: the error type ([`error`]), what passes
 //! share ([`context`]), the fair pass limit ([`gate`]), what triggers a pass
-//! ([`triggers`]), the Events ([`events`]) and the guarded writes ([`writes`]).
+//! ([`triggers`]), the Events ([`events`]); the guarded writes are [`crate::io::writes`].
 
 pub mod act;
 pub mod bookkeeping;
@@ -23,7 +23,6 @@ pub mod scope;
 pub mod server;
 pub mod status;
 mod triggers;
-pub mod writes;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -22,6 +22,7 @@ use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
 use crate::gather::{self, ClusterView, Observed, Settings};
 use crate::inputs;
+use crate::io::chunked;
 use crate::job::{self, JobOutcome};
 use crate::state::{self, StateSecrets};
 
@@ -446,7 +447,7 @@ async fn read_secrets(
     let lock_name = names::lock_lease_name(&suffix);
     let uid = o.meta.uid.clone().unwrap_or_default();
     let ((state, state_meta), inputs_secret, lock, errored) = futures::try_join!(
-        read_state(&secrets, &state_name, &suffix),
+        chunked::read_with_meta(&secrets, &state_name, Some(&suffix)),
         async { Ok(secrets.get_opt(&inputs_name).await?) },
         async { Ok(leases.get_opt(&lock_name).await?) },
         read_errored(&secrets, &suffix, &uid),
@@ -499,40 +500,6 @@ async fn read_secrets(
     })
 }
 
-/// Reads a chunked Secret (a state or a backup) and its parts. Parts are listed by
-/// Terraform's suffix label when there is one, and fetched by name up to the first gap.
-pub async fn read_chunked(
-    secrets: &Api<Secret>,
-    base: &str,
-    tf_suffix: Option<&str>,
-) -> Result<StateSecrets, Error> {
-    Ok(read_chunked_with_meta(secrets, base, tf_suffix).await?.0)
-}
-
-/// [`read_chunked`], with the base Secret's metadata.
-async fn read_chunked_with_meta(
-    secrets: &Api<Secret>,
-    base: &str,
-    tf_suffix: Option<&str>,
-) -> Result<(StateSecrets, Option<ObjectMeta>), Error> {
-    match tf_suffix {
-        Some(suffix) => read_state(secrets, base, suffix).await,
-        None => {
-            let Some(base_secret) = secrets.get_opt(base).await? else {
-                return Ok((StateSecrets::from_secrets(base, &[]), None));
-            };
-            let meta = base_secret.metadata.clone();
-            let mut found = vec![base_secret];
-            let mut n = 1;
-            while let Some(s) = secrets.get_opt(&names::part_secret_name(base, n)).await? {
-                found.push(s);
-                n += 1;
-            }
-            Ok((StateSecrets::from_secrets(base, &found), Some(meta)))
-        }
-    }
-}
-
 /// The errored states a runner kept for the object (see [`state::Errored`]): the metadata
 /// of the object's Secrets (by its uid), then, only when there are any, the errored ones
 /// in full.
@@ -565,32 +532,4 @@ async fn read_errored(
     .await?;
     let found: Vec<Secret> = found.into_iter().flatten().collect();
     Ok(state::Errored::find(suffix, &found))
-}
-
-/// Reads a state by Terraform's suffix label, each Secret once: one list of every Secret
-/// with that label (the base and its parts, and any other Secret that Terraform's backend
-/// would select with them), and a read of the base by name only when the list did not
-/// hold it (a base without Terraform's labels). Returns the state and the base's metadata.
-async fn read_state(
-    secrets: &Api<Secret>,
-    base: &str,
-    suffix: &str,
-) -> Result<(StateSecrets, Option<ObjectMeta>), Error> {
-    let lp = ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
-    let mut listed = secrets.list(&lp).await?.items;
-    if !listed
-        .iter()
-        .any(|s| s.metadata.name.as_deref() == Some(base))
-    {
-        match secrets.get_opt(base).await? {
-            Some(b) => listed.push(b),
-            // No base: no state, whatever else carries the label.
-            None => return Ok((StateSecrets::from_secrets(base, &[]), None)),
-        }
-    }
-    let meta = listed
-        .iter()
-        .find(|s| s.metadata.name.as_deref() == Some(base))
-        .map(|s| s.metadata.clone());
-    Ok((StateSecrets::from_owned(base, listed), meta))
 }

@@ -10,10 +10,10 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
 use tracing::{info, warn};
 
-use super::writes::{create_if_absent, delete_if_present};
 use super::{Context, Error};
 use crate::api::names::{self, RUNNER_NAME};
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
+use crate::io::writes::{create_if_absent, delete_if_present};
 use crate::job;
 use crate::state::lock;
 

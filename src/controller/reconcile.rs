@@ -16,12 +16,12 @@ use super::act::{self, abandon, backup, cleanup, destroy};
 use super::events::{self, publish};
 use super::observe;
 use super::status::{write_status, write_status_keeping};
-use super::writes::{self, guarded_patch};
 use super::{Context, Error, Scope, bookkeeping};
 use crate::api::TerraformObject;
 use crate::api::conditions;
 use crate::api::names;
 use crate::gather;
+use crate::io::writes::{self, guarded_patch};
 use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts};
 
 /// How often an object is looked at again when nothing it watches changes.

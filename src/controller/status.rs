@@ -8,9 +8,10 @@ use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
 
-use super::{Error, writes};
+use super::Error;
 use crate::api::TerraformObject;
 use crate::api::conditions::{self, Condition};
+use crate::io::writes;
 use crate::rules::Decision;
 
 /// [`write_status`], then the object to go on with: the written one when only its status

@@ -4,6 +4,7 @@
 //! same facts gathering and rule table as the controllers.
 
 pub mod inventory;
+pub mod live;
 pub mod load;
 
 use std::collections::BTreeMap;

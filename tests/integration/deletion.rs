@@ -1323,7 +1323,7 @@ async fn the_cleanup_deletes_a_state_secret_without_the_owner_labels() {
 /// releases at once. A copy that lacks a change of anything else still fails it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cleanup_pass_on_a_copy_without_the_latest_status_releases() {
-    use captf::controller::writes;
+    use captf::io::writes;
     let (env, ctx) = passes_by_hand("past-status").await;
     destroy_by_hand(&env, &ctx).await;
     let api: Api<Tfm> = Api::namespaced(env.client.clone(), &env.ns);

@@ -70,7 +70,9 @@ fn fingerprint(content: StateContent) -> Option<(String, u64)> {
 }
 
 async fn read_set(api: &Api<Secret>, base: &str) -> Option<(String, u64)> {
-    let secrets = observe::read_chunked(api, base, None).await.expect("read");
+    let secrets = captf::io::chunked::read(api, base, None)
+        .await
+        .expect("read");
     fingerprint(state::read(&secrets, state::DEFAULT_DECOMPRESSION_CAP))
 }
 
@@ -565,5 +567,46 @@ async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
         )
         .await
         .expect("finalizer off");
+    env.shutdown().await;
+}
+
+/// A restore of a shorter state over a protected state of three Secrets leaves only what
+/// the new state has: the parts it no longer has lose their protection and go, instead of
+/// lingering held in deletion beside it until the object's cleanup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_over_a_longer_protected_state_leaves_no_part_held_in_deletion() {
+    let env = big_machine("restore-shrinks", "").await;
+    let base = names::state_secret_name("web-1.tfm");
+    wait_all_protected(&env, &base).await;
+    let file = env.dir.join("small.tfstate");
+    std::fs::write(
+        &file,
+        r#"{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"a-restored-lineage","outputs":{},"resources":[],"check_results":null}"#,
+    )
+    .expect("state file");
+    let out = env.captf(&[
+        "state",
+        "restore",
+        "terraformmachine/web-1",
+        "--from-file",
+        file.to_str().expect("path"),
+        "--force",
+        "-n",
+        &env.ns,
+    ]);
+    assert!(
+        out.status.success(),
+        "restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        state_secrets(&env, &base).await,
+        vec![(base.clone(), true)],
+        "only the base is left, protected"
+    );
+    assert_eq!(
+        read_set(&env.secrets(), &base).await,
+        Some(("a-restored-lineage".to_string(), 1))
+    );
     env.shutdown().await;
 }

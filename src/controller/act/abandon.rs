@@ -16,14 +16,14 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use super::{chunk_names, delete_jobs, delete_lock_if_free, owner_labels, release};
+use super::{delete_jobs, delete_lock_if_free, owner_labels, release};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::events::{self, publish, publish_ref};
-use crate::controller::observe;
-use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Findings, Observed};
+use crate::io::chunked;
+use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::state;
 
 /// SPEC section 7: releases without a destroy, keeping the Secrets.
@@ -73,7 +73,7 @@ pub async fn abandon<K: TerraformObject>(
         names::inputs_secret_name(suffix),
         names::backup_secret_name(suffix),
     ] {
-        for name in chunk_names(secrets, &base).await? {
+        for name in chunked::names_of(secrets, &base).await? {
             let Some(s) = secrets.get_metadata_opt(&name).await? else {
                 continue;
             };
@@ -124,7 +124,7 @@ pub async fn copy_out<K: TerraformObject>(ctx: &Context, scope: &Scope<K>) -> Re
             names::abandoned_backup_copy_name(ns, suffix),
         ),
     ] {
-        for name in chunk_names(here, &source).await? {
+        for name in chunked::names_of(here, &source).await? {
             let target = match names::part_index(&source, &name) {
                 Some(n) => names::part_secret_name(&copy, n),
                 None => copy.clone(),
@@ -181,9 +181,8 @@ pub async fn copy_out<K: TerraformObject>(ctx: &Context, scope: &Scope<K>) -> Re
         }
     }
     // The state, joined from the copies, reads as the original did.
-    let original =
-        observe::read_chunked(here, &names::state_secret_name(suffix), Some(suffix)).await?;
-    let copied = observe::read_chunked(&there, &base, None).await?;
+    let original = chunked::read(here, &names::state_secret_name(suffix), Some(suffix)).await?;
+    let copied = chunked::read(&there, &base, None).await?;
     let cap = ctx.settings.decompression_cap;
     let fingerprint = |c: state::StateContent| match c {
         state::StateContent::Parsed {

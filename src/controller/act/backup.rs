@@ -2,22 +2,22 @@
 //! Secrets of its own (`tfstate-backup-<suffix>` and parts) under the protection
 //! finalizer, so that what a destroy starts from survives whatever happens to the state.
 //!
-//! Write order: the parts first, the base last (the base names the lineage and serial its
-//! parts hold, so a base present means the backup is whole); then the parts an earlier,
-//! larger backup had, their protection off before the delete.
+//! Write order: as every chunked Secret set ([`crate::io::chunked::write`]): the parts
+//! first, the base last (the base names the lineage and serial its parts hold, so a base
+//! present means the backup is whole); then the parts an earlier, larger backup had,
+//! their protection off before the delete. Every member carries the protection finalizer.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
 use super::owner_labels;
 use crate::api::TerraformObject;
 use crate::api::names;
-use crate::controller::writes::{self, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::Findings;
-use crate::state::{self, StateSecrets};
+use crate::io::chunked::{self, Over};
+use crate::state::StateSecrets;
 
 /// The lineage and serial of the state this pass read, when it is readable.
 pub fn readable_fingerprint(findings: &Findings) -> Option<(&str, u64)> {
@@ -71,67 +71,21 @@ pub async fn ensure_backup<K: TerraformObject>(
     let Some(joined) = state.joined() else {
         return Ok(());
     };
-    let chunks = state::chunk(&joined);
-    // Parts first, the base last: the base names the lineage and serial of what its parts
-    // hold, and a base present means the backup is complete.
-    for (i, chunk) in chunks.iter().enumerate().skip(1).rev() {
-        let s = backup_secret(
-            scope,
-            &names::part_secret_name(&base, i as u32),
-            chunk,
-            None,
-        );
-        writes::create_or_replace(secrets, &s).await?;
-    }
-    if let Some(first) = chunks.first() {
-        let s = backup_secret(scope, &base, first, Some((lineage, serial)));
-        writes::create_or_replace(secrets, &s).await?;
-    }
-    // Parts an earlier, larger backup had.
-    let mut n = chunks.len().max(1) as u32;
-    while let Some(m) = secrets
-        .get_metadata_opt(&names::part_secret_name(&base, n))
-        .await?
-    {
-        let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
-        let _ = guarded_patch(secrets, &m.metadata, ops).await;
-        writes::delete_if_present(secrets, &names::part_secret_name(&base, n)).await?;
-        n += 1;
-    }
-    ctx.set_backed_up(uid, lineage, serial);
-    Ok(())
-}
-
-fn backup_secret<K: TerraformObject>(
-    scope: &Scope<K>,
-    name: &str,
-    chunk: &[u8],
-    holds: Option<(&str, u64)>,
-) -> Secret {
     let mut labels = owner_labels(scope);
     labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
-    let mut annotations: BTreeMap<String, String> =
-        [("encoding".to_string(), "gzip".to_string())].into();
-    if let Some((lineage, serial)) = holds {
-        annotations.insert(names::STATE_LINEAGE.into(), lineage.into());
-        annotations.insert(names::STATE_SERIAL.into(), serial.to_string());
-    }
-    Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(scope.namespace.clone()),
-            labels: Some(labels),
-            finalizers: Some(vec![names::PROTECT_FINALIZER.into()]),
-            annotations: Some(annotations),
-            ..Default::default()
-        },
-        data: Some(
-            [(
-                names::TF_STATE_KEY.to_string(),
-                k8s_openapi::ByteString(chunk.to_vec()),
-            )]
-            .into(),
-        ),
-        ..Default::default()
-    }
+    let holds: BTreeMap<String, String> = [
+        (names::STATE_LINEAGE.to_string(), lineage.to_string()),
+        (names::STATE_SERIAL.to_string(), serial.to_string()),
+    ]
+    .into();
+    let none = BTreeMap::new();
+    // The base names the lineage and serial of what its parts hold, and a base present
+    // means the backup is complete.
+    chunked::write(secrets, &base, &joined, Over::Replace, |name, i, chunk| {
+        let annotations = if i == 0 { &holds } else { &none };
+        chunked::member(name, &scope.namespace, &labels, annotations, true, chunk)
+    })
+    .await?;
+    ctx.set_backed_up(uid, lineage, serial);
+    Ok(())
 }

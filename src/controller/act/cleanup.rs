@@ -14,15 +14,16 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::{chunk_metas, delete_jobs, delete_lock_if_free, release};
+use super::{delete_jobs, delete_lock_if_free, release};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::events::{self, publish};
 use crate::controller::observe;
 use crate::controller::status::write_status;
-use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Observed};
+use crate::io::chunked;
+use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::rules::Decision;
 
 /// Cleans up and releases, in the order the file's head states.
@@ -99,7 +100,7 @@ async fn secret_metas(
     ];
     keep_errored_state(secrets, suffix).await?;
     Ok(
-        futures::future::try_join_all(bases.iter().map(|b| chunk_metas(secrets, b)))
+        futures::future::try_join_all(bases.iter().map(|b| chunked::metas(secrets, b)))
             .await?
             .into_iter()
             .flatten()

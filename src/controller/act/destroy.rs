@@ -26,10 +26,10 @@ use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::events::{self, publish};
 use crate::controller::reconcile::RESYNC;
-use crate::controller::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Findings, Observed};
 use crate::inputs::Inputs;
+use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::job::{self, JobRequest};
 use crate::state::StateSecrets;
 

@@ -2,7 +2,7 @@
 //! stated at its top: starting a destroy attempt ([`destroy`]), keeping the backup
 //! ([`backup`]), the cleanup after a verified destroy ([`cleanup`]) and the abandon
 //! ([`abandon`]). What more than one of them does is here: the release, deleting the
-//! object's Jobs and Terraform's lock, and finding a chunked Secret's members.
+//! object's Jobs and Terraform's lock, and the owner labels.
 
 pub mod abandon;
 pub mod backup;
@@ -13,18 +13,17 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::core::PartialObjectMeta;
 use tracing::debug;
 
 use super::observe::owner_selector;
-use super::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::gather::Observed;
+use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::state::lock::{self, Lock};
 
 /// Removes the object finalizer and block-move in one write, and remembers the release.
@@ -47,38 +46,6 @@ pub async fn release<K: TerraformObject>(
 /// The owner labels, as every Secret and Job of the object carries them.
 pub fn owner_labels<K: TerraformObject>(scope: &Scope<K>) -> BTreeMap<String, String> {
     crate::inputs::owner_labels(K::KIND, &scope.name, &scope.uid)
-}
-
-/// The names of a chunked Secret set that exist (base and parts), from a read.
-pub async fn chunk_names(secrets: &Api<Secret>, base: &str) -> Result<Vec<String>, Error> {
-    Ok(chunk_metas(secrets, base)
-        .await?
-        .into_iter()
-        .filter_map(|m| m.metadata.name)
-        .collect())
-}
-
-/// The metadata of a chunked Secret set's members that exist (base and parts), from a
-/// read: the base and the first part at once, then the parts up to the first gap.
-pub async fn chunk_metas(
-    secrets: &Api<Secret>,
-    base: &str,
-) -> Result<Vec<PartialObjectMeta<Secret>>, Error> {
-    let first = names::part_secret_name(base, 1);
-    let (base_meta, mut part) = futures::try_join!(
-        secrets.get_metadata_opt(base),
-        secrets.get_metadata_opt(&first)
-    )?;
-    let mut out: Vec<_> = base_meta.into_iter().collect();
-    let mut n = 1;
-    while let Some(meta) = part {
-        out.push(meta);
-        n += 1;
-        part = secrets
-            .get_metadata_opt(&names::part_secret_name(base, n))
-            .await?;
-    }
-    Ok(out)
 }
 
 /// Deletes the object's Jobs (their Pods go with them) and Pods left without a Job.

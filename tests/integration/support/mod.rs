@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use captf::api::names::{self, Kind};
 use captf::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
-use captf::controller::{ManagerConfig, observe};
+use captf::controller::ManagerConfig;
 use captf::gather::Settings;
 use captf::inputs::{self, Backend, Inputs, Module, OwnerRef, Runner};
 use captf::rules::Backoff;
@@ -805,7 +805,7 @@ impl Env {
 
     pub async fn read_state(&self, kind: Kind, name: &str) -> StateContent {
         let suffix = names::state_suffix(kind, name);
-        let secrets = observe::read_chunked(
+        let secrets = captf::io::chunked::read(
             &self.secrets(),
             &names::state_secret_name(&suffix),
             Some(&suffix),

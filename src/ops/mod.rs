@@ -1,0 +1,65 @@
+//! The operator's commands that talk to the cluster: `captf state restore`
+//! ([`restore`]) and `captf orphans` ([`orphans`]). They use the same names, chunked
+//! Secrets and state reading as the controllers.
+
+pub mod orphans;
+pub mod restore;
+
+use kube::Client;
+use kube::api::{Api, ObjectMeta};
+
+use crate::api::names::Kind;
+use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
+
+pub use orphans::{Orphan, orphans};
+pub use restore::{MAX_STATE_FILE_BYTES, RestoreSource, restore};
+
+/// Why an operator's command did not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Io(#[from] crate::io::Error),
+}
+
+/// `KIND/NAME` as kubectl writes it (`tfm/web-1`, `terraformmachine/web-1`, …).
+pub fn parse_target(target: &str) -> Result<(Kind, String), ToolError> {
+    let (kind, name) = target.split_once('/').ok_or_else(|| {
+        ToolError::Refused(format!(
+            "{target:?}: expected KIND/NAME, e.g. terraformmachine/web-1"
+        ))
+    })?;
+    let kind = Kind::parse(kind).ok_or_else(|| {
+        ToolError::Refused(format!("{kind:?} is not a CAPTF kind: use terraformcluster (tfc), terraformmachine (tfm) or terraformmachinepool (tfmp)"))
+    })?;
+    if name.is_empty() {
+        return Err(ToolError::Refused(format!("{target:?}: the name is empty")));
+    }
+    Ok((kind, name.to_string()))
+}
+
+/// The metadata of the object `kind`/`name` in `ns`, if it exists.
+pub(crate) async fn object_meta(
+    client: &Client,
+    ns: &str,
+    kind: Kind,
+    name: &str,
+) -> Result<Option<ObjectMeta>, ToolError> {
+    Ok(match kind {
+        Kind::TerraformCluster => Api::<TerraformCluster>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        Kind::TerraformMachine => Api::<TerraformMachine>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+        Kind::TerraformMachinePool => Api::<TerraformMachinePool>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(|o| o.metadata),
+    })
+}

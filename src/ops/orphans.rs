@@ -1,0 +1,169 @@
+//! `captf orphans`: the Secrets CAPTF wrote whose object is gone.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, ObjectMeta};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+
+use super::ToolError;
+use crate::api::names::{self, Kind, SecretRole};
+use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
+
+/// A Secret of CAPTF's whose object is gone.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct Orphan {
+    /// The object's namespace (for an abandoned copy, the namespace it came from).
+    pub namespace: String,
+    pub secret: String,
+    /// The Secret's own namespace, when it is not the object's (an abandoned copy in the
+    /// manager's namespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_namespace: Option<String>,
+    /// `state`, `state-part`, `inputs`, `backup`, `backup-part`, `errored`,
+    /// `errored-part`, `abandoned-copy` or `abandoned-copy-part`.
+    pub role: String,
+    pub kind: String,
+    /// The owner-name label: the object's name, cut and hashed when longer than 63.
+    pub name: String,
+    /// The owner's uid, when the Secret carries it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    pub abandoned_at: Option<String>,
+}
+
+/// `captf orphans`: every Secret CAPTF writes for an object (state and parts, inputs,
+/// backup and parts, errored states, and the copies an abandon made in the manager's
+/// namespace) whose object is gone. An object is found by the owner uid the Secret
+/// carries, or, for a Secret of an earlier object of the same namespace, kind and name
+/// (which the new one may adopt), by those.
+pub async fn orphans(
+    client: &Client,
+    ns: Option<&str>,
+    manager_ns: &str,
+) -> Result<Vec<Orphan>, ToolError> {
+    // The objects there are: by uid, and by namespace, kind and owner-name label value.
+    let mut uids = std::collections::BTreeSet::new();
+    let mut namesakes = std::collections::BTreeSet::new();
+    let mut note = |meta: &ObjectMeta, kind: Kind| {
+        if let Some(uid) = &meta.uid {
+            uids.insert(uid.clone());
+        }
+        namesakes.insert((
+            meta.namespace.clone().unwrap_or_default(),
+            kind,
+            crate::inputs::name_label_value(meta.name.as_deref().unwrap_or_default()),
+        ));
+    };
+    macro_rules! objects_of {
+        ($k:ty) => {{
+            let api: Api<$k> = match ns {
+                Some(n) => Api::namespaced(client.clone(), n),
+                None => Api::all(client.clone()),
+            };
+            for o in api.list_metadata(&ListParams::default()).await?.items {
+                note(&o.metadata, <$k as TerraformObject>::KIND);
+            }
+        }};
+    }
+    objects_of!(TerraformCluster);
+    objects_of!(TerraformMachine);
+    objects_of!(TerraformMachinePool);
+
+    let secrets: Api<Secret> = match ns {
+        Some(n) => Api::namespaced(client.clone(), n),
+        None => Api::all(client.clone()),
+    };
+    let mut candidates: BTreeMap<String, ObjectMeta> = BTreeMap::new();
+    let mut add = |items: Vec<kube::core::PartialObjectMeta<Secret>>| {
+        for s in items {
+            let key = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+            candidates.insert(key, s.metadata);
+        }
+    };
+    for selector in [
+        format!("{}=true", names::TF_LABEL_STATE),
+        names::LABEL_OWNER_KIND.to_string(),
+    ] {
+        add(secrets
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await?
+            .items);
+    }
+    // The copies an abandon made in the manager's namespace, of this namespace's objects.
+    // (Listing every namespace finds them already.)
+    if let Some(n) = ns.filter(|n| *n != manager_ns) {
+        let selector = format!("{}={n}", names::LABEL_SOURCE_NAMESPACE);
+        add(Api::<Secret>::namespaced(client.clone(), manager_ns)
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await?
+            .items);
+    }
+    let mut out = Vec::new();
+    for meta in candidates.values() {
+        let Some((role, kind, name)) = owner_of_secret(meta) else {
+            continue;
+        };
+        let labels = meta.labels.clone().unwrap_or_default();
+        let uid = labels.get(names::LABEL_OWNER_UID).cloned();
+        let secret_ns = meta.namespace.clone().unwrap_or_default();
+        let object_ns = labels
+            .get(names::LABEL_SOURCE_NAMESPACE)
+            .cloned()
+            .unwrap_or_else(|| secret_ns.clone());
+        let owned = uid.as_ref().is_some_and(|u| uids.contains(u))
+            || namesakes.contains(&(object_ns.clone(), kind, name.clone()));
+        if !owned {
+            out.push(Orphan {
+                secret_namespace: (secret_ns != object_ns).then_some(secret_ns),
+                namespace: object_ns,
+                secret: meta.name.clone().unwrap_or_default(),
+                role,
+                kind: kind.as_str().to_string(),
+                name,
+                uid,
+                abandoned_at: meta
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(names::ABANDONED_AT))
+                    .cloned(),
+            });
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Which object a Secret belongs to (kind and owner-name label value), and its role, from
+/// its labels and name.
+fn owner_of_secret(meta: &ObjectMeta) -> Option<(String, Kind, String)> {
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    let name = meta.name.as_deref().unwrap_or_default();
+    let parsed = names::parse_secret_name(name)?;
+    let part = parsed.part.is_some();
+    let role = match parsed.role {
+        SecretRole::Inputs => "inputs",
+        SecretRole::State if part => "state-part",
+        SecretRole::State => "state",
+        SecretRole::Backup if part => "backup-part",
+        SecretRole::Backup => "backup",
+        SecretRole::Errored if part => "errored-part",
+        SecretRole::Errored => "errored",
+        SecretRole::AbandonedState | SecretRole::AbandonedBackup if part => "abandoned-copy-part",
+        SecretRole::AbandonedState | SecretRole::AbandonedBackup | SecretRole::AbandonedInputs => {
+            "abandoned-copy"
+        }
+    };
+    if let (Some(k), Some(n)) = (
+        labels.get(names::LABEL_OWNER_KIND),
+        labels.get(names::LABEL_OWNER_NAME),
+    ) {
+        return Some((role.to_string(), Kind::parse(k)?, n.clone()));
+    }
+    let suffix = labels.get(names::TF_LABEL_SUFFIX)?;
+    let (obj, short) = suffix.rsplit_once('.')?;
+    Some((role.to_string(), Kind::parse(short)?, obj.to_string()))
+}
