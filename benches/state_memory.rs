@@ -153,7 +153,7 @@ async fn bench(n: usize, mb: usize, seconds: usize) -> Result<(), String> {
                         .into_iter()
                         .map(|(k, v)| (k, json!(v)))
                         .collect();
-                for (k, v) in names::terraform_state_labels(&suffix) {
+                for (k, v) in captf::api::labels::terraform_state_labels(&suffix) {
                     labels.insert(k, json!(v));
                 }
                 for (i, chunk) in chunks.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! The API: the three kinds, the names that are contracts, and the conditions.
 
 pub mod conditions;
+pub mod labels;
 pub mod names;
 pub mod object;
 pub mod types;

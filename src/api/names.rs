@@ -77,19 +77,6 @@ pub const TF_LABEL_SUFFIX: &str = "tfstateSecretSuffix";
 pub const TF_LABEL_WORKSPACE: &str = "tfstateWorkspace";
 pub const TF_LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 
-/// The labels Terraform's backend puts on a state Secret of `suffix`, and selects the
-/// state by (with its configured `labels` besides).
-pub fn terraform_state_labels(suffix: &str) -> std::collections::BTreeMap<String, String> {
-    [
-        (TF_LABEL_STATE, "true"),
-        (TF_LABEL_SUFFIX, suffix),
-        (TF_LABEL_WORKSPACE, TF_WORKSPACE),
-        (TF_LABEL_MANAGED_BY, "terraform"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
 /// Terraform cuts a state whose gzip exceeds this many bytes into part Secrets.
 pub const TF_CHUNK_SIZE: usize = 1_048_576;
 /// Annotation on Terraform's lock Lease with the lock's JSON.
@@ -200,6 +187,14 @@ pub fn state_suffix(kind: Kind, name: &str) -> String {
         let cut: String = name.chars().take(CUT_LEN).collect();
         format!("{cut}-{}.{short}", short_hash(name))
     }
+}
+
+/// The kind and the name part of a state suffix (what [`state_suffix`] made): the object's
+/// name, or for a long one its cut-and-hashed stand-in, which names no object by itself.
+pub fn parse_state_suffix(suffix: &str) -> Option<(Kind, &str)> {
+    let (name, short) = suffix.rsplit_once('.')?;
+    let kind = Kind::parse(short)?;
+    (kind.short_name() == short && !name.is_empty()).then_some((kind, name))
 }
 
 /// Terraform's base state Secret: `tfstate-default-<suffix>`.

@@ -18,31 +18,14 @@ use kube::Client;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{ClusterKind, Error};
+use crate::api::labels::{namesake_selector, owner_selector};
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
 use crate::gather::{self, ClusterView, Observed, Settings};
 use crate::inputs;
-use crate::io::chunked;
 use crate::job::{self, JobOutcome};
+use crate::state::secrets as chunked;
 use crate::state::{self, StateSecrets};
-
-/// The label selector of everything CAPTF made for one object.
-pub fn owner_selector(uid: &str) -> String {
-    format!("{}={uid}", names::LABEL_OWNER_UID)
-}
-
-/// The label selector of the Jobs and Pods of every object of this kind and name, this one
-/// and earlier ones (whose finalizer was stripped, the object made again): their Terraform
-/// writes the same state.
-pub fn namesake_selector(kind: Kind, name: &str) -> String {
-    format!(
-        "{}={},{}={}",
-        names::LABEL_OWNER_KIND,
-        kind.as_str(),
-        names::LABEL_OWNER_NAME,
-        inputs::name_label_value(name)
-    )
-}
 
 /// Splits the Jobs or Pods of [`namesake_selector`] into this object's and earlier ones'.
 fn split_namesakes<T: kube::Resource>(items: Vec<T>, uid: &str) -> (Vec<T>, Vec<T>) {

@@ -9,6 +9,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::api::TerraformObject;
+use crate::api::labels::labelled_owner;
 use crate::api::names;
 use crate::gather;
 
@@ -34,12 +35,8 @@ pub(super) fn owner_of<K: TerraformObject>(
     if let Some(obj) = cached_owner(store, meta) {
         return Some(ObjectRef::from_obj(obj.as_ref()));
     }
-    let labels = meta.labels.as_ref()?;
-    if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
-        return None;
-    }
-    let name = labels.get(names::LABEL_OWNER_NAME)?;
-    Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
+    let owner = labelled_owner(meta.labels.as_ref()).filter(|o| o.kind == K::KIND)?;
+    Some(ObjectRef::new(owner.name_label).within(meta.namespace.as_deref().unwrap_or_default()))
 }
 
 /// The cached object of kind `K` whose uid the owner labels of `meta` carry.
@@ -47,12 +44,9 @@ pub(super) fn cached_owner<K: TerraformObject>(
     store: &Store<K>,
     meta: &kube::api::ObjectMeta,
 ) -> Option<Arc<K>> {
-    let labels = meta.labels.as_ref()?;
-    if labels.get(names::LABEL_OWNER_KIND).map(String::as_str) != Some(K::KIND.as_str()) {
-        return None;
-    }
-    let uid = labels.get(names::LABEL_OWNER_UID)?;
-    store.find(|o| o.meta().uid.as_ref() == Some(uid))
+    let owner = labelled_owner(meta.labels.as_ref()).filter(|o| o.kind == K::KIND)?;
+    let uid = owner.uid?;
+    store.find(|o| o.meta().uid.as_deref() == Some(uid))
 }
 
 /// The object a state Secret belongs to, from Terraform's suffix label.
@@ -64,7 +58,7 @@ pub(super) fn state_owner<K: TerraformObject>(
         return Some(r);
     }
     let suffix = meta.labels.as_ref()?.get(names::TF_LABEL_SUFFIX)?;
-    let name = suffix.strip_suffix(&format!(".{}", K::KIND.short_name()))?;
+    let (_, name) = names::parse_state_suffix(suffix).filter(|(k, _)| *k == K::KIND)?;
     Some(ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default()))
 }
 

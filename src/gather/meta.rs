@@ -5,8 +5,9 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
+use crate::api::labels::labelled_owner;
+
 use crate::api::names::{self, Kind};
-use crate::inputs;
 
 pub(super) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations
@@ -84,22 +85,21 @@ pub fn owners_gone(meta: &ObjectMeta, found: impl Fn(&str, &str) -> Option<Strin
 /// Whether a Job or Pod carries the owner labels of an object of this kind and name, but
 /// another uid: an earlier object of the same name.
 pub fn of_earlier_namesake(kind: Kind, meta: &ObjectMeta, candidate: &ObjectMeta) -> bool {
-    let name = inputs::name_label_value(meta.name.as_deref().unwrap_or_default());
-    label(candidate, names::LABEL_OWNER_KIND) == Some(kind.as_str())
-        && label(candidate, names::LABEL_OWNER_NAME) == Some(name.as_str())
-        && label(candidate, names::LABEL_OWNER_UID).is_some_and(|u| Some(u) != meta.uid.as_deref())
+    labelled_owner(candidate.labels.as_ref()).is_some_and(|o| {
+        o.is_named(kind, meta.name.as_deref().unwrap_or_default())
+            && o.uid.is_some_and(|u| Some(u) != meta.uid.as_deref())
+    })
 }
 
 /// Whether a Job or Pod carries this object's owner labels: the uid when both sides have
 /// one, else kind and name.
 pub fn owned_by(kind: Kind, meta: &ObjectMeta, candidate: &ObjectMeta) -> bool {
-    let uid = label(candidate, names::LABEL_OWNER_UID);
-    match (uid, meta.uid.as_deref()) {
+    let Some(owner) = labelled_owner(candidate.labels.as_ref()) else {
+        return false;
+    };
+    match (owner.uid, meta.uid.as_deref()) {
         (Some(a), Some(b)) => a == b,
-        _ => {
-            label(candidate, names::LABEL_OWNER_KIND) == Some(kind.as_str())
-                && label(candidate, names::LABEL_OWNER_NAME) == meta.name.as_deref()
-        }
+        _ => owner.is_named(kind, meta.name.as_deref().unwrap_or_default()),
     }
 }
 

@@ -624,7 +624,7 @@ fn a_secret_terraform_would_select_with_the_state_makes_it_inconsistent() {
         &[(names::APPLIED_AT, "2026-11-30T10:00:00Z")],
     );
     let secrets = machine_state("l-1", 4, 2);
-    let selector = inputs::state_selector(Kind::TerraformMachine, "prod", "uid-1");
+    let selector = crate::api::labels::state_selector(Kind::TerraformMachine, "prod", "uid-1");
     let base = names::state_secret_name("prod.tfm");
     let copy = |labels: &BTreeMap<String, String>| Secret {
         metadata: ObjectMeta {
@@ -673,4 +673,19 @@ fn a_secret_terraform_would_select_with_the_state_makes_it_inconsistent() {
         } => assert!(message.contains(&format!("{base}-bak")), "{message}"),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_job_of_a_long_named_object_is_known_by_its_name_label_when_it_lacks_the_uid_label() {
+    let long = format!("web-{}", "x".repeat(120));
+    let mut object = meta(&[]);
+    object.name = Some(long.clone());
+    let mut labels = crate::api::labels::owner_labels(Kind::TerraformMachine, &long, "uid-1");
+    labels.remove(names::LABEL_OWNER_UID);
+    let job = ObjectMeta {
+        labels: Some(labels),
+        ..Default::default()
+    };
+    assert!(owned_by(Kind::TerraformMachine, &object, &job));
+    assert!(!owned_by(Kind::TerraformCluster, &object, &job));
 }

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::names;
-use crate::inputs;
 use crate::rules::{Blocker, StateFacts, Unreadable};
 use crate::state::lock::{self, Lock};
 use crate::state::{self, Fingerprint, StateReason, Verdict};
@@ -52,7 +51,7 @@ pub(super) fn state_of(
                 // Terraform's backend selects the state by labels: another Secret with
                 // them all is read by Terraform as part of this state, so the two would
                 // not destroy against the same state.
-                let selector = inputs::state_selector(
+                let selector = crate::api::labels::state_selector(
                     o.kind,
                     &name,
                     o.meta.uid.as_deref().unwrap_or_default(),

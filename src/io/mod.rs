@@ -1,9 +1,7 @@
-//! Talking to the API server beside the controllers' reads: the failures ([`Error`]),
-//! guarded writes ([`writes`]), and chunked Secrets ([`chunked`]: a gzip stream in a base
-//! Secret and its parts, as Terraform's kubernetes backend keeps a state), read and
-//! written the same way by the controllers and the operator's commands.
+//! Writing to the API server: the failures of a request ([`Error`]) and guarded writes
+//! ([`writes`]), shared by the controllers, the state's Secret I/O
+//! (`crate::state::secrets`) and the operator's commands.
 
-pub mod chunked;
 pub mod writes;
 
 /// Failures to talk to the API server (expected outcomes are data, not errors).

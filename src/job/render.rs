@@ -155,7 +155,7 @@ fn hcl_string(s: &str) -> String {
 /// selects the state's Secrets by these labels, so a state Secret lacking one of them
 /// reads as no state: the controller adds them before an attempt.
 pub fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
-    inputs::backend_labels(req.kind, req.name, req.uid)
+    crate::api::labels::backend_labels(req.kind, req.name, req.uid)
 }
 
 /// `backend.hcl`: the backend's namespace and suffix, set explicitly (the backend does not
@@ -199,7 +199,7 @@ fn backend_settings(
 
 /// The labels of an attempt's Job, its Pods and its Secret.
 fn attempt_labels(req: &JobRequest) -> BTreeMap<String, String> {
-    let mut labels = inputs::owner_labels(req.kind, req.name, req.uid);
+    let mut labels = crate::api::labels::owner_labels(req.kind, req.name, req.uid);
     labels.insert(
         names::LABEL_OPERATION.to_string(),
         req.operation.to_string(),
@@ -297,7 +297,7 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
         });
     }
     let job_name = names::job_name(req.suffix, req.operation, req.attempt);
-    let owner_name_label = inputs::name_label_value(req.name);
+    let owner_name_label = crate::api::labels::name_label_value(req.name);
     let values: BTreeMap<&str, String> = BTreeMap::from([
         ("name", job_name.clone()),
         ("namespace", req.namespace.to_string()),

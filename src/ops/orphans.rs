@@ -8,6 +8,7 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 
 use super::ToolError;
+use crate::api::labels::labelled_owner;
 use crate::api::names::{self, Kind, SecretRole};
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 
@@ -54,7 +55,7 @@ pub async fn orphans(
         namesakes.insert((
             meta.namespace.clone().unwrap_or_default(),
             kind,
-            crate::inputs::name_label_value(meta.name.as_deref().unwrap_or_default()),
+            crate::api::labels::name_label_value(meta.name.as_deref().unwrap_or_default()),
         ));
     };
     macro_rules! objects_of {
@@ -157,13 +158,9 @@ fn owner_of_secret(meta: &ObjectMeta) -> Option<(String, Kind, String)> {
             "abandoned-copy"
         }
     };
-    if let (Some(k), Some(n)) = (
-        labels.get(names::LABEL_OWNER_KIND),
-        labels.get(names::LABEL_OWNER_NAME),
-    ) {
-        return Some((role.to_string(), Kind::parse(k)?, n.clone()));
+    if let Some(owner) = labelled_owner(Some(labels)) {
+        return Some((role.to_string(), owner.kind, owner.name_label.to_string()));
     }
-    let suffix = labels.get(names::TF_LABEL_SUFFIX)?;
-    let (obj, short) = suffix.rsplit_once('.')?;
-    Some((role.to_string(), Kind::parse(short)?, obj.to_string()))
+    let (kind, name) = names::parse_state_suffix(labels.get(names::TF_LABEL_SUFFIX)?)?;
+    Some((role.to_string(), kind, name.to_string()))
 }

@@ -11,7 +11,7 @@ use kube::api::Api;
 
 use super::{ToolError, object_meta, parse_target};
 use crate::api::names;
-use crate::io::chunked::{self, Over};
+use crate::state::secrets::{self as chunked, Over};
 use crate::state::{self, Fingerprint, StateContent};
 
 /// The largest state file `--from-file` reads.
@@ -116,11 +116,11 @@ pub async fn restore(
     // Every label Terraform's backend selects the state by: its own, and the owner and
     // move labels the runner configures (the owner name as a valid label value, however
     // long the name; the uid when the object exists).
-    let mut labels = names::terraform_state_labels(&suffix);
+    let mut labels = crate::api::labels::terraform_state_labels(&suffix);
     match obj_meta.as_ref().and_then(|m| m.uid.clone()) {
-        Some(uid) => labels.extend(crate::inputs::backend_labels(kind, &name, &uid)),
+        Some(uid) => labels.extend(crate::api::labels::backend_labels(kind, &name, &uid)),
         None => {
-            let mut owner = crate::inputs::backend_labels(kind, &name, "");
+            let mut owner = crate::api::labels::backend_labels(kind, &name, "");
             owner.remove(names::LABEL_OWNER_UID);
             labels.extend(owner);
         }

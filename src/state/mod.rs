@@ -10,6 +10,7 @@ mod classify;
 pub mod instances;
 pub mod lock;
 mod scan;
+pub mod secrets;
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};

@@ -19,7 +19,7 @@ const FAST: Duration = Duration::from_millis(300);
 fn destroy_labels(name: &str, uid: &str) -> serde_json::Value {
     json!({
         names::LABEL_OWNER_KIND: "TerraformMachine",
-        names::LABEL_OWNER_NAME: captf::inputs::name_label_value(name),
+        names::LABEL_OWNER_NAME: captf::api::labels::name_label_value(name),
         names::LABEL_OWNER_UID: uid,
         names::LABEL_OPERATION: names::OPERATION_DESTROY,
         names::LABEL_ATTEMPT: "1",
@@ -99,7 +99,7 @@ async fn the_lock_of_an_oomkilled_runner_is_cleared_and_the_next_attempt_runs() 
     let name = "md-0-workers-5d8f7c9b4f-x2x5k-machine-template-abc1";
     assert_eq!(name.len(), 51);
     let env = Env::start("oom-lock").await;
-    let label_name = captf::inputs::name_label_value(name);
+    let label_name = captf::api::labels::name_label_value(name);
     env.kubelet_fault(
         "oom",
         &[

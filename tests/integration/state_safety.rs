@@ -70,7 +70,7 @@ fn fingerprint(content: StateContent) -> Option<(String, u64)> {
 }
 
 async fn read_set(api: &Api<Secret>, base: &str) -> Option<(String, u64)> {
-    let secrets = captf::io::chunked::read(api, base, None)
+    let secrets = captf::state::secrets::read(api, base, None)
         .await
         .expect("read");
     fingerprint(state::read(&secrets, state::DEFAULT_DECOMPRESSION_CAP))

@@ -22,9 +22,9 @@ use crate::api::names;
 use crate::controller::events::{self, publish, publish_ref};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Findings, Observed};
-use crate::io::chunked;
 use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::state;
+use crate::state::secrets as chunked;
 
 /// SPEC section 7: releases without a destroy, keeping the Secrets.
 pub async fn abandon<K: TerraformObject>(

@@ -2,7 +2,7 @@
 //! Secrets of its own (`tfstate-backup-<suffix>` and parts) under the protection
 //! finalizer, so that what a destroy starts from survives whatever happens to the state.
 //!
-//! Write order: as every chunked Secret set ([`crate::io::chunked::write`]): the parts
+//! Write order: as every chunked Secret set ([`crate::state::secrets::write`]): the parts
 //! first, the base last (the base names the lineage and serial its parts hold, so a base
 //! present means the backup is whole); then the parts an earlier, larger backup had,
 //! their protection off before the delete. Every member carries the protection finalizer.
@@ -16,8 +16,8 @@ use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::{Context, Error, Scope};
 use crate::gather::Findings;
-use crate::io::chunked::{self, Over};
 use crate::state::StateSecrets;
+use crate::state::secrets::{self as chunked, Over};
 
 /// The lineage and serial of the state this pass read, when it is readable.
 pub fn readable_fingerprint(findings: &Findings) -> Option<(&str, u64)> {

@@ -18,13 +18,12 @@ use super::{delete_jobs, delete_lock_if_free, release};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::events::{self, publish};
-use crate::controller::observe;
 use crate::controller::status::write_status;
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Observed};
-use crate::io::chunked;
 use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::rules::Decision;
+use crate::state::secrets as chunked;
 
 /// Cleans up and releases, in the order the file's head states.
 pub async fn cleanup<K: TerraformObject>(
@@ -150,7 +149,7 @@ async fn delete_secrets(
     if !uid.is_empty() && !found.is_empty() {
         let lp = ListParams::default().labels(&format!(
             "{},!{}",
-            observe::owner_selector(uid),
+            crate::api::labels::owner_selector(uid),
             names::LABEL_ERRORED_STATE
         ));
         if let Some(deleted) = secrets

@@ -18,9 +18,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use tracing::debug;
 
-use super::observe::owner_selector;
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
+use crate::api::labels::owner_selector;
 use crate::api::names;
 use crate::gather::Observed;
 use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
@@ -45,7 +45,7 @@ pub async fn release<K: TerraformObject>(
 
 /// The owner labels, as every Secret and Job of the object carries them.
 pub fn owner_labels<K: TerraformObject>(scope: &Scope<K>) -> BTreeMap<String, String> {
-    crate::inputs::owner_labels(K::KIND, &scope.name, &scope.uid)
+    crate::api::labels::owner_labels(K::KIND, &scope.name, &scope.uid)
 }
 
 /// Deletes the object's Jobs (their Pods go with them) and Pods left without a Job.

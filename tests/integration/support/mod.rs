@@ -20,11 +20,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use captf::api::labels::OwnerRef;
 use captf::api::names::{self, Kind};
 use captf::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 use captf::controller::ManagerConfig;
 use captf::gather::Settings;
-use captf::inputs::{self, Backend, Inputs, Module, OwnerRef, Runner};
+use captf::inputs::{self, Backend, Inputs, Module, Runner};
 use captf::rules::Backoff;
 use captf::state::{self, StateContent};
 use captf_faultproxy::FaultProxy;
@@ -805,7 +806,7 @@ impl Env {
 
     pub async fn read_state(&self, kind: Kind, name: &str) -> StateContent {
         let suffix = names::state_suffix(kind, name);
-        let secrets = captf::io::chunked::read(
+        let secrets = captf::state::secrets::read(
             &self.secrets(),
             &names::state_secret_name(&suffix),
             Some(&suffix),
@@ -938,7 +939,7 @@ impl Env {
 /// The labels the apply path (and the destroy Job) give Terraform's backend: the owner
 /// labels and clusterctl's move label.
 pub fn backend_labels(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, String> {
-    let mut labels: BTreeMap<String, String> = inputs::owner_labels(kind, name, uid);
+    let mut labels: BTreeMap<String, String> = captf::api::labels::owner_labels(kind, name, uid);
     labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
     labels
 }

@@ -1,4 +1,4 @@
-//! Chunked Secrets: a gzip stream split into a base Secret and part Secrets
+//! The state's Secret I/O. Chunked Secrets: a gzip stream split into a base Secret and part Secrets
 //! (`<base>-part-N`), each holding at most Terraform's chunk size (1 MiB) under
 //! [`names::TF_STATE_KEY`], as Terraform's kubernetes backend keeps a state. The state,
 //! its backup, an errored state and the abandoned copies are such sets; this is the one
@@ -15,10 +15,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::core::PartialObjectMeta;
 
-use super::Error;
-use super::writes::{self, guarded_patch, remove_finalizer_ops};
+use super::StateSecrets;
 use crate::api::names;
-use crate::state::{self, StateSecrets};
+use crate::io::Error;
+use crate::io::writes::{self, guarded_patch, remove_finalizer_ops};
 
 /// Reads a chunked Secret set and its parts. With Terraform's suffix label (a state),
 /// every Secret with the label is listed at once and the base read by name only when the
@@ -161,7 +161,7 @@ pub async fn write(
     over: Over,
     build: impl Fn(&str, u32, &[u8]) -> Secret,
 ) -> Result<usize, Error> {
-    let chunks = state::chunk(gzip);
+    let chunks = super::chunk(gzip);
     for (i, chunk) in chunks.iter().enumerate().skip(1).rev() {
         let name = names::part_secret_name(base, i as u32);
         put(secrets, &build(&name, i as u32, chunk), over).await?;

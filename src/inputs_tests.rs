@@ -1,0 +1,396 @@
+use super::*;
+use crate::api::labels::name_label_value;
+use crate::api::names::Kind;
+use crate::api::types::{ModuleSpec, RunnerSpec, SecretKeyRef, VariablesFrom};
+use serde_json::json;
+
+const NS: &str = "team-a";
+const SUFFIX: &str = "web-1.tfm";
+
+fn example() -> Value {
+    json!({
+      "version": 1,
+      "runner": { "image": "hashicorp/terraform:1.11.4" },
+      "module": { "source": "git::https://example.com/infra.git//vm?ref=v1.4.0" },
+      "variables": { "name": "web-1", "replicas": 3 },
+      "env": [ { "name": "AWS_ACCESS_KEY_ID", "secretKeyRef": { "name": "aws-creds", "key": "id" } } ],
+      "backend": { "namespace": "team-a", "secretSuffix": "web-1.tfm" },
+      "timeoutSeconds": 3600,
+      "lockFile": "# optional: the .terraform.lock.hcl the apply used"
+    })
+}
+
+fn parse_value(v: &Value) -> Result<Inputs, InputsError> {
+    parse(&serde_json::to_vec(v).unwrap(), NS, SUFFIX)
+}
+
+#[test]
+fn the_spec_example_parses() {
+    let i = parse_value(&example()).unwrap();
+    assert_eq!(i.version, 1);
+    assert_eq!(i.runner.image, "hashicorp/terraform:1.11.4");
+    assert_eq!(
+        i.module,
+        Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into())
+    );
+    assert_eq!(i.variables["replicas"], json!(3));
+    assert_eq!(
+        i.env[0].secret_key_ref,
+        SecretKeyRef {
+            name: "aws-creds".into(),
+            key: "id".into()
+        }
+    );
+    assert_eq!(
+        i.backend,
+        Backend {
+            namespace: NS.into(),
+            secret_suffix: SUFFIX.into()
+        }
+    );
+    assert_eq!(i.timeout_seconds, Some(3600));
+    assert!(i.lock_file.is_some());
+    // What it serializes back to parses to the same inputs.
+    assert_eq!(parse(&i.to_json_bytes(), NS, SUFFIX).unwrap(), i);
+}
+
+#[test]
+fn optional_fields_may_be_absent_and_unknown_fields_are_ignored() {
+    let mut v = example();
+    let o = v.as_object_mut().unwrap();
+    for k in ["variables", "env", "timeoutSeconds", "lockFile"] {
+        o.remove(k);
+    }
+    o.insert("futureField".into(), json!({"x": 1}));
+    o["runner"]["pullPolicy"] = json!("Always");
+    o["module"]["checksum"] = json!("abc");
+    let i = parse_value(&v).unwrap();
+    assert!(i.variables.is_empty() && i.env.is_empty());
+    assert_eq!(i.timeout_seconds, None);
+    assert_eq!(i.timeout_or_default(), 3600);
+}
+
+fn unusable(v: Value) -> String {
+    parse_value(&v).unwrap_err().to_string()
+}
+
+#[test]
+fn another_version_is_unusable() {
+    let mut v = example();
+    v["version"] = json!(2);
+    let msg = unusable(v);
+    assert!(msg.contains("unsupported version 2"), "{msg}");
+    assert!(msg.contains("captf-inputs-web-1.tfm"), "{msg}");
+    let mut v = example();
+    v["version"] = json!("1");
+    assert!(unusable(v).contains("unsupported version \"1\""));
+    let mut v = example();
+    v.as_object_mut().unwrap().remove("version");
+    assert!(unusable(v).contains("missing required field `version`"));
+}
+
+#[test]
+fn a_missing_required_field_is_unusable() {
+    for field in ["runner", "module", "backend"] {
+        let mut v = example();
+        v.as_object_mut().unwrap().remove(field);
+        let msg = unusable(v);
+        assert!(
+            msg.contains(&format!("missing required field `{field}`")),
+            "{msg}"
+        );
+        assert!(msg.contains("team-a/captf-inputs-web-1.tfm"), "{msg}");
+    }
+}
+
+#[test]
+fn a_foreign_backend_is_unusable() {
+    let mut v = example();
+    v["backend"]["namespace"] = json!("team-b");
+    let msg = unusable(v);
+    assert!(
+        msg.contains("\"team-b\"") && msg.contains("instead of the object's own \"team-a\""),
+        "{msg}"
+    );
+    let mut v = example();
+    v["backend"]["secretSuffix"] = json!("web-2.tfm");
+    let msg = unusable(v);
+    assert!(
+        msg.contains("\"web-2.tfm\"") && msg.contains("\"web-1.tfm\""),
+        "{msg}"
+    );
+    let mut v = example();
+    v["backend"] = json!({ "namespace": "team-a" });
+    let msg = unusable(v);
+    assert!(
+        msg.contains("field `backend`") && msg.contains("secretSuffix"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_module_needs_exactly_one_of_source_and_files() {
+    let mut v = example();
+    v["module"]["files"] = json!({"main.tf": ""});
+    assert!(unusable(v).contains("both `source` and `files`"));
+    let mut v = example();
+    v["module"] = json!({});
+    assert!(unusable(v).contains("neither `source` nor `files`"));
+    let mut v = example();
+    v["module"] = json!({"source": ""});
+    assert!(unusable(v).contains("`module.source` is empty"));
+}
+
+#[test]
+fn too_large_and_not_json_are_unusable() {
+    let big = vec![b' '; INPUTS_MAX_BYTES + 1];
+    let msg = parse(&big, NS, SUFFIX).unwrap_err().to_string();
+    assert!(msg.contains("larger than the limit"), "{msg}");
+    let msg = parse(b"{not json", NS, SUFFIX).unwrap_err().to_string();
+    assert!(msg.contains("not JSON"), "{msg}");
+    let msg = parse(b"[1]", NS, SUFFIX).unwrap_err().to_string();
+    assert!(msg.contains("not a JSON object"), "{msg}");
+    let mut v = example();
+    v["variables"] = json!([1, 2]);
+    assert!(unusable(v).contains("field `variables` is invalid"));
+}
+
+#[test]
+fn bad_module_file_names_are_unusable() {
+    for (name, why) in [
+        ("", "empty"),
+        ("/etc/passwd", "absolute"),
+        ("../x.tf", "`..`"),
+        ("a/../../x.tf", "`..`"),
+        ("a//b.tf", "empty or `.`"),
+        ("./a.tf", "empty or `.`"),
+    ] {
+        let mut v = example();
+        v["module"] = json!({ "files": { name: "x" } });
+        let msg = unusable(v);
+        assert!(
+            msg.contains("module file name") && msg.contains(why),
+            "{name}: {msg}"
+        );
+    }
+    let mut v = example();
+    v["module"] = json!({ "files": { "main.tf": "", "sub/vars.tf": "", "a..b.tf": "" } });
+    assert!(parse_value(&v).is_ok());
+}
+
+#[test]
+fn from_secret_reads_the_inputs_key() {
+    let i = parse_value(&example()).unwrap();
+    let owner = OwnerRef {
+        kind: Kind::TerraformMachine,
+        name: "web-1",
+        uid: "u-1",
+        namespace: NS,
+        suffix: SUFFIX,
+    };
+    let s = inputs_secret(&i, &owner);
+    assert_eq!(from_secret(&s, NS, SUFFIX).unwrap(), i);
+    let empty = Secret::default();
+    assert!(
+        from_secret(&empty, NS, SUFFIX)
+            .unwrap_err()
+            .to_string()
+            .contains("`inputs.json` is missing")
+    );
+}
+
+#[test]
+fn the_inputs_secret_carries_finalizer_move_and_owner_labels_and_no_owner_reference() {
+    let i = parse_value(&example()).unwrap();
+    let owner = OwnerRef {
+        kind: Kind::TerraformMachine,
+        name: "web-1",
+        uid: "u-1",
+        namespace: NS,
+        suffix: SUFFIX,
+    };
+    let s = inputs_secret(&i, &owner);
+    assert_eq!(s.metadata.name.as_deref(), Some("captf-inputs-web-1.tfm"));
+    assert_eq!(s.metadata.namespace.as_deref(), Some(NS));
+    assert_eq!(
+        s.metadata.finalizers,
+        Some(vec![names::PROTECT_FINALIZER.to_string()])
+    );
+    assert!(s.metadata.owner_references.is_none());
+    let labels = s.metadata.labels.unwrap();
+    assert_eq!(labels[names::CLUSTERCTL_MOVE_LABEL], "");
+    assert_eq!(labels[names::LABEL_OWNER_KIND], "TerraformMachine");
+    assert_eq!(labels[names::LABEL_OWNER_NAME], "web-1");
+    assert_eq!(labels[names::LABEL_OWNER_UID], "u-1");
+}
+
+fn spec() -> TerraformSpec {
+    TerraformSpec {
+        module: ModuleSpec {
+            source: None,
+            files: Some(BTreeMap::from([("main.tf".into(), "# main".into())])),
+        },
+        variables: Some(
+            json!({"b": "spec", "d": "spec"})
+                .as_object()
+                .unwrap()
+                .clone(),
+        ),
+        variables_from: vec![
+            VariablesFrom {
+                kind: VariablesSourceKind::ConfigMap,
+                name: "base".into(),
+                key: "vars.json".into(),
+            },
+            VariablesFrom {
+                kind: VariablesSourceKind::Secret,
+                name: "secret-vars".into(),
+                key: "v".into(),
+            },
+        ],
+        env: vec![EnvFromSecret {
+            name: "TOKEN".into(),
+            secret_key_ref: SecretKeyRef {
+                name: "creds".into(),
+                key: "token".into(),
+            },
+        }],
+        runner: RunnerSpec {
+            image: "example/terraform:1".into(),
+            timeout_seconds: 120,
+        },
+        lock_file: Some("# lock".into()),
+    }
+}
+
+fn lookup(kind: VariablesSourceKind, name: &str, key: &str) -> Option<Vec<u8>> {
+    match (kind, name, key) {
+        (VariablesSourceKind::ConfigMap, "base", "vars.json") => {
+            Some(br#"{"a":"cm","b":"cm","c":"cm"}"#.to_vec())
+        }
+        (VariablesSourceKind::Secret, "secret-vars", "v") => {
+            Some(br#"{"c":"secret","d":"secret"}"#.to_vec())
+        }
+        (VariablesSourceKind::ConfigMap, "list", "v") => Some(b"[1]".to_vec()),
+        _ => None,
+    }
+}
+
+#[test]
+fn build_from_spec_merges_variables_from_in_order_then_variables() {
+    let i = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
+    assert_eq!(
+        Value::Object(i.variables.clone()),
+        json!({"a": "cm", "b": "spec", "c": "secret", "d": "spec"})
+    );
+    assert_eq!(i.runner.image, "example/terraform:1");
+    assert_eq!(i.timeout_seconds, Some(120));
+    assert_eq!(i.lock_file.as_deref(), Some("# lock"));
+    assert_eq!(i.env, spec().env);
+    assert_eq!(
+        i.backend,
+        Backend {
+            namespace: NS.into(),
+            secret_suffix: SUFFIX.into()
+        }
+    );
+    assert_eq!(
+        i.module,
+        Module::Files(BTreeMap::from([("main.tf".into(), "# main".into())]))
+    );
+    // And what it builds is usable as parsed inputs.
+    assert_eq!(parse(&i.to_json_bytes(), NS, SUFFIX).unwrap(), i);
+}
+
+#[test]
+fn build_from_spec_names_a_missing_source_or_a_non_object_value() {
+    let mut s = spec();
+    s.variables_from[1].key = "other".into();
+    let msg = build_from_spec(&s, NS, SUFFIX, &lookup)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("Secret") && msg.contains("\"secret-vars\"") && msg.contains("\"other\""),
+        "{msg}"
+    );
+    let mut s = spec();
+    s.variables_from[0].name = "gone".into();
+    let msg = build_from_spec(&s, NS, SUFFIX, &lookup)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("ConfigMap") && msg.contains("\"gone\"") && msg.contains("does not exist"),
+        "{msg}"
+    );
+    let mut s = spec();
+    s.variables_from[0] = VariablesFrom {
+        kind: VariablesSourceKind::ConfigMap,
+        name: "list".into(),
+        key: "v".into(),
+    };
+    let msg = build_from_spec(&s, NS, SUFFIX, &lookup)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("not a JSON object") && msg.contains("an array"),
+        "{msg}"
+    );
+    let mut s = spec();
+    s.module.source = Some("x".into());
+    assert!(matches!(
+        build_from_spec(&s, NS, SUFFIX, &lookup),
+        Err(InputsError::ModuleBoth { .. })
+    ));
+}
+
+#[test]
+fn the_rebuilt_hash_matches_what_the_inputs_secret_holds_and_a_changed_variable_does_not() {
+    let i = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
+    let owner = OwnerRef {
+        kind: Kind::TerraformCluster,
+        name: "c",
+        uid: "u",
+        namespace: NS,
+        suffix: SUFFIX,
+    };
+    let written = inputs_secret(&i, &owner);
+    let recorded = Inputs::sha256_hex(&written.data.unwrap()[names::INPUTS_KEY].0);
+    let rebuilt = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
+    assert!(rebuilt_matches(&rebuilt, Some(&recorded)));
+    assert!(rebuilt_matches(&rebuilt, None));
+    let mut changed = spec();
+    changed
+        .variables
+        .as_mut()
+        .unwrap()
+        .insert("region".into(), json!("eu-west-1"));
+    let changed = build_from_spec(&changed, NS, SUFFIX, &lookup).unwrap();
+    assert!(!rebuilt_matches(&changed, Some(&recorded)));
+    assert_eq!(recorded.len(), 64);
+}
+
+#[test]
+fn canonical_bytes_sort_map_keys_whatever_the_insertion_order() {
+    let mut a = parse_value(&example()).unwrap();
+    let mut b = a.clone();
+    a.variables = Map::new();
+    b.variables = Map::new();
+    for k in ["z", "a", "m"] {
+        a.variables.insert(k.into(), json!({"y": 1, "b": 2}));
+    }
+    for k in ["m", "a", "z"] {
+        b.variables.insert(k.into(), json!({"b": 2, "y": 1}));
+    }
+    assert_eq!(a.to_json_bytes(), b.to_json_bytes());
+    let text = String::from_utf8(a.to_json_bytes()).unwrap();
+    assert!(text.find("\"a\"").unwrap() < text.find("\"m\"").unwrap());
+    assert!(text.find("\"m\"").unwrap() < text.find("\"z\"").unwrap());
+}
+
+#[test]
+fn long_owner_names_give_valid_label_values() {
+    let long = "n".repeat(200);
+    let v = name_label_value(&long);
+    assert!(v.len() <= 63, "{v}");
+    assert_eq!(name_label_value("web-1"), "web-1");
+}
