@@ -7,14 +7,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
 
-use crate::api::names;
-use crate::api::object::AnyObject;
 use crate::explain::{self, inventory::Inventory, load};
 use crate::gather::Settings;
 use crate::rules::Backoff;
-use crate::state::{self, Fingerprint, StateSecrets};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -408,64 +404,8 @@ fn run_explain(args: &ExplainArgs) -> Result<(), Misuse> {
 }
 
 fn run_inspect(args: &InspectArgs) -> Result<(), Misuse> {
-    let mut secrets: Vec<(String, Secret)> = Vec::new();
-    for loaded in load::load_paths(&args.secret_files)? {
-        let kind = loaded.value["kind"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let name = loaded.value["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if kind != "Secret" {
-            return Err(Misuse(format!(
-                "{}: {kind} {name} is not a Secret; --secret-file takes the state Secret and its part Secrets",
-                loaded.source
-            )));
-        }
-        let secret: Secret = serde_json::from_value(loaded.value).map_err(|e| {
-            Misuse(format!(
-                "{}: Secret {name} is not a valid Secret: {e}",
-                loaded.source
-            ))
-        })?;
-        secrets.push((loaded.source, secret));
-    }
-    let object = match &args.object {
-        Some(path) => Some(load_object(path)?),
-        None => None,
-    };
-    let base_name = match &object {
-        Some(o) => names::state_secret_name(&names::state_suffix(
-            o.kind(),
-            o.meta().name.as_deref().unwrap_or_default(),
-        )),
-        None => base_of(&secrets)?,
-    };
-    let annotations = object
-        .as_ref()
-        .and_then(|o| o.meta().annotations.clone())
-        .unwrap_or_default();
-    let recorded = Fingerprint::from_annotations(&annotations).map_err(|e| {
-        Misuse(format!(
-            "{}: {e}",
-            args.object
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        ))
-    })?;
-    let interrupted = annotations.contains_key(names::APPLY_INTERRUPTED);
-    let only: Vec<Secret> = secrets.into_iter().map(|(_, s)| s).collect();
-    let (content, stale_parts) = state::read_noting(
-        &StateSecrets::from_secrets(&base_name, &only),
-        state::DEFAULT_DECOMPRESSION_CAP,
-    );
-    let mut verdict = state::classify_named(&base_name, &content, recorded.as_ref(), interrupted);
-    if let Some(note) = stale_parts.filter(|_| verdict.readable) {
-        verdict.message = format!("{}; {note}", verdict.message);
-    }
+    let verdict = crate::ops::inspect::inspect(&args.secret_files, args.object.as_deref())
+        .map_err(|e| Misuse(e.to_string()))?;
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&verdict)?),
         Output::Text => {
@@ -481,108 +421,6 @@ fn run_inspect(args: &InspectArgs) -> Result<(), Misuse> {
     Ok(())
 }
 
-/// The one state the given Secrets belong to: every name is the base or `<base>-part-N`.
-fn base_of(secrets: &[(String, Secret)]) -> Result<String, Misuse> {
-    let mut bases: Vec<String> = Vec::new();
-    for (source, s) in secrets {
-        let name = s.metadata.name.clone().unwrap_or_default();
-        let is_state = name.starts_with("tfstate-")
-            || s.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(names::TF_LABEL_STATE));
-        let is_backup = name.starts_with("captf-backup-");
-        if !is_state && !is_backup {
-            return Err(Misuse(format!(
-                "{source}: Secret {name} is not a Terraform state Secret (no tfstate label, and its name does not start with tfstate-); give the state Secret tfstate-default-<suffix> and its parts"
-            )));
-        }
-        let base = match name.rsplit_once("-part-") {
-            Some((b, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => b.to_string(),
-            _ => name,
-        };
-        if !bases.contains(&base) {
-            bases.push(base);
-        }
-    }
-    match bases.as_slice() {
-        [one] => Ok(one.clone()),
-        [] => Err(Misuse("no Secret given".into())),
-        many => Err(Misuse(format!(
-            "the Secrets belong to {} different states ({}); give the Secrets of one state, or --object to pick one",
-            many.len(),
-            many.join(", ")
-        ))),
-    }
-}
-
-/// Reads exactly one CAPTF object from a file.
-fn load_object(path: &std::path::Path) -> Result<AnyObject, Misuse> {
-    let loaded = load::load_file(path)?;
-    let inv = Inventory::from_loaded(loaded)?;
-    let mut objects = inv.objects.into_iter();
-    match (objects.next(), objects.next()) {
-        (Some((_, o)), None) => Ok(o),
-        (None, _) => Err(Misuse(format!(
-            "{}: no TerraformCluster, TerraformMachine or TerraformMachinePool in this file",
-            path.display()
-        ))),
-        (Some(_), Some(_)) => Err(Misuse(format!(
-            "{}: more than one CAPTF object; --object takes one",
-            path.display()
-        ))),
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(
-            parse_duration("30s"),
-            Ok(std::time::Duration::from_secs(30))
-        );
-        assert_eq!(
-            parse_duration("30m"),
-            Ok(std::time::Duration::from_secs(1800))
-        );
-        assert_eq!(
-            parse_duration("250ms"),
-            Ok(std::time::Duration::from_millis(250))
-        );
-        assert_eq!(parse_duration("7"), Ok(std::time::Duration::from_secs(7)));
-        assert!(parse_duration("x").is_err());
-        assert!(parse_duration("5d").is_err());
-    }
-
-    #[test]
-    fn a_restore_takes_exactly_one_source_and_says_which_there_are() {
-        use clap::Parser;
-        let parse = |extra: &[&str]| {
-            let mut args = vec!["captf", "state", "restore", "tfm/web-1"];
-            args.extend_from_slice(extra);
-            Cli::try_parse_from(args)
-        };
-        let none = parse(&[]).expect_err("no source").to_string();
-        assert!(
-            none.contains("--from-backup|--from-file <FROM_FILE>|--from-errored <SECRET>"),
-            "{none}"
-        );
-        let two = parse(&["--from-backup", "--from-errored", "x"])
-            .expect_err("two sources")
-            .to_string();
-        assert!(two.contains("cannot be used with"), "{two}");
-        for one in [
-            &["--from-backup"][..],
-            &["--from-file", "state.json"],
-            &[
-                "--from-errored",
-                "tfstate-default-errored-1-ab1cd.web-1.tfm",
-            ],
-        ] {
-            assert!(parse(one).is_ok(), "{one:?}");
-        }
-    }
-}
+#[path = "cli_tests.rs"]
+mod tests;

@@ -1,7 +1,8 @@
-//! The operator's commands that talk to the cluster: `captf state restore`
-//! ([`restore`]) and `captf orphans` ([`orphans`]). They use the same names, chunked
+//! The operator's commands: `captf state restore` ([`restore`]), `captf orphans`
+//! ([`orphans`]) and, offline, `captf state inspect` ([`inspect`]). They use the same names, chunked
 //! Secrets and state reading as the controllers.
 
+pub mod inspect;
 pub mod orphans;
 pub mod restore;
 
