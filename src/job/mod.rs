@@ -1,6 +1,8 @@
 //! The runner Job: rendering one attempt's Job from the durable inputs and the templates,
 //! the runner's RBAC, and reading what became of a Job.
 
+mod backend;
+pub mod env;
 pub mod outcome;
 pub mod rbac;
 pub mod render;
@@ -13,12 +15,14 @@ mod runner_tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+pub use backend::secret_labels;
+pub use env::{RESERVED_ENV, env_refusal};
 pub use outcome::{
     JobOutcome, RUNNER_NEVER_STARTED, attempt_of, error_summary, failure_message, failure_text,
     finished_at, operation_of, outcome, pod_of_job, reason_text, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
-pub use render::{attempt_secret, render, secret_labels};
+pub use render::{attempt_secret, render};
 pub use template::Templates;
 
 use crate::api::names::Kind;

@@ -27,12 +27,13 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, PodSecurityContext,
-    ProjectedVolumeSource, SeccompProfile, Secret, SecretKeySelector, SecretProjection,
-    SecurityContext, Volume, VolumeMount, VolumeProjection,
+    KeyToPath, ObjectFieldSelector, PodSecurityContext, ProjectedVolumeSource, SeccompProfile,
+    Secret, SecretProjection, SecurityContext, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::backend::{backend_hcl, errored_backend_hcl};
+use super::env::env;
 use super::template::{Templates, substitute};
 use super::{JobRequest, RenderError};
 use crate::api::names;
@@ -66,57 +67,6 @@ pub const FILE_LOCK: &str = "terraform.lock.hcl";
 pub const FILE_MODULE_SOURCE: &str = "module-source";
 pub const DIR_MODULE: &str = "module";
 
-/// Environment variables the runner's container gets from code; an inputs `env` entry or a
-/// template env var of one of these names is dropped.
-pub const RESERVED_ENV: &[&str] = &[
-    "HOME",
-    "TF_DATA_DIR",
-    "TMPDIR",
-    "TF_IN_AUTOMATION",
-    "TF_INPUT",
-    "CAPTF_RENDER_DIR",
-    "CAPTF_WORKSPACE",
-    "CAPTF_NAMESPACE",
-    "CAPTF_SUFFIX",
-    "CAPTF_OPERATION",
-    "CAPTF_ERRORED_SUFFIX_BEFORE_TAG",
-    "CAPTF_ERRORED_SUFFIX_AFTER_TAG",
-    "CAPTF_JOB_NAME",
-    "CHECKPOINT_DISABLE",
-];
-
-/// Why an environment variable of this name may not come from the inputs or a template:
-/// it would change what Terraform or the runner does (`TF_WORKSPACE`, `TF_CLI_ARGS_*`,
-/// `KUBE_CONFIG_PATH` for the backend, a `TF_VAR_` that overrides a recorded variable).
-/// Credentials are fine, and so are `TF_TOKEN_*` (registry tokens) and a `TF_VAR_` of a
-/// variable the inputs do not set (a Terraform variable fed from a Secret).
-pub fn env_refusal(
-    name: &str,
-    variables: &serde_json::Map<String, serde_json::Value>,
-) -> Option<&'static str> {
-    if RESERVED_ENV.contains(&name) {
-        return Some("the runner sets it");
-    }
-    if name.starts_with("TF_TOKEN_") {
-        return None;
-    }
-    if let Some(var) = name.strip_prefix("TF_VAR_") {
-        return variables
-            .contains_key(var)
-            .then_some("it would override a variable the inputs record");
-    }
-    if name.starts_with("TF_") {
-        return Some("TF_* variables change what Terraform does");
-    }
-    if name.starts_with("KUBE_") {
-        return Some("KUBE_* variables change Terraform's kubernetes backend");
-    }
-    if name.starts_with("CAPTF_") {
-        return Some("CAPTF_* variables are the runner's");
-    }
-    None
-}
-
 /// Labels the Job controller owns on the Pod template; a template must not set them.
 const JOB_CONTROLLER_LABELS: &[&str] = &[
     "job-name",
@@ -140,61 +90,6 @@ pub(crate) fn parse_job(text: &str) -> Result<Job, RenderError> {
         message: e.to_string(),
     })?;
     Ok(job)
-}
-
-/// Quotes a string for HCL (JSON escaping, plus HCL's template sequences).
-fn hcl_string(s: &str) -> String {
-    serde_json::to_string(s)
-        .expect("a string serializes")
-        .replace("${", "$${")
-        .replace("%{", "%%{")
-}
-
-/// The labels the runner's backend puts on the state Secrets and on an errored state's:
-/// the owner labels and the move label. Terraform's backend also
-/// selects the state's Secrets by these labels, so a state Secret lacking one of them
-/// reads as no state: the controller adds them before an attempt.
-pub fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
-    crate::api::labels::backend_labels(req.kind, req.name, req.uid)
-}
-
-/// `backend.hcl`: the backend's namespace and suffix, set explicitly (the backend does not
-/// default to the Pod's namespace), and its `labels`. The runner appends
-/// `in_cluster_config = true` unless it runs with a kubeconfig.
-fn backend_hcl(req: &JobRequest) -> String {
-    backend_settings(
-        req,
-        Some(&req.inputs.backend.secret_suffix),
-        secret_labels(req),
-    )
-}
-
-/// `errored-backend.hcl`: the namespace and labels of [`backend_hcl`] and the errored-state
-/// label (cleanup never deletes a Secret with it), for the state the runner pushes an
-/// `errored.tfstate` into; the runner appends its `secret_suffix` (see
-/// [`names::errored_suffix_around_tag`]).
-fn errored_backend_hcl(req: &JobRequest) -> String {
-    let mut labels = secret_labels(req);
-    labels.insert(names::LABEL_ERRORED_STATE.to_string(), "true".to_string());
-    backend_settings(req, None, labels)
-}
-
-fn backend_settings(
-    req: &JobRequest,
-    suffix: Option<&str>,
-    labels: BTreeMap<String, String>,
-) -> String {
-    let b = &req.inputs.backend;
-    let mut out = format!("namespace     = {}\n", hcl_string(&b.namespace));
-    if let Some(suffix) = suffix {
-        out.push_str(&format!("secret_suffix = {}\n", hcl_string(suffix)));
-    }
-    out.push_str("labels = {\n");
-    for (k, v) in labels {
-        out.push_str(&format!("  {} = {}\n", hcl_string(&k), hcl_string(&v)));
-    }
-    out.push_str("}\n");
-    out
 }
 
 /// The labels of an attempt's Job, its Pods and its Secret.
@@ -536,68 +431,4 @@ fn runtime_default() -> SeccompProfile {
         type_: "RuntimeDefault".to_string(),
         localhost_profile: None,
     }
-}
-
-/// The container's env: the template's own (proxies, …), the credentials from the inputs
-/// (by Secret name and key), then the runner's settings. Reserved names come from code only.
-fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>, RenderError> {
-    let variables = &req.inputs.variables;
-    if let Some((name, why)) = req
-        .inputs
-        .env
-        .iter()
-        .find_map(|e| env_refusal(&e.name, variables).map(|why| (e.name.clone(), why)))
-    {
-        return Err(RenderError::ForbiddenEnv { name, why });
-    }
-    let from_inputs: Vec<&str> = req.inputs.env.iter().map(|e| e.name.as_str()).collect();
-    let mut out: Vec<EnvVar> = template
-        .into_iter()
-        .filter(|e| {
-            env_refusal(&e.name, variables).is_none() && !from_inputs.contains(&e.name.as_str())
-        })
-        .collect();
-    for e in &req.inputs.env {
-        if out.iter().any(|o| o.name == e.name) {
-            continue;
-        }
-        out.push(EnvVar {
-            name: e.name.clone(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: e.secret_key_ref.name.clone(),
-                    key: e.secret_key_ref.key.clone(),
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-        });
-    }
-    let plain = |name: &str, value: String| EnvVar {
-        name: name.to_string(),
-        value: Some(value),
-        value_from: None,
-    };
-    let (errored_before, errored_after) = names::errored_suffix_around_tag(req.suffix, req.attempt);
-    out.extend([
-        plain("HOME", format!("{WORKSPACE_DIR}/home")),
-        plain("TF_DATA_DIR", format!("{WORKSPACE_DIR}/.terraform-data")),
-        plain("TMPDIR", format!("{WORKSPACE_DIR}/tmp")),
-        plain("TF_IN_AUTOMATION", "1".to_string()),
-        plain("TF_INPUT", "0".to_string()),
-        plain("CAPTF_RENDER_DIR", RENDER_DIR.to_string()),
-        plain("CAPTF_WORKSPACE", WORKSPACE_DIR.to_string()),
-        plain("CAPTF_NAMESPACE", req.namespace.to_string()),
-        plain("CAPTF_SUFFIX", req.suffix.to_string()),
-        plain("CAPTF_OPERATION", req.operation.to_string()),
-        plain("CAPTF_ERRORED_SUFFIX_BEFORE_TAG", errored_before),
-        plain("CAPTF_ERRORED_SUFFIX_AFTER_TAG", errored_after),
-        plain(
-            "CAPTF_JOB_NAME",
-            names::job_name(req.suffix, req.operation, req.attempt),
-        ),
-        plain("CHECKPOINT_DISABLE", "1".to_string()),
-    ]);
-    Ok(out)
 }

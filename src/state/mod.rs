@@ -7,6 +7,7 @@
 //! whether managed resource instances exist).
 
 mod classify;
+mod errored;
 pub mod instances;
 pub mod lock;
 mod scan;
@@ -19,11 +20,11 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::names::{
-    LABEL_ERRORED_STATE, LEGACY_ERRORED_KEY, TF_CHUNK_SIZE, TF_LABEL_SUFFIX, TF_STATE_KEY,
-    errored_secret_name, part_index, part_secret_name, state_secret_name,
+    TF_CHUNK_SIZE, TF_LABEL_SUFFIX, TF_STATE_KEY, part_index, part_secret_name,
 };
 
 pub use classify::{Fingerprint, StateReason, Verdict, classify, classify_named};
+pub use errored::Errored;
 use scan::{Field, GzipFailure, Scanned, Summary};
 
 /// Default decompression cap: more decompressed JSON than this is a corrupt state.
@@ -215,73 +216,6 @@ impl StateSecrets {
         }
         let chunks = self.chunks().expect("checked just above");
         instances::read(Chain { chunks, index: 0 }, true, cap)
-    }
-}
-
-/// A state Terraform could not save (`errored.tfstate`), as a runner kept it: a record of
-/// resources that may not be in the state.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Errored {
-    /// Pushed by the runner through Terraform's backend as the state of a suffix of its
-    /// own (gzip, chunked, labelled [`LABEL_ERRORED_STATE`]).
-    Pushed(StateSecrets),
-    /// Saved by an older runner as plain JSON in `captf-errored-<suffix>` (key
-    /// [`LEGACY_ERRORED_KEY`]; None = the key is missing).
-    Legacy { name: String, json: Option<Vec<u8>> },
-}
-
-impl Errored {
-    /// The name of its (base) Secret.
-    pub fn name(&self) -> &str {
-        match self {
-            Errored::Pushed(s) => &s.base_name,
-            Errored::Legacy { name, .. } => name,
-        }
-    }
-
-    /// Its managed resource instances; an error says why they cannot be told.
-    pub fn instances(&self, cap: u64) -> Result<instances::Instances, String> {
-        match self {
-            Errored::Pushed(s) => s.instances(cap),
-            Errored::Legacy { json: Some(j), .. } => instances::read(&j[..], false, cap),
-            Errored::Legacy { name, json: None } => {
-                Err(format!("Secret {name} has no key {LEGACY_ERRORED_KEY}"))
-            }
-        }
-    }
-
-    /// The errored states among `secrets` (the object's Secrets): the older runner's
-    /// `captf-errored-<suffix>`, and each state of a Secret labelled as an errored state
-    /// (by its backend suffix, see [`crate::api::names::errored_suffix`]) with its parts,
-    /// in name order.
-    pub fn find(suffix: &str, secrets: &[Secret]) -> Vec<Errored> {
-        let legacy = errored_secret_name(suffix);
-        let mut suffixes = std::collections::BTreeSet::new();
-        let mut out = Vec::new();
-        for s in secrets {
-            if s.metadata.name.as_deref() == Some(legacy.as_str()) {
-                out.push(Errored::Legacy {
-                    name: legacy.clone(),
-                    json: s
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get(LEGACY_ERRORED_KEY))
-                        .map(|v| v.0.clone()),
-                });
-            } else if let Some(labels) = s.metadata.labels.as_ref()
-                && labels.contains_key(LABEL_ERRORED_STATE)
-                && let Some(e) = labels.get(TF_LABEL_SUFFIX)
-                && e != suffix
-            {
-                suffixes.insert(e.clone());
-            }
-        }
-        for e in suffixes {
-            let base = state_secret_name(&e);
-            out.push(Errored::Pushed(StateSecrets::from_secrets(&base, secrets)));
-        }
-        out.sort_by(|a, b| a.name().cmp(b.name()));
-        out
     }
 }
 
