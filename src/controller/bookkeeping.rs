@@ -150,7 +150,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
     // block-move: on while a Job is unfinished, and from deletion until the finalizer goes.
     // When the action itself writes the object (the attempt number, the cleanup marker,
     // the release), block-move goes into that write instead of one of its own.
-    let action_writes_object = decision.start_attempt.is_some()
+    let action_writes_object = decision.action.start_attempt().is_some()
         || matches!(
             decision.action,
             Action::CleanUp | Action::Abandon | Action::RemoveFinalizer
@@ -164,7 +164,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
 
     let protect = if facts.cleanup.is_some() || !facts.unfinished_jobs.is_empty() {
         Protect::Nothing
-    } else if decision.start_attempt.is_some() {
+    } else if decision.action.start_attempt().is_some() {
         Protect::Base
     } else {
         Protect::BaseAndParts

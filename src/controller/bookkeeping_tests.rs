@@ -197,8 +197,11 @@ fn block_move_is_on_while_deleting_or_a_job_runs_and_rides_on_the_actions_own_wr
             vec![]
         };
         let mut d = decision.clone();
-        d.action = Action::WaitForJob;
-        d.start_attempt = action_writes.then_some(2);
+        d.action = if action_writes {
+            Action::StartDestroy { attempt: 2 }
+        } else {
+            Action::WaitForJob
+        };
         let p = plan(&o, &f, &d);
         assert_eq!(
             edit(&p, names::CLUSTERCTL_BLOCK_MOVE).cloned(),
@@ -228,9 +231,9 @@ fn the_state_is_protected_whole_only_when_no_job_runs_or_starts_and_never_after_
     let o = deleting_at_attempt(1, &[]);
     let (decision, facts, _) = gather::decide(&o, &Settings::default());
     let mut d = decision.clone();
-    d.start_attempt = None;
+    d.action = Action::WaitForDependents;
     assert_eq!(plan(&o, &facts, &d).protect, Protect::BaseAndParts);
-    d.start_attempt = Some(2);
+    d.action = Action::StartDestroy { attempt: 2 };
     assert_eq!(plan(&o, &facts, &d).protect, Protect::Base);
 
     let mut running = facts.clone();

@@ -77,25 +77,22 @@ pub async fn reconcile<K: TerraformObject>(
         &ctx.state_reads,
     )
     .await?;
-    let (mut decision, mut facts, findings) = gather::decide(&observed, &ctx.settings);
     // Starting an attempt needs its Job, which only the manager can render (its templates):
-    // a Job that does not render is one more thing that keeps the destroy from starting,
-    // and the rule table turns it into row 9 like the others.
-    let mut attempt = None;
-    if let (Some(n), Some(inputs)) = (decision.start_attempt, findings.inputs.as_ref()) {
-        match destroy::render(&ctx, &scope, obj.as_ref(), n, inputs) {
-            Ok(a) => attempt = Some(a),
-            Err(e) => {
-                facts.blocker = Some(Blocker::JobDoesNotRender(e));
-                decision = rules::decide(&facts);
-            }
-        }
-    }
-    info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting().reason, message = %decision.deleting().message, "decision");
+    // it is rendered before the decision, and one that does not render keeps the destroy
+    // from starting (row 9) like anything else.
+    let (decision, facts, findings, attempt) =
+        gather::decide_rendering(&observed, &ctx.settings, |n, inputs| {
+            destroy::render(&ctx, &scope, obj.as_ref(), n, inputs)
+        });
+    info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting.reason, message = %decision.deleting.message, "decision");
     // While the API server refuses what an attempt needs, each pass tries again, and the
     // conditions say why it cannot start instead of "attempt N is starting".
     let uid = &scope.uid;
-    let shown = match decision.start_attempt.and_then(|_| ctx.refusal(uid)) {
+    let shown = match decision
+        .action
+        .start_attempt()
+        .and_then(|_| ctx.refusal(uid))
+    {
         Some(why) => refused_decision(&facts, &why),
         None => {
             ctx.clear_refusal(uid);
@@ -160,7 +157,7 @@ pub async fn reconcile<K: TerraformObject>(
             ctx.metrics.held.inc(&[
                 K::KIND.as_str(),
                 decision
-                    .conditions
+                    .others
                     .iter()
                     .find(|c| c.type_ == conditions::STATE_READABLE)
                     .map(|c| c.reason)
@@ -170,9 +167,9 @@ pub async fn reconcile<K: TerraformObject>(
                 &ctx,
                 obj.as_ref(),
                 EventType::Warning,
-                decision.deleting().reason,
+                decision.deleting.reason,
                 "Hold",
-                &decision.deleting().message,
+                &decision.deleting.message,
             )
             .await;
             Ok(Requeue::requeue(resync))
@@ -190,7 +187,7 @@ pub async fn reconcile<K: TerraformObject>(
             .await;
             Ok(Requeue::await_change())
         }
-        Action::StartDestroy | Action::RetryLater => match attempt {
+        Action::StartDestroy { .. } | Action::RetryLater { .. } => match attempt {
             Some(attempt) => {
                 let started = destroy::start_attempt(
                     &ctx,
@@ -212,9 +209,9 @@ pub async fn reconcile<K: TerraformObject>(
                                     &ctx,
                                     obj.as_ref(),
                                     EventType::Warning,
-                                    refused.deleting().reason,
+                                    refused.deleting.reason,
                                     "StartDestroy",
-                                    &refused.deleting().message,
+                                    &refused.deleting.message,
                                 )
                                 .await;
                             }
@@ -236,7 +233,8 @@ pub async fn reconcile<K: TerraformObject>(
                     backup::ensure_backup(&ctx, &scope, obj.as_ref(), state, fp).await?;
                 }
                 let wait = decision
-                    .next_retry_at
+                    .action
+                    .next_retry_at()
                     .map(|at| until(at, facts.now))
                     .unwrap_or(RESYNC);
                 Ok(Requeue::requeue(wait.min(RESYNC)))

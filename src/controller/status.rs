@@ -42,7 +42,7 @@ pub async fn write_status<K: TerraformObject>(
     let generation = obj.meta().generation;
     let merged = conditions::merge(
         &existing,
-        &decision.conditions,
+        &decision.conditions().cloned().collect::<Vec<_>>(),
         generation,
         Timestamp::now(),
     );

@@ -52,8 +52,7 @@ impl Explained {
             row: d.row,
             action: d.action,
             conditions: d
-                .conditions
-                .iter()
+                .conditions()
                 .map(|c| ExplainedCondition {
                     type_: c.type_.to_string(),
                     status: c.status.as_str().to_string(),
@@ -62,7 +61,7 @@ impl Explained {
                 })
                 .collect(),
             runbook: d.runbook.map(str::to_string),
-            next_retry_at: d.next_retry_at.map(|t| t.to_string()),
+            next_retry_at: d.action.next_retry_at().map(|t| t.to_string()),
         }
     }
 }
@@ -266,7 +265,7 @@ pub fn render_text(items: &[Explained]) -> String {
             Some(row) => out.push_str(&format!("  row {row}: {}\n", row.situation())),
             None => out.push_str("  not being deleted\n"),
         }
-        out.push_str(&format!("  action: {:?}\n", e.action));
+        out.push_str(&format!("  action: {}\n", e.action.name()));
         for c in &e.conditions {
             if c.message.is_empty() {
                 out.push_str(&format!("  {}={} {}\n", c.type_, c.status, c.reason));

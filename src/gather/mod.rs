@@ -204,20 +204,45 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Findings) {
     (facts, findings)
 }
 
-/// Whether rows 1 to 3 or the cleanup marker decide the pass before the state matters;
-/// the controller reads the state Secrets only when this is false.
+/// Whether the state decides this pass (see [`rules::state_needed`]).
 pub fn state_needed(facts: &Facts) -> bool {
-    facts.deleting
-        && facts.paused.is_none()
-        && facts.unfinished_jobs.is_empty()
-        && (facts.kind != Kind::TerraformCluster || facts.dependents.is_empty())
-        && facts.cleanup.is_none()
+    rules::state_needed(facts)
 }
 
-/// Gathers the facts and decides, in one call.
+/// Gathers the facts and decides, in one call, with every Job taken to render (as
+/// `captf explain` does: it has no say over the manager's templates).
 pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Findings) {
-    let (facts, findings) = gather(o, settings);
-    (rules::decide(&facts), facts, findings)
+    let (decision, facts, findings, _) = decide_rendering(o, settings, |_, _| Ok(()));
+    (decision, facts, findings)
+}
+
+/// Gathers the facts and decides, once. When a destroy could start (the object is being
+/// deleted, its inputs are usable and nothing else keeps a destroy from starting), the
+/// attempt it would start is rendered first with `render(attempt, inputs)`: a Job that
+/// does not render is one more thing that keeps the destroy from starting (row 9), and one
+/// that does is handed back for the controller to create.
+pub fn decide_rendering<T>(
+    o: &Observed,
+    settings: &Settings,
+    render: impl FnOnce(u32, &Inputs) -> Result<T, String>,
+) -> (rules::Decision, Facts, Findings, Option<T>) {
+    let (mut facts, findings) = gather(o, settings);
+    let mut rendered = None;
+    if facts.deleting
+        && facts.blocker.is_none()
+        && let Some(inputs) = findings.inputs.as_ref()
+    {
+        match render(facts.next_attempt(), inputs) {
+            Ok(t) => rendered = Some((facts.next_attempt(), t)),
+            Err(e) => facts.blocker = Some(rules::Blocker::JobDoesNotRender(e)),
+        }
+    }
+    let decision = rules::decide(&facts);
+    let rendered = match (decision.action.start_attempt(), rendered) {
+        (Some(n), Some((m, t))) if n == m => Some(t),
+        _ => None,
+    };
+    (decision, facts, findings, rendered)
 }
 
 #[cfg(test)]

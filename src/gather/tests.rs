@@ -272,9 +272,9 @@ fn a_suspended_or_podless_job_says_why_it_has_no_pod() {
     let (d, _, _) = decide(&o, &Settings::default());
     assert_eq!(d.row, Some(Row::JobUnfinished));
     assert!(
-        d.deleting().message.contains("the Job is suspended"),
+        d.deleting.message.contains("the Job is suspended"),
         "{}",
-        d.deleting().message
+        d.deleting.message
     );
 }
 
@@ -298,11 +298,11 @@ fn an_unknown_cluster_kind_holds_an_object_that_names_a_cluster_as_paused() {
     );
     assert_eq!(d.row, Some(Row::Paused));
     assert!(
-        d.deleting()
+        d.deleting
             .message
             .contains("it names Cluster prod, and whether that Cluster is paused cannot be seen: no Cluster kind is served"),
         "{}",
-        d.deleting().message
+        d.deleting.message
     );
 }
 
@@ -392,21 +392,16 @@ fn an_errored_state_with_instances_the_state_lacks_holds_the_destroy() {
     assert_eq!(blocker(&o), None);
     let (d, _, _) = decide(&o, &Settings::default());
     assert_eq!(
-        (d.row, d.action),
-        (Some(Row::Destroy), Action::StartDestroy)
+        (d.row, d.action.name()),
+        (Some(Row::Destroy), "StartDestroy")
     );
     // An instance the state does not hold (another id): held, named, its own runbook.
     o.errored = errored(&["a", "b"]);
     let (d, _, _) = decide(&o, &Settings::default());
-    assert_eq!(
-        d.row,
-        Some(Row::FailedOrBlocked),
-        "{}",
-        d.deleting().message
-    );
-    assert_ne!(d.action, Action::StartDestroy);
+    assert_eq!(d.row, Some(Row::FailedOrBlocked), "{}", d.deleting.message);
+    assert_ne!(d.action.name(), "StartDestroy");
     assert_eq!(d.runbook, Some(crate::rules::RUNBOOK_ERRORED_STATE));
-    let msg = &d.deleting().message;
+    let msg = &d.deleting.message;
     assert!(
         msg.contains(&format!(
             "the errored state {errored_base} (what Terraform could not save) records 1 managed resource instance(s) that the state does not: terraform_data.vm[0] (id b)"
@@ -414,8 +409,7 @@ fn an_errored_state_with_instances_the_state_lacks_holds_the_destroy() {
         "{msg}"
     );
     let blocked = d
-        .conditions
-        .iter()
+        .conditions()
         .find(|c| c.type_ == crate::api::conditions::DELETION_BLOCKED)
         .expect("DeletionBlocked");
     assert_eq!(
@@ -449,7 +443,7 @@ fn an_errored_state_with_instances_the_state_lacks_holds_the_destroy() {
             Some(crate::rules::RUNBOOK_ERRORED_STATE)
         ),
         "{}",
-        d.deleting().message
+        d.deleting.message
     );
     // Abandon still releases.
     o.errored = errored(&["b"]);
@@ -486,7 +480,7 @@ fn an_abandon_releases_only_the_object_whose_uid_it_names() {
             (Some(Row::StateMissing), Action::Hold),
             "{other}"
         );
-        let msg = &d.deleting().message;
+        let msg = &d.deleting.message;
         assert!(
             msg.contains(&format!("is \"{other}\", not this object's uid uid-1"))
                 && msg.contains("runbooks/Abandon.md"),
@@ -688,4 +682,42 @@ fn a_job_of_a_long_named_object_is_known_by_its_name_label_when_it_lacks_the_uid
     };
     assert!(owned_by(Kind::TerraformMachine, &object, &job));
     assert!(!owned_by(Kind::TerraformCluster, &object, &job));
+}
+
+#[test]
+fn a_job_that_does_not_render_holds_in_one_decision_and_one_that_does_is_handed_back() {
+    let applied = (names::APPLIED_AT, "2026-11-30T10:00:00Z");
+    let sha = rebuilt_sha(Kind::TerraformCluster);
+    let mut o = observed(
+        Kind::TerraformCluster,
+        &[applied, (names::INPUTS_SHA256, &sha)],
+    );
+    o.meta.deletion_timestamp = Some(Time("2026-12-01T11:00:00Z".parse().expect("time")));
+    let base = names::state_secret_name("prod.tfc");
+    let state = serde_json::json!({"version": 4, "serial": 5, "lineage": "l-1", "resources": [
+        {"mode": "managed", "type": "terraform_data", "name": "vm",
+         "instances": [{"index_key": 0, "attributes": {"id": "a"}}]}]});
+    o.state = Some(StateSecrets::from_secrets(
+        &base,
+        &[state_secrets_of(&base, &state, &[])],
+    ));
+    let settings = Settings::default();
+    let (d, _, _, job) = decide_rendering(&o, &settings, |n, _| Ok(format!("job {n}")));
+    assert_eq!(d.action, Action::StartDestroy { attempt: 1 });
+    assert_eq!(job.as_deref(), Some("job 1"));
+
+    let (d, f, _, job) = decide_rendering(&o, &settings, |_, _| {
+        Err::<String, _>("the template's env is not a list".to_string())
+    });
+    assert_eq!(d.row, Some(Row::FailedOrBlocked));
+    assert_eq!(d.deleting.reason, "DestroyCannotStart");
+    assert!(
+        d.deleting
+            .message
+            .contains("the template's env is not a list"),
+        "{}",
+        d.deleting.message
+    );
+    assert!(matches!(f.blocker, Some(Blocker::JobDoesNotRender(_))));
+    assert_eq!(job, None);
 }

@@ -254,3 +254,15 @@ pub struct Facts {
     pub now: Timestamp,
     pub backoff: Backoff,
 }
+
+impl Facts {
+    /// The attempt a destroy that starts now gets: the recorded one when its Job was never
+    /// made (a restart between the write-ahead record and the Job), else the next one.
+    pub fn next_attempt(&self) -> u32 {
+        if self.attempt_unstarted && self.last_attempt == LastAttempt::NoneFinished {
+            self.attempt
+        } else {
+            self.attempt + 1
+        }
+    }
+}

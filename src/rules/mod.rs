@@ -21,8 +21,8 @@ pub use row::*;
 
 use readable::readable;
 
-/// What the controller does with the pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// What the controller does with the pass, with what it needs to do it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     NotDeleting,
     BookkeepingOnly,
@@ -30,33 +30,95 @@ pub enum Action {
     WaitForDependents,
     RemoveFinalizer,
     Hold,
-    StartDestroy,
+    /// Row 7: start destroy attempt `attempt`.
+    StartDestroy {
+        attempt: u32,
+    },
     CleanUp,
-    RetryLater,
+    /// Row 9: the next attempt is due `at`; `start` is the attempt to start now, once it
+    /// is due and nothing keeps it from starting (the action stays `RetryLater`).
+    RetryLater {
+        at: Timestamp,
+        start: Option<u32>,
+    },
     Abandon,
+}
+
+impl Action {
+    /// The action's name, as `captf explain` prints it (SPEC section 9).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::NotDeleting => "NotDeleting",
+            Action::BookkeepingOnly => "BookkeepingOnly",
+            Action::WaitForJob => "WaitForJob",
+            Action::WaitForDependents => "WaitForDependents",
+            Action::RemoveFinalizer => "RemoveFinalizer",
+            Action::Hold => "Hold",
+            Action::StartDestroy { .. } => "StartDestroy",
+            Action::CleanUp => "CleanUp",
+            Action::RetryLater { .. } => "RetryLater",
+            Action::Abandon => "Abandon",
+        }
+    }
+
+    /// The attempt whose Job the controller starts now, if any.
+    pub fn start_attempt(&self) -> Option<u32> {
+        match *self {
+            Action::StartDestroy { attempt } => Some(attempt),
+            Action::RetryLater { start, .. } => start,
+            _ => None,
+        }
+    }
+
+    /// When the next destroy attempt is due (row 9).
+    pub fn next_retry_at(&self) -> Option<Timestamp> {
+        match *self {
+            Action::RetryLater { at, .. } => Some(at),
+            _ => None,
+        }
+    }
+}
+
+/// As its name.
+impl Serialize for Action {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
 }
 
 /// The decision of one pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
-    /// 1–9, or None when the object is not being deleted.
+    /// The row that decided, or None when the object is not being deleted.
     pub row: Option<Row>,
     pub action: Action,
-    /// Every condition the pass sets, Deleting first.
-    pub conditions: Vec<Desired>,
+    /// The `Deleting` condition.
+    pub deleting: Desired,
+    /// The other conditions the pass sets (`StateReadable`, `DeletionBlocked`, `Paused`,
+    /// `Ready`).
+    pub others: Vec<Desired>,
     pub runbook: Option<&'static str>,
-    pub next_retry_at: Option<Timestamp>,
-    /// The attempt whose Job the controller starts now (row 7, or row 9 once the delay
-    /// has passed and nothing blocks the start).
-    pub start_attempt: Option<u32>,
 }
 
 impl Decision {
-    /// The `Deleting` condition of the decision.
-    pub fn deleting(&self) -> &Desired {
-        // Every decision sets Deleting first (see `finish`).
-        &self.conditions[0]
+    /// Every condition the pass sets, Deleting first.
+    pub fn conditions(&self) -> impl Iterator<Item = &Desired> {
+        std::iter::once(&self.deleting).chain(self.others.iter())
     }
+}
+
+/// Whether the state decides this pass: false when a row before the state's (1 to 3) or
+/// the cleanup marker decides it whatever the state, as the table itself says when asked
+/// with the state not read. The controller reads the state Secrets only when this is true.
+pub fn state_needed(f: &Facts) -> bool {
+    let unread = decide(&Facts {
+        state: StateFacts::NotRead,
+        ..f.clone()
+    });
+    !matches!(
+        unread.row,
+        None | Some(Row::Paused | Row::JobUnfinished | Row::DependentsExist | Row::CleanUp)
+    )
 }
 
 /// The rule table. Rows are evaluated in order; the first that applies decides.
@@ -69,8 +131,6 @@ pub fn decide(f: &Facts) -> Decision {
             Action::NotDeleting,
             d,
             vec![paused, not_blocked()],
-            None,
-            None,
             None,
         );
     }
@@ -94,8 +154,6 @@ pub fn decide(f: &Facts) -> Decision {
             d,
             vec![paused, ready],
             Some(RUNBOOK_PAUSED),
-            None,
-            None,
         );
     }
 
@@ -120,8 +178,6 @@ pub fn decide(f: &Facts) -> Decision {
             d,
             vec![paused, not_blocked(), ready],
             Some(RUNBOOK_WAITING_FOR_JOB),
-            None,
-            None,
         );
     }
 
@@ -150,8 +206,6 @@ pub fn decide(f: &Facts) -> Decision {
             d,
             vec![paused, blocked, ready],
             Some(RUNBOOK_DEPENDENTS_EXIST),
-            None,
-            None,
         );
     }
 
@@ -162,15 +216,7 @@ pub fn decide(f: &Facts) -> Decision {
         Some(CleanupMarker::Destroyed) => {
             let msg = "cleanup after a successful destroy is under way: deleting the Jobs, the state, inputs and backup Secrets, then the finalizer";
             let d = Desired::new(cond::DELETING, Status::True, reason::CLEANING_UP, msg);
-            return finish(
-                Some(Row::CleanUp),
-                Action::CleanUp,
-                d,
-                others,
-                None,
-                None,
-                None,
-            );
+            return finish(Some(Row::CleanUp), Action::CleanUp, d, others, None);
         }
         Some(CleanupMarker::Abandoned) => {
             let msg = format!(
@@ -183,8 +229,6 @@ pub fn decide(f: &Facts) -> Decision {
                 d,
                 others,
                 Some(RUNBOOK_ABANDON),
-                None,
-                None,
             );
         }
         None => {}
@@ -215,8 +259,6 @@ pub fn decide(f: &Facts) -> Decision {
                     Action::RemoveFinalizer,
                     d,
                     others,
-                    None,
-                    None,
                     None,
                 );
             }
@@ -278,15 +320,7 @@ fn held(row: Row, f: &Facts, msg: String, runbook: &'static str, others: Vec<Des
     }
     let msg = format!("{msg}{}", f.abandon.note(&f.uid));
     let d = Desired::new(cond::DELETING, Status::True, reason::HELD, msg);
-    finish(
-        Some(row),
-        Action::Hold,
-        d,
-        others,
-        Some(runbook),
-        None,
-        None,
-    )
+    finish(Some(row), Action::Hold, d, others, Some(runbook))
 }
 
 /// Row 9: retried later, unless the abandon annotation releases it.
@@ -309,12 +343,13 @@ fn retry(
     let d = Desired::new(cond::DELETING, Status::True, why, msg);
     finish(
         Some(Row::FailedOrBlocked),
-        Action::RetryLater,
+        Action::RetryLater {
+            at: retry_at,
+            start,
+        },
         d,
         others,
         Some(runbook),
-        Some(retry_at),
-        start,
     )
 }
 
@@ -324,30 +359,14 @@ fn abandon(row: Row, why_held: String, others: Vec<Desired>) -> Decision {
         crate::api::names::ABANDON
     );
     let d = Desired::new(cond::DELETING, Status::True, reason::ABANDONING, msg);
-    finish(
-        Some(row),
-        Action::Abandon,
-        d,
-        others,
-        Some(RUNBOOK_ABANDON),
-        None,
-        None,
-    )
+    finish(Some(row), Action::Abandon, d, others, Some(RUNBOOK_ABANDON))
 }
 
 /// An abandon that cannot finish: held, saying why, nothing released.
 fn abandon_cannot_finish(row: Row, why: &str, others: Vec<Desired>) -> Decision {
     let msg = format!("the abandon cannot finish: {why}; see {RUNBOOK_ABANDON}");
     let d = Desired::new(cond::DELETING, Status::True, reason::HELD, msg);
-    finish(
-        Some(row),
-        Action::Hold,
-        d,
-        others,
-        Some(RUNBOOK_ABANDON),
-        None,
-        None,
-    )
+    finish(Some(row), Action::Hold, d, others, Some(RUNBOOK_ABANDON))
 }
 
 fn finish(
@@ -356,8 +375,6 @@ fn finish(
     deleting: Desired,
     others: Vec<Desired>,
     runbook: Option<&'static str>,
-    next_retry_at: Option<Timestamp>,
-    start_attempt: Option<u32>,
 ) -> Decision {
     // clusterctl describe shows an infrastructure object's Ready only (and a Machine's
     // InfrastructureReady copies it): during a deletion it says what the deletion waits on.
@@ -370,15 +387,13 @@ fn finish(
         }
         c
     });
-    let mut conditions = vec![deleting.clone()];
-    conditions.extend(others);
+    let others = others.collect();
     Decision {
         row,
         action,
-        conditions,
+        deleting,
+        others,
         runbook,
-        next_retry_at,
-        start_attempt,
     }
 }
 

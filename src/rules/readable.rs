@@ -15,21 +15,9 @@ pub(super) fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decisio
     if managed == 0 && !errored_hold {
         let msg = "the state describes no managed resource instance: cleaning up, then the finalizer comes off";
         let d = Desired::new(cond::DELETING, Status::True, reason::CLEANING_UP, msg);
-        return finish(
-            Some(Row::CleanUp),
-            Action::CleanUp,
-            d,
-            others,
-            None,
-            None,
-            None,
-        );
+        return finish(Some(Row::CleanUp), Action::CleanUp, d, others, None);
     }
-    let next = if f.attempt_unstarted && f.last_attempt == LastAttempt::NoneFinished {
-        f.attempt
-    } else {
-        f.attempt + 1
-    };
+    let next = f.next_attempt();
     let failure = match &f.last_attempt {
         LastAttempt::NoneFinished => None,
         LastAttempt::Succeeded { at } => Some((
@@ -53,12 +41,10 @@ pub(super) fn readable(f: &Facts, managed: u64, others: Vec<Desired>) -> Decisio
             let d = Desired::new(cond::DELETING, Status::True, reason::DESTROY_RUNNING, msg);
             finish(
                 Some(Row::Destroy),
-                Action::StartDestroy,
+                Action::StartDestroy { attempt: next },
                 d,
                 others,
                 None,
-                None,
-                Some(next),
             )
         }
         // Row 9: a destroy cannot start. Checked again on every change and at least at

@@ -63,8 +63,7 @@ fn failed(at: &str) -> LastAttempt {
 }
 
 fn cond<'a>(d: &'a Decision, type_: &str) -> &'a Desired {
-    d.conditions
-        .iter()
+    d.conditions()
         .find(|c| c.type_ == type_)
         .unwrap_or_else(|| panic!("no {type_} condition in {d:?}"))
 }
@@ -77,8 +76,8 @@ fn not_deleting_sets_no_row() {
     });
     assert_eq!(d.row, None);
     assert_eq!(d.action, Action::NotDeleting);
-    assert_eq!(d.deleting().status, Status::False);
-    assert_eq!(d.deleting().reason, "NotDeleting");
+    assert_eq!(d.deleting.status, Status::False);
+    assert_eq!(d.deleting.reason, "NotDeleting");
     assert_eq!(cond(&d, "Paused").status, Status::False);
 }
 
@@ -90,11 +89,11 @@ fn row1_paused_only_bookkeeping() {
     });
     assert_eq!(d.row, Some(Row::Paused));
     assert_eq!(d.action, Action::BookkeepingOnly);
-    assert_eq!(d.deleting().reason, "Paused");
+    assert_eq!(d.deleting.reason, "Paused");
     assert_eq!(cond(&d, "Paused").status, Status::True);
     assert!(cond(&d, "Paused").message.contains("prod"));
     assert_eq!(d.runbook, Some("runbooks/Paused.md"));
-    assert_eq!(d.start_attempt, None);
+    assert_eq!(d.action.start_attempt(), None);
 }
 
 #[test]
@@ -122,16 +121,16 @@ fn row2_waits_for_an_unfinished_job() {
     });
     assert_eq!(d.row, Some(Row::JobUnfinished));
     assert_eq!(d.action, Action::WaitForJob);
-    assert_eq!(d.deleting().reason, "WaitingForJob");
+    assert_eq!(d.deleting.reason, "WaitingForJob");
     assert!(
-        d.deleting()
+        d.deleting
             .message
             .contains("apply Job captf-web-1-tfm-apply-1 (its Pod is waiting: ImagePullBackOff)"),
         "{}",
-        d.deleting().message
+        d.deleting.message
     );
-    assert!(d.deleting().message.contains("ImagePullBackOff"));
-    assert!(d.deleting().message.contains("runbooks/WaitingForJob.md"));
+    assert!(d.deleting.message.contains("ImagePullBackOff"));
+    assert!(d.deleting.message.contains("runbooks/WaitingForJob.md"));
 }
 
 #[test]
@@ -177,7 +176,7 @@ fn row4_never_applied_and_no_state_releases_at_once() {
     assert_eq!(d.row, Some(Row::NeverApplied));
     assert_eq!(d.action, Action::RemoveFinalizer);
     assert_eq!(d.runbook, None);
-    assert_eq!(d.start_attempt, None);
+    assert_eq!(d.action.start_attempt(), None);
 }
 
 #[test]
@@ -188,7 +187,7 @@ fn row5_applied_without_state_is_held_as_state_lost() {
     });
     assert_eq!(d.row, Some(Row::StateMissing));
     assert_eq!(d.action, Action::Hold);
-    assert_eq!(d.deleting().reason, "Held");
+    assert_eq!(d.deleting.reason, "Held");
     let s = cond(&d, "StateReadable");
     assert_eq!((s.status, s.reason), (Status::False, "StateLost"));
     assert_eq!(d.runbook, Some("runbooks/StateLost.md"));
@@ -232,7 +231,7 @@ fn row6_unreadable_states_are_held_with_their_reason() {
         let s = cond(&d, "StateReadable");
         assert_eq!((s.status, s.reason), (Status::False, reason));
         assert_eq!(d.runbook, Some(runbook));
-        assert!(d.deleting().message.contains(runbook));
+        assert!(d.deleting.message.contains(runbook));
     }
 }
 
@@ -240,9 +239,9 @@ fn row6_unreadable_states_are_held_with_their_reason() {
 fn row7_readable_state_with_instances_starts_attempt_one() {
     let d = decide(&facts());
     assert_eq!(d.row, Some(Row::Destroy));
-    assert_eq!(d.action, Action::StartDestroy);
-    assert_eq!(d.deleting().reason, "DestroyRunning");
-    assert_eq!(d.start_attempt, Some(1));
+    assert_eq!(d.action.name(), "StartDestroy");
+    assert_eq!(d.deleting.reason, "DestroyRunning");
+    assert_eq!(d.action.start_attempt(), Some(1));
     assert_eq!(cond(&d, "StateReadable").status, Status::True);
 }
 
@@ -254,7 +253,7 @@ fn row7_numbers_the_attempt_after_the_recorded_one() {
         attempt: 3,
         ..facts()
     });
-    assert_eq!(d.start_attempt, Some(4));
+    assert_eq!(d.action.start_attempt(), Some(4));
 }
 
 #[test]
@@ -264,7 +263,10 @@ fn row7_restarts_an_attempt_recorded_but_never_started_under_the_same_number() {
         attempt_unstarted: true,
         ..facts()
     });
-    assert_eq!((d.row, d.start_attempt), (Some(Row::Destroy), Some(2)));
+    assert_eq!(
+        (d.row, d.action.start_attempt()),
+        (Some(Row::Destroy), Some(2))
+    );
 }
 
 #[test]
@@ -275,7 +277,7 @@ fn row8_empty_readable_state_cleans_up_without_a_destroy() {
     });
     assert_eq!(d.row, Some(Row::CleanUp));
     assert_eq!(d.action, Action::CleanUp);
-    assert_eq!(d.start_attempt, None);
+    assert_eq!(d.action.start_attempt(), None);
 }
 
 #[test]
@@ -323,17 +325,17 @@ fn row9_failed_attempt_retries_after_the_backoff() {
     };
     let d = decide(&f);
     assert_eq!(d.row, Some(Row::FailedOrBlocked));
-    assert_eq!(d.action, Action::RetryLater);
-    assert_eq!(d.deleting().reason, "DestroyFailed");
+    assert_eq!(d.action.name(), "RetryLater");
+    assert_eq!(d.deleting.reason, "DestroyFailed");
     assert_eq!(d.runbook, Some("runbooks/DestroyFailed.md"));
-    assert_eq!(d.start_attempt, None, "the delay has not passed");
-    let at = d.next_retry_at.expect("a retry time");
+    assert_eq!(d.action.start_attempt(), None, "the delay has not passed");
+    let at = d.action.next_retry_at().expect("a retry time");
     let delay = f.backoff.delay(2, "uid-1");
     assert_eq!(
         at.as_millisecond() - t("2026-12-01T11:59:50Z").as_millisecond(),
         delay.as_millis() as i64
     );
-    let msg = &d.deleting().message;
+    let msg = &d.deleting.message;
     assert!(
         msg.contains("attempt 2 failed: Error: boom") && msg.contains("attempt 3 at"),
         "{msg}"
@@ -348,8 +350,8 @@ fn row9_starts_the_next_attempt_once_the_delay_has_passed() {
         ..facts()
     });
     assert_eq!(d.row, Some(Row::FailedOrBlocked));
-    assert_eq!(d.action, Action::RetryLater);
-    assert_eq!(d.start_attempt, Some(3));
+    assert_eq!(d.action.name(), "RetryLater");
+    assert_eq!(d.action.start_attempt(), Some(3));
 }
 
 #[test]
@@ -360,9 +362,9 @@ fn row9_success_that_left_instances_counts_as_failed() {
         ..facts()
     });
     assert_eq!(d.row, Some(Row::FailedOrBlocked));
-    assert_eq!(d.deleting().reason, "DestroyFailed");
+    assert_eq!(d.deleting.reason, "DestroyFailed");
     assert!(
-        d.deleting()
+        d.deleting
             .message
             .contains("reported success but the state still describes 2")
     );
@@ -409,16 +411,16 @@ fn row9_cannot_start_names_what_keeps_it() {
             ..facts()
         });
         assert_eq!(d.row, Some(Row::FailedOrBlocked));
-        assert_eq!(d.action, Action::RetryLater);
-        assert_eq!(d.deleting().reason, "DestroyCannotStart");
+        assert_eq!(d.action.name(), "RetryLater");
+        assert_eq!(d.deleting.reason, "DestroyCannotStart");
         assert!(
-            d.deleting().message.contains(needle),
+            d.deleting.message.contains(needle),
             "{}",
-            d.deleting().message
+            d.deleting.message
         );
         assert_eq!(d.runbook, Some("runbooks/DestroyCannotStart.md"));
-        assert_eq!(d.start_attempt, None);
-        assert!(d.next_retry_at.is_some());
+        assert_eq!(d.action.start_attempt(), None);
+        assert!(d.action.next_retry_at().is_some());
     }
 }
 
@@ -500,8 +502,8 @@ fn abandon_releases_rows_5_6_and_9() {
         assert_eq!(d.row, Some(row));
         assert_eq!(d.action, Action::Abandon);
         assert_eq!(d.runbook, Some("runbooks/Abandon.md"));
-        assert_eq!(d.deleting().reason, "Abandoning");
-        assert_eq!(d.start_attempt, None);
+        assert_eq!(d.deleting.reason, "Abandoning");
+        assert_eq!(d.action.start_attempt(), None);
     }
 }
 
@@ -544,7 +546,7 @@ fn abandon_never_skips_an_untried_readable_destroy() {
         ..facts()
     });
     assert_eq!(d.row, Some(Row::Destroy));
-    assert_eq!(d.action, Action::StartDestroy);
+    assert_eq!(d.action.name(), "StartDestroy");
 }
 
 #[test]
@@ -614,8 +616,8 @@ fn row9_a_success_that_left_instances_is_retried_when_its_delay_has_passed() {
         ..facts()
     });
     assert_eq!(d.row, Some(Row::FailedOrBlocked));
-    assert_eq!(d.start_attempt, Some(2), "{:?}", d.deleting());
-    assert!(d.deleting().message.contains("starting attempt 2 now"));
+    assert_eq!(d.action.start_attempt(), Some(2), "{:?}", d.deleting);
+    assert!(d.deleting.message.contains("starting attempt 2 now"));
 }
 
 #[test]
@@ -626,17 +628,13 @@ fn ready_during_a_deletion_carries_the_deleting_reason_and_message() {
         last_attempt: failed("2026-12-01T10:00:00Z"),
         ..facts()
     });
-    let ready = d
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .expect("Ready");
+    let ready = d.conditions().find(|c| c.type_ == "Ready").expect("Ready");
     assert_eq!(ready.reason, "Deleting");
     assert_eq!(
         ready.message,
         format!(
             "the object is being deleted: DestroyFailed: {}",
-            d.deleting().message
+            d.deleting.message
         )
     );
     assert!(ready.message.contains("see runbooks/DestroyFailed.md"));
@@ -650,20 +648,19 @@ fn an_owner_gone_holds_the_destroy_and_abandon_releases() {
         ..facts()
     });
     assert_eq!(
-        (d.row, d.action),
-        (Some(Row::FailedOrBlocked), Action::RetryLater)
+        (d.row, d.action.name()),
+        (Some(Row::FailedOrBlocked), "RetryLater")
     );
-    assert_eq!(d.start_attempt, None, "nothing is destroyed");
-    assert_eq!(d.deleting().reason, "DestroyCannotStart");
+    assert_eq!(d.action.start_attempt(), None, "nothing is destroyed");
+    assert_eq!(d.deleting.reason, "DestroyCannotStart");
     assert_eq!(d.runbook, Some(RUNBOOK_OWNER_GONE));
     assert!(
-        d.deleting()
+        d.deleting
             .message
             .contains("Cluster prod (uid c-1) no longer exists")
     );
     let blocked = d
-        .conditions
-        .iter()
+        .conditions()
         .find(|c| c.type_ == cond::DELETION_BLOCKED)
         .expect("DeletionBlocked");
     assert_eq!(
@@ -682,7 +679,10 @@ fn an_owner_gone_holds_the_destroy_and_abandon_releases() {
         blocker: Some(gone.clone()),
         ..facts()
     });
-    assert_eq!((d.row, d.start_attempt), (Some(Row::FailedOrBlocked), None));
+    assert_eq!(
+        (d.row, d.action.start_attempt()),
+        (Some(Row::FailedOrBlocked), None)
+    );
     let d = decide(&Facts {
         blocker: Some(gone),
         abandon: AbandonMark::ThisObject,
@@ -704,15 +704,54 @@ fn an_errored_state_holds_an_empty_state_unless_a_destroy_succeeded() {
     let d = decide(&f);
     assert_eq!(d.row, Some(Row::FailedOrBlocked));
     assert_eq!(d.runbook, Some(RUNBOOK_ERRORED_STATE));
-    assert!(
-        d.deleting().message.contains(what),
-        "{}",
-        d.deleting().message
-    );
+    assert!(d.deleting.message.contains(what), "{}", d.deleting.message);
     // After a destroy of this deletion succeeded (it started only with the errored states
     // covered): row 8, cleanup.
     f.attempt = 1;
     f.last_attempt = LastAttempt::Succeeded { at: Some(f.now) };
     let d = decide(&f);
     assert_eq!((d.row, d.action), (Some(Row::CleanUp), Action::CleanUp));
+}
+
+#[test]
+fn the_state_is_needed_exactly_when_no_row_before_it_or_the_cleanup_marker_decides() {
+    // The rule the controller restated by hand before the table answered it: deleting,
+    // not paused, no unfinished Job, no dependents of a cluster, no cleanup marker.
+    let by_hand = |f: &Facts| {
+        f.deleting
+            && f.paused.is_none()
+            && f.unfinished_jobs.is_empty()
+            && (f.kind != Kind::TerraformCluster || f.dependents.is_empty())
+            && f.cleanup.is_none()
+    };
+    let mut seen = 0;
+    for bits in 0u32..(1 << 8) {
+        let on = |i: u32| bits & (1 << i) != 0;
+        let f = Facts {
+            kind: if on(0) {
+                Kind::TerraformCluster
+            } else {
+                Kind::TerraformMachine
+            },
+            deleting: on(1),
+            paused: on(2).then_some(PauseCause::ObjectAnnotation),
+            unfinished_jobs: if on(3) { vec![running_job()] } else { vec![] },
+            dependents: if on(4) {
+                vec!["TerraformMachine/web-1".into()]
+            } else {
+                vec![]
+            },
+            cleanup: on(5).then_some(CleanupMarker::Destroyed),
+            abandon: if on(6) {
+                AbandonMark::ThisObject
+            } else {
+                AbandonMark::Absent
+            },
+            applied: on(7),
+            ..facts()
+        };
+        assert_eq!(state_needed(&f), by_hand(&f), "{f:#?}");
+        seen += usize::from(state_needed(&f));
+    }
+    assert!(seen > 0);
 }
