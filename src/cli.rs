@@ -169,28 +169,20 @@ pub struct InspectArgs {
     pub output: Output,
 }
 
-/// Parses `30s`, `5m`, `2h`, `250ms`, or plain seconds.
+/// Parses a duration with jiff (`30s`, `5m`, `1h30m`, `250ms`, ISO 8601 `PT30S`), or plain seconds.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (num, unit) = text.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 250ms"))?;
-    let ms = match unit {
-        "ms" => n,
-        "" | "s" => n * 1000,
-        "m" => n * 60_000,
-        "h" => n * 3_600_000,
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?}; use ms, s, m or h"
-            ));
-        }
-    };
-    Ok(std::time::Duration::from_millis(ms))
+    // A bare number is seconds, as before durations were jiff's.
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map(std::time::Duration::from_secs)
+            .map_err(|e| format!("{text:?}: {e}"));
+    }
+    let d: jiff::SignedDuration = text.parse().map_err(|e| {
+        format!("{text:?} is not a duration like 30s, 5m, 1h30m, 250ms or PT30S: {e}")
+    })?;
+    std::time::Duration::try_from(d).map_err(|_| format!("{text:?} is negative"))
 }
 
 /// A failure of the command itself: printed on stderr, exit status 2.

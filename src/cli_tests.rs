@@ -15,8 +15,18 @@ fn durations_parse() {
         Ok(std::time::Duration::from_millis(250))
     );
     assert_eq!(parse_duration("7"), Ok(std::time::Duration::from_secs(7)));
+    assert_eq!(
+        parse_duration("1h30m"),
+        Ok(std::time::Duration::from_secs(5400))
+    );
+    assert_eq!(
+        parse_duration("PT2M"),
+        Ok(std::time::Duration::from_secs(120))
+    );
     assert!(parse_duration("x").is_err());
-    assert!(parse_duration("5d").is_err());
+    assert!(parse_duration("5 fortnights").is_err());
+    let negative = parse_duration("-5s").expect_err("negative");
+    assert!(negative.contains("negative"), "{negative}");
 }
 
 #[test]

@@ -234,13 +234,19 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
     ) -> Result<Option<T>, InputsError> {
         match obj.get(name) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => T::deserialize(v)
-                .map(Some)
-                .map_err(|e| InputsError::InvalidField {
+            // The error names the value's path inside the field (`env[1].secretKeyRef`).
+            Some(v) => serde_path_to_error::deserialize(v).map(Some).map_err(|e| {
+                let path = e.path().to_string();
+                InputsError::InvalidField {
                     origin: origin.to_string(),
-                    field: name.to_string(),
-                    message: e.to_string(),
-                }),
+                    field: match path.as_str() {
+                        "." => name.to_string(),
+                        p if p.starts_with('[') => format!("{name}{p}"),
+                        p => format!("{name}.{p}"),
+                    },
+                    message: e.into_inner().to_string(),
+                }
+            }),
         }
     }
     let runner: Runner = field(obj, "runner", &origin)?.expect("checked above");

@@ -394,3 +394,24 @@ fn long_owner_names_give_valid_label_values() {
     assert!(v.len() <= 63, "{v}");
     assert_eq!(name_label_value("web-1"), "web-1");
 }
+
+#[test]
+fn an_invalid_value_deep_in_a_field_is_named_by_its_path() {
+    let mut v = example();
+    v["env"] = json!([
+        { "name": "A", "secretKeyRef": { "name": "aws-creds", "key": "id" } },
+        { "name": "B", "secretKeyRef": { "name": "aws-creds", "key": 7 } }
+    ]);
+    let e = parse_value(&v).expect_err("a number for a key");
+    let InputsError::InvalidField { field, .. } = &e else {
+        panic!("{e}");
+    };
+    assert_eq!(field, "env[1].secretKeyRef.key", "{e}");
+    let mut v = example();
+    v["timeoutSeconds"] = json!("an hour");
+    let e = parse_value(&v).expect_err("a string for a number");
+    assert!(
+        matches!(&e, InputsError::InvalidField { field, .. } if field == "timeoutSeconds"),
+        "{e}"
+    );
+}
