@@ -47,8 +47,9 @@ pub struct Bookkeeping {
     pub edits: Vec<(&'static str, Option<String>)>,
     /// The Events to publish.
     pub notes: Vec<Note>,
-    /// The reason of a destroy failure to count in the metrics.
+    /// The reason of a destroy failure to count in the metrics, and how long its Job ran.
     pub failure: Option<String>,
+    pub failed_job_ran: Option<std::time::Duration>,
     /// Finished destroy Jobs to delete, each with its variables Secret of the same name.
     pub prune: Vec<String>,
     pub protect: Protect,
@@ -66,6 +67,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
     let mut edits: Vec<(&'static str, Option<String>)> = Vec::new();
     let mut notes = Vec::new();
     let mut failure = None;
+    let mut failed_job_ran = None;
     let suffix = names::state_suffix(o.kind, meta.name.as_deref().unwrap_or_default());
 
     // The latest destroy attempt failed and that is not recorded yet.
@@ -108,6 +110,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
                 format!("destroy attempt {} failed: {text}", facts.attempt),
             ));
             failure = Some(reason);
+            failed_job_ran = job::ran_for(j);
         }
     }
 
@@ -173,6 +176,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         edits,
         notes,
         failure,
+        failed_job_ran,
         prune: prunable(o, facts.attempt),
         protect,
     }
@@ -223,6 +227,10 @@ pub async fn apply<K: TerraformObject>(
         ctx.metrics
             .destroy_failures
             .inc(&[K::KIND.as_str(), reason]);
+    }
+    if let Some(ran) = plan.failed_job_ran {
+        let labels = [K::KIND.as_str(), names::OPERATION_DESTROY, "failed"];
+        ctx.metrics.job_seconds.observe(&labels, ran);
     }
     let jobs: Api<Job> = scope.api_of();
     for name in &plan.prune {

@@ -40,7 +40,11 @@ fn edit<'a>(p: &'a Bookkeeping, key: &str) -> Option<&'a Option<String>> {
 #[test]
 fn a_failed_destroy_attempt_is_recorded_at_its_jobs_end_with_a_warning_and_its_reason() {
     let mut o = deleting_at_attempt(2, &[]);
-    let j = failed(Kind::TerraformMachine, "destroy", 2, "BackoffLimitExceeded");
+    let mut j = failed(Kind::TerraformMachine, "destroy", 2, "BackoffLimitExceeded");
+    j.status.get_or_insert_default().start_time =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-12-01T11:28:30Z".parse().unwrap(),
+        ));
     o.pods = vec![pod_of(
         &j,
         Some((1, "Error: deleting subnet: DependencyViolation")),
@@ -54,6 +58,11 @@ fn a_failed_destroy_attempt_is_recorded_at_its_jobs_end_with_a_warning_and_its_r
         ))
     );
     assert_eq!(p.failure.as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(
+        p.failed_job_ran,
+        Some(std::time::Duration::from_secs(90)),
+        "from its start to its end"
+    );
     assert_eq!(p.notes.len(), 1);
     assert_eq!(p.notes[0].reason, events::DESTROY_FAILED);
     assert!(

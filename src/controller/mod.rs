@@ -161,7 +161,21 @@ where
     c.run(
         move |obj, ctx| {
             let gate = gate.clone();
-            async move { gate.run(obj, |o| reconcile::reconcile::<K>(o, ctx)).await }
+            let queued = std::time::Instant::now();
+            async move {
+                gate.run(obj, |o| async move {
+                    let kind = [K::KIND.as_str()];
+                    ctx.metrics
+                        .gate_wait_seconds
+                        .observe(&kind, queued.elapsed());
+                    let started = std::time::Instant::now();
+                    let metrics = ctx.metrics.clone();
+                    let result = reconcile::reconcile::<K>(o, ctx).await;
+                    metrics.pass_seconds.observe(&kind, started.elapsed());
+                    result
+                })
+                .await
+            }
         },
         error::error_policy::<K>,
         ctx,

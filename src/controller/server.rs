@@ -32,8 +32,17 @@ async fn handle(
         "/metrics" => (StatusCode::OK, metrics.render()),
         _ => (StatusCode::NOT_FOUND, "not found".to_string()),
     };
+    let content_type = if req.uri().path() == "/metrics" {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; charset=utf-8"
+    };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
     Ok(resp)
 }
 

@@ -370,6 +370,13 @@ pub fn finished_at(j: &Job) -> Option<Timestamp> {
         .map(|t| t.0)
 }
 
+/// How long a finished Job ran: from its `startTime` to [`finished_at`].
+pub fn ran_for(j: &Job) -> Option<std::time::Duration> {
+    let start = j.status.as_ref()?.start_time.as_ref()?.0;
+    let ms = finished_at(j)?.as_millisecond() - start.as_millisecond();
+    u64::try_from(ms).ok().map(std::time::Duration::from_millis)
+}
+
 /// The longest summary of Terraform's error that goes into a condition or an Event.
 pub const SUMMARY_MAX: usize = 400;
 

@@ -158,18 +158,20 @@ async fn probes_and_metrics_answer() {
     })
     .await;
     let (_, metrics) = http_get(port, "/metrics").await;
-    for name in [
-        "captf_reconcile_errors_total",
-        "captf_deletion_decisions_total",
-        "captf_destroy_attempts_total",
-        "captf_destroy_failures_total",
-        "captf_held_deletions_total",
+    // OpenMetrics: a family is declared once it has a sample; counters' samples end in
+    // _total; the text ends with # EOF.
+    for declared in [
+        "# TYPE captf_reconciles counter",
+        "# TYPE captf_pass_duration_seconds histogram",
+        "# TYPE captf_gate_wait_seconds histogram",
     ] {
-        assert!(
-            metrics.contains(&format!("# TYPE {name} counter")),
-            "{name} in {metrics}"
-        );
+        assert!(metrics.contains(declared), "{declared} in {metrics}");
     }
+    assert!(
+        metrics.contains("captf_pass_duration_seconds_count{kind=\"TerraformMachine\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
     env.shutdown().await;
 }
 

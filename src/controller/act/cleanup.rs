@@ -22,6 +22,7 @@ use crate::controller::status::write_status;
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Observed};
 use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
+use crate::job::{self, JobOutcome};
 use crate::rules::Decision;
 use crate::state::secrets as chunked;
 
@@ -56,6 +57,19 @@ pub async fn cleanup<K: TerraformObject>(
         .await
     };
     let (marked, found) = futures::try_join!(marker, secret_metas(secrets, &scope.suffix))?;
+    if marked.is_some() {
+        // Once per deletion: how long the destroy that left nothing ran.
+        let succeeded = o
+            .jobs
+            .iter()
+            .filter(|j| job::operation_of(j) == Some(names::OPERATION_DESTROY))
+            .filter(|j| job::outcome(j, &o.pods) == JobOutcome::Succeeded)
+            .max_by_key(|j| job::attempt_of(j));
+        if let Some(ran) = succeeded.and_then(job::ran_for) {
+            let labels = [K::KIND.as_str(), names::OPERATION_DESTROY, "succeeded"];
+            ctx.metrics.job_seconds.observe(&labels, ran);
+        }
+    }
     let mut current = marked.unwrap_or_else(|| obj.clone());
     // The cleanup marker is written: a crash from here on resumes the cleanup. Each part
     // keeps its own order.
