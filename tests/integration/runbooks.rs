@@ -1023,3 +1023,62 @@ fn explain_names_the_runbook_the_flowchart_leads_to() {
         "only {checked} deleting objects in the examples"
     );
 }
+
+/// The README's layout and docs/architecture.md name what is in the tree: every path they
+/// name exists, and every module under src/ is in the README's layout.
+#[test]
+fn the_layout_pages_match_the_tree() {
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README.md");
+    let layout = readme
+        .split("\n## Layout\n")
+        .nth(1)
+        .expect("a Layout section in the README");
+    let block = layout.split("```").nth(1).expect("a code block in Layout");
+    // Each line: paths separated by single spaces, then two or more spaces and the text.
+    let named: Vec<String> = block
+        .lines()
+        .filter_map(|l| l.split("  ").next())
+        .flat_map(|head| head.split_whitespace().map(str::to_string))
+        .collect();
+    for path in &named {
+        assert!(
+            repo(path).exists(),
+            "the README's layout names {path}, which is not in the tree"
+        );
+    }
+    let unlisted: Vec<String> = std::fs::read_dir(repo("src"))
+        .expect("src")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| !matches!(n.as_str(), "lib.rs" | "testing.rs") && !n.ends_with("_tests.rs"))
+        .map(|n| format!("src/{n}"))
+        .filter(|p| !named.iter().any(|n| n.trim_end_matches('/') == p))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "the README's layout does not name {unlisted:?}"
+    );
+    let architecture = std::fs::read_to_string(repo("docs/architecture.md")).expect("page");
+    let mut cited = 0;
+    for quoted in architecture.split('`').skip(1).step_by(2) {
+        let path = quoted.split_whitespace().next().unwrap_or_default();
+        let path = path.trim_end_matches(['.', ',', ')']);
+        if let Some(rest) = path.strip_prefix("src/")
+            && !rest.is_empty()
+        {
+            cited += 1;
+            assert!(
+                repo(path).exists(),
+                "docs/architecture.md names {path}, which is not in the tree"
+            );
+        } else if path.ends_with(".rs") || path.ends_with('/') {
+            let under_src = repo("src").join(path);
+            let elsewhere = repo(path);
+            let in_controller = repo("src/controller").join(path);
+            assert!(
+                under_src.exists() || elsewhere.exists() || in_controller.exists(),
+                "docs/architecture.md names {path}, which is in neither src/ nor src/controller/"
+            );
+        }
+    }
+    assert!(cited > 10, "docs/architecture.md cites {cited} src/ paths");
+}
