@@ -351,8 +351,17 @@ fn state_secrets_of(base: &str, state: &serde_json::Value, labels: &[(&str, &str
     }
 }
 
-#[test]
-fn an_errored_state_with_instances_the_state_lacks_holds_the_destroy() {
+/// A state of `terraform_data` instances with these ids.
+fn state_of_ids(ids: &[&str]) -> serde_json::Value {
+    let instance = |id: &str| serde_json::json!({"index_key": 0, "attributes": {"id": id}});
+    serde_json::json!({"version": 4, "serial": 5, "lineage": "l-1", "resources": [
+        {"mode": "managed", "type": "terraform_data", "name": "vm",
+         "instances": ids.iter().map(|i| instance(i)).collect::<Vec<_>>()}]})
+}
+
+/// An applied TerraformCluster being deleted, its inputs rebuilt from the spec, with a
+/// readable state of instances with these ids.
+fn deleting_cluster_with_state(ids: &[&str]) -> Observed {
     let applied = (names::APPLIED_AT, "2026-11-30T10:00:00Z");
     let sha = rebuilt_sha(Kind::TerraformCluster);
     let mut o = observed(
@@ -360,17 +369,19 @@ fn an_errored_state_with_instances_the_state_lacks_holds_the_destroy() {
         &[applied, (names::INPUTS_SHA256, &sha)],
     );
     o.meta.deletion_timestamp = Some(Time("2026-12-01T11:00:00Z".parse().expect("time")));
-    let instance = |id: &str| serde_json::json!({"index_key": 0, "attributes": {"id": id}});
-    let state = |ids: &[&str]| {
-        serde_json::json!({"version": 4, "serial": 5, "lineage": "l-1", "resources": [
-            {"mode": "managed", "type": "terraform_data", "name": "vm",
-             "instances": ids.iter().map(|i| instance(i)).collect::<Vec<_>>()}]})
-    };
     let base = names::state_secret_name("prod.tfc");
     o.state = Some(StateSecrets::from_secrets(
         &base,
-        &[state_secrets_of(&base, &state(&["a"]), &[])],
+        &[state_secrets_of(&base, &state_of_ids(ids), &[])],
     ));
+    o
+}
+
+#[test]
+fn an_errored_state_with_instances_the_state_lacks_holds_the_destroy() {
+    let mut o = deleting_cluster_with_state(&["a"]);
+    let state = state_of_ids;
+    let base = names::state_secret_name("prod.tfc");
     let errored_suffix = names::errored_suffix("prod.tfc", 1, "ab1cd");
     let errored_base = names::state_secret_name(&errored_suffix);
     let errored = |ids: &[&str]| {
@@ -686,21 +697,7 @@ fn a_job_of_a_long_named_object_is_known_by_its_name_label_when_it_lacks_the_uid
 
 #[test]
 fn a_job_that_does_not_render_holds_in_one_decision_and_one_that_does_is_handed_back() {
-    let applied = (names::APPLIED_AT, "2026-11-30T10:00:00Z");
-    let sha = rebuilt_sha(Kind::TerraformCluster);
-    let mut o = observed(
-        Kind::TerraformCluster,
-        &[applied, (names::INPUTS_SHA256, &sha)],
-    );
-    o.meta.deletion_timestamp = Some(Time("2026-12-01T11:00:00Z".parse().expect("time")));
-    let base = names::state_secret_name("prod.tfc");
-    let state = serde_json::json!({"version": 4, "serial": 5, "lineage": "l-1", "resources": [
-        {"mode": "managed", "type": "terraform_data", "name": "vm",
-         "instances": [{"index_key": 0, "attributes": {"id": "a"}}]}]});
-    o.state = Some(StateSecrets::from_secrets(
-        &base,
-        &[state_secrets_of(&base, &state, &[])],
-    ));
+    let o = deleting_cluster_with_state(&["a"]);
     let settings = Settings::default();
     let (d, _, _, job) = decide_rendering(&o, &settings, |n, _| Ok(format!("job {n}")));
     assert_eq!(d.action, Action::StartDestroy { attempt: 1 });

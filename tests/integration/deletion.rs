@@ -25,6 +25,26 @@ impl Env {
             .output()
             .expect("run captf")
     }
+
+    /// `captf state restore TARGET --from-file FILE --force` in the test's namespace,
+    /// asserted to succeed.
+    pub fn restore_from_file(&self, target: &str, file: &std::path::Path) {
+        let out = self.captf(&[
+            "state",
+            "restore",
+            target,
+            "--from-file",
+            file.to_str().expect("path"),
+            "--force",
+            "-n",
+            &self.ns,
+        ]);
+        assert!(
+            out.status.success(),
+            "restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -615,21 +635,7 @@ async fn orphans_and_restore_work_for_a_ninety_character_name() {
         .0;
     let file = env.dir.join("state.tfstate.gz");
     std::fs::write(&file, gz).expect("state file");
-    let out = env.captf(&[
-        "state",
-        "restore",
-        &format!("tfm/{name}"),
-        "--from-file",
-        file.to_str().expect("path"),
-        "--force",
-        "-n",
-        &env.ns,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.restore_from_file(&format!("tfm/{name}"), &file);
     // Once the object is gone (its finalizer stripped), they all are.
     env.stop_manager().await;
     env.delete_stripping_finalizers::<Tfm>(&name).await;

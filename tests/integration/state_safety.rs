@@ -584,21 +584,7 @@ async fn a_restore_over_a_longer_protected_state_leaves_no_part_held_in_deletion
         r#"{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"a-restored-lineage","outputs":{},"resources":[],"check_results":null}"#,
     )
     .expect("state file");
-    let out = env.captf(&[
-        "state",
-        "restore",
-        "terraformmachine/web-1",
-        "--from-file",
-        file.to_str().expect("path"),
-        "--force",
-        "-n",
-        &env.ns,
-    ]);
-    assert!(
-        out.status.success(),
-        "restore: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.restore_from_file("terraformmachine/web-1", &file);
     assert_eq!(
         state_secrets(&env, &base).await,
         vec![(base.clone(), true)],
