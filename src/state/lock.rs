@@ -14,7 +14,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::Value;
+use serde::Deserialize;
 
 use crate::api::names;
 
@@ -34,6 +34,48 @@ pub enum Lock {
         /// When the lock was taken, and how long ago.
         age: Option<String>,
     },
+}
+
+/// Terraform's lock info, as its kubernetes backend records it in the Lease's
+/// [`names::TF_LOCK_INFO`] annotation (the fields CAPTF reads; the others are ignored).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct LockInfo {
+    #[serde(rename = "ID", default)]
+    pub id: String,
+    /// `user@hostname` of the holder; a runner's hostname is its Pod's name.
+    #[serde(rename = "Who", default)]
+    pub who: String,
+    #[serde(rename = "Operation", default)]
+    pub operation: String,
+    /// When the lock was taken (RFC 3339), as Terraform wrote it.
+    #[serde(rename = "Created", default)]
+    pub created: Option<String>,
+}
+
+impl LockInfo {
+    /// The lock info of `lease`; an absent or unreadable annotation reads as empty.
+    pub fn of(lease: &Lease) -> LockInfo {
+        lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::TF_LOCK_INFO))
+            .and_then(|v| serde_json::from_str(v).ok())
+            .unwrap_or_default()
+    }
+
+    /// The holder's hostname (after the last `@` of `Who`), if any.
+    pub fn host(&self) -> Option<&str> {
+        self.who
+            .rsplit_once('@')
+            .map(|(_, h)| h)
+            .filter(|h| !h.is_empty())
+    }
+
+    /// When the lock was taken, if Terraform said so readably.
+    pub fn created(&self) -> Option<Timestamp> {
+        self.created.as_deref()?.parse().ok()
+    }
 }
 
 /// The API server's bound on generated names: 63 characters, 5 of them random.
@@ -113,33 +155,24 @@ pub fn judge(lease: Option<&Lease>, suffix: &str, pods: &[Pod], now: Timestamp) 
     else {
         return Lock::Free;
     };
-    let info: Value = lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::TF_LOCK_INFO))
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or(Value::Null);
-    let who = info["Who"].as_str().unwrap_or_default().to_string();
-    let host = who
-        .rsplit_once('@')
-        .map(|(_, h)| h.to_string())
-        .unwrap_or_default();
-    if !host.is_empty() {
+    let info = LockInfo::of(lease);
+    if let Some(host) = info.host() {
         match pods
             .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(host.as_str()))
+            .find(|p| p.metadata.name.as_deref() == Some(host))
         {
-            Some(p) if pod_terminated(p) => return Lock::StaleOwn { pod: host },
+            Some(p) if pod_terminated(p) => return Lock::StaleOwn { pod: host.into() },
             Some(_) => {}
-            None if generated_runner_name(&host, suffix) => return Lock::StaleOwn { pod: host },
+            None if generated_runner_name(host, suffix) => {
+                return Lock::StaleOwn { pod: host.into() };
+            }
             None => {}
         }
     }
-    let age = info["Created"]
-        .as_str()
-        .and_then(|c| c.parse::<Timestamp>().ok())
+    let age = info
+        .created()
         .map(|c| format!("{c} ({} ago)", human_age(now.as_second() - c.as_second())));
+    let who = info.who;
     let holder = if who.is_empty() {
         format!("lock {id}")
     } else {
@@ -283,5 +316,24 @@ mod tests {
         l.spec.as_mut().unwrap().holder_identity = None;
         assert_eq!(judge(Some(&l), "web-1.tfm", &[], now()), Lock::Free);
         assert_eq!(judge(None, "web-1.tfm", &[], now()), Lock::Free);
+    }
+
+    #[test]
+    fn the_lock_info_is_read_typed_and_a_bad_one_reads_as_empty() {
+        let info = LockInfo::of(&lease("runner@captf-web-1-tfm-destroy-2-abcde"));
+        assert_eq!(info.id, "abc");
+        assert_eq!(info.operation, "OperationTypeApply");
+        assert_eq!(info.host(), Some("captf-web-1-tfm-destroy-2-abcde"));
+        assert_eq!(
+            info.created(),
+            Some("2026-12-01T10:00:00Z".parse().expect("time"))
+        );
+        let mut bad = lease("x");
+        bad.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(names::TF_LOCK_INFO.into(), "{not json".into());
+        assert_eq!(LockInfo::of(&bad), LockInfo::default());
+        assert_eq!(LockInfo::of(&bad).host(), None);
     }
 }
