@@ -2,7 +2,7 @@
 //! `lastTransitionTime` unless the status flips.
 
 use jiff::Timestamp;
-use schemars::JsonSchema;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 
 pub const READY: &str = "Ready";
@@ -44,21 +44,8 @@ pub mod reason {
     pub const READY_UNKNOWN: &str = "ReadyUnknown";
 }
 
-/// `metav1.Condition`.
-#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    pub reason: String,
-    #[serde(default)]
-    pub message: String,
-    pub last_transition_time: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
+/// `metav1.Condition`, as k8s-openapi has it (CAPI v1beta2 conditions are these).
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 /// `True`, `False` or `Unknown`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,7 +107,7 @@ pub fn merge(
         match out.iter_mut().find(|c| c.type_ == d.type_) {
             Some(c) => {
                 if c.status != status {
-                    c.last_transition_time = now.to_string();
+                    c.last_transition_time = Time(now);
                     c.status = status.to_string();
                 }
                 c.reason = d.reason.to_string();
@@ -132,7 +119,7 @@ pub fn merge(
                 status: status.to_string(),
                 reason: d.reason.to_string(),
                 message: d.message.clone(),
-                last_transition_time: now.to_string(),
+                last_transition_time: Time(now),
                 observed_generation: generation,
             }),
         }
@@ -177,7 +164,7 @@ mod tests {
             t("2026-01-01T00:00:00Z"),
         );
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].last_transition_time, "2026-01-01T00:00:00Z");
+        assert_eq!(out[0].last_transition_time, Time(t("2026-01-01T00:00:00Z")));
         assert_eq!(out[0].observed_generation, Some(3));
         assert_eq!(out[0].reason, "NotPaused");
     }
@@ -206,7 +193,10 @@ mod tests {
             Some(2),
             t("2026-01-02T00:00:00Z"),
         );
-        assert_eq!(same_status[0].last_transition_time, "2026-01-01T00:00:00Z");
+        assert_eq!(
+            same_status[0].last_transition_time,
+            Time(t("2026-01-01T00:00:00Z"))
+        );
         assert_eq!(same_status[0].reason, "DestroyRunning");
         assert_eq!(same_status[0].message, "b");
         assert_eq!(same_status[0].observed_generation, Some(2));
@@ -221,7 +211,10 @@ mod tests {
             Some(2),
             t("2026-01-03T00:00:00Z"),
         );
-        assert_eq!(flipped[0].last_transition_time, "2026-01-03T00:00:00Z");
+        assert_eq!(
+            flipped[0].last_transition_time,
+            Time(t("2026-01-03T00:00:00Z"))
+        );
     }
 
     #[test]
@@ -251,7 +244,7 @@ mod tests {
             t("2026-01-01T00:00:00Z"),
         );
         let mut b = a.clone();
-        b[0].last_transition_time = "2027-01-01T00:00:00Z".into();
+        b[0].last_transition_time = Time(t("2027-01-01T00:00:00Z"));
         assert!(!differ_ignoring_time(&a, &b));
         b[0].message = "y".into();
         assert!(differ_ignoring_time(&a, &b));
