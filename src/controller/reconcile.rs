@@ -25,7 +25,7 @@ use crate::io::writes::{self, guarded_patch};
 use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts};
 
 /// How often an object is looked at again when nothing it watches changes.
-pub const RESYNC: Duration = Duration::from_secs(600);
+const RESYNC: Duration = Duration::from_secs(600);
 
 /// How soon an attempt the API server refused to start is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(10);
@@ -219,9 +219,12 @@ pub async fn reconcile<K: TerraformObject>(
                         }
                         None => Err(e),
                     },
-                    Ok(next) => {
+                    Ok(started) => {
                         ctx.clear_refusal(uid);
-                        Ok(next)
+                        Ok(match started {
+                            destroy::Started::Running => Requeue::requeue(RESYNC),
+                            destroy::Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
+                        })
                     }
                 }
             }

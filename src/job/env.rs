@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 
-use super::render::{RENDER_DIR, WORKSPACE_DIR};
+use super::layout::{RENDER_DIR, WORKSPACE_DIR};
 use super::{JobRequest, RenderError};
 use crate::api::names;
 

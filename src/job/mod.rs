@@ -3,6 +3,7 @@
 
 mod backend;
 pub mod env;
+pub mod layout;
 pub mod outcome;
 pub mod rbac;
 pub mod render;

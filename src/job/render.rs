@@ -40,32 +40,7 @@ use crate::api::names;
 use crate::api::types::DEFAULT_TIMEOUT_SECONDS;
 use crate::inputs::{self, Module};
 
-/// Kubernetes' limit on the total size of an object's annotations (keys and values).
-pub const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
-/// Where the rendered files are mounted (read-only).
-pub const RENDER_DIR: &str = "/captf/render";
-/// The emptyDir holding HOME, TF_DATA_DIR, TMPDIR and the working copy.
-pub const WORKSPACE_DIR: &str = "/workspace";
-pub const RENDER_VOLUME: &str = "captf-render";
-pub const WORKSPACE_VOLUME: &str = "captf-workspace";
-/// The runner container's name (the template's container of that name, else its first).
-pub const CONTAINER_NAME: &str = "terraform";
-/// The non-root user and group the runner runs as.
-pub const RUNNER_UID: i64 = 65532;
-/// `terminationGracePeriodSeconds` when the template sets none, and the floor under the
-/// template's value: Terraform needs time to write its state when interrupted.
-pub const DEFAULT_GRACE_SECONDS: i64 = 300;
-pub const MIN_GRACE_SECONDS: i64 = 120;
-pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
-
-/// Files under the render directory.
-pub const FILE_RUNNER: &str = "runner.sh";
-pub const FILE_BACKEND: &str = "backend.hcl";
-pub const FILE_VARIABLES: &str = "terraform.tfvars.json";
-pub const FILE_ERRORED_BACKEND: &str = "errored-backend.hcl";
-pub const FILE_LOCK: &str = "terraform.lock.hcl";
-pub const FILE_MODULE_SOURCE: &str = "module-source";
-pub const DIR_MODULE: &str = "module";
+pub use super::layout::*;
 
 /// Labels the Job controller owns on the Pod template; a template must not set them.
 const JOB_CONTROLLER_LABELS: &[&str] = &[

@@ -9,14 +9,12 @@
 //! pass makes nothing twice.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::info;
@@ -25,7 +23,6 @@ use super::backup::{ensure_backup, readable_fingerprint};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::events::{self, publish};
-use crate::controller::reconcile::RESYNC;
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Findings, Observed};
 use crate::inputs::Inputs;
@@ -76,6 +73,16 @@ pub fn render<K: TerraformObject>(
     })
 }
 
+/// What became of a start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Started {
+    /// The attempt's Job exists (made now, or by an earlier pass that was interrupted).
+    Running,
+    /// Its name is taken by a Job of an earlier object of this name: the attempt number
+    /// moved on, and the next pass starts that one.
+    NumberMovedOn,
+}
+
 /// Starts `attempt` in the order the file's head states.
 pub async fn start_attempt<K: TerraformObject>(
     ctx: &Context,
@@ -84,7 +91,7 @@ pub async fn start_attempt<K: TerraformObject>(
     o: &Observed,
     findings: &Findings,
     attempt: Attempt,
-) -> Result<Requeue, Error> {
+) -> Result<Started, Error> {
     let Attempt {
         n,
         job,
@@ -143,7 +150,7 @@ pub async fn start_attempt<K: TerraformObject>(
         let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
         let bump = [(names::DESTROY_ATTEMPT, Some((n + 1).to_string()))];
         guarded_patch(&scope.api, current, annotation_ops(current, &bump)).await?;
-        return Ok(Requeue::requeue(Duration::ZERO));
+        return Ok(Started::NumberMovedOn);
     }
     // The attempt's Secret (the variables) first, then the Job. The Secret carries the
     // owner labels, so the cleanup's labelled delete takes it; a pruned Job's and an
@@ -162,7 +169,7 @@ pub async fn start_attempt<K: TerraformObject>(
         )
         .await;
     }
-    Ok(Requeue::requeue(RESYNC))
+    Ok(Started::Running)
 }
 
 /// Terraform's backend finds the state's Secrets by its labels, its own and the `labels`
