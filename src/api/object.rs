@@ -26,34 +26,68 @@ pub trait TerraformObject:
     fn status(&self) -> Option<&TerraformStatus>;
 }
 
-impl TerraformObject for TerraformCluster {
-    const KIND: Kind = Kind::TerraformCluster;
-    fn terraform(&self) -> &TerraformSpec {
-        &self.spec.terraform
-    }
-    fn status(&self) -> Option<&TerraformStatus> {
-        self.status.as_ref()
-    }
+/// The three impls, alike but for the type, its kind and its variant of [`AnyObject`].
+macro_rules! terraform_object {
+    ($($type:ty => $kind:expr, $variant:ident);+ $(;)?) => {$(
+        impl From<$type> for AnyObject {
+            fn from(o: $type) -> Self {
+                AnyObject::$variant(o)
+            }
+        }
+
+        impl TerraformObject for $type {
+            const KIND: Kind = $kind;
+            fn terraform(&self) -> &TerraformSpec {
+                &self.spec.terraform
+            }
+            fn status(&self) -> Option<&TerraformStatus> {
+                self.status.as_ref()
+            }
+        }
+    )+};
 }
 
-impl TerraformObject for TerraformMachine {
-    const KIND: Kind = Kind::TerraformMachine;
-    fn terraform(&self) -> &TerraformSpec {
-        &self.spec.terraform
-    }
-    fn status(&self) -> Option<&TerraformStatus> {
-        self.status.as_ref()
-    }
+terraform_object! {
+    TerraformCluster => Kind::TerraformCluster, Cluster;
+    TerraformMachine => Kind::TerraformMachine, Machine;
+    TerraformMachinePool => Kind::TerraformMachinePool, Pool;
 }
 
-impl TerraformObject for TerraformMachinePool {
-    const KIND: Kind = Kind::TerraformMachinePool;
-    fn terraform(&self) -> &TerraformSpec {
-        &self.spec.terraform
-    }
-    fn status(&self) -> Option<&TerraformStatus> {
-        self.status.as_ref()
-    }
+/// The one dispatcher from a [`Kind`] to its type: evaluates `$body` with `$k` naming the
+/// type of `$kind` (`with_kind!(kind, K => explain::<K>(..))`).
+#[macro_export]
+macro_rules! with_kind {
+    ($kind:expr, $k:ident => $body:expr) => {
+        match $kind {
+            $crate::api::Kind::TerraformCluster => {
+                type $k = $crate::api::TerraformCluster;
+                $body
+            }
+            $crate::api::Kind::TerraformMachine => {
+                type $k = $crate::api::TerraformMachine;
+                $body
+            }
+            $crate::api::Kind::TerraformMachinePool => {
+                type $k = $crate::api::TerraformMachinePool;
+                $body
+            }
+        }
+    };
+}
+
+/// `$body` with `$o` bound to the typed object inside an [`AnyObject`].
+macro_rules! any {
+    ($object:expr, $o:ident => $body:expr) => {
+        match $object {
+            AnyObject::Cluster($o) => $body,
+            AnyObject::Machine($o) => $body,
+            AnyObject::Pool($o) => $body,
+        }
+    };
+}
+
+fn kind_of<K: TerraformObject>(_: &K) -> Kind {
+    K::KIND
 }
 
 /// Any of the three kinds, for code that handles a mixed set (explain, orphans).
@@ -66,35 +100,19 @@ pub enum AnyObject {
 
 impl AnyObject {
     pub fn kind(&self) -> Kind {
-        match self {
-            AnyObject::Cluster(_) => Kind::TerraformCluster,
-            AnyObject::Machine(_) => Kind::TerraformMachine,
-            AnyObject::Pool(_) => Kind::TerraformMachinePool,
-        }
+        any!(self, o => kind_of(o))
     }
 
     pub fn meta(&self) -> &ObjectMeta {
-        match self {
-            AnyObject::Cluster(o) => &o.metadata,
-            AnyObject::Machine(o) => &o.metadata,
-            AnyObject::Pool(o) => &o.metadata,
-        }
+        any!(self, o => &o.metadata)
     }
 
     pub fn terraform(&self) -> &TerraformSpec {
-        match self {
-            AnyObject::Cluster(o) => o.terraform(),
-            AnyObject::Machine(o) => o.terraform(),
-            AnyObject::Pool(o) => o.terraform(),
-        }
+        any!(self, o => o.terraform())
     }
 
     pub fn status(&self) -> Option<&TerraformStatus> {
-        match self {
-            AnyObject::Cluster(o) => o.status.as_ref(),
-            AnyObject::Machine(o) => o.status.as_ref(),
-            AnyObject::Pool(o) => o.status.as_ref(),
-        }
+        any!(self, o => o.status.as_ref())
     }
 
     /// Builds the typed object from a JSON value whose `kind` is one of the three.
@@ -102,10 +120,11 @@ impl AnyObject {
         kind: Kind,
         value: serde_json::Value,
     ) -> Result<AnyObject, serde_json::Error> {
-        Ok(match kind {
-            Kind::TerraformCluster => AnyObject::Cluster(serde_json::from_value(value)?),
-            Kind::TerraformMachine => AnyObject::Machine(serde_json::from_value(value)?),
-            Kind::TerraformMachinePool => AnyObject::Pool(serde_json::from_value(value)?),
-        })
+        fn typed<K: TerraformObject + Into<AnyObject>>(
+            value: serde_json::Value,
+        ) -> Result<AnyObject, serde_json::Error> {
+            Ok(serde_json::from_value::<K>(value)?.into())
+        }
+        crate::with_kind!(kind, K => typed::<K>(value))
     }
 }

@@ -27,7 +27,7 @@ mod triggers;
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -44,7 +44,7 @@ pub use error::Error;
 pub use scope::Scope;
 
 use crate::api::names::{self, Kind};
-use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
+use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject};
 use crate::gather;
 use crate::job::Templates;
 use crate::metrics::Metrics;
@@ -267,10 +267,13 @@ pub async fn run(
                 }
             }
         };
+        // One controller per kind; when any of them ends, the manager stops.
+        let controllers =
+            futures::future::select_all(Kind::ALL.map(
+                |kind| crate::with_kind!(kind, K => controller::<K>(ctx.clone(), &cfg).boxed()),
+            ));
         tokio::select! {
-            _ = controller::<TerraformCluster>(ctx.clone(), &cfg) => break,
-            _ = controller::<TerraformMachine>(ctx.clone(), &cfg) => break,
-            _ = controller::<TerraformMachinePool>(ctx.clone(), &cfg) => break,
+            _ = controllers => break,
             _ = &mut shutdown => {
                 info!("shutting down");
                 break;

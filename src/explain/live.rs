@@ -6,7 +6,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use super::Explained;
-use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
+use crate::api::{Kind, TerraformObject};
 use crate::controller::observe;
 use crate::gather::{self, Settings};
 use crate::ops::ToolError;
@@ -19,9 +19,11 @@ pub async fn explain(
 ) -> Result<Vec<Explained>, ToolError> {
     let cluster_api = crate::controller::discover_cluster(client).await;
     let mut out = Vec::new();
-    explain_kind::<TerraformCluster>(client, ns, &cluster_api, settings, &mut out).await?;
-    explain_kind::<TerraformMachine>(client, ns, &cluster_api, settings, &mut out).await?;
-    explain_kind::<TerraformMachinePool>(client, ns, &cluster_api, settings, &mut out).await?;
+    for kind in Kind::ALL {
+        crate::with_kind!(kind, K => {
+            explain_kind::<K>(client, ns, &cluster_api, settings, &mut out).await?
+        });
+    }
     Ok(out)
 }
 

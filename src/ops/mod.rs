@@ -10,7 +10,6 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta};
 
 use crate::api::names::Kind;
-use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
 
 pub use orphans::{Orphan, orphans};
 pub use restore::{MAX_STATE_FILE_BYTES, RestoreSource, restore};
@@ -49,18 +48,8 @@ pub(crate) async fn object_meta(
     kind: Kind,
     name: &str,
 ) -> Result<Option<ObjectMeta>, ToolError> {
-    Ok(match kind {
-        Kind::TerraformCluster => Api::<TerraformCluster>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
-        Kind::TerraformMachine => Api::<TerraformMachine>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
-        Kind::TerraformMachinePool => Api::<TerraformMachinePool>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await?
-            .map(|o| o.metadata),
-    })
+    crate::with_kind!(kind, K => Ok(Api::<K>::namespaced(client.clone(), ns)
+        .get_metadata_opt(name)
+        .await?
+        .map(|o| o.metadata)))
 }

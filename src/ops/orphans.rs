@@ -10,7 +10,6 @@ use serde::Serialize;
 use super::ToolError;
 use crate::api::labels::labelled_owner;
 use crate::api::names::{self, Kind, SecretRole};
-use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 
 /// A Secret of CAPTF's whose object is gone.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -58,20 +57,19 @@ pub async fn orphans(
             crate::api::labels::name_label_value(meta.name.as_deref().unwrap_or_default()),
         ));
     };
-    macro_rules! objects_of {
-        ($k:ty) => {{
-            let api: Api<$k> = match ns {
+    for kind in Kind::ALL {
+        let metas = crate::with_kind!(kind, K => {
+            let api: Api<K> = match ns {
                 Some(n) => Api::namespaced(client.clone(), n),
                 None => Api::all(client.clone()),
             };
-            for o in api.list_metadata(&ListParams::default()).await?.items {
-                note(&o.metadata, <$k as TerraformObject>::KIND);
-            }
-        }};
+            let list = api.list_metadata(&ListParams::default()).await?.items;
+            list.into_iter().map(|o| o.metadata).collect::<Vec<_>>()
+        });
+        for meta in metas {
+            note(&meta, kind);
+        }
     }
-    objects_of!(TerraformCluster);
-    objects_of!(TerraformMachine);
-    objects_of!(TerraformMachinePool);
 
     let secrets: Api<Secret> = match ns {
         Some(n) => Api::namespaced(client.clone(), n),
