@@ -20,6 +20,16 @@ pub const RELEASED: &str = "Released";
 /// Released without a destroy on the operator's word; the Secrets are kept.
 pub const ABANDONED: &str = "Abandoned";
 
+/// Every reason above, as docs/03-destroy-job.md lists them (a docs test checks it).
+pub const REASONS: [&str; 6] = [
+    DESTROY_STARTED,
+    DESTROY_FAILED,
+    DESTROY_INTERRUPTED,
+    CLEANED_UP,
+    RELEASED,
+    ABANDONED,
+];
+
 /// An Event a pass decided to publish about its object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Note {

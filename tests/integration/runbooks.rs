@@ -1082,3 +1082,24 @@ fn the_layout_pages_match_the_tree() {
     }
     assert!(cited > 10, "docs/architecture.md cites {cited} src/ paths");
 }
+
+/// Every Event reason the manager publishes is in the destroy Job page's table of Events,
+/// and the table names no other.
+#[test]
+fn the_event_reasons_are_the_documented_ones() {
+    let page = std::fs::read_to_string(repo("docs/03-destroy-job.md")).expect("page");
+    let table = page
+        .split("## The Events of a deletion")
+        .nth(1)
+        .expect("an Events section");
+    let documented: Vec<&str> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    let mut published = captf::controller::events::REASONS.to_vec();
+    published.sort_unstable();
+    let mut listed = documented.clone();
+    listed.sort_unstable();
+    assert_eq!(listed, published, "docs/03-destroy-job.md's Events table");
+}
