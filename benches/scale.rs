@@ -21,8 +21,7 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/integration/support/mod.rs"]
-mod support;
+use captf_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;

@@ -19,8 +19,7 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/integration/support/mod.rs"]
-mod support;
+use captf_test_support as support;
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};

@@ -11,8 +11,7 @@
 //! the teardown did not complete in time or left something behind, 2 when `terraform` is
 //! missing. Manager logs go to stderr with `CAPTF_SANDBOX_LOG=1`.
 
-#[path = "../tests/integration/support/mod.rs"]
-mod support;
+use captf_test_support as support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

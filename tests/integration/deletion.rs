@@ -14,11 +14,16 @@ use crate::support::*;
 use captf::controller::{Context, discover_cluster, reconcile::reconcile};
 use std::sync::Arc;
 
-impl Env {
-    /// Runs the `captf` binary against the cluster (here, not in `support`: only
-    /// integration tests and benches get `CARGO_BIN_EXE_captf`, and `support` is shared
-    /// with the sandbox example).
-    pub fn captf(&self, args: &[&str]) -> std::process::Output {
+/// What only integration tests can do with an [`Env`]: run the `captf` binary (only they
+/// get `CARGO_BIN_EXE_captf`).
+pub trait EnvExt {
+    fn captf(&self, args: &[&str]) -> std::process::Output;
+    fn restore_from_file(&self, target: &str, file: &std::path::Path);
+}
+
+impl EnvExt for Env {
+    /// Runs the `captf` binary against the cluster.
+    fn captf(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
             .args(args)
             .env("KUBECONFIG", self.kubeconfig_path())
@@ -28,7 +33,7 @@ impl Env {
 
     /// `captf state restore TARGET --from-file FILE --force` in the test's namespace,
     /// asserted to succeed.
-    pub fn restore_from_file(&self, target: &str, file: &std::path::Path) {
+    fn restore_from_file(&self, target: &str, file: &std::path::Path) {
         let out = self.captf(&[
             "state",
             "restore",

@@ -11,5 +11,6 @@ mod jobs;
 mod manager;
 mod runbooks;
 mod state_safety;
-mod support;
 mod uninstall;
+
+use captf_test_support as support;

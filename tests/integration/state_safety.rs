@@ -12,6 +12,7 @@ use captf::state::{self, StateContent};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams};
 
+use crate::deletion::EnvExt;
 use crate::support::*;
 
 /// A state of about 3.9 MB of JSON, 2.6 MB gzipped: a base and two parts.

@@ -6,11 +6,9 @@
 //! (inputs Secret, `applied-at`, a real `terraform apply` through the kubernetes backend,
 //! fingerprint).
 //!
-//! Shared by `tests/integration`, `examples/sandbox.rs` and `benches/scale.rs` (included
-//! with `#[path]`), so nothing here may use `CARGO_BIN_EXE_*` (examples do not get it):
-//! `Env::captf` lives in `tests/integration/deletion.rs`.
-
-#![allow(dead_code)]
+//! A crate of the workspace, used by `tests/integration`, `examples/sandbox.rs` and the
+//! benches; nothing here may use `CARGO_BIN_EXE_*` (only integration tests get it):
+//! running the `captf` binary lives in `tests/integration/deletion.rs` (`EnvExt`).
 
 pub mod cluster;
 
@@ -42,6 +40,11 @@ use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
 
 use cluster::ControlPlane;
+
+/// The repository's root (this crate is `tests/support`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
 
 /// A module of two `terraform_data` instances whose destroy leaves a file per instance in
 /// `marker_dir`, so a test can see that Terraform really destroyed them. With

@@ -37,7 +37,7 @@ pub fn binaries() -> PathBuf {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let root = crate::repo_root();
             let mut cmd = Command::new("bash");
             // The variables Cargo sets for a test process are not the build's: build
             // scripts that watch them (ring's watches CARGO_MANIFEST_DIR) would make the
