@@ -1413,3 +1413,70 @@ async fn no_finalizer_is_put_back_on_an_object_marked_for_a_move() {
     );
     env.shutdown().await;
 }
+
+/// The write orders the action files state, as the API server carried them out (the
+/// manager's requests go through the fault proxy, which logs its writes in order): a
+/// destroy start writes the backup, then the attempt number on the object, then the
+/// attempt's variables Secret, then its Job; the cleanup writes its marker on the object
+/// before its first delete, and the release is the object's last write, after them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_manager_writes_in_the_order_its_actions_state() {
+    use captf_faultproxy::requestlog::Write;
+    let env = machine_env("order", 0, FAST).await;
+    env.wait_protected(&names::state_secret_name("web-1.tfm"))
+        .await;
+    env.proxy.request_log().reset();
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    let writes = env.proxy.request_log().writes_in_order();
+    let shown: Vec<String> = writes
+        .iter()
+        .map(|w| format!("{} {}/{} {}", w.verb, w.resource, w.subresource, w.name))
+        .collect();
+    let at = |what: &str, from: usize, test: &dyn Fn(&Write) -> bool| {
+        writes
+            .iter()
+            .enumerate()
+            .skip(from)
+            .find(|(_, w)| test(w))
+            .map(|(i, _)| i)
+            .unwrap_or_else(|| panic!("no {what} in {shown:#?}"))
+    };
+    let object = |w: &Write| {
+        w.verb == "patch"
+            && w.resource == "terraformmachines"
+            && w.subresource.is_empty()
+            && w.name == "web-1"
+    };
+    let job = names::job_name("web-1.tfm", names::OPERATION_DESTROY, 1);
+    let backup = names::backup_secret_name("web-1.tfm");
+    let backup_at = at("the backup", 0, &|w| {
+        w.verb == "create" && w.resource == "secrets" && w.name == backup
+    });
+    let attempt_at = at("the attempt number", 0, &object);
+    let variables_at = at("the attempt's variables", 0, &|w| {
+        w.verb == "create" && w.resource == "secrets" && w.name == job
+    });
+    let job_at = at("the Job", 0, &|w| {
+        w.verb == "create" && w.resource == "jobs" && w.name == job
+    });
+    assert!(
+        backup_at < attempt_at && attempt_at < variables_at && variables_at < job_at,
+        "backup {backup_at}, attempt {attempt_at}, variables {variables_at}, Job {job_at}: {shown:#?}"
+    );
+    let marker_at = at("the cleanup marker", job_at + 1, &object);
+    let deletes: Vec<usize> = writes
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.verb == "delete" || w.verb == "deletecollection")
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!deletes.is_empty(), "{shown:#?}");
+    let release_at = writes.iter().rposition(object).expect("the release");
+    assert!(
+        deletes.iter().all(|d| marker_at < *d && *d < release_at),
+        "marker {marker_at}, deletes {deletes:?}, release {release_at}: {shown:#?}"
+    );
+    env.shutdown().await;
+}

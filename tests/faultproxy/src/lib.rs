@@ -86,6 +86,25 @@ pub fn classify(
     Some((verb.into(), resource.into(), sub.unwrap_or_default().into()))
 }
 
+/// The name of the object a write is about: the path's, or a create's body's.
+fn object_name(path: &str, verb: &str, body: &[u8]) -> Option<String> {
+    if verb == "create" {
+        let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+        return v["metadata"]["name"].as_str().map(str::to_string);
+    }
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest: &[&str] = match segs.as_slice() {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
+        _ => return None,
+    };
+    match rest {
+        ["namespaces", _, _res] => None,
+        ["namespaces", _, _res, name, ..] => Some((*name).to_string()),
+        [_res, name, ..] => Some((*name).to_string()),
+        _ => None,
+    }
+}
+
 fn status_response(code: u16, body: Vec<u8>) -> Response<Body> {
     Response::builder()
         .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
@@ -198,17 +217,23 @@ async fn forward(
             out = out.header(k, v);
         }
     }
+    let sent = body.clone();
     let out = match out.body(kube::client::Body::from(body)) {
         Ok(r) => r,
         Err(e) => return status_response(400, format!("{{\"message\":\"{e}\"}}").into_bytes()),
     };
     let watch = class.as_ref().is_some_and(|(v, _, _)| v == "watch");
+    // The written object's name, for the ordered log of writes.
+    let written = class
+        .as_ref()
+        .filter(|(v, _, _)| requestlog::WRITE_VERBS.contains(&v.as_str()))
+        .and_then(|(verb, _, _)| object_name(&path, verb, &sent));
     match upstream.send(out).await {
         Ok(resp) => {
             if let Some((verb, resource, sub)) = &class
                 && resp.status().is_success()
             {
-                log.record_success(verb, resource, sub);
+                log.record_success(verb, resource, sub, written.clone());
             }
             let (parts, body) = resp.into_parts();
             let mut r = Response::builder().status(parts.status);

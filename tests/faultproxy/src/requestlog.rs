@@ -8,6 +8,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 type Counts = BTreeMap<(String, String, String), u64>;
 type ClientCounts = BTreeMap<(String, String, String, String), u64>;
 
+/// One write the API server carried out, in the order the proxy saw the answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    /// The object's name: from the path, or for a create from the body's metadata.
+    pub name: String,
+}
+
+/// How many writes [`RequestLog::writes_in_order`] keeps (the oldest go first).
+const WRITES_KEPT: usize = 100_000;
+
 /// Request counters. Cloning shares the counters.
 #[derive(Clone, Debug, Default)]
 pub struct RequestLog {
@@ -15,6 +28,8 @@ pub struct RequestLog {
     by_client: Arc<Mutex<ClientCounts>>,
     /// Requests the API server answered with a 2xx status.
     succeeded: Arc<Mutex<Counts>>,
+    /// The successful writes, in order (at most [`WRITES_KEPT`]).
+    in_order: Arc<Mutex<Vec<Write>>>,
 }
 
 /// The client of a request: its `User-Agent` up to the first `/` or space (`kube-rs`,
@@ -52,7 +67,25 @@ impl RequestLog {
             .or_default() += 1;
     }
 
-    pub(crate) fn record_success(&self, verb: &str, resource: &str, subresource: &str) {
+    pub(crate) fn record_success(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+        name: Option<String>,
+    ) {
+        if WRITE_VERBS.contains(&verb) {
+            let mut in_order = self.in_order.lock().unwrap_or_else(|e| e.into_inner());
+            if in_order.len() >= WRITES_KEPT {
+                in_order.remove(0);
+            }
+            in_order.push(Write {
+                verb: verb.into(),
+                resource: resource.into(),
+                subresource: subresource.into(),
+                name: name.unwrap_or_default(),
+            });
+        }
         *self
             .succeeded
             .lock()
@@ -104,9 +137,22 @@ impl RequestLog {
         self.lock().clone()
     }
 
+    /// The writes the API server carried out since the last [`reset`](Self::reset), in
+    /// the order their answers passed the proxy.
+    pub fn writes_in_order(&self) -> Vec<Write> {
+        self.in_order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Zero every counter.
     pub fn reset(&self) {
         self.lock().clear();
+        self.in_order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.succeeded
             .lock()
             .unwrap_or_else(|e| e.into_inner())
