@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use captf::api::names::{self, Kind};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, ListParams};
 
@@ -126,23 +125,7 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
         (Kind::TerraformMachine, "web-2"),
         (Kind::TerraformMachinePool, "pool"),
     ] {
-        let suffix = names::state_suffix(kind, name);
-        for secret in [
-            names::state_secret_name(&suffix),
-            names::inputs_secret_name(&suffix),
-            names::backup_secret_name(&suffix),
-        ] {
-            assert!(!env.secret_exists(&secret).await, "{secret} is left");
-        }
-        let lease: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-        assert!(
-            lease
-                .get_opt(&names::lock_lease_name(&suffix))
-                .await
-                .expect("lease")
-                .is_none(),
-            "lock Lease of {name} is left"
-        );
+        env.assert_nothing_left(kind, name).await;
     }
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
     assert!(

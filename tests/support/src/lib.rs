@@ -917,6 +917,67 @@ impl Env {
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     }
 
+    /// Asserts that nothing CAPTF made for the object `kind`/`name` is left in the test's
+    /// namespace: no state, inputs or backup Secret (or part of one), no Secret, Job or Pod
+    /// with its owner labels, and no lock Lease. Errored states are kept by design and are
+    /// not looked at.
+    pub async fn assert_nothing_left(&self, kind: Kind, name: &str) {
+        let suffix = names::state_suffix(kind, name);
+        let mine = |labels: Option<&BTreeMap<String, String>>| {
+            captf::api::labels::labelled_owner(labels).is_some_and(|o| o.is_named(kind, name))
+        };
+        let secrets = self
+            .secrets()
+            .list_metadata(&ListParams::default())
+            .await
+            .expect("secrets");
+        let left: Vec<String> = secrets
+            .items
+            .iter()
+            .filter(|s| {
+                let n = s.metadata.name.as_deref().unwrap_or_default();
+                let role = names::parse_secret_name(n).map(|p| p.role);
+                let errored = role == Some(names::SecretRole::Errored);
+                let of_suffix = names::parse_secret_name(n).is_some_and(|p| p.rest == suffix);
+                !errored && (of_suffix || mine(s.metadata.labels.as_ref()))
+            })
+            .map(|s| s.name_any())
+            .collect();
+        assert!(left.is_empty(), "Secrets of {kind} {name} left: {left:?}");
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.ns);
+        let left: Vec<String> = jobs
+            .list_metadata(&ListParams::default())
+            .await
+            .expect("jobs")
+            .items
+            .iter()
+            .filter(|j| mine(j.metadata.labels.as_ref()))
+            .map(|j| j.name_any())
+            .collect();
+        assert!(left.is_empty(), "Jobs of {kind} {name} left: {left:?}");
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let left: Vec<String> = pods
+            .list_metadata(&ListParams::default())
+            .await
+            .expect("pods")
+            .items
+            .iter()
+            .filter(|p| mine(p.metadata.labels.as_ref()) && p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect();
+        assert!(left.is_empty(), "Pods of {kind} {name} left: {left:?}");
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        assert!(
+            leases
+                .get_opt(&names::lock_lease_name(&suffix))
+                .await
+                .expect("lease")
+                .is_none(),
+            "the lock Lease of {kind} {name} is left"
+        );
+    }
+
     pub async fn secret_exists(&self, name: &str) -> bool {
         self.secrets()
             .get_opt(name)
