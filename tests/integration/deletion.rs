@@ -1463,3 +1463,58 @@ async fn the_manager_writes_in_the_order_its_actions_state() {
     );
     env.shutdown().await;
 }
+
+/// The abandon's write order (act/abandon.rs), as the API server carried it out: its
+/// marker on the object before anything is deleted or let go, each kept Secret marked and
+/// unprotected, and the release last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_abandon_writes_its_marker_first_and_releases_last() {
+    use captf_faultproxy::requestlog::Write;
+    let env = machine_env("abandon-order", 100, FAST).await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
+        .await;
+    env.proxy.request_log().reset();
+    env.abandon::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    let writes = env.proxy.request_log().writes_in_order();
+    let shown: Vec<String> = writes
+        .iter()
+        .map(|w| format!("{} {}/{} {}", w.verb, w.resource, w.subresource, w.name))
+        .collect();
+    let object = |w: &Write| {
+        w.verb == "patch"
+            && w.resource == "terraformmachines"
+            && w.subresource.is_empty()
+            && w.name == "web-1"
+    };
+    let marker_at = writes
+        .iter()
+        .position(object)
+        .unwrap_or_else(|| panic!("no marker in {shown:#?}"));
+    let release_at = writes
+        .iter()
+        .rposition(object)
+        .unwrap_or_else(|| panic!("no release in {shown:#?}"));
+    let state = names::state_secret_name("web-1.tfm");
+    let kept_at = writes
+        .iter()
+        .position(|w| w.verb == "patch" && w.resource == "secrets" && w.name == state)
+        .unwrap_or_else(|| panic!("the state Secret not marked abandoned in {shown:#?}"));
+    let lets_go: Vec<usize> = writes
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| {
+            w.verb.starts_with("delete") || (w.verb == "patch" && w.resource == "secrets")
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        marker_at < release_at
+            && lets_go.iter().all(|i| marker_at < *i && *i < release_at)
+            && kept_at < release_at,
+        "marker {marker_at}, deletes and Secret marks {lets_go:?}, release {release_at}: {shown:#?}"
+    );
+    assert!(!env.destroyed("web-1"));
+    env.shutdown().await;
+}
