@@ -217,7 +217,8 @@ pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Fin
 }
 
 /// Gathers the facts and decides, once. When a destroy could start (the object is being
-/// deleted, its inputs are usable and nothing else keeps a destroy from starting), the
+/// deleted, its state is readable with instances and no row before the state's decides,
+/// its inputs are usable and nothing else keeps a destroy from starting), the
 /// attempt it would start is rendered first with `render(attempt, inputs)`: a Job that
 /// does not render is one more thing that keeps the destroy from starting (row 9), and one
 /// that does is handed back for the controller to create.
@@ -228,10 +229,13 @@ pub fn decide_rendering<T>(
 ) -> (rules::Decision, Facts, Findings, Option<T>) {
     let (mut facts, findings) = gather(o, settings);
     let mut rendered = None;
-    if facts.deleting
+    // Only where the table could start one: a readable state with instances that no row
+    // before the state's decides (not on every pass while a Job runs).
+    let could_start = facts.deleting
         && facts.blocker.is_none()
-        && let Some(inputs) = findings.inputs.as_ref()
-    {
+        && matches!(facts.state, rules::StateFacts::Readable { managed_instances, .. } if managed_instances > 0)
+        && rules::state_needed(&facts);
+    if could_start && let Some(inputs) = findings.inputs.as_ref() {
         match render(facts.next_attempt(), inputs) {
             Ok(t) => rendered = Some((facts.next_attempt(), t)),
             Err(e) => facts.blocker = Some(rules::Blocker::JobDoesNotRender(e)),

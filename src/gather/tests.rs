@@ -718,3 +718,23 @@ fn a_job_that_does_not_render_holds_in_one_decision_and_one_that_does_is_handed_
     assert!(matches!(f.blocker, Some(Blocker::JobDoesNotRender(_))));
     assert_eq!(job, None);
 }
+
+#[test]
+fn no_job_is_rendered_where_the_table_cannot_start_one() {
+    let mut o = deleting_cluster_with_state(&["a"]);
+    o.meta
+        .annotations
+        .get_or_insert_default()
+        .insert(names::CLUSTERCTL_DELETE_FOR_MOVE.into(), "".into());
+    let (d, _, _, job) = decide_rendering(&o, &Settings::default(), |_, _| -> Result<(), String> {
+        panic!("rendered on a pass that row 1 decides")
+    });
+    assert_eq!(d.row, Some(Row::Paused));
+    assert_eq!(job, None);
+    let empty = deleting_cluster_with_state(&[]);
+    let (d, _, _, _) =
+        decide_rendering(&empty, &Settings::default(), |_, _| -> Result<(), String> {
+            panic!("rendered for a state with nothing to destroy")
+        });
+    assert_eq!(d.row, Some(Row::CleanUp));
+}
