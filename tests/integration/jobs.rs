@@ -119,16 +119,8 @@ async fn the_lock_of_an_oomkilled_runner_is_cleared_and_the_next_attempt_runs() 
         2,
         "killed once, then the next attempt finished"
     );
-    let suffix = names::state_suffix(Kind::TerraformMachine, name);
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    assert!(
-        leases
-            .get_opt(&names::lock_lease_name(&suffix))
-            .await
-            .expect("lease")
-            .is_none(),
-        "the lock went with the cleanup"
-    );
+    // The lock went with the cleanup, and everything else of the object.
+    env.assert_nothing_left(Kind::TerraformMachine, name).await;
     env.clear_kubelet_fault("oom").await;
     env.shutdown().await;
 }
