@@ -56,7 +56,7 @@ pub async fn observe<K: TerraformObject>(
 pub type StateMeta = Option<Option<ObjectMeta>>;
 
 /// One reconcile pass's observation: [`observe`], then the Secrets and the lock when the
-/// rule table needs the state ([`gather::state_needed`]), always read after the Jobs are
+/// rule table needs the state ([`crate::rules::state_needed`]), always read after the Jobs are
 /// listed, so that a Job seen finished is followed by a read of the state it left. When
 /// the Jobs, the Cluster, the CRD and the dependents already say the state will be needed
 /// (the usual pass of a deletion), the Secrets are read at the same time as the Pods; a
@@ -69,7 +69,7 @@ pub async fn observe_pass<K: TerraformObject>(
     settings: &Settings,
     state_reads: &Arc<Semaphore>,
 ) -> Result<(Observed, StateMeta), Error> {
-    let needed = |o: &Observed| gather::state_needed(&gather::gather(o, settings).0);
+    let needed = |o: &Observed| crate::rules::state_needed(&gather::gather(o, settings).0);
     let (mut o, early) = observe_rounds(client, cluster_api, obj, needed, state_reads).await?;
     if !needed(&o) {
         return Ok((o, None));

@@ -204,11 +204,6 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Findings) {
     (facts, findings)
 }
 
-/// Whether the state decides this pass (see [`rules::state_needed`]).
-pub fn state_needed(facts: &Facts) -> bool {
-    rules::state_needed(facts)
-}
-
 /// Gathers the facts and decides, in one call, with every Job taken to render (as
 /// `captf explain` does: it has no say over the manager's templates).
 pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Findings) {

@@ -73,10 +73,7 @@ pub async fn abandon<K: TerraformObject>(
         names::inputs_secret_name(suffix),
         names::backup_secret_name(suffix),
     ] {
-        for name in chunked::names_of(secrets, &base).await? {
-            let Some(s) = secrets.get_metadata_opt(&name).await? else {
-                continue;
-            };
+        for s in chunked::metas(secrets, &base).await? {
             let mut ops = if s
                 .metadata
                 .annotations

@@ -936,9 +936,11 @@ impl Env {
             .iter()
             .filter(|s| {
                 let n = s.metadata.name.as_deref().unwrap_or_default();
-                let role = names::parse_secret_name(n).map(|p| p.role);
-                let errored = role == Some(names::SecretRole::Errored);
-                let of_suffix = names::parse_secret_name(n).is_some_and(|p| p.rest == suffix);
+                let parsed = names::parse_secret_name(n);
+                let errored = parsed
+                    .as_ref()
+                    .is_some_and(|p| p.role == names::SecretRole::Errored);
+                let of_suffix = parsed.as_ref().is_some_and(|p| p.rest == suffix);
                 !errored && (of_suffix || mine(s.metadata.labels.as_ref()))
             })
             .map(|s| s.name_any())
