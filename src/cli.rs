@@ -269,11 +269,9 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            Misuse(format!(
-                "no Kubernetes configuration (in-cluster or KUBECONFIG): {e}"
-            ))
-        })?;
+        let (client, _) = crate::io::client::connect(crate::io::client::Sender::Manager)
+            .await
+            .map_err(Misuse)?;
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
@@ -306,14 +304,9 @@ fn with_client<T>(
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async move {
-        let config = kube::Config::infer().await.map_err(|e| {
-            Misuse(format!(
-                "no Kubernetes configuration (KUBECONFIG or in-cluster): {e}"
-            ))
-        })?;
-        let ns = config.default_namespace.clone();
-        let client = kube::Client::try_from(config)
-            .map_err(|e| Misuse(format!("cannot build a Kubernetes client: {e}")))?;
+        let (client, ns) = crate::io::client::connect(crate::io::client::Sender::Cli)
+            .await
+            .map_err(Misuse)?;
         f(client, ns).await
     })
 }

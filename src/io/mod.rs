@@ -2,6 +2,7 @@
 //! ([`writes`]), shared by the controllers, the state's Secret I/O
 //! (`crate::state::secrets`) and the operator's commands.
 
+pub mod client;
 pub mod writes;
 
 /// Failures to talk to the API server (expected outcomes are data, not errors).

@@ -133,3 +133,36 @@ fn document<'a>(stream: &'a str, kind: &str, name: &str) -> &'a str {
     );
     found[0]
 }
+
+/// The API priority and fairness example of config/apf is accepted by kube-apiserver (a
+/// server-side dry run: the objects are validated, nothing is stored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flowschema_example_is_accepted_by_the_api_server() {
+    let env = crate::support::Env::start("apf").await;
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
+    let out = Command::new(&kubectl)
+        .args([
+            "apply",
+            "--dry-run=server",
+            "-f",
+            "config/apf/captf-flowschema.yaml",
+        ])
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .current_dir(ROOT)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{kubectl}` ({e})"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the API server refused config/apf/captf-flowschema.yaml:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for object in [
+        "prioritylevelconfiguration.flowcontrol.apiserver.k8s.io/captf",
+        "flowschema.flowcontrol.apiserver.k8s.io/captf-manager",
+        "flowschema.flowcontrol.apiserver.k8s.io/captf-runner",
+    ] {
+        assert!(stdout.contains(object), "{object} in {stdout}");
+    }
+    env.shutdown().await;
+}

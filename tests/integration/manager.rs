@@ -201,3 +201,70 @@ async fn watch_filter_and_namespace_limit_what_a_manager_handles() {
     );
     env.shutdown().await;
 }
+
+/// The manager and the CLI name themselves in every request's User-Agent (the proxy keys
+/// its counts by it): an administrator tells them apart in the audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_and_the_cli_name_themselves_in_their_user_agent() {
+    let env = Env::start("agents").await;
+    let log = env.proxy.request_log();
+    let version = env!("CARGO_PKG_VERSION");
+    let manager_agent = format!("captf/{version} (manager)");
+    let cli_agent = format!("captf/{version} (cli)");
+    let sent_by = |agent: &str| {
+        log.snapshot_by_client()
+            .iter()
+            .filter(|((client, ..), _)| client == agent)
+            .map(|(_, n)| *n)
+            .sum::<u64>()
+    };
+    /// Kills the manager however the test ends.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let manager = std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
+        .args([
+            "manager",
+            "--metrics-bind-address=",
+            "--health-probe-bind-address=",
+            "--namespace",
+            &env.ns,
+            "--manager-namespace",
+            &env.manager_ns,
+        ])
+        .env("KUBECONFIG", env.proxy.kubeconfig_path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(Killed)
+        .expect("start the manager");
+    wait_for("the manager's watches", LONG_WAIT, || async {
+        sent_by(&manager_agent) >= 5
+    })
+    .await;
+    drop(manager);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
+        .args(["orphans", "-n", &env.ns, "-o", "json"])
+        .env("KUBECONFIG", env.proxy.kubeconfig_path())
+        .output()
+        .expect("run captf orphans");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(sent_by(&cli_agent) > 0, "{:?}", log.snapshot_by_client());
+    // Nobody else went through the proxy, and nothing without a User-Agent.
+    let others: Vec<String> = log
+        .snapshot_by_client()
+        .keys()
+        .map(|(client, ..)| client.clone())
+        .filter(|c| *c != manager_agent && *c != cli_agent)
+        .collect();
+    assert!(others.is_empty(), "{others:?}");
+    env.shutdown().await;
+}

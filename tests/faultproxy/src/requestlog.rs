@@ -32,11 +32,12 @@ pub struct RequestLog {
     in_order: Arc<Mutex<Vec<Write>>>,
 }
 
-/// The client of a request: its `User-Agent` up to the first `/` or space (`kube-rs`,
-/// `kubectl`, `HashiCorp`, `curl`, …), or `-` without one.
+/// The client of a request: its `User-Agent` (`captf/0.1.0 (manager)`,
+/// `HashiCorp/1.0 Terraform/1.11.4`, `kubectl/v1.34.1 (linux/amd64) …`), cut to 80
+/// characters, or `-` without one.
 pub fn client_of(user_agent: Option<&str>) -> String {
     match user_agent.map(str::trim) {
-        Some(ua) if !ua.is_empty() => ua.split(['/', ' ']).next().unwrap_or_default().to_string(),
+        Some(ua) if !ua.is_empty() => ua.chars().take(80).collect(),
         _ => "-".into(),
     }
 }
