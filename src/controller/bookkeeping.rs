@@ -279,12 +279,23 @@ async fn protect_state<K: TerraformObject>(
                 names::TF_LABEL_SUFFIX,
                 scope.suffix
             ));
-            let mut found: Vec<ObjectMeta> = secrets
-                .list_metadata(&lp)
-                .await?
-                .items
+            // From the cache of state Secrets, or listed without it.
+            let listed: Vec<ObjectMeta> = match &scope.caches {
+                Some(c) => c
+                    .with_suffix(&scope.namespace, &scope.suffix)
+                    .iter()
+                    .map(|m| m.metadata.clone())
+                    .collect(),
+                None => secrets
+                    .list_metadata(&lp)
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(|m| m.metadata)
+                    .collect(),
+            };
+            let mut found: Vec<ObjectMeta> = listed
                 .into_iter()
-                .map(|m| m.metadata)
                 .filter(|m| {
                     m.name
                         .as_deref()
@@ -300,9 +311,9 @@ async fn protect_state<K: TerraformObject>(
                     .annotations
                     .as_ref()
                     .is_some_and(|a| a.contains_key(names::APPLIED_AT))
-                && let Some(m) = secrets.get_metadata_opt(&base).await?
+                && let Some(m) = scope.secret_meta(&base).await?
             {
-                found.push(m.metadata);
+                found.push(m);
             }
             found
         }

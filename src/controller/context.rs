@@ -2,17 +2,21 @@
 //! metrics, and what the manager remembers between passes (releases, refusals, backups,
 //! the state-read permits); and Cluster API's Cluster kind as discovered.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Client;
 use kube::api::ApiResource;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
 
-use crate::api::names;
+use super::Caches;
+use crate::api::names::{self, Kind};
 use crate::gather::Settings;
 use crate::job::Templates;
 use crate::metrics::Metrics;
@@ -88,6 +92,11 @@ pub struct Context {
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
     pub state_reads: Arc<tokio::sync::Semaphore>,
+    /// Each controller's caches, by kind (empty for passes a test runs without them: those
+    /// read the API server).
+    caches: Mutex<BTreeMap<Kind, Arc<Caches>>>,
+    /// The runner ServiceAccounts the manager made, when watched (see [`super::rbac`]).
+    pub runner_accounts: std::sync::OnceLock<Store<PartialObjectMeta<ServiceAccount>>>,
 }
 
 impl Context {
@@ -120,6 +129,8 @@ impl Context {
             refused: Mutex::default(),
             backups: Mutex::default(),
             state_reads: Arc::new(tokio::sync::Semaphore::new(cfg.max_state_reads.max(1))),
+            caches: Mutex::default(),
+            runner_accounts: std::sync::OnceLock::new(),
         }
     }
 
@@ -137,6 +148,28 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(uid.to_string(), (lineage.to_string(), serial));
+    }
+
+    pub fn register_caches(&self, kind: Kind, caches: Arc<Caches>) {
+        self.caches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind, caches);
+    }
+
+    /// The caches of kind `kind`'s controller, when it runs.
+    pub fn caches(&self, kind: Kind) -> Option<Arc<Caches>> {
+        self.caches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&kind)
+            .cloned()
+    }
+
+    /// The caches of all three controllers, when all run.
+    pub fn all_caches(&self) -> Option<Vec<Arc<Caches>>> {
+        let map = self.caches.lock().unwrap_or_else(|e| e.into_inner());
+        Kind::ALL.iter().map(|k| map.get(k).cloned()).collect()
     }
 
     fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {

@@ -11,6 +11,7 @@
 
 pub mod act;
 pub mod bookkeeping;
+pub mod caches;
 pub mod context;
 pub mod error;
 pub mod events;
@@ -29,16 +30,17 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
+pub use caches::Caches;
 pub use context::{ClusterKind, Context, ManagerConfig, Released, discover_cluster};
 pub use error::Error;
 pub use scope::Scope;
@@ -70,12 +72,56 @@ where
         names::LABEL_OWNER_KIND,
         K::KIND.as_str()
     ));
-    let c = Controller::new(scoped::<K>(&client, &ns), main_cfg);
-    let store = c.store();
+    // The objects are kept without their managedFields (most of a small object's bytes;
+    // nothing reads them, and every write is a patch).
+    let (store, writer) = reflector::store();
+    let objects = reflector::reflector(
+        writer,
+        watcher(scoped::<K>(&client, &ns), main_cfg)
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None),
+    )
+    .applied_objects();
+    let c = Controller::for_stream(objects, store.clone());
     let gate = Arc::new(Gate::new(cfg.concurrency, store.clone()));
+    // Each watch fills a cache the passes read (`caches`) and triggers the passes.
+    let (jobs, jobs_stream) =
+        caches::reflect(scoped::<Job>(&client, &ns), owned.clone(), caches::trim_job);
+    let (pods, pods_stream) =
+        caches::reflect(scoped::<Pod>(&client, &ns), owned.clone(), caches::trim_pod);
+    // Secrets by metadata only: state Secrets can be megabytes.
+    let (secrets, secrets_stream) =
+        caches::reflect_metadata(scoped::<PartialObjectMeta<Secret>>(&client, &ns), owned);
+    // Terraform's state Secrets without the owner labels (written by hand, or before
+    // the backend's labels were set): those with them are in `secrets` already.
+    let (states, states_stream) = caches::reflect_metadata(
+        scoped::<PartialObjectMeta<Secret>>(&client, &ns),
+        watcher::Config::default().labels(&format!(
+            "{}=true,!{}",
+            names::TF_LABEL_STATE,
+            names::LABEL_OWNER_KIND
+        )),
+    );
+    let (crd, crd_stream) = caches::reflect_metadata(
+        Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={}", K::KIND.crd_name())),
+    );
+    let ns_cfg = match &ns {
+        Some(n) => watcher::Config::default().fields(&format!("metadata.name={n}")),
+        None => watcher::Config::default(),
+    };
+    let (namespaces, namespaces_stream) = caches::reflect_metadata(
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        ns_cfg,
+    );
+    let (refusals, refusals_stream) = caches::reflect(
+        scoped::<CoreEvent>(&client, &ns),
+        watcher::Config::default().fields("involvedObject.kind=Job,reason=FailedCreate"),
+        caches::trim_event,
+    );
     let mut c = c
         .with_config(Gate::<K>::controller_config())
-        .watches(scoped::<Job>(&client, &ns), owned.clone(), {
+        .watches_stream(jobs_stream, {
             let store = store.clone();
             let gate = gate.clone();
             move |j: Job| {
@@ -89,45 +135,65 @@ where
                 owner_of::<K>(&store, &j.metadata)
             }
         })
-        .watches(scoped::<Pod>(&client, &ns), owned.clone(), {
+        .watches_stream(pods_stream, {
             let store = store.clone();
             move |p: Pod| owner_of::<K>(&store, &p.metadata)
         })
-        // Secrets by metadata only: state Secrets can be megabytes.
-        .watches(scoped::<PartialObjectMeta<Secret>>(&client, &ns), owned, {
+        .watches_stream(secrets_stream, {
             let store = store.clone();
             move |s: PartialObjectMeta<Secret>| owner_of::<K>(&store, &s.metadata)
         })
-        .watches(
-            scoped::<PartialObjectMeta<Secret>>(&client, &ns),
-            watcher::Config::default().labels(&format!("{}=true", names::TF_LABEL_STATE)),
-            {
-                let store = store.clone();
-                move |s: PartialObjectMeta<Secret>| state_owner::<K>(&store, &s.metadata)
-            },
-        );
-    let crd_store = store.clone();
-    c = c.watches(
-        Api::<CustomResourceDefinition>::all(client.clone()),
-        watcher::Config::default().fields(&format!("metadata.name={}", K::KIND.crd_name())),
-        move |_crd| {
-            crd_store
-                .state()
-                .iter()
-                .map(|o| ObjectRef::from_obj(o.as_ref()))
-                .collect::<Vec<_>>()
-        },
-    );
+        .watches_stream(states_stream, {
+            let store = store.clone();
+            move |s: PartialObjectMeta<Secret>| state_owner::<K>(&store, &s.metadata)
+        })
+        .watches_stream(crd_stream, {
+            let store = store.clone();
+            move |_crd: PartialObjectMeta<CustomResourceDefinition>| {
+                store
+                    .state()
+                    .iter()
+                    .map(|o| ObjectRef::from_obj(o.as_ref()))
+                    .collect::<Vec<_>>()
+            }
+        })
+        // A namespace being deleted: every object in it looks again (its state is kept).
+        .watches_stream(namespaces_stream, {
+            let store = store.clone();
+            move |n: PartialObjectMeta<Namespace>| {
+                let name = n.name_any();
+                if n.metadata.deletion_timestamp.is_none() {
+                    return Vec::new();
+                }
+                store
+                    .state_filter(|o| o.namespace().as_deref() == Some(name.as_str()))
+                    .iter()
+                    .map(|o| ObjectRef::from_obj(o.as_ref()))
+                    .collect::<Vec<_>>()
+            }
+        })
+        .watches_stream(refusals_stream, {
+            let store = store.clone();
+            let jobs = jobs.clone();
+            move |e: CoreEvent| {
+                let job =
+                    ObjectRef::<Job>::new(e.involved_object.name.as_deref().unwrap_or_default())
+                        .within(e.involved_object.namespace.as_deref().unwrap_or_default());
+                jobs.get(&job)
+                    .and_then(|j| owner_of::<K>(&store, &j.metadata))
+            }
+        });
+    let mut clusters = None;
     if let Some(ar) = ctx.cluster_api.resource().cloned() {
         let cluster_store = store.clone();
         let api: Api<DynamicObject> = match &ns {
             Some(n) => Api::namespaced_with(client.clone(), n, &ar),
             None => Api::all_with(client.clone(), &ar),
         };
-        c = c.watches_with(
-            api,
-            ar,
-            watcher::Config::default(),
+        let (reader, stream) = caches::reflect_dynamic(api, ar.clone(), watcher::Config::default());
+        clusters = Some(reader);
+        c = c.watches_stream_with(
+            stream,
             move |cl: DynamicObject| {
                 objects_of_cluster(
                     &cluster_store,
@@ -135,29 +201,64 @@ where
                     &cl.name_any(),
                 )
             },
+            ar,
         );
     }
+    let (mut machines, mut pools) = (None, None);
     if K::KIND == Kind::TerraformCluster {
         let s1 = store.clone();
         let s2 = store.clone();
+        // Metadata only: the owning Cluster and the name are all that is read.
+        let (m, m_stream) = caches::reflect(
+            scoped::<PartialObjectMeta<TerraformMachine>>(&client, &ns),
+            watcher::Config::default(),
+            caches::trim_to_owners,
+        );
+        let (p, p_stream) = caches::reflect(
+            scoped::<PartialObjectMeta<TerraformMachinePool>>(&client, &ns),
+            watcher::Config::default(),
+            caches::trim_to_owners,
+        );
+        (machines, pools) = (Some(m), Some(p));
         c = c
-            .watches(
-                scoped::<TerraformMachine>(&client, &ns),
-                watcher::Config::default(),
-                move |m: TerraformMachine| match gather::owning_cluster(&m.metadata) {
+            .watches_stream(m_stream, move |m: PartialObjectMeta<TerraformMachine>| {
+                match gather::owning_cluster(&m.metadata) {
                     Some(cl) => objects_of_cluster(&s1, &m.namespace().unwrap_or_default(), &cl),
                     None => Vec::new(),
-                },
-            )
-            .watches(
-                scoped::<TerraformMachinePool>(&client, &ns),
-                watcher::Config::default(),
-                move |p: TerraformMachinePool| match gather::owning_cluster(&p.metadata) {
+                }
+            })
+            .watches_stream(
+                p_stream,
+                move |p: PartialObjectMeta<TerraformMachinePool>| match gather::owning_cluster(
+                    &p.metadata,
+                ) {
                     Some(cl) => objects_of_cluster(&s2, &p.namespace().unwrap_or_default(), &cl),
                     None => Vec::new(),
                 },
             );
     }
+    let caches = Arc::new(Caches {
+        jobs,
+        pods,
+        secrets,
+        states,
+        crd,
+        namespaces,
+        refusals,
+        clusters,
+        machines,
+        pools,
+        objects_in: {
+            let store = store.clone();
+            Arc::new(move |n: &str| {
+                store
+                    .state_filter(|o| o.namespace().as_deref() == Some(n))
+                    .len()
+            })
+        },
+        unfiltered: cfg.watch_filter.is_none(),
+    });
+    ctx.register_caches(K::KIND, caches.clone());
     c.run(
         move |obj, ctx| {
             let gate = gate.clone();
@@ -235,6 +336,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     tokio::pin!(lost);
     let mut sweep = None;
+    let mut accounts_watch = None;
     // The controllers run with the Cluster kind as known; while it is unknown, the manager
     // looks for it again and, once found, starts them again to watch Clusters.
     loop {
@@ -252,6 +354,11 @@ pub async fn run(
         info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
         // The sweep shares the controllers' context (its record of the namespaces whose
         // runner RBAC exists), so it starts again with them.
+        let (accounts, accounts_stream) = caches::runner_accounts(&client, &cfg.namespace);
+        let _ = ctx.runner_accounts.set(accounts);
+        if let Some(old) = accounts_watch.replace(caches::drive(accounts_stream)) {
+            old.abort();
+        }
         if let Some(old) = sweep.replace(tokio::spawn(rbac::sweep_forever(
             ctx.clone(),
             cfg.rbac_sweep_every,
@@ -285,8 +392,8 @@ pub async fn run(
             }
         }
     }
-    if let Some(sweep) = sweep {
-        sweep.abort();
+    for task in sweep.into_iter().chain(accounts_watch) {
+        task.abort();
     }
     Ok(())
 }

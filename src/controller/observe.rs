@@ -13,11 +13,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::ObjectMeta;
+use kube::runtime::reflector::ObjectRef;
 
 use kube::Client;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{ClusterKind, Error};
+use super::caches;
+use super::{Caches, ClusterKind, Error};
 use crate::api::labels::{namesake_selector, owner_selector};
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
@@ -46,9 +48,11 @@ pub async fn observe<K: TerraformObject>(
     obj: &K,
 ) -> Result<Observed, Error> {
     let unused = Arc::new(Semaphore::new(1));
-    Ok(observe_rounds(client, cluster_api, obj, |_| false, &unused)
-        .await?
-        .0)
+    Ok(
+        observe_rounds(client, None, cluster_api, obj, |_| false, &unused)
+            .await?
+            .0,
+    )
 }
 
 /// The base state Secret's metadata as a pass read it: `None` when the pass did not read
@@ -64,19 +68,21 @@ pub type StateMeta = Option<Option<ObjectMeta>>;
 /// without it.
 pub async fn observe_pass<K: TerraformObject>(
     client: &Client,
+    caches: Option<&Caches>,
     cluster_api: &ClusterKind,
     obj: &K,
     settings: &Settings,
     state_reads: &Arc<Semaphore>,
 ) -> Result<(Observed, StateMeta), Error> {
     let needed = |o: &Observed| crate::rules::state_needed(&gather::gather(o, settings).0);
-    let (mut o, early) = observe_rounds(client, cluster_api, obj, needed, state_reads).await?;
+    let (mut o, early) =
+        observe_rounds(client, caches, cluster_api, obj, needed, state_reads).await?;
     if !needed(&o) {
         return Ok((o, None));
     }
     let read = match early {
         Some(read) => read,
-        None => read_secrets(client, &o, state_reads).await?,
+        None => read_secrets(client, caches, &o, state_reads).await?,
     };
     let meta = read.apply(&mut o);
     Ok((o, Some(meta)))
@@ -85,9 +91,13 @@ pub async fn observe_pass<K: TerraformObject>(
 /// The reads of [`observe`] in two rounds: the Jobs with the Cluster, the CRD, the
 /// Namespace and the dependents; then the Pods (a Pod listed before the Jobs could belong
 /// to a Job created after), with the Secrets at the same time when `secrets_now` says so
-/// of what the first round read.
+/// of what the first round read. With `caches` (the manager's), all of it but the
+/// Machine and MachinePool owners is read from them; the Jobs and Pods are listed live
+/// when the cache lacks the Job of the attempt the object says runs
+/// ([`gather::started_job_unseen`]).
 async fn observe_rounds<K: TerraformObject>(
     client: &Client,
+    caches: Option<&Caches>,
     cluster_api: &ClusterKind,
     obj: &K,
     secrets_now: impl Fn(&Observed) -> bool,
@@ -95,30 +105,52 @@ async fn observe_rounds<K: TerraformObject>(
 ) -> Result<(Observed, Option<SecretsRead>), Error> {
     let meta = obj.meta().clone();
     let ns = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
     let uid = meta.uid.clone().unwrap_or_default();
     let client = client.clone();
-    let lp = ListParams::default().labels(&namesake_selector(K::KIND, &obj.name_any()));
+    let lp = ListParams::default().labels(&namesake_selector(K::KIND, &name));
+    // The Jobs from the cache, unless it lacks the running attempt's (the check looks at
+    // this object's Jobs only, by their uid label).
+    let cached_jobs = caches
+        .map(|c| caches::namesakes(&c.jobs, K::KIND, &ns, &name))
+        .filter(|jobs| !gather::started_job_unseen(&meta, K::KIND, jobs));
+    let from_cache = cached_jobs.is_some();
     let jobs = async {
-        Ok::<_, Error>(
-            Api::<Job>::namespaced(client.clone(), &ns)
-                .list(&lp)
-                .await?
-                .items,
-        )
+        Ok::<_, Error>(match cached_jobs {
+            Some(jobs) => jobs,
+            None => {
+                Api::<Job>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await?
+                    .items
+            }
+        })
     };
     let cluster_name = gather::owning_cluster(&meta);
     let cluster = async {
+        let view = |c: &DynamicObject| {
+            ClusterView::from_value(&serde_json::to_value(c).unwrap_or_default())
+        };
         Ok::<_, Error>(match (&cluster_name, cluster_api.resource()) {
-            (Some(name), Some(ar)) => {
-                Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
+            (Some(name), Some(ar)) => match caches.and_then(|c| c.clusters.as_ref()) {
+                Some(store) => store
+                    .get(&ObjectRef::new_with(name, ar.clone()).within(&ns))
+                    .map(|c| view(&c)),
+                None => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
                     .get_opt(name)
                     .await?
-                    .map(|c| ClusterView::from_value(&serde_json::to_value(&c).unwrap_or_default()))
-            }
+                    .map(|c| view(&c)),
+            },
             _ => None,
         })
     };
     let crd_deleting = async {
+        if let Some(c) = caches {
+            return Ok(c
+                .crd
+                .get(&ObjectRef::new(&K::KIND.crd_name()))
+                .is_some_and(|m| m.metadata.deletion_timestamp.is_some()));
+        }
         Ok::<_, Error>(
             // A failed read fails the pass: it must never count as "the CRD is not being
             // deleted", or a transient error during an uninstall would start a destroy.
@@ -129,6 +161,10 @@ async fn observe_rounds<K: TerraformObject>(
         )
     };
     let namespace_terminating = async {
+        // A namespace the cache does not hold (a watch that has not seen it yet) is read.
+        if let Some(m) = caches.and_then(|c| c.namespaces.get(&ObjectRef::new(&ns))) {
+            return Ok(m.metadata.deletion_timestamp.is_some());
+        }
         Ok::<_, Error>(
             Api::<Namespace>::all(client.clone())
                 .get_opt(&ns)
@@ -141,9 +177,12 @@ async fn observe_rounds<K: TerraformObject>(
     };
     let dependents = async {
         if K::KIND == Kind::TerraformCluster && meta.deletion_timestamp.is_some() {
-            match &cluster_name {
-                Some(c) => dependents(&client, &ns, c).await,
-                None => Ok(Vec::new()),
+            match (&cluster_name, caches) {
+                (Some(c), Some(caches)) if caches.machines.is_some() => {
+                    Ok(cached_dependents(caches, &ns, c))
+                }
+                (Some(c), _) => dependents(&client, &ns, c).await,
+                (None, _) => Ok(Vec::new()),
             }
         } else {
             Ok(Vec::new())
@@ -227,16 +266,19 @@ async fn observe_rounds<K: TerraformObject>(
     };
     let read_now = secrets_now(&o);
     let pods = async {
-        Ok::<_, Error>(
-            Api::<Pod>::namespaced(client.clone(), &ns)
-                .list(&lp)
-                .await?
-                .items,
-        )
+        Ok::<_, Error>(match caches.filter(|_| from_cache) {
+            Some(c) => caches::namesakes(&c.pods, K::KIND, &ns, &name),
+            None => {
+                Api::<Pod>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await?
+                    .items
+            }
+        })
     };
     let secrets = async {
         if read_now {
-            Ok(Some(read_secrets(&client, &o, state_reads).await?))
+            Ok(Some(read_secrets(&client, caches, &o, state_reads).await?))
         } else {
             Ok(None)
         }
@@ -244,9 +286,37 @@ async fn observe_rounds<K: TerraformObject>(
     let (pods, secrets) = futures::try_join!(pods, secrets)?;
     (o.pods, o.earlier_pods) = split_namesakes(pods, &uid);
     o.stuck_pods = stuck_pods(&client, o.pods.iter().chain(o.earlier_pods.iter()), o.now).await?;
-    o.job_refusals = job_refusals(&client, &ns, &o.jobs, &o.pods, o.now).await?;
+    o.job_refusals = match caches {
+        Some(c) => cached_refusals(c, &ns, &o.jobs, &o.pods, o.now),
+        None => job_refusals(&client, &ns, &o.jobs, &o.pods, o.now).await?,
+    };
     o.now = Timestamp::now();
     Ok((o, secrets))
+}
+
+/// [`dependents`] from the TerraformCluster controller's caches of machines and pools.
+fn cached_dependents(caches: &Caches, ns: &str, cluster: &str) -> Vec<String> {
+    let of_cluster = |m: &ObjectMeta| {
+        m.namespace.as_deref() == Some(ns)
+            && m.labels
+                .as_ref()
+                .and_then(|l| l.get(names::CAPI_CLUSTER_NAME_LABEL))
+                .map(String::as_str)
+                == Some(cluster)
+    };
+    let mut out = Vec::new();
+    for m in caches.machines.iter().flat_map(|s| s.state()) {
+        if of_cluster(&m.metadata) {
+            out.push(format!("TerraformMachine/{}", m.name_any()));
+        }
+    }
+    for p in caches.pools.iter().flat_map(|s| s.state()) {
+        if of_cluster(&p.metadata) {
+            out.push(format!("TerraformMachinePool/{}", p.name_any()));
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The Pods still terminating after their grace period (their `deletionTimestamp` has
@@ -311,6 +381,32 @@ pub fn podless<'a>(jobs: &'a [Job], pods: &'a [Pod]) -> impl Iterator<Item = &'a
 /// makes a Pod within a moment of the Job, unless it is refused.
 const POD_EXPECTED_WITHIN: i64 = 5;
 
+/// The unfinished Jobs without a Pod for [`POD_EXPECTED_WITHIN`] seconds.
+fn refused_jobs<'a>(
+    jobs: &'a [Job],
+    pods: &'a [Pod],
+    now: Timestamp,
+) -> impl Iterator<Item = &'a Job> {
+    podless(jobs, pods).filter(move |j| {
+        j.metadata
+            .creation_timestamp
+            .as_ref()
+            .is_none_or(|t| now.as_second() - t.0.as_second() >= POD_EXPECTED_WITHIN)
+    })
+}
+
+/// The latest message of `events`.
+fn latest_message(events: impl Iterator<Item = CoreEvent>) -> Option<String> {
+    events
+        .max_by_key(|e| {
+            e.last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.event_time.as_ref().map(|t| t.0))
+        })
+        .and_then(|e| e.message)
+}
+
 /// The latest `FailedCreate` Event message of each unfinished Job that has had no Pod for
 /// [`POD_EXPECTED_WITHIN`] seconds (its Pods are refused: admission, a quota, a missing
 /// ServiceAccount). Read only for such Jobs, so a pass whose Jobs have Pods, or were just
@@ -323,13 +419,7 @@ async fn job_refusals(
     now: Timestamp,
 ) -> Result<BTreeMap<String, String>, Error> {
     let mut out = BTreeMap::new();
-    let old_enough = |j: &&Job| {
-        j.metadata
-            .creation_timestamp
-            .as_ref()
-            .is_none_or(|t| now.as_second() - t.0.as_second() >= POD_EXPECTED_WITHIN)
-    };
-    for j in podless(jobs, pods).filter(old_enough) {
+    for j in refused_jobs(jobs, pods, now) {
         let name = j.metadata.name.clone().unwrap_or_default();
         let lp = ListParams::default().fields(&format!(
             "involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate"
@@ -338,17 +428,33 @@ async fn job_refusals(
             .list(&lp)
             .await?
             .items;
-        let latest = events.into_iter().max_by_key(|e| {
-            e.last_timestamp
-                .as_ref()
-                .map(|t| t.0)
-                .or(e.event_time.as_ref().map(|t| t.0))
-        });
-        if let Some(message) = latest.and_then(|e| e.message) {
+        if let Some(message) = latest_message(events.into_iter()) {
             out.insert(name, message);
         }
     }
     Ok(out)
+}
+
+/// [`job_refusals`] from the cache of `FailedCreate` Events.
+fn cached_refusals(
+    caches: &Caches,
+    ns: &str,
+    jobs: &[Job],
+    pods: &[Pod],
+    now: Timestamp,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for j in refused_jobs(jobs, pods, now) {
+        let name = j.metadata.name.clone().unwrap_or_default();
+        let events = caches.refusals.state_filter(|e| {
+            e.involved_object.namespace.as_deref() == Some(ns)
+                && e.involved_object.name.as_deref() == Some(name.as_str())
+        });
+        if let Some(message) = latest_message(events.iter().map(|e| e.as_ref().clone())) {
+            out.insert(name, message);
+        }
+    }
+    out
 }
 
 /// The machines and pools of a cluster, listed live whatever `--watch-filter` says.
@@ -403,14 +509,18 @@ impl SecretsRead {
 /// Reads the state Secrets, the inputs Secret, what they reference, and the lock.
 pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Error> {
     let one = Arc::new(Semaphore::new(1));
-    read_secrets(client, o, &one).await?.apply(o);
+    read_secrets(client, None, o, &one).await?.apply(o);
     Ok(())
 }
 
 /// The reads of [`observe_secrets`]: the state, the inputs and the lock at once, then what
-/// the inputs (or, without them, the spec) reference, at once.
+/// the inputs (or, without them, the spec) reference, at once. These are read live: the
+/// decision acts on them. With `caches`, the errored states are found in the cache of
+/// the object's Secrets' metadata, except shortly after a Job of the object failed
+/// ([`gather::failed_lately`]).
 async fn read_secrets(
     client: &Client,
+    caches: Option<&Caches>,
     o: &Observed,
     state_reads: &Arc<Semaphore>,
 ) -> Result<SecretsRead, Error> {
@@ -433,7 +543,12 @@ async fn read_secrets(
         chunked::read_with_meta(&secrets, &state_name, Some(&suffix)),
         async { Ok(secrets.get_opt(&inputs_name).await?) },
         async { Ok(leases.get_opt(&lock_name).await?) },
-        read_errored(&secrets, &suffix, &uid),
+        read_errored(
+            &secrets,
+            caches.filter(|_| !gather::failed_lately(o)),
+            &suffix,
+            &uid
+        ),
     )?;
 
     // Names the inputs (or, without them, the spec) reference.
@@ -488,6 +603,7 @@ async fn read_secrets(
 /// in full.
 async fn read_errored(
     secrets: &Api<Secret>,
+    caches: Option<&Caches>,
     suffix: &str,
     uid: &str,
 ) -> Result<Vec<state::Errored>, Error> {
@@ -495,11 +611,17 @@ async fn read_errored(
         return Ok(Vec::new());
     }
     let legacy = names::errored_secret_name(suffix);
-    let lp = ListParams::default().labels(&owner_selector(uid));
-    let errored: Vec<String> = secrets
-        .list_metadata(&lp)
-        .await?
-        .items
+    let metas: Vec<kube::core::PartialObjectMeta<Secret>> = match caches {
+        Some(c) => caches::owned_by(&c.secrets, uid)
+            .into_iter()
+            .map(|m| m.as_ref().clone())
+            .collect(),
+        None => {
+            let lp = ListParams::default().labels(&owner_selector(uid));
+            secrets.list_metadata(&lp).await?.items
+        }
+    };
+    let errored: Vec<String> = metas
         .into_iter()
         .filter(|m| {
             m.metadata.name.as_deref() == Some(legacy.as_str())

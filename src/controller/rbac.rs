@@ -8,6 +8,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 
 use super::{Context, Error};
@@ -31,8 +33,15 @@ pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
     let sas = Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns);
     if ready() {
         // Remembered, but someone may have deleted it since: a Job without its
-        // ServiceAccount never gets a Pod.
-        if sas.get_metadata_opt(RUNNER_NAME).await?.is_some() {
+        // ServiceAccount never gets a Pod. The watch of the runner ServiceAccounts says so
+        // when there is one.
+        // (A cache that lacks it may lag its creation: then it is read.)
+        let cached = ctx
+            .runner_accounts
+            .get()
+            .is_some_and(|store| store.get(&ObjectRef::new(RUNNER_NAME).within(ns)).is_some());
+        let there = cached || sas.get_metadata_opt(RUNNER_NAME).await?.is_some();
+        if there {
             return Ok(());
         }
         if let Ok(mut s) = ctx.rbac_ready.lock() {
@@ -70,12 +79,7 @@ pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
 /// gone (its finalizer stripped during a destroy) still needs its ServiceAccount and Role
 /// to write its state at the end.
 async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
-    let ours = ListParams::default().labels(names::LABEL_OWNER_KIND);
-    let jobs = Api::<Job>::namespaced(ctx.client.clone(), ns)
-        .list(&ours)
-        .await?
-        .items;
-    let job_running = jobs.iter().any(|j| {
+    let job_running = |j: &Job| {
         !j.status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
@@ -83,8 +87,25 @@ async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
                 cs.iter()
                     .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
             })
-    });
-    if job_running {
+    };
+    if let Some(all) = ctx.all_caches() {
+        let in_ns = |m: &kube::api::ObjectMeta| m.namespace.as_deref() == Some(ns);
+        return Ok(all.iter().any(|c| {
+            !c.jobs
+                .state_filter(|j| in_ns(&j.metadata) && job_running(j))
+                .is_empty()
+                || !c
+                    .pods
+                    .state_filter(|p| in_ns(&p.metadata) && !lock::pod_terminated(p))
+                    .is_empty()
+        }));
+    }
+    let ours = ListParams::default().labels(names::LABEL_OWNER_KIND);
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), ns)
+        .list(&ours)
+        .await?
+        .items;
+    if jobs.iter().any(job_running) {
         return Ok(true);
     }
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
@@ -94,42 +115,57 @@ async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
     Ok(pods.iter().any(|p| !lock::pod_terminated(p)))
 }
 
+/// Whether any CAPTF object is left in `ns`: from the controllers' caches when they hold
+/// every object (no `--watch-filter`), else listed.
+async fn objects_left(ctx: &Context, ns: &str) -> Result<bool, Error> {
+    if let Some(all) = ctx.all_caches()
+        && all.iter().all(|c| c.unfiltered)
+    {
+        return Ok(all.iter().any(|c| (c.objects_in)(ns) > 0));
+    }
+    let one = ListParams::default().limit(1);
+    let c = Api::<TerraformCluster>::namespaced(ctx.client.clone(), ns)
+        .list(&one)
+        .await?
+        .items
+        .len();
+    let m = Api::<TerraformMachine>::namespaced(ctx.client.clone(), ns)
+        .list(&one)
+        .await?
+        .items
+        .len();
+    let p = Api::<TerraformMachinePool>::namespaced(ctx.client.clone(), ns)
+        .list(&one)
+        .await?
+        .items
+        .len();
+    Ok(c + m + p > 0)
+}
+
 /// Removes runner RBAC from namespaces with no CAPTF object left and no runner of theirs
 /// still running.
 pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
-    let sas: Api<ServiceAccount> = match &ctx.watch_namespace {
+    let sas: Api<PartialObjectMeta<ServiceAccount>> = match &ctx.watch_namespace {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
     let mut removed = 0;
-    for sa in sas
-        .list(&ListParams::default().labels(MANAGED_BY))
-        .await?
-        .items
-    {
+    let accounts: Vec<PartialObjectMeta<ServiceAccount>> = match ctx.runner_accounts.get() {
+        Some(store) => store.state().iter().map(|a| a.as_ref().clone()).collect(),
+        None => {
+            sas.list(&ListParams::default().labels(MANAGED_BY))
+                .await?
+                .items
+        }
+    };
+    for sa in accounts {
         let Some(ns) = sa.metadata.namespace.clone() else {
             continue;
         };
         if sa.metadata.name.as_deref() != Some(RUNNER_NAME) {
             continue;
         }
-        let one = ListParams::default().limit(1);
-        let c = Api::<TerraformCluster>::namespaced(ctx.client.clone(), &ns)
-            .list(&one)
-            .await?
-            .items
-            .len();
-        let m = Api::<TerraformMachine>::namespaced(ctx.client.clone(), &ns)
-            .list(&one)
-            .await?
-            .items
-            .len();
-        let p = Api::<TerraformMachinePool>::namespaced(ctx.client.clone(), &ns)
-            .list(&one)
-            .await?
-            .items
-            .len();
-        if c + m + p > 0 || runner_unfinished(ctx, &ns).await? {
+        if objects_left(ctx, &ns).await? || runner_unfinished(ctx, &ns).await? {
             continue;
         }
         if let Ok(mut s) = ctx.rbac_ready.lock() {

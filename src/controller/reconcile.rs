@@ -47,7 +47,8 @@ pub async fn reconcile<K: TerraformObject>(
     obj: Arc<K>,
     ctx: Arc<Context>,
 ) -> Result<Requeue, Error> {
-    let scope = Scope::new(&ctx.client, obj.as_ref())?;
+    let caches = ctx.caches(K::KIND);
+    let scope = Scope::new(&ctx.client, obj.as_ref())?.with_caches(caches.clone());
     let deleting = obj.meta().deletion_timestamp.is_some();
     if deleting && ctx.released.contains(&scope.uid) {
         debug!("released by an earlier pass; this cached copy is older than the release");
@@ -69,8 +70,14 @@ pub async fn reconcile<K: TerraformObject>(
         return Ok(Requeue::await_change());
     }
 
+    // The manager's caches, once each has had its first list (a pass a test runs without
+    // the controllers reads the API server).
+    if let Some(c) = &caches {
+        c.ready().await.map_err(Error::Setup)?;
+    }
     let (observed, state_meta) = observe::observe_pass(
         &ctx.client,
+        caches.as_deref(),
         &ctx.cluster_api,
         obj.as_ref(),
         &ctx.settings,

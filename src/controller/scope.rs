@@ -5,7 +5,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::{Client, Resource, ResourceExt};
 
-use super::Error;
+use std::sync::Arc;
+
+use kube::api::ObjectMeta;
+
+use super::{Caches, Error};
 use crate::api::TerraformObject;
 use crate::api::names;
 
@@ -21,6 +25,8 @@ pub struct Scope<K: TerraformObject> {
     pub uid: String,
     /// Terraform's backend suffix of the object's state (`<name>.<short kind>`).
     pub suffix: String,
+    /// The manager's caches of the kind (none for a pass a test runs without them).
+    pub caches: Option<Arc<Caches>>,
 }
 
 impl<K: TerraformObject> Scope<K> {
@@ -50,6 +56,27 @@ impl<K: TerraformObject> Scope<K> {
             namespace,
             name,
             uid,
+            caches: None,
+        })
+    }
+
+    /// The scope with the manager's caches of the kind.
+    pub fn with_caches(mut self, caches: Option<Arc<Caches>>) -> Self {
+        self.caches = caches;
+        self
+    }
+
+    /// The metadata of Secret `name` of the object's namespace: from the caches, or read.
+    pub async fn secret_meta(&self, name: &str) -> Result<Option<ObjectMeta>, Error> {
+        Ok(match &self.caches {
+            Some(c) => c
+                .secret_meta(&self.namespace, name)
+                .map(|m| m.metadata.clone()),
+            None => self
+                .secrets
+                .get_metadata_opt(name)
+                .await?
+                .map(|m| m.metadata),
         })
     }
 

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::api::names;
+use crate::api::names::{self, Kind};
 use crate::job::{self, JobOutcome};
 use crate::rules::{LastAttempt, PauseCause, UnfinishedJob};
 use crate::state::lock;
@@ -168,4 +169,44 @@ pub(super) fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) 
         },
     };
     (attempt, last)
+}
+
+/// Whether `jobs` (the object's, as a cache holds them) lack the Job of the destroy
+/// attempt the object says is running: its number written under this uid, no failure
+/// recorded, no cleanup begun. A cache that has not seen a Job just made yet, or a Job
+/// deleted: either way the pass lists the Jobs live instead of deciding on the cache.
+pub fn started_job_unseen(meta: &ObjectMeta, kind: Kind, jobs: &[Job]) -> bool {
+    let Some(n) = deletion_bookkeeping(meta, names::DESTROY_ATTEMPT)
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|n| *n > 0)
+    else {
+        return false;
+    };
+    if deletion_bookkeeping(meta, names::DESTROY_FAILED_AT).is_some()
+        || deletion_bookkeeping(meta, names::CLEANUP_STARTED).is_some()
+    {
+        return false;
+    }
+    let suffix = names::state_suffix(kind, meta.name.as_deref().unwrap_or_default());
+    let name = names::job_name(&suffix, names::OPERATION_DESTROY, n);
+    !jobs.iter().any(|j| {
+        j.metadata.name.as_deref() == Some(name.as_str())
+            && j.metadata.uid.is_some()
+            && label(&j.metadata, names::LABEL_OWNER_UID) == meta.uid.as_deref()
+    })
+}
+
+/// How long after a Job of the object failed its errored states are listed live: a
+/// runner writes one just before its Pod ends, and the cache of Secrets may not have it
+/// yet when the Job's failure is seen.
+pub const ERRORED_SETTLES: i64 = 60;
+
+/// Whether a Job of the object failed within [`ERRORED_SETTLES`] seconds (or at a time
+/// not known): the pass reads the errored states live.
+pub fn failed_lately(o: &Observed) -> bool {
+    o.jobs.iter().any(|j| {
+        matches!(job::outcome(j, &o.pods), JobOutcome::Failed { .. })
+            && job::finished_at(j)
+                .is_none_or(|at| o.now.as_second() - at.as_second() < ERRORED_SETTLES)
+    })
 }

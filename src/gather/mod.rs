@@ -27,6 +27,7 @@ use crate::rules::{self, AbandonMark, Backoff, CleanupMarker, Facts};
 use crate::state::{self, StateSecrets, Verdict};
 
 use blockers::blocker;
+pub use jobs::{ERRORED_SETTLES, failed_lately, started_job_unseen};
 use jobs::{destroy_history, pause_cause, unfinished};
 use meta::{annotation, deletion_time, label};
 pub use meta::{

@@ -738,3 +738,87 @@ fn no_job_is_rendered_where_the_table_cannot_start_one() {
         });
     assert_eq!(d.row, Some(Row::CleanUp));
 }
+
+#[test]
+fn a_cache_without_the_running_attempts_job_is_not_decided_on() {
+    use crate::testing::job;
+    let running = [
+        (names::DESTROY_ATTEMPT, "2"),
+        (names::DELETION_UID, "uid-1"),
+    ];
+    let kind = Kind::TerraformMachine;
+    let o = observed(kind, &running);
+    // No Job at all, or only an older attempt's: the cache has not seen attempt 2's.
+    assert!(started_job_unseen(&o.meta, kind, &[]));
+    assert!(started_job_unseen(
+        &o.meta,
+        kind,
+        &[job(kind, "destroy", 1, &[])]
+    ));
+    // Attempt 2's Job of another uid (an earlier namesake's) is not this one's.
+    let mut other = job(kind, "destroy", 2, &[]);
+    other
+        .metadata
+        .labels
+        .as_mut()
+        .expect("labels")
+        .insert(names::LABEL_OWNER_UID.into(), "uid-0".into());
+    assert!(started_job_unseen(&o.meta, kind, &[other]));
+    // Seen: decided on the cache.
+    assert!(!started_job_unseen(
+        &o.meta,
+        kind,
+        &[job(kind, "destroy", 2, &[])]
+    ));
+    // No attempt written, a failure recorded, a cleanup begun, or the bookkeeping of an
+    // earlier uid: nothing is expected to run.
+    for annotations in [
+        &[][..],
+        &[
+            (names::DESTROY_ATTEMPT, "2"),
+            (names::DELETION_UID, "uid-1"),
+            (names::DESTROY_FAILED_AT, "2026-12-01T11:00:00Z"),
+        ][..],
+        &[
+            (names::DESTROY_ATTEMPT, "2"),
+            (names::DELETION_UID, "uid-1"),
+            (names::CLEANUP_STARTED, names::CLEANUP_DESTROYED),
+        ][..],
+        &[
+            (names::DESTROY_ATTEMPT, "2"),
+            (names::DELETION_UID, "uid-0"),
+        ][..],
+    ] {
+        let o = observed(kind, annotations);
+        assert!(!started_job_unseen(&o.meta, kind, &[]), "{annotations:?}");
+    }
+}
+
+#[test]
+fn the_errored_states_are_read_live_for_a_minute_after_a_job_failed() {
+    use crate::testing::job;
+    let kind = Kind::TerraformMachine;
+    let failed_at = |at: &str| {
+        job(
+            kind,
+            "destroy",
+            1,
+            &[("Failed", "True", "BackoffLimitExceeded", at)],
+        )
+    };
+    let mut o = observed(kind, &[]);
+    // o.now is 12:00:00.
+    o.jobs = vec![failed_at("2026-12-01T11:59:30Z")];
+    assert!(failed_lately(&o));
+    o.jobs = vec![failed_at("2026-12-01T11:58:00Z")];
+    assert!(!failed_lately(&o));
+    o.jobs = vec![job(
+        kind,
+        "destroy",
+        1,
+        &[("Complete", "True", "", "2026-12-01T11:59:59Z")],
+    )];
+    assert!(!failed_lately(&o));
+    o.jobs = vec![job(kind, "destroy", 1, &[])];
+    assert!(!failed_lately(&o));
+}

@@ -1283,15 +1283,7 @@ async fn the_cleanup_deletes_a_state_secret_without_the_owner_labels() {
     let (env, ctx) = passes_by_hand("unlabelled").await;
     destroy_by_hand(&env, &ctx).await;
     let state = names::state_secret_name("web-1.tfm");
-    let unlabel = serde_json::json!({"metadata": {"labels": {names::LABEL_OWNER_UID: null}}});
-    env.secrets()
-        .patch(
-            &state,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&unlabel),
-        )
-        .await
-        .expect("remove the owner-uid label");
+    remove_labels(&env, &state, &[names::LABEL_OWNER_UID]).await;
     wait_for("the release, pass by pass", long(), || pass(&env, &ctx)).await;
     assert!(env.destroyed("web-1"));
     assert!(
@@ -1517,4 +1509,48 @@ async fn the_abandon_writes_its_marker_first_and_releases_last() {
     );
     assert!(!env.destroyed("web-1"));
     env.shutdown().await;
+}
+
+/// With the manager's caches: an inputs Secret that carries no owner label (made by hand)
+/// is not in the cache of the object's Secrets, and the cleanup reads it by name and
+/// deletes it all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cleanup_deletes_an_inputs_secret_without_owner_labels() {
+    let env = machine_env("unlabelled-inputs", 0, FAST).await;
+    let inputs = names::inputs_secret_name("web-1.tfm");
+    remove_labels(
+        &env,
+        &inputs,
+        &[
+            names::LABEL_OWNER_KIND,
+            names::LABEL_OWNER_NAME,
+            names::LABEL_OWNER_UID,
+        ],
+    )
+    .await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    assert!(
+        !env.secret_exists(&inputs).await,
+        "the inputs Secret without owner labels is deleted too"
+    );
+    env.shutdown().await;
+}
+
+/// Removes `labels` from Secret `name` (as a Secret made or restored by hand lacks them).
+async fn remove_labels(env: &Env, name: &str, labels: &[&str]) {
+    let nulls: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|l| (l.to_string(), serde_json::Value::Null))
+        .collect();
+    let patch = serde_json::json!({"metadata": {"labels": nulls}});
+    env.secrets()
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("remove {labels:?} from Secret {name}: {e}"));
 }

@@ -103,14 +103,14 @@ async fn a_skewed_clock_does_not_take_the_lease_from_a_healthy_leader() {
     env.shutdown().await;
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
 }
 
-async fn http_get(port: u16, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(port: u16, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -131,16 +131,7 @@ async fn http_get(port: u16, path: &str) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_and_metrics_answer() {
     let mut env = Env::start("probes").await;
-    let port = free_port();
-    env.config.health_addr = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
-    env.config.metrics_addr = env.config.health_addr;
-    env.start_manager();
-    wait_for("the probes", LONG_WAIT, || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
+    let port = restart_with_metrics(&mut env).await;
     assert_eq!(http_get(port, "/healthz").await.0, 200);
     wait_for("readiness", LONG_WAIT, || async {
         http_get(port, "/readyz").await.0 == 200
@@ -266,5 +257,66 @@ async fn the_manager_and_the_cli_name_themselves_in_their_user_agent() {
         .filter(|c| *c != manager_agent && *c != cli_agent)
         .collect();
     assert!(others.is_empty(), "{others:?}");
+    env.shutdown().await;
+}
+
+/// The passes the in-process manager serving metrics on `port` has counted, all kinds.
+pub(crate) async fn passes(port: u16) -> u64 {
+    let (_, text) = http_get(port, "/metrics").await;
+    text.lines()
+        .filter(|l| l.starts_with("captf_reconciles_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// (Re)starts the in-process manager with its probes and metrics on a free port, once it
+/// answers there; returns the port.
+pub(crate) async fn restart_with_metrics(env: &mut Env) -> u16 {
+    env.stop_manager().await;
+    let port = free_port();
+    env.config.metrics_addr = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
+    env.config.health_addr = env.config.metrics_addr;
+    env.start_manager();
+    wait_for("the manager's metrics", LONG_WAIT, || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    port
+}
+
+/// A cache whose watch cannot list (here the Events', refused) holds the passes of its
+/// kind: nothing is decided on an empty cache, and each pass fails, counted as a setup
+/// error and logged with the caches it waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_whose_watch_cannot_list_holds_the_passes() {
+    let mut env = Env::start("unfilled").await;
+    env.proxy
+        .faults()
+        .fail_next(1_000_000, Some("list"), Some("events"), 403);
+    let port = restart_with_metrics(&mut env).await;
+    let markers = env.markers();
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+        .await;
+    wait_for(
+        "a pass failing on the cache that has no first list",
+        Duration::from_secs(120),
+        || async {
+            let (_, text) = http_get(port, "/metrics").await;
+            text.contains(r#"captf_reconcile_errors_total{kind="TerraformMachine",error="setup"}"#)
+        },
+    )
+    .await;
+    let obj = env.object::<Tfm>("web-1").await.expect("the object");
+    assert!(
+        obj.status
+            .as_ref()
+            .is_none_or(|s| s.observed_generation.is_none()),
+        "nothing decided: {:?}",
+        obj.status
+    );
+    env.proxy.faults().clear();
     env.shutdown().await;
 }

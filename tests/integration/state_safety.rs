@@ -515,7 +515,7 @@ async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
     let permits = Arc::new(tokio::sync::Semaphore::new(0));
     let client = env.proxy.client();
     let (observed, state_meta) = {
-        let pass = observe::observe_pass(&client, &cluster_api, &obj, &settings, &permits);
+        let pass = observe::observe_pass(&client, None, &cluster_api, &obj, &settings, &permits);
         tokio::pin!(pass);
         assert!(
             tokio::time::timeout(Duration::from_secs(2), &mut pass)

@@ -36,7 +36,8 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
     if envtest_only(UNINSTALL) {
         return;
     }
-    let env = Env::with_machine_in(Env::start_dedicated("uninstall").await, &module(0), FAST).await;
+    let mut env =
+        Env::with_machine_in(Env::start_dedicated("uninstall").await, &module(0), FAST).await;
     let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
     let state_secret = names::state_secret_name(&suffix);
     let inputs_secret = names::inputs_secret_name(&suffix);
@@ -80,14 +81,16 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
     );
 
     // A bounded "nothing happens" window: several more passes of the manager, each one
-    // triggered by an edit of the object (each pass reads the CRD once).
-    let log = env.proxy.request_log();
+    // triggered by an edit of the object (counted by the manager's metrics: the CRD comes
+    // from its cache, and a paused pass makes no request).
+    let port = crate::manager::restart_with_metrics(&mut env).await;
+    let log = env.proxy.request_log().clone();
     for i in 0..PASSES {
-        let before = log.count("get", "customresourcedefinitions", "");
+        let before = crate::manager::passes(port).await;
         env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some(i.to_string()))])
             .await;
         wait_for("one more manager pass", long(), || async {
-            log.count("get", "customresourcedefinitions", "") > before
+            crate::manager::passes(port).await > before
         })
         .await;
     }
@@ -145,7 +148,7 @@ async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing
     if envtest_only(UNINSTALL) {
         return;
     }
-    let env = Env::with_machine_in(
+    let mut env = Env::with_machine_in(
         Env::start_dedicated("uninstall-fault").await,
         &module(0),
         FAST,
@@ -157,19 +160,34 @@ async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing
         .await
         .expect("delete the CRD");
     env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
-    // The next passes cannot read the CRD: that is not "the CRD is not being deleted".
-    let log = env.proxy.request_log();
-    let before = log.count("get", "customresourcedefinitions", "");
+    // A manager that starts while the CRD cannot be read (its watch's first lists fail):
+    // its passes wait for the CRD's cache, and a failed read is never "the CRD is not
+    // being deleted".
+    let log = env.proxy.request_log().clone();
+    let before = log.count("list", "customresourcedefinitions", "");
+    let status_writes = || {
+        log.count("patch", "terraformmachines", "status")
+            + log.count("update", "terraformmachines", "status")
+    };
+    let status_before = status_writes();
     env.proxy
         .faults()
-        .fail_next(3, Some("get"), Some("customresourcedefinitions"), 500);
+        .fail_next(3, Some("list"), Some("customresourcedefinitions"), 500);
+    let port = crate::manager::restart_with_metrics(&mut env).await;
     env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some("1".into()))])
         .await;
     wait_for(
-        "the failed reads and a good one after them",
+        "the failed lists and a good one after them",
         long(),
-        || async { log.count("get", "customresourcedefinitions", "") > before + 3 },
+        || async { log.count("list", "customresourcedefinitions", "") > before + 3 },
     )
+    .await;
+    let seen = crate::manager::passes(port).await;
+    env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some("2".into()))])
+        .await;
+    wait_for("a pass after the CRD was read", long(), || async {
+        crate::manager::passes(port).await > seen
+    })
     .await;
     env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
     assert_eq!(
@@ -178,5 +196,12 @@ async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing
         "no destroy Job on a failed read"
     );
     assert_eq!(env.tries("web-1"), 0, "Terraform destroyed nothing");
+    // No pass decided on a cache without the CRD, the Cluster or the Jobs: the status
+    // said Paused all along.
+    assert_eq!(
+        status_writes(),
+        status_before,
+        "no status but Paused was written"
+    );
     env.shutdown().await;
 }

@@ -44,9 +44,11 @@ pub async fn ensure_backup<K: TerraformObject>(
     }
     let secrets = &scope.secrets;
     let base = names::backup_secret_name(&scope.suffix);
-    let existing = secrets.get_metadata_opt(&base).await?;
+    // From the cache of the object's Secrets (the manager's own writes: the memo above
+    // makes a lagging cache harmless).
+    let existing = scope.secret_meta(&base).await?;
     if let Some(existing) = &existing {
-        let ann = existing.metadata.annotations.clone().unwrap_or_default();
+        let ann = existing.annotations.clone().unwrap_or_default();
         let held_serial = ann
             .get(names::STATE_SERIAL)
             .and_then(|v| v.parse::<u64>().ok());

@@ -56,7 +56,7 @@ pub async fn cleanup<K: TerraformObject>(
         })
         .await
     };
-    let (marked, found) = futures::try_join!(marker, secret_metas(secrets, &scope.suffix))?;
+    let (marked, found) = futures::try_join!(marker, secret_metas(scope, o))?;
     if marked.is_some() {
         // Once per deletion: how long the destroy that left nothing ran.
         let succeeded = o
@@ -99,11 +99,14 @@ pub async fn cleanup<K: TerraformObject>(
 }
 
 /// The metadata of the object's inputs, state, backup and errored-state Secrets and their
-/// parts that exist, read at once.
-async fn secret_metas(
-    secrets: &Api<Secret>,
-    suffix: &str,
+/// parts that exist: the state's as this pass read it with the state (Terraform wrote it
+/// last), the others from the cache of the object's Secrets; without the caches, read at
+/// once.
+async fn secret_metas<K: TerraformObject>(
+    scope: &Scope<K>,
+    o: &Observed,
 ) -> Result<Vec<PartialObjectMeta<Secret>>, Error> {
+    let (secrets, suffix) = (&scope.secrets, scope.suffix.as_str());
     // Not the errored state: what Terraform could not save may be the only record of
     // resources, and cleanup never deletes it (`captf orphans` lists it afterwards).
     let bases = [
@@ -111,25 +114,66 @@ async fn secret_metas(
         names::state_secret_name(suffix),
         names::backup_secret_name(suffix),
     ];
-    keep_errored_state(secrets, suffix).await?;
-    Ok(
-        futures::future::try_join_all(bases.iter().map(|b| chunked::metas(secrets, b)))
-            .await?
-            .into_iter()
-            .flatten()
-            .collect(),
-    )
+    keep_errored_state(scope).await?;
+    let Some(caches) = &scope.caches else {
+        return Ok(
+            futures::future::try_join_all(bases.iter().map(|b| chunked::metas(secrets, b)))
+                .await?
+                .into_iter()
+                .flatten()
+                .collect(),
+        );
+    };
+    let read: Vec<PartialObjectMeta<Secret>> = o
+        .state
+        .iter()
+        .flat_map(|s| s.metas.values())
+        .map(|m| PartialObjectMeta {
+            metadata: m.clone(),
+            ..Default::default()
+        })
+        .collect();
+    let mut out = read.clone();
+    for base in &bases {
+        let members =
+            std::iter::once(base.clone()).chain((1..).map(|n| names::part_secret_name(base, n)));
+        for name in members {
+            if read
+                .iter()
+                .any(|m| m.metadata.name.as_deref() == Some(name.as_str()))
+            {
+                continue;
+            }
+            match caches.secret_meta(&scope.namespace, &name) {
+                Some(m) => out.push(m.as_ref().clone()),
+                // A base the caches lack is read by name (one without the owner labels,
+                // made by hand, is deleted all the same); its parts are looked for
+                // either way.
+                None if name == *base => {
+                    if let Some(m) = secrets.get_metadata_opt(base).await? {
+                        out.push(m);
+                    }
+                }
+                None => break,
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Marks an errored-state Secret written without [`names::LABEL_ERRORED_STATE`] (by an
 /// older runner) with it, so that the labelled delete of the cleanup leaves it.
-async fn keep_errored_state(secrets: &Api<Secret>, suffix: &str) -> Result<(), Error> {
-    let name = names::errored_secret_name(suffix);
-    if let Some(m) = secrets.get_metadata_opt(&name).await?
-        && !m.labels().contains_key(names::LABEL_ERRORED_STATE)
+async fn keep_errored_state<K: TerraformObject>(scope: &Scope<K>) -> Result<(), Error> {
+    let name = names::errored_secret_name(&scope.suffix);
+    if let Some(m) = scope.secret_meta(&name).await?
+        && !m
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(names::LABEL_ERRORED_STATE))
     {
         let patch = json!({"metadata": {"labels": {names::LABEL_ERRORED_STATE: "true"}}});
-        secrets
+        scope
+            .secrets
             .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
     }

@@ -108,10 +108,7 @@ pub async fn start_attempt<K: TerraformObject>(
                     None => Ok(()),
                 }
             };
-            futures::try_join!(
-                backup,
-                ensure_backend_labels(&scope.secrets, state, &backend_labels),
-            )?;
+            futures::try_join!(backup, ensure_backend_labels(scope, state, &backend_labels),)?;
         }
         Ok::<_, Error>(())
     };
@@ -141,22 +138,34 @@ pub async fn start_attempt<K: TerraformObject>(
     let jobs: Api<Job> = scope.api_of();
     // The name is taken by a Job of an earlier object of this name: move on to the next
     // number (its Secret, of the same name, is that Job's). By this attempt's own Job (a
-    // restart): it is made already.
-    let existing = jobs.get_metadata_opt(&job.name_any()).await?;
-    if existing
-        .as_ref()
-        .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != Some(&scope.uid))
-    {
+    // restart): it is made already. The pass saw the Jobs of both; a Job it did not see
+    // (made since) is read when the create finds the name taken.
+    let name = job.name_any();
+    let seen = |js: &[Job]| {
+        js.iter()
+            .any(|j| j.metadata.name.as_deref() == Some(name.as_str()))
+    };
+    let mut taken_by_earlier = seen(&o.earlier_jobs);
+    let mut created = false;
+    if !taken_by_earlier && !seen(&o.jobs) {
+        // The attempt's Secret (the variables) first, then the Job. The Secret carries the
+        // owner labels, so the cleanup's labelled delete takes it; a pruned Job's and an
+        // abandoned object's are deleted with their Jobs.
+        writes::create_if_absent(&scope.secrets, &secret).await?;
+        created = writes::create_if_absent(&jobs, &job).await?;
+        if !created {
+            taken_by_earlier = jobs
+                .get_metadata_opt(&name)
+                .await?
+                .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != Some(&scope.uid));
+        }
+    }
+    if taken_by_earlier {
         let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
         let bump = [(names::DESTROY_ATTEMPT, Some((n + 1).to_string()))];
         guarded_patch(&scope.api, current, annotation_ops(current, &bump)).await?;
         return Ok(Started::NumberMovedOn);
     }
-    // The attempt's Secret (the variables) first, then the Job. The Secret carries the
-    // owner labels, so the cleanup's labelled delete takes it; a pruned Job's and an
-    // abandoned object's are deleted with their Jobs.
-    writes::create_if_absent(&scope.secrets, &secret).await?;
-    let created = existing.is_none() && writes::create_if_absent(&jobs, &job).await?;
     if created {
         ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
         publish(
@@ -176,11 +185,12 @@ pub async fn start_attempt<K: TerraformObject>(
 /// setting: a state Secret lacking one (restored by hand, or written by an apply with
 /// other labels) reads as no state, Terraform then writes an empty state over the base
 /// (by name), and the destroy finds nothing to destroy.
-async fn ensure_backend_labels(
-    secrets: &Api<Secret>,
+async fn ensure_backend_labels<K: TerraformObject>(
+    scope: &Scope<K>,
     state: &StateSecrets,
     labels: &BTreeMap<String, String>,
 ) -> Result<(), Error> {
+    let secrets = &scope.secrets;
     let names = std::iter::once(state.base_name.clone()).chain(
         state
             .parts
@@ -188,15 +198,20 @@ async fn ensure_backend_labels(
             .map(|n| names::part_secret_name(&state.base_name, *n)),
     );
     for name in names {
-        let Some(meta) = secrets.get_metadata_opt(&name).await? else {
+        // As this pass read them with the state, or else from the cache.
+        let meta = match state.metas.get(&name) {
+            Some(m) => Some(m.clone()),
+            None => scope.secret_meta(&name).await?,
+        };
+        let Some(meta) = meta else {
             continue;
         };
-        let have = meta.metadata.labels.clone().unwrap_or_default();
+        let have = meta.labels.clone().unwrap_or_default();
         let missing: BTreeMap<&String, &String> = labels
             .iter()
             .filter(|(k, v)| have.get(*k) != Some(*v))
             .collect();
-        let mut current = meta.metadata;
+        let mut current = meta;
         if !missing.is_empty() {
             let patch = json!({ "metadata": { "labels": missing } });
             current = secrets

@@ -55,11 +55,17 @@ pub async fn delete_jobs<K: TerraformObject>(scope: &Scope<K>, o: &Observed) -> 
         writes::delete_if_present(&jobs, &j.name_any()).await?;
     }
     let pods: Api<Pod> = scope.api_of();
-    for p in pods
-        .list(&ListParams::default().labels(&owner_selector(&scope.uid)))
-        .await?
-        .items
-    {
+    // The pass's Pods come from the cache, which may lag a Pod made a moment ago; without
+    // the caches they are listed.
+    let listed = match &scope.caches {
+        Some(_) => o.pods.clone(),
+        None => {
+            pods.list(&ListParams::default().labels(&owner_selector(&scope.uid)))
+                .await?
+                .items
+        }
+    };
+    for p in listed {
         let orphan = !o
             .jobs
             .iter()
@@ -80,7 +86,12 @@ pub async fn delete_lock_if_free<K: TerraformObject>(
 ) -> Result<(), Error> {
     let leases: Api<Lease> = scope.api_of();
     let name = names::lock_lease_name(&scope.suffix);
-    let Some(lease) = leases.get_opt(&name).await? else {
+    // As this pass read it with the state (after the Job was seen finished), or read now.
+    let lease = match (&o.state, &o.lock) {
+        (Some(_), lock) => lock.clone(),
+        (None, _) => leases.get_opt(&name).await?,
+    };
+    let Some(lease) = lease else {
         return Ok(());
     };
     let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();

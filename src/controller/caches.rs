@@ -1,0 +1,375 @@
+//! The manager's caches: one reflector per watched kind, each the same watch that triggers
+//! the passes (the store is written before the trigger fires, so a pass that a change
+//! triggered reads a store that holds it). A pass reads the Cluster, the CRD, the
+//! Namespace, the object's Jobs, Pods and Secrets' metadata, its FailedCreate Events and,
+//! for a TerraformCluster, its machines and pools from here, never from the API server;
+//! the reads that stay live are named in `docs/decisions.md` (API reads).
+//!
+//! Jobs and Pods are kept trimmed ([`trim_job`], [`trim_pod`]): what the facts read of
+//! them (metadata, status, `suspend`, the containers' names and resources, the node), not
+//! their templates, env or volumes.
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+
+use crate::api::labels::labelled_owner;
+use crate::api::names::{self, Kind};
+use crate::api::{TerraformMachine, TerraformMachinePool};
+
+/// What one controller (one kind) reads from its watches.
+#[derive(Clone)]
+pub struct Caches {
+    /// The kind's Jobs and Pods (by the owner-kind label), trimmed.
+    pub jobs: Store<Job>,
+    pub pods: Store<Pod>,
+    /// The metadata of the kind's Secrets (by the owner-kind label).
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// The metadata of Terraform's state Secrets (by its state label) that lack the owner
+    /// labels (the others are in `secrets`).
+    pub states: Store<PartialObjectMeta<Secret>>,
+    /// The kind's CRD's metadata.
+    pub crd: Store<PartialObjectMeta<CustomResourceDefinition>>,
+    /// The watched namespace's (or every namespace's) metadata.
+    pub namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// `FailedCreate` Events of Jobs.
+    pub refusals: Store<CoreEvent>,
+    /// The Clusters, while Cluster API's Cluster kind is known.
+    pub clusters: Option<Store<DynamicObject>>,
+    /// For the TerraformCluster controller: the machines and pools, unfiltered.
+    pub machines: Option<Store<PartialObjectMeta<TerraformMachine>>>,
+    pub pools: Option<Store<PartialObjectMeta<TerraformMachinePool>>>,
+    /// How many objects of the kind the controller's own cache holds in a namespace.
+    pub objects_in: Arc<dyn Fn(&str) -> usize + Send + Sync>,
+    /// Whether that cache holds every object of the kind (no `--watch-filter`).
+    pub unfiltered: bool,
+}
+
+/// How long a pass waits for the caches' first lists before it fails, naming them.
+pub const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether `store` had its first list (false when its watch is gone for good).
+async fn ready<T>(store: &Store<T>) -> bool
+where
+    T: Resource + Clone + 'static,
+    T::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store.wait_until_ready().await.is_ok()
+}
+
+/// A watch that fills a store: the stream to drive (the controller's trigger), and the
+/// store it fills.
+pub type Watched<T> = (
+    Store<T>,
+    futures::stream::BoxStream<'static, Result<T, watcher::Error>>,
+);
+
+/// A reflector over `api` with `cfg`, each object passed through `trim` before it is
+/// stored and handed on.
+pub fn reflect<T>(api: Api<T>, cfg: watcher::Config, trim: fn(&mut T)) -> Watched<T>
+where
+    T: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    T::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, cfg).default_backoff().modify(trim))
+        .touched_objects()
+        .inspect_err(|e| log_failure(std::any::type_name::<T>(), e))
+        .boxed();
+    (reader, stream)
+}
+
+/// A watch's failure, in the manager's log: the passes that need its cache wait for it
+/// (see [`Caches::ready`]), and the usual cause is a permission the manager lacks.
+fn log_failure(what: &str, e: &watcher::Error) {
+    tracing::warn!(
+        watch = what,
+        error = %e,
+        "a watch of the manager failed and is retried; passes wait for its cache (a missing permission? compare the manager's ClusterRole with config/rbac/role.yaml)"
+    );
+}
+
+/// [`reflect`] for a kind of runtime-known type (the Cluster).
+pub fn reflect_dynamic(
+    api: Api<DynamicObject>,
+    ar: ApiResource,
+    cfg: watcher::Config,
+) -> Watched<DynamicObject> {
+    let writer = reflector::store::Writer::new(ar);
+    let reader = writer.as_reader();
+    let stream = reflector::reflector(writer, watcher(api, cfg).default_backoff())
+        .touched_objects()
+        .inspect_err(|e| log_failure("Cluster", e))
+        .boxed();
+    (reader, stream)
+}
+
+/// [`reflect`] of the metadata only (an `Api` of `PartialObjectMeta` makes metadata-only
+/// requests).
+pub fn reflect_metadata<T>(
+    api: Api<PartialObjectMeta<T>>,
+    cfg: watcher::Config,
+) -> Watched<PartialObjectMeta<T>>
+where
+    T: Clone + std::fmt::Debug + Send + Sync + 'static,
+    PartialObjectMeta<T>: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    <PartialObjectMeta<T> as Resource>::DynamicType:
+        Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    reflect(api, cfg, trim_meta::<T>)
+}
+
+fn trim_meta<T>(m: &mut PartialObjectMeta<T>) {
+    m.metadata.managed_fields = None;
+}
+
+/// What a TerraformCluster reads of its machines and pools: their names, labels and
+/// owners (the Cluster they belong to).
+pub fn trim_to_owners<T>(m: &mut PartialObjectMeta<T>) {
+    m.metadata.managed_fields = None;
+    m.metadata.annotations = None;
+    m.metadata.finalizers = None;
+}
+
+/// Drives a stream nobody else drives (a store without a controller trigger).
+pub fn drive<T: Send + 'static>(
+    stream: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(stream.for_each(|_| futures::future::ready(())))
+}
+
+/// What the facts read of a Job: its metadata, status, `suspend`, and the containers'
+/// names and resources (an OOM-killed runner's message names its memory limit).
+pub fn trim_job(job: &mut Job) {
+    job.metadata.managed_fields = None;
+    if let Some(spec) = job.spec.as_mut() {
+        spec.selector = None;
+        let t = &mut spec.template;
+        t.metadata = None;
+        if let Some(p) = t.spec.as_mut() {
+            p.volumes = None;
+            p.init_containers = None;
+            p.affinity = None;
+            p.tolerations = None;
+            for c in &mut p.containers {
+                *c = k8s_openapi::api::core::v1::Container {
+                    name: std::mem::take(&mut c.name),
+                    resources: c.resources.take(),
+                    ..Default::default()
+                };
+            }
+        }
+    }
+}
+
+/// What the facts read of a Pod: its metadata, status, node, and containers' names.
+pub fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(p) = pod.spec.as_mut() {
+        p.volumes = None;
+        p.affinity = None;
+        p.tolerations = None;
+        for c in p
+            .containers
+            .iter_mut()
+            .chain(p.init_containers.iter_mut().flatten())
+        {
+            *c = k8s_openapi::api::core::v1::Container {
+                name: std::mem::take(&mut c.name),
+                resources: c.resources.take(),
+                ..Default::default()
+            };
+        }
+    }
+}
+
+/// The Event's bulk the refusals do not read.
+pub fn trim_event(e: &mut CoreEvent) {
+    e.metadata.managed_fields = None;
+}
+
+/// The watch of the runner ServiceAccounts (metadata) the manager made, for the RBAC
+/// sweep and for knowing that a namespace's runner RBAC is still there.
+pub fn runner_accounts(
+    client: &Client,
+    ns: &Option<String>,
+) -> Watched<PartialObjectMeta<ServiceAccount>> {
+    let api: Api<PartialObjectMeta<ServiceAccount>> = match ns {
+        Some(n) => Api::namespaced(client.clone(), n),
+        None => Api::all(client.clone()),
+    };
+    reflect_metadata(
+        api,
+        watcher::Config::default()
+            .labels(crate::controller::rbac::MANAGED_BY)
+            .fields(&format!("metadata.name={}", names::RUNNER_NAME)),
+    )
+}
+
+/// The namesakes' items of a store: those of kind `kind`, namespace `ns` and name `name`
+/// (by the owner labels, as [`crate::api::labels::namesake_selector`] selects them).
+pub fn namesakes<T: Resource + Clone>(store: &Store<T>, kind: Kind, ns: &str, name: &str) -> Vec<T>
+where
+    T::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .state_filter(|i| {
+            i.meta().namespace.as_deref() == Some(ns)
+                && labelled_owner(i.meta().labels.as_ref()).is_some_and(|o| o.is_named(kind, name))
+        })
+        .into_iter()
+        .map(|i| i.as_ref().clone())
+        .collect()
+}
+
+/// The items of a store that carry object `uid`'s owner label.
+pub fn owned_by<T: Resource + Clone>(store: &Store<T>, uid: &str) -> Vec<Arc<T>>
+where
+    T::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store.state_filter(|i| i.labels().get(names::LABEL_OWNER_UID).map(String::as_str) == Some(uid))
+}
+
+impl Caches {
+    /// Waits until every store has had its first list (once, at the start; at once
+    /// later), at most [`READY_WITHIN`]; the error names the caches still empty.
+    pub async fn ready(&self) -> Result<(), String> {
+        let mut waits: Vec<(&str, futures::future::BoxFuture<'_, bool>)> = vec![
+            ("Jobs", Box::pin(ready(&self.jobs))),
+            ("Pods", Box::pin(ready(&self.pods))),
+            ("Secrets", Box::pin(ready(&self.secrets))),
+            ("state Secrets", Box::pin(ready(&self.states))),
+            ("CustomResourceDefinition", Box::pin(ready(&self.crd))),
+            ("Namespaces", Box::pin(ready(&self.namespaces))),
+            ("Events", Box::pin(ready(&self.refusals))),
+        ];
+        if let Some(s) = &self.clusters {
+            waits.push(("Clusters", Box::pin(ready(s))));
+        }
+        if let Some(s) = &self.machines {
+            waits.push(("TerraformMachines", Box::pin(ready(s))));
+        }
+        if let Some(s) = &self.pools {
+            waits.push(("TerraformMachinePools", Box::pin(ready(s))));
+        }
+        let outcomes =
+            futures::future::join_all(waits.into_iter().map(|(name, wait)| async move {
+                let filled = tokio::time::timeout(READY_WITHIN, wait)
+                    .await
+                    .unwrap_or(false);
+                (name, filled)
+            }))
+            .await;
+        let empty: Vec<&str> = outcomes
+            .into_iter()
+            .filter(|(_, filled)| !filled)
+            .map(|(name, _)| name)
+            .collect();
+        if empty.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "the manager's caches of {} have had no first list after {}s: their watches fail (the manager's log says why; a missing permission? compare its ClusterRole with config/rbac/role.yaml); nothing is decided until they have",
+            empty.join(", "),
+            READY_WITHIN.as_secs()
+        ))
+    }
+
+    /// The cached metadata of the Secrets of namespace `ns` carrying Terraform's suffix
+    /// label `suffix`: the state's base and parts, and any other Secret Terraform's
+    /// backend would select with them.
+    pub fn with_suffix(&self, ns: &str, suffix: &str) -> Vec<Arc<PartialObjectMeta<Secret>>> {
+        let matches = |m: &PartialObjectMeta<Secret>| {
+            m.metadata.namespace.as_deref() == Some(ns)
+                && m.labels().get(names::TF_LABEL_SUFFIX).map(String::as_str) == Some(suffix)
+        };
+        let mut out = self.secrets.state_filter(matches);
+        out.extend(self.states.state_filter(matches));
+        out
+    }
+
+    /// The cached metadata of Secret `ns/name`, from the owned or the state Secrets.
+    pub fn secret_meta(&self, ns: &str, name: &str) -> Option<Arc<PartialObjectMeta<Secret>>> {
+        let key = reflector::ObjectRef::new(name).within(ns);
+        self.secrets.get(&key).or_else(|| self.states.get(&key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{job, pod_of};
+
+    #[test]
+    fn a_trimmed_job_and_pod_keep_what_the_facts_read() {
+        let mut j: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "j", "namespace": "ns", "labels": {"a": "b"},
+                "managedFields": [{"manager": "x"}]},
+            "spec": {"suspend": true, "template": {"metadata": {"labels": {"x": "y"}},
+                "spec": {"volumes": [{"name": "v", "emptyDir": {}}],
+                "containers": [{"name": "terraform", "image": "i", "command": ["sh"],
+                    "env": [{"name": "E", "value": "1"}],
+                    "resources": {"limits": {"memory": "256Mi"}}}]}}},
+            "status": {"active": 1}
+        }))
+        .expect("a Job");
+        let before = j.clone();
+        trim_job(&mut j);
+        assert_eq!(j.metadata.managed_fields, None);
+        assert_eq!(j.metadata.labels, before.metadata.labels);
+        assert_eq!(j.status, before.status);
+        assert!(crate::job::suspended(&j));
+        let spec = j
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("spec");
+        assert_eq!(spec.volumes, None);
+        assert_eq!(spec.containers.len(), 1);
+        assert_eq!(spec.containers[0].name, "terraform");
+        assert_eq!(spec.containers[0].env, None);
+        assert_eq!(spec.containers[0].command, None);
+        assert_eq!(
+            spec.containers[0].resources,
+            before
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .expect("spec")
+                .containers[0]
+                .resources
+        );
+        // The Job's outcome and its Pod's are read alike before and after.
+        let full = job(
+            Kind::TerraformMachine,
+            "destroy",
+            1,
+            &[(
+                "Failed",
+                "True",
+                "BackoffLimitExceeded",
+                "2026-12-01T11:00:00Z",
+            )],
+        );
+        let mut pod = pod_of(&full, Some((1, "Error: boom")));
+        let pod_before = pod.clone();
+        let mut trimmed = full.clone();
+        trim_job(&mut trimmed);
+        trim_pod(&mut pod);
+        assert_eq!(
+            crate::job::outcome(&trimmed, std::slice::from_ref(&pod)),
+            crate::job::outcome(&full, std::slice::from_ref(&pod_before))
+        );
+        assert_eq!(pod.status, pod_before.status);
+        assert_eq!(pod.metadata.labels, pod_before.metadata.labels);
+    }
+}
