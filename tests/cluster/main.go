@@ -97,6 +97,7 @@ type options struct {
 	dataDir      string
 	kubelet      string
 	kubeletArgs  multiFlag
+	kcmArgs      multiFlag
 	crds         multiFlag
 	stdinClose   bool
 	keepData     bool
@@ -119,6 +120,7 @@ func run(args []string) int {
 	fs.StringVar(&o.dataDir, "data-dir", "", "etcd data, certificates, logs and the kubelet's Pods (default: a new temporary directory, removed on stop)")
 	fs.StringVar(&o.kubelet, "kubelet", "", "the local kubelet binary (default: $CAPTF_KUBELET, else captf-kubelet beside this program)")
 	fs.Var(&o.kubeletArgs, "kubelet-arg", "an extra argument for the kubelet (repeatable)")
+	fs.Var(&o.kcmArgs, "kcm-arg", "an extra argument for kube-controller-manager, after its own (repeatable; the scale bench raises its client's QPS)")
 	fs.Var(&o.crds, "crds", "a YAML or JSON file of CustomResourceDefinitions, or a directory of them, installed before the controllers start (repeatable)")
 	fs.BoolVar(&o.stdinClose, "exit-on-stdin-close", false, "stop when standard input closes (for a parent process that may die without a signal)")
 	fs.BoolVar(&o.keepData, "keep-data", false, "keep the data directory on stop")
@@ -368,7 +370,7 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 
 	t = time.Now()
-	err = c.spawn("kube-controller-manager", []string{
+	err = c.spawn("kube-controller-manager", append([]string{
 		"--kubeconfig=" + filepath.Join(c.dataDir, "kube-controller-manager.kubeconfig"),
 		"--authentication-kubeconfig=" + filepath.Join(c.dataDir, "kube-controller-manager.kubeconfig"),
 		"--authorization-kubeconfig=" + filepath.Join(c.dataDir, "kube-controller-manager.kubeconfig"),
@@ -382,7 +384,7 @@ func (c *cluster) start(ctx context.Context) error {
 		"--root-ca-file=" + p.CAFile(),
 		"--use-service-account-credentials=true",
 		"--profiling=false",
-	})
+	}, c.opts.kcmArgs...))
 	if err != nil {
 		return err
 	}

@@ -76,23 +76,38 @@ impl ControlPlane {
     pub fn shared() -> Arc<ControlPlane> {
         static SHARED: OnceLock<Arc<ControlPlane>> = OnceLock::new();
         SHARED
-            .get_or_init(|| Arc::new(ControlPlane::start("shared", &[], true)))
+            .get_or_init(|| Arc::new(ControlPlane::start("shared", &[], &[], true)))
             .clone()
     }
 
     /// A control plane of its own, stopped when the last handle goes; `kubelet_args` go to
     /// the local kubelet (`--max-pods=4`: at most four unfinished Pods on the Node).
     pub fn dedicated(tag: &str, kubelet_args: &[&str]) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane::start(tag, kubelet_args, true))
+        Arc::new(ControlPlane::start(tag, kubelet_args, &[], true))
+    }
+
+    /// As [`ControlPlane::dedicated`], with `kcm_args` after kube-controller-manager's own
+    /// (the scale bench raises its clients' QPS).
+    pub fn dedicated_tuned(
+        tag: &str,
+        kubelet_args: &[&str],
+        kcm_args: &[&str],
+    ) -> Arc<ControlPlane> {
+        Arc::new(ControlPlane::start(tag, kubelet_args, kcm_args, true))
     }
 
     /// A control plane of its own without Cluster API's Cluster CRD (a test installs it
     /// later, as when Cluster API is installed after CAPTF).
     pub fn dedicated_without_capi(tag: &str) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane::start(tag, &[], false))
+        Arc::new(ControlPlane::start(tag, &[], &[], false))
     }
 
-    fn start(tag: &str, kubelet_args: &[&str], cluster_crd: bool) -> ControlPlane {
+    fn start(
+        tag: &str,
+        kubelet_args: &[&str],
+        kcm_args: &[&str],
+        cluster_crd: bool,
+    ) -> ControlPlane {
         let dir_of = binaries();
         let bin = dir_of.join("captf-envtest");
         let kubelet = dir_of
@@ -131,6 +146,7 @@ impl ControlPlane {
             // Terraform's update check has no network to reach here.
             .arg("--kubelet-arg=--image-env=CHECKPOINT_DISABLE=1")
             .args(kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")))
+            .args(kcm_args.iter().map(|a| format!("--kcm-arg={a}")))
             .stdin(Stdio::piped())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)

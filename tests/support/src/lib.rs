@@ -447,6 +447,12 @@ impl Env {
         Env::start_on(tag, Cluster::Envtest(plane), None).await
     }
 
+    /// As [`Env::start_dedicated_with`], with `kcm_args` for kube-controller-manager.
+    pub async fn start_dedicated_tuned(tag: &str, kubelet_args: &[&str], kcm_args: &[&str]) -> Env {
+        let plane = ControlPlane::dedicated_tuned(tag, kubelet_args, kcm_args);
+        Env::start_on(tag, Cluster::Envtest(plane), None).await
+    }
+
     /// As [`Env::start_dedicated`], with the objects' namespace `ns` and the manager's
     /// `manager_ns` (the sandbox's `team-a` and `captf-system`).
     pub async fn start_dedicated_in(tag: &str, ns: &str, manager_ns: &str) -> Env {
