@@ -9,7 +9,8 @@
 //! them (metadata, status, `suspend`, the containers' names and resources, the node), not
 //! their templates, env or volumes.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
@@ -21,21 +22,28 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::api::labels::labelled_owner;
+use crate::api::labels::{labelled_owner, name_label_value};
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool};
 
 /// What one controller (one kind) reads from its watches.
 #[derive(Clone)]
 pub struct Caches {
-    /// The kind's Jobs and Pods (by the owner-kind label), trimmed.
+    /// The kind's Jobs and Pods (by the owner-kind label), trimmed, and each by its
+    /// owner's name label.
     pub jobs: Store<Job>,
+    pub jobs_by_owner: ByLabel,
     pub pods: Store<Pod>,
-    /// The metadata of the kind's Secrets (by the owner-kind label).
+    pub pods_by_owner: ByLabel,
+    /// The metadata of the kind's Secrets (by the owner-kind label), by their owner's uid
+    /// and by Terraform's suffix label.
     pub secrets: Store<PartialObjectMeta<Secret>>,
+    pub secrets_by_uid: ByLabel,
+    pub secrets_by_suffix: ByLabel,
     /// The metadata of Terraform's state Secrets (by its state label) that lack the owner
-    /// labels (the others are in `secrets`).
+    /// labels (the others are in `secrets`), by the suffix label.
     pub states: Store<PartialObjectMeta<Secret>>,
+    pub states_by_suffix: ByLabel,
     /// The kind's CRD's metadata.
     pub crd: Store<PartialObjectMeta<CustomResourceDefinition>>,
     /// The watched namespace's (or every namespace's) metadata.
@@ -73,14 +81,24 @@ pub type Watched<T> = (
 );
 
 /// A reflector over `api` with `cfg`, each object passed through `trim` before it is
-/// stored and handed on.
-pub fn reflect<T>(api: Api<T>, cfg: watcher::Config, trim: fn(&mut T)) -> Watched<T>
+/// stored and handed on, and `indexes` kept from the same events as the store.
+pub fn reflect<T>(
+    api: Api<T>,
+    cfg: watcher::Config,
+    trim: fn(&mut T),
+    indexes: &[ByLabel],
+) -> Watched<T>
 where
     T: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     T::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, cfg).default_backoff().modify(trim))
+    let indexes = indexes.to_vec();
+    let events = watcher(api, cfg)
+        .default_backoff()
+        .modify(trim)
+        .inspect_ok(move |e| indexes.iter().for_each(|i| i.apply(e)));
+    let stream = reflector::reflector(writer, events)
         .touched_objects()
         .inspect_err(|e| log_failure(std::any::type_name::<T>(), e))
         .boxed();
@@ -117,6 +135,7 @@ pub fn reflect_dynamic(
 pub fn reflect_metadata<T>(
     api: Api<PartialObjectMeta<T>>,
     cfg: watcher::Config,
+    indexes: &[ByLabel],
 ) -> Watched<PartialObjectMeta<T>>
 where
     T: Clone + std::fmt::Debug + Send + Sync + 'static,
@@ -124,7 +143,7 @@ where
     <PartialObjectMeta<T> as Resource>::DynamicType:
         Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    reflect(api, cfg, trim_meta::<T>)
+    reflect(api, cfg, trim_meta::<T>, indexes)
 }
 
 fn trim_meta<T>(m: &mut PartialObjectMeta<T>) {
@@ -211,31 +230,151 @@ pub fn runner_accounts(
         watcher::Config::default()
             .labels(crate::controller::rbac::MANAGED_BY)
             .fields(&format!("metadata.name={}", names::RUNNER_NAME)),
+        &[],
     )
 }
 
 /// The namesakes' items of a store: those of kind `kind`, namespace `ns` and name `name`
-/// (by the owner labels, as [`crate::api::labels::namesake_selector`] selects them).
-pub fn namesakes<T: Resource + Clone>(store: &Store<T>, kind: Kind, ns: &str, name: &str) -> Vec<T>
+/// (by the owner labels, as [`crate::api::labels::namesake_selector`] selects them),
+/// looked up in `by_owner`, the store's index by the owner's name label.
+pub fn namesakes<T: Resource + Clone>(
+    store: &Store<T>,
+    by_owner: &ByLabel,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+) -> Vec<T>
 where
-    T::DynamicType: Eq + std::hash::Hash + Clone,
+    T::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
-    store
-        .state_filter(|i| {
+    by_owner
+        .get(store, &name_label_value(name))
+        .into_iter()
+        .filter(|i| {
             i.meta().namespace.as_deref() == Some(ns)
                 && labelled_owner(i.meta().labels.as_ref()).is_some_and(|o| o.is_named(kind, name))
         })
-        .into_iter()
         .map(|i| i.as_ref().clone())
         .collect()
 }
 
-/// The items of a store that carry object `uid`'s owner label.
-pub fn owned_by<T: Resource + Clone>(store: &Store<T>, uid: &str) -> Vec<Arc<T>>
-where
-    T::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    store.state_filter(|i| i.labels().get(names::LABEL_OWNER_UID).map(String::as_str) == Some(uid))
+/// A store's items by the value of one of their labels, kept from the same watch events
+/// as the store (and, like the store, swapped whole at the end of a relist): a pass looks
+/// its object's items up instead of scanning every item of the kind, so what a pass costs
+/// does not grow with the number of objects.
+#[derive(Clone)]
+pub struct ByLabel {
+    label: &'static str,
+    inner: Arc<RwLock<LabelIndex>>,
+}
+
+#[derive(Default)]
+struct LabelIndex {
+    live: Keys,
+    /// Filled during a relist (`Init` .. `InitDone`), then made `live`.
+    relisting: Option<Keys>,
+}
+
+/// Namespace and name of an item.
+type Key = (String, String);
+
+#[derive(Default)]
+struct Keys {
+    by_value: HashMap<String, BTreeSet<Key>>,
+    value_of: HashMap<Key, String>,
+}
+
+impl Keys {
+    fn insert(&mut self, key: Key, value: Option<String>) {
+        self.remove(&key);
+        if let Some(v) = value {
+            self.by_value
+                .entry(v.clone())
+                .or_default()
+                .insert(key.clone());
+            self.value_of.insert(key, v);
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(v) = self.value_of.remove(key) else {
+            return;
+        };
+        if let Some(keys) = self.by_value.get_mut(&v) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_value.remove(&v);
+            }
+        }
+    }
+}
+
+impl ByLabel {
+    /// An empty index of items by the value of `label`.
+    pub fn new(label: &'static str) -> Self {
+        Self {
+            label,
+            inner: Arc::default(),
+        }
+    }
+
+    /// Takes in one watch event.
+    pub fn apply<T: Resource>(&self, event: &watcher::Event<T>) {
+        let key = |o: &T| {
+            (
+                o.meta().namespace.clone().unwrap_or_default(),
+                o.meta().name.clone().unwrap_or_default(),
+            )
+        };
+        let value = |o: &T| {
+            o.meta()
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(self.label))
+                .cloned()
+        };
+        let mut index = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            watcher::Event::Apply(o) => index.live.insert(key(o), value(o)),
+            watcher::Event::Delete(o) => index.live.remove(&key(o)),
+            watcher::Event::Init => index.relisting = Some(Keys::default()),
+            watcher::Event::InitApply(o) => index
+                .relisting
+                .get_or_insert_with(Keys::default)
+                .insert(key(o), value(o)),
+            watcher::Event::InitDone => {
+                if let Some(keys) = index.relisting.take() {
+                    index.live = keys;
+                }
+            }
+        }
+    }
+
+    /// The items of `store` whose label has `value`.
+    pub fn get<T>(&self, store: &Store<T>, value: &str) -> Vec<Arc<T>>
+    where
+        T: Resource + Clone,
+        T::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let keys: Vec<Key> = {
+            let index = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+            index
+                .live
+                .by_value
+                .get(value)
+                .map(|keys| keys.iter().cloned().collect())
+                .unwrap_or_default()
+        };
+        keys.into_iter()
+            .filter_map(|(ns, name)| {
+                let r = reflector::ObjectRef::<T>::new(&name);
+                store.get(&if ns.is_empty() { r } else { r.within(&ns) })
+            })
+            // The store is written just after the index: a change in between reads as
+            // the store has it.
+            .filter(|i| i.labels().get(self.label).map(String::as_str) == Some(value))
+            .collect()
+    }
 }
 
 impl Caches {
@@ -291,8 +430,9 @@ impl Caches {
             m.metadata.namespace.as_deref() == Some(ns)
                 && m.labels().get(names::TF_LABEL_SUFFIX).map(String::as_str) == Some(suffix)
         };
-        let mut out = self.secrets.state_filter(matches);
-        out.extend(self.states.state_filter(matches));
+        let mut out = self.secrets_by_suffix.get(&self.secrets, suffix);
+        out.extend(self.states_by_suffix.get(&self.states, suffix));
+        out.retain(|m| matches(m));
         out
     }
 
@@ -307,6 +447,62 @@ impl Caches {
 mod tests {
     use super::*;
     use crate::testing::{job, pod_of};
+
+    fn secret(ns: &str, name: &str, uid: &str) -> PartialObjectMeta<Secret> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": ns,
+                "labels": {names::LABEL_OWNER_UID: uid}}
+        }))
+        .expect("a Secret's metadata")
+    }
+
+    /// The index and the store, fed the same events as the reflector feeds them.
+    fn feed(
+        index: &ByLabel,
+        writer: &mut reflector::store::Writer<PartialObjectMeta<Secret>>,
+        event: watcher::Event<PartialObjectMeta<Secret>>,
+    ) {
+        index.apply(&event);
+        writer.apply_watcher_event(&event);
+    }
+
+    fn names_of(items: Vec<Arc<PartialObjectMeta<Secret>>>) -> Vec<String> {
+        let mut out: Vec<String> = items.iter().map(|i| i.name_any()).collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn the_label_index_follows_the_watch_events_and_the_relist() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let index = ByLabel::new(names::LABEL_OWNER_UID);
+        let (store, mut writer) = reflector::store();
+        feed(&index, &mut writer, Init);
+        feed(&index, &mut writer, InitApply(secret("a", "s1", "u1")));
+        feed(&index, &mut writer, InitApply(secret("b", "s1", "u1")));
+        feed(&index, &mut writer, InitApply(secret("a", "s2", "u2")));
+        feed(&index, &mut writer, InitDone);
+        assert_eq!(names_of(index.get(&store, "u1")), ["s1", "s1"]);
+        assert_eq!(names_of(index.get(&store, "u2")), ["s2"]);
+        assert!(index.get(&store, "u3").is_empty());
+        // A label that changes moves the item; a deletion removes it.
+        feed(&index, &mut writer, Apply(secret("a", "s2", "u1")));
+        feed(&index, &mut writer, Delete(secret("b", "s1", "u1")));
+        assert_eq!(names_of(index.get(&store, "u1")), ["s1", "s2"]);
+        assert!(index.get(&store, "u2").is_empty());
+        // A relist replaces everything at its end, not before.
+        feed(&index, &mut writer, Init);
+        feed(&index, &mut writer, InitApply(secret("a", "s3", "u1")));
+        assert_eq!(names_of(index.get(&store, "u1")), ["s1", "s2"]);
+        feed(&index, &mut writer, InitDone);
+        assert_eq!(names_of(index.get(&store, "u1")), ["s3"]);
+        // An item without the label is not indexed.
+        let mut bare = secret("a", "s4", "u1");
+        bare.metadata.labels = None;
+        feed(&index, &mut writer, Apply(bare));
+        assert_eq!(names_of(index.get(&store, "u1")), ["s3"]);
+    }
 
     #[test]
     fn a_trimmed_job_and_pod_keep_what_the_facts_read() {

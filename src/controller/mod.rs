@@ -85,15 +85,31 @@ where
     let c = Controller::for_stream(objects, store.clone());
     let gate = Arc::new(Gate::new(cfg.concurrency, store.clone()));
     // Each watch fills a cache the passes read (`caches`) and triggers the passes.
-    let (jobs, jobs_stream) =
-        caches::reflect(scoped::<Job>(&client, &ns), owned.clone(), caches::trim_job);
-    let (pods, pods_stream) =
-        caches::reflect(scoped::<Pod>(&client, &ns), owned.clone(), caches::trim_pod);
+    let jobs_by_owner = caches::ByLabel::new(names::LABEL_OWNER_NAME);
+    let (jobs, jobs_stream) = caches::reflect(
+        scoped::<Job>(&client, &ns),
+        owned.clone(),
+        caches::trim_job,
+        std::slice::from_ref(&jobs_by_owner),
+    );
+    let pods_by_owner = caches::ByLabel::new(names::LABEL_OWNER_NAME);
+    let (pods, pods_stream) = caches::reflect(
+        scoped::<Pod>(&client, &ns),
+        owned.clone(),
+        caches::trim_pod,
+        std::slice::from_ref(&pods_by_owner),
+    );
     // Secrets by metadata only: state Secrets can be megabytes.
-    let (secrets, secrets_stream) =
-        caches::reflect_metadata(scoped::<PartialObjectMeta<Secret>>(&client, &ns), owned);
+    let secrets_by_uid = caches::ByLabel::new(names::LABEL_OWNER_UID);
+    let secrets_by_suffix = caches::ByLabel::new(names::TF_LABEL_SUFFIX);
+    let (secrets, secrets_stream) = caches::reflect_metadata(
+        scoped::<PartialObjectMeta<Secret>>(&client, &ns),
+        owned,
+        &[secrets_by_uid.clone(), secrets_by_suffix.clone()],
+    );
     // Terraform's state Secrets without the owner labels (written by hand, or before
     // the backend's labels were set): those with them are in `secrets` already.
+    let states_by_suffix = caches::ByLabel::new(names::TF_LABEL_SUFFIX);
     let (states, states_stream) = caches::reflect_metadata(
         scoped::<PartialObjectMeta<Secret>>(&client, &ns),
         watcher::Config::default().labels(&format!(
@@ -101,10 +117,12 @@ where
             names::TF_LABEL_STATE,
             names::LABEL_OWNER_KIND
         )),
+        std::slice::from_ref(&states_by_suffix),
     );
     let (crd, crd_stream) = caches::reflect_metadata(
         Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={}", K::KIND.crd_name())),
+        &[],
     );
     let ns_cfg = match &ns {
         Some(n) => watcher::Config::default().fields(&format!("metadata.name={n}")),
@@ -113,11 +131,13 @@ where
     let (namespaces, namespaces_stream) = caches::reflect_metadata(
         Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
         ns_cfg,
+        &[],
     );
     let (refusals, refusals_stream) = caches::reflect(
         scoped::<CoreEvent>(&client, &ns),
         watcher::Config::default().fields("involvedObject.kind=Job,reason=FailedCreate"),
         caches::trim_event,
+        &[],
     );
     let mut c = c
         .with_config(Gate::<K>::controller_config())
@@ -213,11 +233,13 @@ where
             scoped::<PartialObjectMeta<TerraformMachine>>(&client, &ns),
             watcher::Config::default(),
             caches::trim_to_owners,
+            &[],
         );
         let (p, p_stream) = caches::reflect(
             scoped::<PartialObjectMeta<TerraformMachinePool>>(&client, &ns),
             watcher::Config::default(),
             caches::trim_to_owners,
+            &[],
         );
         (machines, pools) = (Some(m), Some(p));
         c = c
@@ -239,9 +261,14 @@ where
     }
     let caches = Arc::new(Caches {
         jobs,
+        jobs_by_owner,
         pods,
+        pods_by_owner,
         secrets,
+        secrets_by_uid,
+        secrets_by_suffix,
         states,
+        states_by_suffix,
         crd,
         namespaces,
         refusals,

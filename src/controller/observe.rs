@@ -112,7 +112,7 @@ async fn observe_rounds<K: TerraformObject>(
     // The Jobs from the cache, unless it lacks the running attempt's (the check looks at
     // this object's Jobs only, by their uid label).
     let cached_jobs = caches
-        .map(|c| caches::namesakes(&c.jobs, K::KIND, &ns, &name))
+        .map(|c| caches::namesakes(&c.jobs, &c.jobs_by_owner, K::KIND, &ns, &name))
         .filter(|jobs| !gather::started_job_unseen(&meta, K::KIND, jobs));
     let from_cache = cached_jobs.is_some();
     let jobs = async {
@@ -267,7 +267,7 @@ async fn observe_rounds<K: TerraformObject>(
     let read_now = secrets_now(&o);
     let pods = async {
         Ok::<_, Error>(match caches.filter(|_| from_cache) {
-            Some(c) => caches::namesakes(&c.pods, K::KIND, &ns, &name),
+            Some(c) => caches::namesakes(&c.pods, &c.pods_by_owner, K::KIND, &ns, &name),
             None => {
                 Api::<Pod>::namespaced(client.clone(), &ns)
                     .list(&lp)
@@ -612,7 +612,9 @@ async fn read_errored(
     }
     let legacy = names::errored_secret_name(suffix);
     let metas: Vec<kube::core::PartialObjectMeta<Secret>> = match caches {
-        Some(c) => caches::owned_by(&c.secrets, uid)
+        Some(c) => c
+            .secrets_by_uid
+            .get(&c.secrets, uid)
             .into_iter()
             .map(|m| m.as_ref().clone())
             .collect(),

@@ -46,7 +46,13 @@ pub(super) fn cached_owner<K: TerraformObject>(
 ) -> Option<Arc<K>> {
     let owner = labelled_owner(meta.labels.as_ref()).filter(|o| o.kind == K::KIND)?;
     let uid = owner.uid?;
-    store.find(|o| o.meta().uid.as_deref() == Some(uid))
+    let has_uid = |o: &K| o.meta().uid.as_deref() == Some(uid);
+    // By name (the name label is the name up to 63 characters), else by a scan.
+    let ns = meta.namespace.as_deref().unwrap_or_default();
+    store
+        .get(&ObjectRef::new(owner.name_label).within(ns))
+        .filter(|o| has_uid(o))
+        .or_else(|| store.find(|o| has_uid(o)))
 }
 
 /// The object a state Secret belongs to, from Terraform's suffix label.
