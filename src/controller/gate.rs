@@ -1,8 +1,11 @@
 //! The fair pass limit of one kind (see [`Gate`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
 
 use kube::Resource;
 use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig};
@@ -22,7 +25,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 /// its own: it is the one that records a failure or cleans up and releases, and it would
 /// otherwise wait behind every other pass triggered before it (after a mass deletion, the
 /// passes that start the other destroys). Such passes come at most once per finished Job.
-/// A pass already waiting in the first lane when the Job finishes moves to the other.
+/// A pass already waiting in the first lane when the Job finishes moves to the other: the
+/// Job's finish wakes that pass alone (waking every waiting pass to look for its mark cost
+/// a mass deletion of N objects N wake-ups per finished Job).
 pub(crate) struct Gate<K: Resource + Clone + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -31,9 +36,48 @@ where
     after_job: Option<Arc<tokio::sync::Semaphore>>,
     /// uids of objects whose Job was seen finished since their last pass began.
     job_finished: Mutex<BTreeSet<String>>,
-    /// Wakes the waiting passes when a uid is added to `job_finished`.
-    marked: tokio::sync::Notify,
+    /// What wakes the pass of a uid waiting in the first lane, when the uid is added to
+    /// `job_finished`.
+    waiting: Mutex<HashMap<String, Arc<Notify>>>,
+    /// How many times a waiting pass looked for its mark (the gate's tests count them).
+    mark_checks: AtomicU64,
     store: Store<K>,
+}
+
+/// A pass's entry in [`Gate::waiting`], removed with the last pass of its uid.
+struct Waiting<'a> {
+    waiting: &'a Mutex<HashMap<String, Arc<Notify>>>,
+    uid: &'a str,
+    notify: Arc<Notify>,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(waiting: &'a Mutex<HashMap<String, Arc<Notify>>>, uid: &'a str) -> Self {
+        let notify = waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(uid.to_string())
+            .or_default()
+            .clone();
+        Waiting {
+            waiting,
+            uid,
+            notify,
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's and this pass's: no other pass of the uid waits.
+        if waiting
+            .get(self.uid)
+            .is_some_and(|n| Arc::strong_count(n) <= 2)
+        {
+            waiting.remove(self.uid);
+        }
+    }
 }
 
 impl<K: Resource + Clone + 'static> Gate<K>
@@ -48,7 +92,8 @@ where
             lane: semaphore(),
             after_job: semaphore(),
             job_finished: Mutex::new(BTreeSet::new()),
-            marked: tokio::sync::Notify::new(),
+            waiting: Mutex::new(HashMap::new()),
+            mark_checks: AtomicU64::new(0),
             store,
         }
     }
@@ -64,10 +109,14 @@ where
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(owner_uid.to_string());
-        self.marked.notify_waiters();
+        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(notify) = waiting.get(owner_uid) {
+            notify.notify_waiters();
+        }
     }
 
     fn take_mark(&self, uid: Option<&String>) -> bool {
+        self.mark_checks.fetch_add(1, Ordering::Relaxed);
         uid.is_some_and(|uid| {
             self.job_finished
                 .lock()
@@ -87,11 +136,15 @@ where
         };
         let in_lane = lane.clone().acquire_owned();
         tokio::pin!(in_lane);
+        let Some(uid) = uid else {
+            return (in_lane.await.ok(), false);
+        };
+        let waiting = Waiting::new(&self.waiting, uid);
         loop {
-            let marked = self.marked.notified();
+            let marked = waiting.notify.notified();
             tokio::pin!(marked);
             marked.as_mut().enable();
-            if self.take_mark(uid) {
+            if self.take_mark(Some(uid)) {
                 return (after_job.clone().acquire_owned().await.ok(), true);
             }
             tokio::select! {
@@ -116,8 +169,11 @@ where
                 "a Job of the object finished: its pass takes the second lane"
             );
         }
+        // The pass's future is boxed: a pass waiting here holds a pointer, not the whole
+        // state of a pass (kube-runtime spawns a task per triggered pass, and after a mass
+        // deletion thousands wait at once: unboxed, they were most of the manager's heap).
         let result = match self.store.get(&ObjectRef::from_obj(obj.as_ref())) {
-            Some(current) => pass(current).await,
+            Some(current) => Box::pin(pass(current)).await,
             None => Ok(Requeue::await_change()),
         };
         // The pass after a Job failed (a conflict, an API error): its retry keeps the lane,

@@ -105,6 +105,46 @@ async fn a_waiting_pass_whose_job_finished_takes_the_second_lane() {
     assert_eq!(*order.lock().unwrap(), ["busy", "job-done", "a", "b"]);
 }
 
+/// A Job's finish wakes the waiting pass of its object alone: with many passes waiting
+/// (a mass deletion), waking each to look for its mark made every finished Job cost as
+/// much as the passes waiting.
+#[tokio::test]
+async fn a_finished_job_wakes_only_the_pass_of_its_object() {
+    let names: Vec<String> = (0..50).map(|i| format!("o-{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (gate, objs) = gate(1, &refs);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (release, hold) = tokio::sync::oneshot::channel();
+    let busy = start(&gate, &objs[0], &order, Some(hold));
+    settle().await;
+    let waiting: Vec<_> = objs[1..]
+        .iter()
+        .map(|o| start(&gate, o, &order, None))
+        .collect();
+    settle().await;
+    let before = gate.mark_checks.load(Ordering::Relaxed);
+    for name in ["o-10", "o-20", "o-30"] {
+        gate.job_finished(&format!("uid-{name}"));
+        settle().await;
+    }
+    let checks = gate.mark_checks.load(Ordering::Relaxed) - before;
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["o-00", "o-10", "o-20", "o-30"],
+        "each pass after its Job ran at once"
+    );
+    assert_eq!(
+        checks, 3,
+        "the waiting passes looked for their marks {checks} times"
+    );
+    release.send(()).unwrap();
+    busy.await.unwrap();
+    for t in waiting {
+        t.await.unwrap();
+    }
+    assert!(gate.waiting.lock().unwrap().is_empty(), "no pass waits");
+}
+
 #[tokio::test]
 async fn the_retry_of_a_failed_pass_after_a_job_keeps_the_second_lane() {
     let (gate, objs) = gate(1, &["busy", "a", "job-done"]);
@@ -169,3 +209,25 @@ async fn a_pass_of_an_object_gone_from_the_cache_does_not_run() {
 }
 
 const RESYNC_FOR_TEST: Duration = Duration::from_secs(1);
+
+/// A pass waiting at the gate holds a small future whatever the size of the pass's own:
+/// kube-runtime spawns a task per triggered pass, and after a mass deletion thousands of
+/// them wait here at once.
+#[tokio::test]
+async fn a_waiting_pass_holds_a_small_future_whatever_the_pass() {
+    let (gate, objs) = gate(1, &["a"]);
+    let big_pass = |_o: Arc<ConfigMap>| async move {
+        let buffer = [7u8; 64 * 1024];
+        tokio::task::yield_now().await;
+        Ok::<_, Error>(if buffer[0] == 7 {
+            Requeue::await_change()
+        } else {
+            Requeue::requeue(RESYNC_FOR_TEST)
+        })
+    };
+    assert!(std::mem::size_of_val(&big_pass(objs[0].clone())) >= 64 * 1024);
+    let waiting = gate.run(objs[0].clone(), big_pass);
+    let size = std::mem::size_of_val(&waiting);
+    assert!(size < 4096, "a waiting pass holds {size} bytes");
+    assert_eq!(waiting.await.unwrap(), Requeue::await_change());
+}
