@@ -24,7 +24,7 @@
 //! prints the three slowest releases by name and the CPU seconds of the manager, the
 //! control plane and the Jobs' processes. The manager logs to
 //! `captf-scale-manager.log` in the temp directory, at `CAPTF_SCALE_RUST_LOG` (default
-//! `info,kube=warn`).
+//! `info,kube=warn`). `CAPTF_SCALE_MANAGER_WRAP` runs the manager under a profiler.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -291,7 +291,20 @@ async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, Stri
     // The manager, as its own process.
     let log_path = env.dir.join("manager.log");
     let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
-    let mut manager: Child = Command::new(env!("CARGO_BIN_EXE_captf"))
+    // `CAPTF_SCALE_MANAGER_WRAP` ("heaptrack -o /tmp/heap", "perf record -g -o /tmp/perf.data")
+    // runs the manager under a profiler; its figures are then the profiler's process's.
+    let wrap: Vec<String> = std::env::var("CAPTF_SCALE_MANAGER_WRAP")
+        .map(|w| w.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(env!("CARGO_BIN_EXE_captf"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_captf")),
+    };
+    let mut manager: Child = command
         .args([
             "manager",
             "--metrics-bind-address=",
