@@ -32,6 +32,7 @@ use captf_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -293,13 +294,17 @@ async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, Stri
     let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
     // `CAPTF_SCALE_MANAGER_WRAP` ("heaptrack -o /tmp/heap", "perf record -g -o /tmp/perf.data")
     // runs the manager under a profiler; its figures are then the profiler's process's.
+    // The profiler and the manager run in a process group of their own, interrupted
+    // together at the end (the profiler then writes its file).
     let wrap: Vec<String> = std::env::var("CAPTF_SCALE_MANAGER_WRAP")
         .map(|w| w.split_whitespace().map(str::to_string).collect())
         .unwrap_or_default();
     let mut command = match wrap.split_first() {
         Some((program, args)) => {
             let mut c = Command::new(program);
-            c.args(args).arg(env!("CARGO_BIN_EXE_captf"));
+            c.args(args)
+                .arg(env!("CARGO_BIN_EXE_captf"))
+                .process_group(0);
             c
         }
         None => Command::new(env!("CARGO_BIN_EXE_captf")),
@@ -344,7 +349,13 @@ async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, Stri
         standin,
     )
     .await;
-    let _ = manager.kill();
+    if wrap.is_empty() {
+        let _ = manager.kill();
+    } else {
+        let _ = Command::new("kill")
+            .args(["-INT", "--", &format!("-{pid}")])
+            .status();
+    }
     let _ = manager.wait();
     let kept = std::env::temp_dir().join("captf-scale-manager.log");
     if std::fs::copy(&log_path, &kept).is_ok() {
