@@ -57,11 +57,47 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
+/// A gate of `concurrency` and objects `o-00`, `o-01`, … up to `n`, with their names.
+fn numbered(
+    concurrency: u16,
+    n: usize,
+) -> (Arc<Gate<ConfigMap>>, Vec<Arc<ConfigMap>>, Vec<String>) {
+    let names: Vec<String> = (0..n).map(|i| format!("o-{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (gate, objs) = gate(concurrency, &refs);
+    (gate, objs, names)
+}
+
+/// The first object's pass holding the lane (until `release`), the others' waiting.
+struct Held {
+    release: tokio::sync::oneshot::Sender<()>,
+    busy: tokio::task::JoinHandle<()>,
+    waiting: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn hold_the_lane(
+    gate: &Arc<Gate<ConfigMap>>,
+    objs: &[Arc<ConfigMap>],
+    order: &Arc<Mutex<Vec<String>>>,
+) -> Held {
+    let (release, hold) = tokio::sync::oneshot::channel();
+    let busy = start(gate, &objs[0], order, Some(hold));
+    settle().await;
+    let waiting = objs[1..]
+        .iter()
+        .map(|o| start(gate, o, order, None))
+        .collect();
+    settle().await;
+    Held {
+        release,
+        busy,
+        waiting,
+    }
+}
+
 #[tokio::test]
 async fn passes_run_in_the_order_they_came() {
-    let names: Vec<String> = (0..30).map(|i| format!("o-{i:02}")).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let (gate, objs) = gate(1, &refs);
+    let (gate, objs, names) = numbered(1, 30);
     let order = Arc::new(Mutex::new(Vec::new()));
     let (release, hold) = tokio::sync::oneshot::channel();
     let mut tasks = vec![start(&gate, &objs[0], &order, Some(hold))];
@@ -81,14 +117,11 @@ async fn passes_run_in_the_order_they_came() {
 async fn a_waiting_pass_whose_job_finished_takes_the_second_lane() {
     let (gate, objs) = gate(1, &["busy", "a", "b", "job-done"]);
     let order = Arc::new(Mutex::new(Vec::new()));
-    let (release, hold) = tokio::sync::oneshot::channel();
-    let busy = start(&gate, &objs[0], &order, Some(hold));
-    settle().await;
-    let waiting: Vec<_> = objs[1..]
-        .iter()
-        .map(|o| start(&gate, o, &order, None))
-        .collect();
-    settle().await;
+    let Held {
+        release,
+        busy,
+        waiting,
+    } = hold_the_lane(&gate, &objs, &order).await;
     assert_eq!(*order.lock().unwrap(), ["busy"], "the first lane is full");
     gate.job_finished("uid-job-done");
     settle().await;
@@ -110,18 +143,13 @@ async fn a_waiting_pass_whose_job_finished_takes_the_second_lane() {
 /// much as the passes waiting.
 #[tokio::test]
 async fn a_finished_job_wakes_only_the_pass_of_its_object() {
-    let names: Vec<String> = (0..50).map(|i| format!("o-{i:02}")).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let (gate, objs) = gate(1, &refs);
+    let (gate, objs, _) = numbered(1, 50);
     let order = Arc::new(Mutex::new(Vec::new()));
-    let (release, hold) = tokio::sync::oneshot::channel();
-    let busy = start(&gate, &objs[0], &order, Some(hold));
-    settle().await;
-    let waiting: Vec<_> = objs[1..]
-        .iter()
-        .map(|o| start(&gate, o, &order, None))
-        .collect();
-    settle().await;
+    let Held {
+        release,
+        busy,
+        waiting,
+    } = hold_the_lane(&gate, &objs, &order).await;
     let before = gate.mark_checks.load(Ordering::Relaxed);
     for name in ["o-10", "o-20", "o-30"] {
         gate.job_finished(&format!("uid-{name}"));
