@@ -52,9 +52,12 @@ pub struct Caches {
     pub refusals: Store<CoreEvent>,
     /// The Clusters, while Cluster API's Cluster kind is known.
     pub clusters: Option<Store<DynamicObject>>,
-    /// For the TerraformCluster controller: the machines and pools, unfiltered.
+    /// For the TerraformCluster controller: the machines and pools, unfiltered, each by
+    /// Cluster API's cluster-name label (empty for the other controllers).
     pub machines: Option<Store<PartialObjectMeta<TerraformMachine>>>,
     pub pools: Option<Store<PartialObjectMeta<TerraformMachinePool>>>,
+    pub machines_by_cluster: ByLabel,
+    pub pools_by_cluster: ByLabel,
     /// How many objects of the kind the controller's own cache holds in a namespace.
     pub objects_in: Arc<dyn Fn(&str) -> usize + Send + Sync>,
     /// Whether that cache holds every object of the kind (no `--watch-filter`).
@@ -178,13 +181,7 @@ pub fn trim_job(job: &mut Job) {
             p.init_containers = None;
             p.affinity = None;
             p.tolerations = None;
-            for c in &mut p.containers {
-                *c = k8s_openapi::api::core::v1::Container {
-                    name: std::mem::take(&mut c.name),
-                    resources: c.resources.take(),
-                    ..Default::default()
-                };
-            }
+            p.containers.iter_mut().for_each(keep_name_and_resources);
         }
     }
 }
@@ -196,18 +193,20 @@ pub fn trim_pod(pod: &mut Pod) {
         p.volumes = None;
         p.affinity = None;
         p.tolerations = None;
-        for c in p
-            .containers
+        p.containers
             .iter_mut()
             .chain(p.init_containers.iter_mut().flatten())
-        {
-            *c = k8s_openapi::api::core::v1::Container {
-                name: std::mem::take(&mut c.name),
-                resources: c.resources.take(),
-                ..Default::default()
-            };
-        }
+            .for_each(keep_name_and_resources);
     }
+}
+
+/// A container as the facts read it: its name and resources.
+fn keep_name_and_resources(c: &mut k8s_openapi::api::core::v1::Container) {
+    *c = k8s_openapi::api::core::v1::Container {
+        name: std::mem::take(&mut c.name),
+        resources: c.resources.take(),
+        ..Default::default()
+    };
 }
 
 /// The Event's bulk the refusals do not read.

@@ -225,6 +225,8 @@ where
         );
     }
     let (mut machines, mut pools) = (None, None);
+    let machines_by_cluster = caches::ByLabel::new(names::CAPI_CLUSTER_NAME_LABEL);
+    let pools_by_cluster = caches::ByLabel::new(names::CAPI_CLUSTER_NAME_LABEL);
     if K::KIND == Kind::TerraformCluster {
         let s1 = store.clone();
         let s2 = store.clone();
@@ -233,13 +235,13 @@ where
             scoped::<PartialObjectMeta<TerraformMachine>>(&client, &ns),
             watcher::Config::default(),
             caches::trim_to_owners,
-            &[],
+            std::slice::from_ref(&machines_by_cluster),
         );
         let (p, p_stream) = caches::reflect(
             scoped::<PartialObjectMeta<TerraformMachinePool>>(&client, &ns),
             watcher::Config::default(),
             caches::trim_to_owners,
-            &[],
+            std::slice::from_ref(&pools_by_cluster),
         );
         (machines, pools) = (Some(m), Some(p));
         c = c
@@ -275,6 +277,8 @@ where
         clusters,
         machines,
         pools,
+        machines_by_cluster,
+        pools_by_cluster,
         objects_in: {
             let store = store.clone();
             Arc::new(move |n: &str| {

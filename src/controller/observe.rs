@@ -296,25 +296,20 @@ async fn observe_rounds<K: TerraformObject>(
 
 /// [`dependents`] from the TerraformCluster controller's caches of machines and pools.
 fn cached_dependents(caches: &Caches, ns: &str, cluster: &str) -> Vec<String> {
-    let of_cluster = |m: &ObjectMeta| {
-        m.namespace.as_deref() == Some(ns)
-            && m.labels
-                .as_ref()
-                .and_then(|l| l.get(names::CAPI_CLUSTER_NAME_LABEL))
-                .map(String::as_str)
-                == Some(cluster)
-    };
-    let mut out = Vec::new();
-    for m in caches.machines.iter().flat_map(|s| s.state()) {
-        if of_cluster(&m.metadata) {
-            out.push(format!("TerraformMachine/{}", m.name_any()));
-        }
-    }
-    for p in caches.pools.iter().flat_map(|s| s.state()) {
-        if of_cluster(&p.metadata) {
-            out.push(format!("TerraformMachinePool/{}", p.name_any()));
-        }
-    }
+    let in_ns = |m: &ObjectMeta| m.namespace.as_deref() == Some(ns);
+    let machines = caches
+        .machines
+        .iter()
+        .flat_map(|s| caches.machines_by_cluster.get(s, cluster))
+        .filter(|m| in_ns(&m.metadata))
+        .map(|m| format!("TerraformMachine/{}", m.name_any()));
+    let pools = caches
+        .pools
+        .iter()
+        .flat_map(|s| caches.pools_by_cluster.get(s, cluster))
+        .filter(|p| in_ns(&p.metadata))
+        .map(|p| format!("TerraformMachinePool/{}", p.name_any()));
+    let mut out: Vec<String> = machines.chain(pools).collect();
     out.sort();
     out
 }

@@ -79,15 +79,7 @@ pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
 /// gone (its finalizer stripped during a destroy) still needs its ServiceAccount and Role
 /// to write its state at the end.
 async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
-    let job_running = |j: &Job| {
-        !j.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
-            })
-    };
+    let job_running = |j: &Job| !super::triggers::job_finished(j);
     if let Some(all) = ctx.all_caches() {
         let in_ns = |m: &kube::api::ObjectMeta| m.namespace.as_deref() == Some(ns);
         return Ok(all.iter().any(|c| {
