@@ -7,38 +7,50 @@ use kube::ResourceExt;
 use kube::runtime::reflector;
 use kube::runtime::watcher;
 
-fn gate(concurrency: u16, objects: &[&str]) -> (Arc<Gate<ConfigMap>>, Vec<Arc<ConfigMap>>) {
+type Order = Arc<Mutex<Vec<String>>>;
+/// A gate, its objects, and the writer of its cache.
+type Setup = (
+    Arc<Gate<ConfigMap>>,
+    Vec<Arc<ConfigMap>>,
+    reflector::store::Writer<ConfigMap>,
+);
+
+fn config_map(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some("ns".into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn gate(concurrency: u16, objects: &[&str]) -> Setup {
     let (store, mut writer) = reflector::store::<ConfigMap>();
     let objs: Vec<Arc<ConfigMap>> = objects
         .iter()
         .map(|name| {
-            let cm = ConfigMap {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(name.to_string()),
-                    namespace: Some("ns".into()),
-                    uid: Some(format!("uid-{name}")),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
+            let cm = config_map(name);
             writer.apply_watcher_event(&watcher::Event::Apply(cm.clone()));
             Arc::new(cm)
         })
         .collect();
-    (Arc::new(Gate::new(concurrency, store)), objs)
+    (Arc::new(Gate::new(concurrency, store)), objs, writer)
 }
 
 /// Starts a pass of `obj` through `gate` that records its name, then waits for `hold`.
 fn start(
     gate: &Arc<Gate<ConfigMap>>,
     obj: &Arc<ConfigMap>,
-    order: &Arc<Mutex<Vec<String>>>,
+    order: &Order,
     hold: Option<tokio::sync::oneshot::Receiver<()>>,
 ) -> tokio::task::JoinHandle<()> {
     let (gate, obj, order) = (gate.clone(), obj.clone(), order.clone());
     tokio::spawn(async move {
         let _ = gate
-            .run(obj, |o| async move {
+            .run(obj, |o, _waited| async move {
                 order.lock().unwrap().push(o.name_any());
                 if let Some(h) = hold {
                     let _ = h.await;
@@ -46,6 +58,20 @@ fn start(
                 Ok::<_, Error>(Requeue::await_change())
             })
             .await;
+    })
+}
+
+/// What kube-runtime's controller does with the turns the gate hands back: a pass each.
+fn controller(gate: &Arc<Gate<ConfigMap>>, order: &Order) -> tokio::task::JoinHandle<()> {
+    let (gate, order) = (gate.clone(), order.clone());
+    let turns = gate.turns();
+    tokio::spawn(async move {
+        tokio::pin!(turns);
+        while let Some(obj) = turns.next().await {
+            if let Some(current) = gate.store.get(&obj) {
+                start(&gate, &current, &order, None);
+            }
+        }
     })
 }
 
@@ -57,73 +83,97 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
-/// A gate of `concurrency` and objects `o-00`, `o-01`, … up to `n`, with their names.
-fn numbered(
-    concurrency: u16,
-    n: usize,
-) -> (Arc<Gate<ConfigMap>>, Vec<Arc<ConfigMap>>, Vec<String>) {
-    let names: Vec<String> = (0..n).map(|i| format!("o-{i:02}")).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let (gate, objs) = gate(concurrency, &refs);
-    (gate, objs, names)
+/// Waits until `n` passes have run.
+async fn ran(order: &Order, n: usize) -> Vec<String> {
+    for _ in 0..500 {
+        if order.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    order.lock().unwrap().clone()
 }
 
-/// The first object's pass holding the lane (until `release`), the others' waiting.
+/// A gate of `concurrency` and objects `o-00`, `o-01`, … up to `n`, and their names.
+fn numbered(concurrency: u16, n: usize) -> (Setup, Vec<String>) {
+    let names: Vec<String> = (0..n).map(|i| format!("o-{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    (gate(concurrency, &refs), names)
+}
+
+/// The first object's pass holding the lane (until `release`), the others' triggered
+/// one by one and queued.
 struct Held {
     release: tokio::sync::oneshot::Sender<()>,
-    busy: tokio::task::JoinHandle<()>,
-    waiting: Vec<tokio::task::JoinHandle<()>>,
+    triggered: Vec<tokio::task::JoinHandle<()>>,
 }
 
 async fn hold_the_lane(
     gate: &Arc<Gate<ConfigMap>>,
     objs: &[Arc<ConfigMap>],
-    order: &Arc<Mutex<Vec<String>>>,
+    order: &Order,
 ) -> Held {
     let (release, hold) = tokio::sync::oneshot::channel();
-    let busy = start(gate, &objs[0], order, Some(hold));
+    start(gate, &objs[0], order, Some(hold));
     settle().await;
-    let waiting = objs[1..]
-        .iter()
-        .map(|o| start(gate, o, order, None))
-        .collect();
-    settle().await;
-    Held {
-        release,
-        busy,
-        waiting,
+    let mut triggered = Vec::new();
+    for o in &objs[1..] {
+        triggered.push(start(gate, o, order, None));
+        tokio::task::yield_now().await;
     }
+    settle().await;
+    Held { release, triggered }
 }
 
 #[tokio::test]
 async fn passes_run_in_the_order_they_came() {
-    let (gate, objs, names) = numbered(1, 30);
+    let ((gate, objs, _w), names) = numbered(1, 30);
     let order = Arc::new(Mutex::new(Vec::new()));
-    let (release, hold) = tokio::sync::oneshot::channel();
-    let mut tasks = vec![start(&gate, &objs[0], &order, Some(hold))];
+    let _controller = controller(&gate, &order);
+    let Held { release, .. } = hold_the_lane(&gate, &objs, &order).await;
+    // A second trigger of a queued object keeps its place.
+    start(&gate, &objs[3], &order, None);
     settle().await;
-    for o in &objs[1..] {
-        tasks.push(start(&gate, o, &order, None));
-        settle().await;
-    }
     release.send(()).unwrap();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), names);
+    assert_eq!(ran(&order, 30).await, names);
+    settle().await;
+    assert_eq!(order.lock().unwrap().len(), 30, "no object ran twice");
+}
+
+/// A pass that finds the lane full returns at once: kube-runtime polls every running
+/// pass at each wake-up, so passes waiting in the gate after a mass deletion made each
+/// deletion cost more the more there were.
+#[tokio::test]
+async fn a_pass_that_finds_the_lane_full_is_not_left_running() {
+    let ((gate, objs, _w), names) = numbered(1, 50);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let _controller = controller(&gate, &order);
+    let Held { release, triggered } = hold_the_lane(&gate, &objs, &order).await;
+    let running = triggered.iter().filter(|t| !t.is_finished()).count();
+    assert_eq!(
+        running, 0,
+        "{running} passes are still running while they wait"
+    );
+    assert_eq!(gate.queued_passes.load(Ordering::Relaxed), 49);
+    assert_eq!(*order.lock().unwrap(), ["o-00"]);
+    release.send(()).unwrap();
+    assert_eq!(
+        ran(&order, 50).await,
+        names,
+        "each queued object got its turn, in order"
+    );
 }
 
 #[tokio::test]
-async fn a_waiting_pass_whose_job_finished_takes_the_second_lane() {
-    let (gate, objs) = gate(1, &["busy", "a", "b", "job-done"]);
+async fn a_queued_pass_whose_job_finished_takes_the_second_lane() {
+    let (gate, objs, _w) = gate(1, &["busy", "a", "b", "job-done"]);
     let order = Arc::new(Mutex::new(Vec::new()));
-    let Held {
-        release,
-        busy,
-        waiting,
-    } = hold_the_lane(&gate, &objs, &order).await;
+    let _controller = controller(&gate, &order);
+    let Held { release, .. } = hold_the_lane(&gate, &objs, &order).await;
     assert_eq!(*order.lock().unwrap(), ["busy"], "the first lane is full");
+    // The Job's event marks the object and triggers its pass.
     gate.job_finished("uid-job-done");
+    start(&gate, &objs[3], &order, None);
     settle().await;
     assert_eq!(
         *order.lock().unwrap(),
@@ -131,54 +181,22 @@ async fn a_waiting_pass_whose_job_finished_takes_the_second_lane() {
         "the pass after the Job ran while the first lane was still full"
     );
     release.send(()).unwrap();
-    busy.await.unwrap();
-    for t in waiting {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), ["busy", "job-done", "a", "b"]);
-}
-
-/// A Job's finish wakes the waiting pass of its object alone: with many passes waiting
-/// (a mass deletion), waking each to look for its mark made every finished Job cost as
-/// much as the passes waiting.
-#[tokio::test]
-async fn a_finished_job_wakes_only_the_pass_of_its_object() {
-    let (gate, objs, _) = numbered(1, 50);
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let Held {
-        release,
-        busy,
-        waiting,
-    } = hold_the_lane(&gate, &objs, &order).await;
-    let before = gate.mark_checks.load(Ordering::Relaxed);
-    for name in ["o-10", "o-20", "o-30"] {
-        gate.job_finished(&format!("uid-{name}"));
-        settle().await;
-    }
-    let checks = gate.mark_checks.load(Ordering::Relaxed) - before;
+    assert_eq!(ran(&order, 4).await, ["busy", "job-done", "a", "b"]);
+    settle().await;
     assert_eq!(
-        *order.lock().unwrap(),
-        ["o-00", "o-10", "o-20", "o-30"],
-        "each pass after its Job ran at once"
+        order.lock().unwrap().len(),
+        4,
+        "the object that took the second lane left the queue"
     );
-    assert_eq!(
-        checks, 3,
-        "the waiting passes looked for their marks {checks} times"
-    );
-    release.send(()).unwrap();
-    busy.await.unwrap();
-    for t in waiting {
-        t.await.unwrap();
-    }
-    assert!(gate.waiting.lock().unwrap().is_empty(), "no pass waits");
 }
 
 #[tokio::test]
 async fn the_retry_of_a_failed_pass_after_a_job_keeps_the_second_lane() {
-    let (gate, objs) = gate(1, &["busy", "a", "job-done"]);
+    let (gate, objs, _w) = gate(1, &["busy", "a", "job-done"]);
     let order = Arc::new(Mutex::new(Vec::new()));
+    let _controller = controller(&gate, &order);
     let (release, hold) = tokio::sync::oneshot::channel();
-    let busy = start(&gate, &objs[0], &order, Some(hold));
+    start(&gate, &objs[0], &order, Some(hold));
     settle().await;
     gate.job_finished("uid-job-done");
     let conflict = || {
@@ -189,12 +207,14 @@ async fn the_retry_of_a_failed_pass_after_a_job_keeps_the_second_lane() {
         ))
     };
     let failed = gate
-        .run(objs[2].clone(), |_| async { Err::<Requeue, _>(conflict()) })
+        .run(objs[2].clone(), |_, _| async {
+            Err::<Requeue, _>(conflict())
+        })
         .await;
     assert!(failed.is_err());
-    let waiting = start(&gate, &objs[1], &order, None);
+    start(&gate, &objs[1], &order, None);
     settle().await;
-    let retry = start(&gate, &objs[2], &order, None);
+    start(&gate, &objs[2], &order, None);
     settle().await;
     assert_eq!(
         *order.lock().unwrap(),
@@ -202,33 +222,20 @@ async fn the_retry_of_a_failed_pass_after_a_job_keeps_the_second_lane() {
         "the retry ran while the first lane was still full"
     );
     // A pass that succeeds leaves no mark behind: the next one waits its turn.
-    let next = start(&gate, &objs[2], &order, None);
+    start(&gate, &objs[2], &order, None);
     settle().await;
     assert_eq!(*order.lock().unwrap(), ["busy", "job-done"]);
     release.send(()).unwrap();
-    for t in [busy, waiting, retry, next] {
-        t.await.unwrap();
-    }
-    assert_eq!(
-        *order.lock().unwrap(),
-        ["busy", "job-done", "a", "job-done"]
-    );
+    assert_eq!(ran(&order, 4).await, ["busy", "job-done", "a", "job-done"]);
 }
 
 #[tokio::test]
 async fn a_pass_of_an_object_gone_from_the_cache_does_not_run() {
     let (store, _writer) = reflector::store::<ConfigMap>();
     let gate: Gate<ConfigMap> = Gate::new(1, store);
-    let gone = Arc::new(ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some("gone".into()),
-            namespace: Some("ns".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    });
+    let gone = Arc::new(config_map("gone"));
     let ran = gate
-        .run(gone, |_| async {
+        .run(gone, |_, _| async {
             Ok::<_, Error>(Requeue::requeue(RESYNC_FOR_TEST))
         })
         .await
@@ -236,15 +243,57 @@ async fn a_pass_of_an_object_gone_from_the_cache_does_not_run() {
     assert_eq!(ran, Requeue::await_change());
 }
 
+/// An object that left the cache while queued gets no turn: the next one does.
+#[tokio::test]
+async fn a_queued_object_gone_from_the_cache_gets_no_turn() {
+    let (gate, objs, mut writer) = gate(1, &["busy", "gone", "next"]);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let _controller = controller(&gate, &order);
+    let Held { release, .. } = hold_the_lane(&gate, &objs, &order).await;
+    writer.apply_watcher_event(&watcher::Event::Delete(config_map("gone")));
+    release.send(()).unwrap();
+    assert_eq!(ran(&order, 2).await, ["busy", "next"]);
+    settle().await;
+    let lane = gate.lane();
+    assert_eq!((lane.running, lane.turns.len()), (0, 0), "no place is kept");
+}
+
+/// A turn the controller never takes (its object left the cache on the way) is not kept
+/// for ever: it goes back to the queue and the place to the next object.
+#[tokio::test(start_paused = true)]
+async fn a_turn_not_taken_in_time_goes_to_the_next() {
+    let (gate, objs, _w) = gate(1, &["busy", "lost", "next"]);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    // No controller yet: the turns pile up in the channel.
+    let turns = gate.turns();
+    tokio::pin!(turns);
+    let Held { release, .. } = hold_the_lane(&gate, &objs, &order).await;
+    release.send(()).unwrap();
+    settle().await;
+    assert_eq!(turns.next().await.map(|o| o.name), Some("lost".into()));
+    // The controller dropped it; after the time a turn is kept, the place comes back.
+    tokio::time::advance(TURN_KEPT + Duration::from_secs(1)).await;
+    let again = turns.next().await.map(|o| o.name);
+    assert_eq!(
+        again,
+        Some("lost".into()),
+        "the lost turn is handed out again first"
+    );
+    // Its pass comes this time, and then the next object's turn.
+    start(&gate, &objs[1], &order, None);
+    let next = turns.next().await.map(|o| o.name);
+    assert_eq!(next, Some("next".into()));
+    assert_eq!(ran(&order, 2).await, ["busy", "lost"]);
+}
+
 const RESYNC_FOR_TEST: Duration = Duration::from_secs(1);
 
 /// A pass waiting at the gate holds a small future whatever the size of the pass's own:
-/// kube-runtime spawns a task per triggered pass, and after a mass deletion thousands of
-/// them wait here at once.
+/// passes after their Jobs wait in the second lane as running tasks.
 #[tokio::test]
 async fn a_waiting_pass_holds_a_small_future_whatever_the_pass() {
-    let (gate, objs) = gate(1, &["a"]);
-    let big_pass = |_o: Arc<ConfigMap>| async move {
+    let (gate, objs, _w) = gate(1, &["a"]);
+    let big_pass = |_o: Arc<ConfigMap>, _: Duration| async move {
         let buffer = [7u8; 64 * 1024];
         tokio::task::yield_now().await;
         Ok::<_, Error>(if buffer[0] == 7 {
@@ -253,7 +302,7 @@ async fn a_waiting_pass_holds_a_small_future_whatever_the_pass() {
             Requeue::requeue(RESYNC_FOR_TEST)
         })
     };
-    assert!(std::mem::size_of_val(&big_pass(objs[0].clone())) >= 64 * 1024);
+    assert!(std::mem::size_of_val(&big_pass(objs[0].clone(), Duration::ZERO)) >= 64 * 1024);
     let waiting = gate.run(objs[0].clone(), big_pass);
     let size = std::mem::size_of_val(&waiting);
     assert!(size < 4096, "a waiting pass holds {size} bytes");

@@ -141,6 +141,8 @@ where
     );
     let mut c = c
         .with_config(Gate::<K>::controller_config())
+        // The objects whose turn at the gate has come.
+        .reconcile_on(gate.turns())
         .watches_stream(jobs_stream, {
             let store = store.clone();
             let gate = gate.clone();
@@ -293,13 +295,10 @@ where
     c.run(
         move |obj, ctx| {
             let gate = gate.clone();
-            let queued = std::time::Instant::now();
             async move {
-                gate.run(obj, |o| async move {
+                gate.run(obj, |o, waited| async move {
                     let kind = [K::KIND.as_str()];
-                    ctx.metrics
-                        .gate_wait_seconds
-                        .observe(&kind, queued.elapsed());
+                    ctx.metrics.gate_wait_seconds.observe(&kind, waited);
                     let started = std::time::Instant::now();
                     let metrics = ctx.metrics.clone();
                     let result = reconcile::reconcile::<K>(o, ctx).await;
