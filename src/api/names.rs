@@ -38,6 +38,12 @@ pub const DESTROY_WITHOUT_OWNER: &str =
 pub const COPIED_FROM: &str = "terraform.infrastructure.cluster.x-k8s.io/copied-from";
 pub const ADOPT: &str = "terraform.infrastructure.cluster.x-k8s.io/adopt";
 pub const INPUTS_SHA256: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-sha256";
+/// The number of the latest apply attempt started (write-ahead, as `destroy-attempt`).
+pub const APPLY_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-attempt";
+/// When the latest apply attempt failed; cleared by the next one that succeeds.
+pub const APPLY_FAILED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failed-at";
+/// How many apply attempts in a row failed (the retry schedule's count).
+pub const APPLY_FAILURES: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failures";
 
 /// Values of [`CLEANUP_STARTED`].
 pub const CLEANUP_DESTROYED: &str = "destroyed";
@@ -61,6 +67,8 @@ pub const OPERATION_DESTROY: &str = "destroy";
 /// Cluster API names.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 pub const CAPI_PAUSED: &str = "cluster.x-k8s.io/paused";
+/// On an InfraCluster: its infrastructure is managed by someone else (CAPI contract).
+pub const CAPI_MANAGED_BY: &str = "cluster.x-k8s.io/managed-by";
 pub const CAPI_CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 pub const CAPI_WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 pub const CAPI_CONTRACT_LABEL: &str = "cluster.x-k8s.io/v1beta2";

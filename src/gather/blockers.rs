@@ -32,7 +32,43 @@ pub(super) fn blocker(
         Ok(i) => i,
         Err(message) => return Some(Blocker::Inputs(message)),
     };
-    let missing = inputs
+    let missing =
+        missing_credentials(o, &inputs).map(|(secret, key)| Blocker::Credentials { secret, key });
+    findings.inputs = Some(inputs);
+    missing.or_else(|| lock_blocker(o, suffix, findings))
+}
+
+/// The inputs the object's current spec builds to, its `variablesFrom` read from the
+/// ConfigMaps and Secrets the pass read.
+pub(super) fn spec_inputs(
+    o: &Observed,
+    namespace: &str,
+    suffix: &str,
+) -> Result<Inputs, inputs::InputsError> {
+    let lookup = |kind: VariablesSourceKind, name: &str, key: &str| -> Option<Vec<u8>> {
+        match kind {
+            VariablesSourceKind::ConfigMap => {
+                let cm = o.referenced_config_maps.get(name)?;
+                cm.data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .map(|v| v.as_bytes().to_vec())
+            }
+            VariablesSourceKind::Secret => {
+                let s = o.referenced_secrets.get(name)?;
+                s.data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .map(|v| v.0.clone())
+            }
+        }
+    };
+    inputs::build_from_spec(&o.spec, namespace, suffix, &lookup)
+}
+
+/// The first credentials Secret or key of `inputs` the pass did not find.
+pub(super) fn missing_credentials(o: &Observed, inputs: &Inputs) -> Option<(String, String)> {
+    inputs
         .env
         .iter()
         .map(|e| &e.secret_key_ref)
@@ -41,12 +77,7 @@ pub(super) fn blocker(
                 .get(&r.name)
                 .is_some_and(|s| has_key(s, &r.key))
         })
-        .map(|r| Blocker::Credentials {
-            secret: r.name.clone(),
-            key: r.key.clone(),
-        });
-    findings.inputs = Some(inputs);
-    missing.or_else(|| lock_blocker(o, suffix, findings))
+        .map(|r| (r.name.clone(), r.key.clone()))
 }
 
 pub(super) fn has_key(secret: &Secret, key: &str) -> bool {
@@ -71,25 +102,7 @@ pub(super) fn usable_inputs(o: &Observed, suffix: &str, namespace: &str) -> Resu
             "the inputs Secret {secret_name} is missing, and a TerraformMachine never rebuilds its inputs at deletion (its bootstrap data is gone by then); restore the Secret"
         ));
     }
-    let lookup = |kind: VariablesSourceKind, name: &str, key: &str| -> Option<Vec<u8>> {
-        match kind {
-            VariablesSourceKind::ConfigMap => {
-                let cm = o.referenced_config_maps.get(name)?;
-                cm.data
-                    .as_ref()
-                    .and_then(|d| d.get(key))
-                    .map(|v| v.as_bytes().to_vec())
-            }
-            VariablesSourceKind::Secret => {
-                let s = o.referenced_secrets.get(name)?;
-                s.data
-                    .as_ref()
-                    .and_then(|d| d.get(key))
-                    .map(|v| v.0.clone())
-            }
-        }
-    };
-    let rebuilt = inputs::build_from_spec(&o.spec, namespace, suffix, &lookup).map_err(|e| {
+    let rebuilt = spec_inputs(o, namespace, suffix).map_err(|e| {
         format!("the inputs Secret {secret_name} is missing and the inputs cannot be rebuilt from the current spec: {e}")
     })?;
     let recorded = annotation(&o.meta, names::INPUTS_SHA256);

@@ -5,6 +5,7 @@
 //! it: the object's own bookkeeping ([`meta`]), its Jobs ([`jobs`]), its state and lock
 //! ([`tfstate`]), and what keeps a destroy from starting ([`blockers`]).
 
+pub mod apply;
 mod blockers;
 mod jobs;
 mod meta;

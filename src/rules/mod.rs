@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::api::Kind;
 use crate::api::conditions::{self as cond, Desired, Status, reason};
 
+pub mod apply;
 mod backoff;
 mod facts;
 mod readable;

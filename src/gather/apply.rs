@@ -1,0 +1,155 @@
+//! The facts of a pass on a live object, for the apply table (`rules::apply`). Pure:
+//! everything comes from the [`Observed`] of the pass (the spec's inputs are built from the
+//! ConfigMaps and Secrets it read, as the deletion rebuilds them) and what a live object's
+//! pass reads beside it ([`ApplyObserved`]).
+
+use kube::api::ObjectMeta;
+
+use super::blockers::{missing_credentials, spec_inputs};
+use super::jobs::{pause_cause, unfinished};
+use super::meta::annotation;
+use super::{Observed, Settings};
+use crate::api::names::{self, Kind};
+use crate::job::{self, JobOutcome};
+use crate::rules::apply::{ApplyFacts, LastApply, Prerequisite};
+
+/// What a pass on a live object reads beside the [`Observed`] of the deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApplyObserved {
+    /// `status.initialization.provisioned`, as latched.
+    pub provisioned: bool,
+    /// A base state Secret of the object's suffix exists.
+    pub state_exists: bool,
+    /// The first of the kind's own gates not met.
+    pub prerequisite: Option<Prerequisite>,
+}
+
+/// The owner Cluster API sets on an infrastructure object once its own object names it:
+/// the Cluster of a TerraformCluster, the controlling Machine of a TerraformMachine (a
+/// MachineSet's or control plane's reference comes first and does not count), the
+/// MachinePool of a TerraformMachinePool.
+pub fn capi_owner(kind: Kind, meta: &ObjectMeta) -> Option<String> {
+    let (owner_kind, controller_only) = match kind {
+        Kind::TerraformCluster => ("Cluster", false),
+        Kind::TerraformMachine => ("Machine", true),
+        Kind::TerraformMachinePool => ("MachinePool", false),
+    };
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| {
+            r.kind == owner_kind
+                && r.api_version.split('/').next() == Some(names::CAPI_GROUP)
+                && (!controller_only || r.controller == Some(true))
+        })
+        .map(|r| r.name.clone())
+}
+
+/// The number of the latest apply attempt, and how it ended: from its Job while the Job
+/// is there, else from the bookkeeping on the object.
+fn apply_history(o: &Observed) -> (u32, LastApply) {
+    let attempt: u32 = annotation(&o.meta, names::APPLY_ATTEMPT)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    if attempt == 0 {
+        return (0, LastApply::None);
+    }
+    let failures = annotation(&o.meta, names::APPLY_FAILURES)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0u32);
+    let failed_at = annotation(&o.meta, names::APPLY_FAILED_AT).and_then(|v| v.parse().ok());
+    let job = o.jobs.iter().find(|j| {
+        job::operation_of(j) == Some(names::OPERATION_APPLY) && job::attempt_of(j) == Some(attempt)
+    });
+    let last = match job.map(|j| (j, job::outcome(j, &o.pods))) {
+        Some((_, JobOutcome::Succeeded)) => LastApply::Succeeded,
+        Some((
+            j,
+            JobOutcome::Failed {
+                reason, error_tail, ..
+            },
+        )) => LastApply::Failed {
+            // Counted once the failure is recorded; until then it is one more.
+            failures: if failed_at.is_some() {
+                failures.max(1)
+            } else {
+                failures + 1
+            },
+            at: failed_at.or_else(|| job::finished_at(j)).unwrap_or(o.now),
+            message: job::failure_message(&reason, error_tail.as_deref(), j, &o.pods),
+        },
+        // Row A5 waits for it.
+        Some((_, JobOutcome::Unfinished { .. })) => LastApply::None,
+        None => match failed_at {
+            Some(at) => LastApply::Failed {
+                failures: failures.max(1),
+                at,
+                message: format!(
+                    "its Job {} is gone; see the object's Events",
+                    names::job_name(
+                        &names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default()),
+                        names::OPERATION_APPLY,
+                        attempt
+                    )
+                ),
+            },
+            // The fingerprint is written when a finished apply's state is read.
+            None if annotation(&o.meta, names::STATE_LINEAGE).is_some() => LastApply::Succeeded,
+            None => LastApply::None,
+        },
+    };
+    (attempt, last)
+}
+
+/// The SHA-256 of the inputs the spec builds to, or why it does not (naming the object,
+/// the Secret or ConfigMap and the key).
+fn inputs_sha(o: &Observed) -> Result<String, String> {
+    let name = o.meta.name.as_deref().unwrap_or_default();
+    let namespace = o.meta.namespace.as_deref().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, name);
+    let what = format!("{} {namespace}/{name}", o.kind.as_str());
+    let inputs = spec_inputs(o, namespace, &suffix).map_err(|e| format!("{what}: {e}"))?;
+    if let Some((secret, key)) = missing_credentials(o, &inputs) {
+        return Err(format!(
+            "{what}: the credentials Secret {secret} or its key {key} (spec.env) is missing"
+        ));
+    }
+    Ok(inputs.sha256())
+}
+
+/// Gathers the apply table's facts. Pure: everything comes from `o` and `a`.
+pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> ApplyFacts {
+    let name = o.meta.name.clone().unwrap_or_default();
+    let adopted = annotation(&o.meta, names::ADOPT) == Some("true");
+    let applied = annotation(&o.meta, names::APPLIED_AT).is_some()
+        || annotation(&o.meta, names::STATE_LINEAGE).is_some();
+    let foreign_state = (a.state_exists && !applied && !adopted).then(|| {
+        format!(
+            "state Secret {} exists, and {} {name} neither applied it (no applied-at, no state-lineage) nor adopted it",
+            names::state_secret_name(&names::state_suffix(o.kind, &name)),
+            o.kind.as_str()
+        )
+    });
+    let (attempt, last) = apply_history(o);
+    ApplyFacts {
+        kind: o.kind,
+        uid: o.meta.uid.clone().unwrap_or_default(),
+        now: o.now,
+        backoff: settings.backoff,
+        externally_managed: annotation(&o.meta, names::CAPI_MANAGED_BY).is_some(),
+        paused: pause_cause(o),
+        owner: capi_owner(o.kind, &o.meta),
+        prerequisite: a.prerequisite.clone(),
+        unfinished_jobs: unfinished(o),
+        foreign_state,
+        inputs: inputs_sha(o),
+        applied_sha: annotation(&o.meta, names::INPUTS_SHA256).map(str::to_string),
+        attempt,
+        last,
+        provisioned: a.provisioned,
+    }
+}
+
+#[cfg(test)]
+#[path = "apply_tests.rs"]
+mod tests;

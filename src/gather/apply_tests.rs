@@ -1,0 +1,233 @@
+use super::*;
+use crate::rules::apply::{ApplyAction, ApplyRow, decide_apply};
+use crate::testing::{job, observed, pod_of};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+/// `team-a/prod` of `kind`, live, owned by `owners` (kind, controller).
+fn live(kind: Kind, annotations: &[(&str, &str)], owners: &[(&str, bool)]) -> Observed {
+    let mut o = observed(kind, annotations);
+    o.meta.deletion_timestamp = None;
+    o.meta.owner_references = Some(
+        owners
+            .iter()
+            .map(|(k, controller)| OwnerReference {
+                api_version: "cluster.x-k8s.io/v1beta2".into(),
+                kind: k.to_string(),
+                name: format!("{}-owner", k.to_lowercase()),
+                uid: "owner-uid".into(),
+                controller: Some(*controller),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    o
+}
+
+fn ready() -> ApplyObserved {
+    ApplyObserved {
+        provisioned: false,
+        state_exists: false,
+        prerequisite: None,
+    }
+}
+
+#[test]
+fn the_owner_is_the_one_cluster_api_sets_for_the_kind() {
+    let machine = live(
+        Kind::TerraformMachine,
+        &[],
+        &[("MachineSet", true), ("Machine", false)],
+    );
+    assert_eq!(
+        capi_owner(Kind::TerraformMachine, &machine.meta),
+        None,
+        "not the controller"
+    );
+    let machine = live(
+        Kind::TerraformMachine,
+        &[],
+        &[("MachineSet", false), ("Machine", true)],
+    );
+    assert_eq!(
+        capi_owner(Kind::TerraformMachine, &machine.meta).as_deref(),
+        Some("machine-owner")
+    );
+    let cluster = live(Kind::TerraformCluster, &[], &[("Cluster", false)]);
+    assert_eq!(
+        capi_owner(Kind::TerraformCluster, &cluster.meta).as_deref(),
+        Some("cluster-owner")
+    );
+    let pool = live(Kind::TerraformMachinePool, &[], &[("Cluster", false)]);
+    assert_eq!(capi_owner(Kind::TerraformMachinePool, &pool.meta), None);
+}
+
+#[test]
+fn a_state_the_object_never_applied_nor_adopted_is_foreign() {
+    let o = live(Kind::TerraformMachine, &[], &[("Machine", true)]);
+    let a = ApplyObserved {
+        state_exists: true,
+        ..ready()
+    };
+    let f = apply_facts(&o, &a, &Settings::default());
+    assert!(
+        f.foreign_state
+            .as_deref()
+            .is_some_and(|m| m.contains("tfstate-default-prod.tfm")),
+        "{:?}",
+        f.foreign_state
+    );
+    for own in [
+        (names::APPLIED_AT, "2026-12-01T09:00:00Z"),
+        (names::STATE_LINEAGE, "lin-1"),
+        (names::ADOPT, "true"),
+    ] {
+        let o = live(Kind::TerraformMachine, &[own], &[("Machine", true)]);
+        assert_eq!(
+            apply_facts(&o, &a, &Settings::default()).foreign_state,
+            None,
+            "{own:?}"
+        );
+    }
+}
+
+/// The hash of the inputs the test spec builds to.
+fn spec_sha() -> String {
+    inputs_sha(&live(Kind::TerraformMachine, &[], &[])).expect("the test spec builds")
+}
+
+#[test]
+fn the_latest_apply_is_read_from_its_job_then_from_the_bookkeeping() {
+    let sha = spec_sha();
+    let annotations = [
+        (names::APPLY_ATTEMPT, "2"),
+        (names::INPUTS_SHA256, sha.as_str()),
+        (names::APPLIED_AT, "2026-12-01T09:00:00Z"),
+    ];
+    // Its Job failed, not recorded yet: one failure more than recorded.
+    let mut o = live(Kind::TerraformMachine, &annotations, &[("Machine", true)]);
+    let j = job(
+        Kind::TerraformMachine,
+        names::OPERATION_APPLY,
+        2,
+        &[(
+            "Failed",
+            "True",
+            "BackoffLimitExceeded",
+            "2026-12-01T11:59:00Z",
+        )],
+    );
+    o.pods = vec![pod_of(&j, Some((1, "Error: quota exceeded")))];
+    o.jobs = vec![j];
+    let f = apply_facts(&o, &ready(), &Settings::default());
+    let LastApply::Failed {
+        failures, message, ..
+    } = &f.last
+    else {
+        panic!("{:?}", f.last)
+    };
+    assert_eq!(*failures, 1);
+    assert!(message.contains("quota exceeded"), "{message}");
+    assert_eq!(decide_apply(&f).row, ApplyRow::Failed);
+    // Its Job succeeded: up to date.
+    let mut o = live(Kind::TerraformMachine, &annotations, &[("Machine", true)]);
+    o.jobs = vec![job(
+        Kind::TerraformMachine,
+        names::OPERATION_APPLY,
+        2,
+        &[("Complete", "True", "", "2026-12-01T11:59:00Z")],
+    )];
+    let f = apply_facts(
+        &o,
+        &ApplyObserved {
+            provisioned: true,
+            ..ready()
+        },
+        &Settings::default(),
+    );
+    assert_eq!(f.last, LastApply::Succeeded);
+    assert_eq!(decide_apply(&f).row, ApplyRow::UpToDate);
+    // The Job gone: the fingerprint says it succeeded; without it, it ended without a
+    // result, and the attempt after it starts.
+    let mut with_lineage = annotations.to_vec();
+    with_lineage.push((names::STATE_LINEAGE, "lin-1"));
+    let o = live(Kind::TerraformMachine, &with_lineage, &[("Machine", true)]);
+    assert_eq!(
+        apply_facts(&o, &ready(), &Settings::default()).last,
+        LastApply::Succeeded
+    );
+    let o = live(Kind::TerraformMachine, &annotations, &[("Machine", true)]);
+    let f = apply_facts(&o, &ready(), &Settings::default());
+    assert_eq!(f.last, LastApply::None);
+    assert_eq!(
+        decide_apply(&f).action,
+        ApplyAction::StartApply { attempt: 3 }
+    );
+}
+
+#[test]
+fn a_running_apply_job_is_waited_for() {
+    let mut o = live(
+        Kind::TerraformMachine,
+        &[(names::APPLY_ATTEMPT, "1")],
+        &[("Machine", true)],
+    );
+    let j = job(Kind::TerraformMachine, names::OPERATION_APPLY, 1, &[]);
+    o.pods = vec![pod_of(&j, None)];
+    o.jobs = vec![j];
+    let f = apply_facts(&o, &ready(), &Settings::default());
+    assert_eq!(decide_apply(&f).row, ApplyRow::JobUnfinished);
+}
+
+#[test]
+fn externally_managed_and_paused_come_from_the_object() {
+    let o = live(
+        Kind::TerraformCluster,
+        &[(names::CAPI_MANAGED_BY, "hosted")],
+        &[("Cluster", false)],
+    );
+    assert_eq!(
+        decide_apply(&apply_facts(&o, &ready(), &Settings::default())).row,
+        ApplyRow::ExternallyManaged
+    );
+    let o = live(
+        Kind::TerraformCluster,
+        &[(names::CAPI_PAUSED, "")],
+        &[("Cluster", false)],
+    );
+    assert_eq!(
+        decide_apply(&apply_facts(&o, &ready(), &Settings::default())).row,
+        ApplyRow::Paused
+    );
+}
+
+#[test]
+fn inputs_that_do_not_build_name_the_object_and_what_is_missing() {
+    let mut o = live(Kind::TerraformMachine, &[], &[("Machine", true)]);
+    o.spec.variables_from = vec![crate::api::VariablesFrom {
+        kind: crate::api::VariablesSourceKind::Secret,
+        name: "prod-vars".into(),
+        key: "vars.json".into(),
+    }];
+    let f = apply_facts(&o, &ready(), &Settings::default());
+    let why = f.inputs.clone().expect_err("a missing Secret");
+    assert!(why.contains("TerraformMachine team-a/prod"), "{why}");
+    assert!(why.contains("prod-vars"), "{why}");
+    assert_eq!(decide_apply(&f).row, ApplyRow::InputsUnresolvable);
+    // The same spec with the Secret read: it builds, and its hash is the inputs'.
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "prod-vars", "namespace": "team-a"},
+        "data": {"vars.json": "eyJzaXplIjogMn0="}
+    }))
+    .expect("a Secret");
+    o.referenced_secrets.insert("prod-vars".into(), secret);
+    let f = apply_facts(&o, &ready(), &Settings::default());
+    assert!(
+        f.inputs.as_ref().is_ok_and(|sha| *sha != spec_sha()),
+        "{:?}",
+        f.inputs
+    );
+    assert_eq!(
+        decide_apply(&f).action,
+        ApplyAction::StartApply { attempt: 1 }
+    );
+}

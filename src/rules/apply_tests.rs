@@ -1,0 +1,364 @@
+//! One test per row of the apply table, and the rules that cut across them (the latch,
+//! the order of the rows, the retry schedule).
+
+use super::*;
+use std::time::Duration;
+
+fn now() -> Timestamp {
+    "2026-12-05T10:00:00Z".parse().unwrap()
+}
+
+/// A machine whose gates all pass, never applied.
+fn machine() -> ApplyFacts {
+    ApplyFacts {
+        kind: Kind::TerraformMachine,
+        uid: "uid-1".into(),
+        now: now(),
+        backoff: Backoff::default(),
+        externally_managed: false,
+        paused: None,
+        owner: Some("web-1".into()),
+        prerequisite: None,
+        unfinished_jobs: Vec::new(),
+        foreign_state: None,
+        inputs: Ok("sha-a".into()),
+        applied_sha: None,
+        attempt: 0,
+        last: LastApply::None,
+        provisioned: false,
+    }
+}
+
+fn applied() -> ApplyFacts {
+    ApplyFacts {
+        applied_sha: Some("sha-a".into()),
+        attempt: 1,
+        last: LastApply::Succeeded,
+        provisioned: true,
+        ..machine()
+    }
+}
+
+fn condition<'a>(d: &'a ApplyDecision, type_: &str) -> &'a Desired {
+    d.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} in {:?}", d.conditions))
+}
+
+fn failed(failures: u32, minutes_ago: i64) -> ApplyFacts {
+    ApplyFacts {
+        applied_sha: Some("sha-a".into()),
+        attempt: failures,
+        last: LastApply::Failed {
+            failures,
+            at: now() - jiff::SignedDuration::from_mins(minutes_ago),
+            message: "Error: creating instance: quota exceeded".into(),
+        },
+        ..machine()
+    }
+}
+
+#[test]
+fn a1_an_externally_managed_cluster_gets_nothing() {
+    let d = decide_apply(&ApplyFacts {
+        kind: Kind::TerraformCluster,
+        externally_managed: true,
+        ..machine()
+    });
+    assert_eq!(d.row, ApplyRow::ExternallyManaged);
+    assert_eq!(d.action, ApplyAction::Nothing);
+    assert!(d.conditions.is_empty(), "nothing is written");
+    // The annotation means nothing on a machine.
+    let m = decide_apply(&ApplyFacts {
+        externally_managed: true,
+        ..machine()
+    });
+    assert_eq!(m.row, ApplyRow::Apply);
+}
+
+#[test]
+fn a2_a_paused_object_starts_no_apply() {
+    let d = decide_apply(&ApplyFacts {
+        paused: Some(PauseCause::ClusterSpec("prod".into())),
+        ..machine()
+    });
+    assert_eq!(d.row, ApplyRow::Paused);
+    assert_eq!(d.action, ApplyAction::Wait);
+    let p = condition(&d, PROVISIONED);
+    assert_eq!((p.status, p.reason), (Status::Unknown, reason::PAUSED));
+    assert!(
+        p.message.contains("Cluster prod has spec.paused"),
+        "{}",
+        p.message
+    );
+}
+
+#[test]
+fn a3_no_owner_yet_waits_unknown() {
+    let d = decide_apply(&ApplyFacts {
+        owner: None,
+        ..machine()
+    });
+    assert_eq!(d.row, ApplyRow::NoOwner);
+    for c in &d.conditions {
+        assert_eq!(
+            (c.status, c.reason),
+            (Status::Unknown, reason::WAITING_FOR_OWNER)
+        );
+    }
+    assert!(
+        condition(&d, cond::READY)
+            .message
+            .contains("a Machine's spec.infrastructureRef")
+    );
+}
+
+#[test]
+fn a4_a_machine_waits_for_its_prerequisites_in_order_of_the_gates() {
+    for (p, why) in [
+        (
+            Prerequisite::ClusterInfrastructure {
+                cluster: "prod".into(),
+            },
+            reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+        ),
+        (
+            Prerequisite::ControlPlaneInitialized {
+                cluster: "prod".into(),
+            },
+            reason::WAITING_FOR_CONTROL_PLANE,
+        ),
+        (
+            Prerequisite::BootstrapData {
+                detail: "Machine web-1 names no spec.bootstrap.dataSecretName yet".into(),
+            },
+            reason::WAITING_FOR_BOOTSTRAP_DATA,
+        ),
+        (
+            Prerequisite::ClusterOutputs {
+                detail: "TerraformCluster prod has no readable state".into(),
+            },
+            reason::WAITING_FOR_CLUSTER_OUTPUTS,
+        ),
+    ] {
+        let d = decide_apply(&ApplyFacts {
+            prerequisite: Some(p),
+            ..machine()
+        });
+        assert_eq!(d.row, ApplyRow::Prerequisite);
+        assert_eq!(d.action, ApplyAction::Wait);
+        let r = condition(&d, cond::READY);
+        assert_eq!((r.status, r.reason), (Status::Unknown, why));
+    }
+    // A gate before it wins: no owner yet says so, not the prerequisite.
+    let d = decide_apply(&ApplyFacts {
+        owner: None,
+        prerequisite: Some(Prerequisite::ClusterInfrastructure {
+            cluster: "prod".into(),
+        }),
+        ..machine()
+    });
+    assert_eq!(d.row, ApplyRow::NoOwner);
+}
+
+#[test]
+fn a5_an_unfinished_job_is_waited_for_and_named() {
+    let d = decide_apply(&ApplyFacts {
+        unfinished_jobs: vec![UnfinishedJob {
+            name: "captf-web-1-tfm-apply-1".into(),
+            operation: "apply".into(),
+            detail: Some("its Pod is waiting: ImagePullBackOff".into()),
+        }],
+        ..machine()
+    });
+    assert_eq!(d.row, ApplyRow::JobUnfinished);
+    assert_eq!(d.action, ApplyAction::Wait);
+    let p = condition(&d, PROVISIONED);
+    assert_eq!((p.status, p.reason), (Status::False, reason::APPLYING));
+    assert!(
+        p.message
+            .contains("apply Job captf-web-1-tfm-apply-1 (its Pod is waiting: ImagePullBackOff)"),
+        "{}",
+        p.message
+    );
+}
+
+#[test]
+fn a6_a_state_the_object_did_not_make_is_never_applied_to() {
+    let d = decide_apply(&ApplyFacts {
+        foreign_state: Some("state Secret tfstate-default-web-1.tfm exists and the object neither applied nor adopted it".into()),
+        ..machine()
+    });
+    assert_eq!(d.row, ApplyRow::ForeignState);
+    assert_eq!(d.action.start_attempt(), None);
+    let p = condition(&d, PROVISIONED);
+    assert_eq!(
+        (p.status, p.reason),
+        (Status::False, reason::APPLY_CANNOT_START)
+    );
+}
+
+#[test]
+fn a7_inputs_that_do_not_resolve_say_which_and_start_nothing() {
+    let d = decide_apply(&ApplyFacts {
+        inputs: Err("variablesFrom: Secret prod-vars has no key vars.json".into()),
+        ..machine()
+    });
+    assert_eq!(d.row, ApplyRow::InputsUnresolvable);
+    assert_eq!(d.action, ApplyAction::Wait);
+    let p = condition(&d, PROVISIONED);
+    assert_eq!(
+        (p.status, p.reason),
+        (Status::False, reason::APPLY_CANNOT_START)
+    );
+    assert!(p.message.contains("Secret prod-vars has no key vars.json"));
+    assert!(p.message.contains("runbooks/ApplyCannotStart.md"));
+}
+
+#[test]
+fn a8_applied_inputs_are_left_alone() {
+    let d = decide_apply(&applied());
+    assert_eq!(d.row, ApplyRow::UpToDate);
+    assert_eq!(d.action, ApplyAction::Wait);
+    for c in &d.conditions {
+        assert_eq!(c.status, Status::True, "{c:?}");
+    }
+}
+
+#[test]
+fn a9_a_failed_apply_is_retried_on_the_schedule() {
+    // Failed a minute ago: the first retry is due after 24 to 30 s.
+    let d = decide_apply(&failed(1, 1));
+    assert_eq!(d.row, ApplyRow::Failed);
+    assert_eq!(d.action.start_attempt(), Some(2));
+    let p = condition(&d, PROVISIONED);
+    assert_eq!((p.status, p.reason), (Status::False, reason::APPLY_FAILED));
+    assert!(p.message.contains("quota exceeded"), "{}", p.message);
+    assert!(p.message.contains("attempt 2 is starting"), "{}", p.message);
+    // Fourth failure just now: the next one waits 4 minutes at most.
+    let d = decide_apply(&failed(4, 0));
+    let ApplyAction::RetryLater { at, start: None } = d.action else {
+        panic!("{:?}", d.action)
+    };
+    let wait = Duration::try_from(at.duration_since(now())).unwrap();
+    assert!(
+        wait <= Duration::from_secs(240) && wait >= Duration::from_secs(192),
+        "{wait:?}"
+    );
+    assert!(condition(&d, PROVISIONED).message.contains(&at.to_string()));
+}
+
+#[test]
+fn a10_a_first_apply_and_changed_inputs_start_an_attempt() {
+    let d = decide_apply(&machine());
+    assert_eq!(d.row, ApplyRow::Apply);
+    assert_eq!(d.action, ApplyAction::StartApply { attempt: 1 });
+    let r = condition(&d, cond::READY);
+    assert_eq!((r.status, r.reason), (Status::False, reason::APPLYING));
+    // Changed inputs start at once, even after failures: the user's fix is not held
+    // back by the schedule of the inputs it replaced.
+    let d = decide_apply(&ApplyFacts {
+        inputs: Ok("sha-b".into()),
+        ..failed(5, 0)
+    });
+    assert_eq!(d.row, ApplyRow::Apply);
+    assert_eq!(d.action, ApplyAction::StartApply { attempt: 6 });
+    assert!(
+        condition(&d, PROVISIONED)
+            .message
+            .contains("the inputs changed")
+    );
+    // An attempt that ended without a recorded result is started again.
+    let d = decide_apply(&ApplyFacts {
+        applied_sha: Some("sha-a".into()),
+        attempt: 1,
+        ..machine()
+    });
+    assert_eq!(d.action, ApplyAction::StartApply { attempt: 2 });
+}
+
+/// Once provisioned, nothing but a deletion takes Provisioned or Ready away: a gate or a
+/// failing re-apply shows on InputsApplied only.
+#[test]
+fn provisioned_latches_through_gates_and_failed_reapplies() {
+    let cases = [
+        ApplyFacts {
+            paused: Some(PauseCause::ObjectAnnotation),
+            ..applied()
+        },
+        ApplyFacts {
+            inputs: Ok("sha-b".into()),
+            ..applied()
+        },
+        ApplyFacts {
+            provisioned: true,
+            ..failed(2, 0)
+        },
+        ApplyFacts {
+            inputs: Err("Secret creds is missing".into()),
+            ..applied()
+        },
+    ];
+    for f in cases {
+        let d = decide_apply(&f);
+        assert_eq!(
+            condition(&d, PROVISIONED).status,
+            Status::True,
+            "{:?}",
+            d.row
+        );
+        assert_eq!(
+            condition(&d, cond::READY).status,
+            Status::True,
+            "{:?}",
+            d.row
+        );
+        assert_ne!(
+            condition(&d, INPUTS_APPLIED).status,
+            Status::True,
+            "{:?}",
+            d.row
+        );
+    }
+}
+
+#[test]
+fn the_rows_are_labelled_in_order() {
+    let labels: Vec<String> = ApplyRow::ALL.iter().map(|r| r.label()).collect();
+    assert_eq!(labels.first().map(String::as_str), Some("A1"));
+    assert_eq!(labels.last().map(String::as_str), Some("A10"));
+    let mut sorted = ApplyRow::ALL.to_vec();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        ApplyRow::ALL.to_vec(),
+        "evaluation order is declaration order"
+    );
+}
+
+/// The table of docs/provisioning/01-lifecycle.md, row by row: label and situation.
+#[test]
+fn the_docs_table_matches_the_apply_table() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/provisioning/01-lifecycle.md"
+    );
+    let text = std::fs::read_to_string(path).expect("the lifecycle page");
+    let documented: Vec<(String, String)> = text
+        .lines()
+        .filter(|l| l.starts_with("| A"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            (cells[0].to_string(), cells[1].to_string())
+        })
+        .collect();
+    let product: Vec<(String, String)> = ApplyRow::ALL
+        .iter()
+        .map(|r| (r.label(), r.situation().to_string()))
+        .collect();
+    assert_eq!(
+        documented, product,
+        "the docs' table and rules::apply differ"
+    );
+}
