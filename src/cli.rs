@@ -37,6 +37,29 @@ pub enum Command {
     /// List the Secrets CAPTF wrote for objects that are gone (state, inputs, backup,
     /// errored states, abandoned copies).
     Orphans(OrphansArgs),
+    /// Work with Terraform modules.
+    #[command(subcommand)]
+    Module(ModuleCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ModuleCommand {
+    /// Read a module offline and report what module contract v1 needs of it for a role:
+    /// the contract variables it declares, the outputs it must have, and what would make
+    /// its destroy fail. Exit status 1 when it has errors.
+    Check(ModuleCheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ModuleCheckArgs {
+    /// The module's directory (its .tf files are read; subdirectories are not).
+    pub dir: PathBuf,
+    /// What the module makes.
+    #[arg(long, value_enum)]
+    pub role: crate::contract::Role,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: Output,
 }
 
 #[derive(Args, Debug)]
@@ -217,6 +240,7 @@ pub fn main() -> ExitCode {
         Command::State(StateCommand::Inspect(args)) => run_inspect(&args),
         Command::State(StateCommand::Restore(args)) => run_restore(&args),
         Command::Orphans(args) => run_orphans(&args),
+        Command::Module(ModuleCommand::Check(args)) => return run_module_check(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -224,6 +248,32 @@ pub fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `captf module check`: 0 when the module follows the contract (warnings allowed), 1 when
+/// it has errors, 2 when it cannot be read.
+fn run_module_check(args: &ModuleCheckArgs) -> ExitCode {
+    use crate::contract::check;
+    let report = check::read_module(&args.dir).and_then(|files| check::check(&files, args.role));
+    let report = match report {
+        Ok(r) => r,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    match args.output {
+        Output::Text => print!("{}", report.render_text()),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("a report always serializes")
+        ),
+    }
+    if report.errors() > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

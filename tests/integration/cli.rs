@@ -1,5 +1,5 @@
-//! `captf explain` and `captf state inspect` as a user runs them: on the shipped examples
-//! and state fixtures, and on bad input.
+//! `captf explain`, `captf state inspect` and `captf module check` as a user runs them: on
+//! the shipped examples, state fixtures and modules, and on bad input.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -261,4 +261,99 @@ fn bad_input_is_a_clear_error_with_status_2() {
         ],
         "is not a Secret",
     );
+}
+
+/// The example modules follow the contract, and the module contract page shows what the
+/// command prints for the machine example.
+#[test]
+fn module_check_passes_the_example_modules_as_the_docs_show() {
+    for role in ["cluster", "machine", "machine-pool"] {
+        let dir = format!("examples/modules/{role}");
+        let out = captf(&["module", "check", &dir, "--role", role]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{dir}: {text}");
+        assert!(
+            text.ends_with("ok: the module follows the contract\n"),
+            "{dir}: {text}"
+        );
+    }
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/provisioning/02-module-contract.md"),
+    )
+    .expect("the module contract page");
+    let after = doc
+        .split("captf module check examples/modules/machine --role machine\n```\n\n```text\n")
+        .nth(1)
+        .expect("the page shows the machine example's output");
+    let shown = &after[..after.find("```").expect("closed")];
+    let out = captf(&[
+        "module",
+        "check",
+        "examples/modules/machine",
+        "--role",
+        "machine",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), shown);
+    // The same module for a pool lacks the pool's required output: exit status 1.
+    let out = captf(&[
+        "module",
+        "check",
+        "examples/modules/machine",
+        "--role",
+        "machine-pool",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        report["findings"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("provider_id_list")))),
+        "{report}"
+    );
+    // No module there: exit status 2, naming the directory.
+    let out = captf(&[
+        "module",
+        "check",
+        "examples/modules/none",
+        "--role",
+        "machine",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("examples/modules/none"), "{err}");
+}
+
+/// The example modules are valid Terraform: `terraform validate`, offline (they use only
+/// Terraform's built-in provider).
+#[test]
+fn the_example_modules_are_valid_terraform() {
+    for role in ["cluster", "machine", "machine-pool"] {
+        let src =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("examples/modules/{role}"));
+        let work = std::env::temp_dir().join(format!("captf-module-{role}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work).expect("work dir");
+        std::fs::copy(src.join("main.tf"), work.join("main.tf")).expect("copy");
+        for args in [
+            &["init", "-backend=false", "-input=false", "-no-color"][..],
+            &["validate", "-no-color"],
+        ] {
+            let out = Command::new("terraform")
+                .args(args)
+                .current_dir(&work)
+                .output()
+                .expect("run terraform");
+            assert!(
+                out.status.success(),
+                "{role}: terraform {args:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::remove_dir_all(&work).expect("clean");
+    }
 }

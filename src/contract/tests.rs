@@ -1,0 +1,300 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::check::{Severity, check};
+use super::hcl;
+use super::*;
+
+fn schema(role: Role, which: &str) -> serde_json::Value {
+    let path = format!(
+        "{}/docs/provisioning/schemas/{role}.{which}.schema.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn keys(v: &serde_json::Value, field: &str) -> BTreeSet<String> {
+    match &v[field] {
+        serde_json::Value::Object(m) => m.keys().cloned().collect(),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+/// The JSON Schemas of docs/provisioning/schemas/ say what the contract table says.
+#[test]
+fn the_schemas_follow_the_contract_table() {
+    for role in Role::ALL {
+        let inputs = schema(role, "inputs");
+        let names: BTreeSet<String> = variables(role).map(|v| v.name.to_string()).collect();
+        assert_eq!(keys(&inputs, "properties"), names, "{role} inputs");
+        assert_eq!(
+            keys(&inputs, "required"),
+            names,
+            "{role}: every variable is written"
+        );
+        assert_eq!(
+            inputs["additionalProperties"], false,
+            "{role}: the inputs are closed"
+        );
+        for v in variables(role) {
+            let p = &inputs["properties"][v.name];
+            let nullable = p["anyOf"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x["type"] == "null"))
+                || p.as_object().is_some_and(|o| o.is_empty());
+            assert_eq!(nullable, v.nullable, "{role}: {} nullable", v.name);
+        }
+        let out = schema(role, "outputs");
+        let names: BTreeSet<String> = outputs(role).map(|o| o.name.to_string()).collect();
+        assert_eq!(keys(&out, "properties"), names, "{role} outputs");
+        let required: BTreeSet<String> = outputs(role)
+            .filter(|o| o.need == Need::Required)
+            .map(|o| o.name.to_string())
+            .collect();
+        assert_eq!(keys(&out, "required"), required, "{role} required outputs");
+    }
+}
+
+#[test]
+fn every_contract_name_is_reserved_and_unique() {
+    let mut seen = BTreeSet::new();
+    for v in VARIABLES {
+        assert!(v.name.starts_with(RESERVED_PREFIX), "{}", v.name);
+        assert!(seen.insert(v.name), "{} twice", v.name);
+        assert!(!v.roles.is_empty());
+    }
+    for o in OUTPUTS {
+        assert!(!o.name.starts_with(RESERVED_PREFIX), "{}", o.name);
+    }
+}
+
+#[test]
+fn the_reader_skips_strings_heredocs_and_comments() {
+    let src = r#"
+# a comment with { a brace
+variable "captf_tags" { type = map(string) }
+/* a block comment
+   variable "hidden" {} */
+resource "terraform_data" "vm" {
+  input = "${var.captf_object_name}-${join("}", ["a"])}"
+  tags  = { for k, v in var.captf_tags : k => v if v != "}" }
+  user_data = <<-EOT
+    #cloud-config
+    variable "not_a_block" {
+  EOT
+  provisioner "local-exec" {
+    when    = destroy
+    command = "echo ${self.output}"
+  }
+}
+output "provider_id" {
+  value = "fake://${terraform_data.vm.id}"
+}
+"#;
+    let blocks = hcl::parse(src).expect("parses");
+    let kinds: Vec<(String, Vec<String>)> = blocks
+        .iter()
+        .map(|b| (b.kind.clone(), b.labels.clone()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("variable".to_string(), vec!["captf_tags".to_string()]),
+            (
+                "resource".to_string(),
+                vec!["terraform_data".to_string(), "vm".to_string()]
+            ),
+            ("output".to_string(), vec!["provider_id".to_string()]),
+        ]
+    );
+    assert_eq!(blocks[0].attribute("type"), Some("map(string)"));
+    assert_eq!(blocks[0].line, 3);
+    let vm = &blocks[1];
+    assert_eq!(
+        vm.attributes
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>(),
+        ["input", "tags", "user_data"]
+    );
+    assert_eq!(vm.blocks.len(), 1);
+    assert_eq!(vm.blocks[0].attribute("when"), Some("destroy"));
+    assert_eq!(blocks[2].line, 18);
+}
+
+#[test]
+fn a_broken_file_is_an_error_with_its_line() {
+    for (src, line) in [
+        ("variable \"a\" {\n  type = string\n", "line 1"),
+        ("output \"a\" {\n  value = \"open\n}\n", "line 2"),
+        ("locals {\n}\n}\n", "line 3"),
+        ("/* never closed\n", "line 1"),
+    ] {
+        let e = hcl::parse(src).expect_err(src);
+        assert!(e.contains(line), "{src:?}: {e}");
+    }
+}
+
+fn module(files: &[(&str, &str)]) -> BTreeMap<String, String> {
+    files
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect()
+}
+
+const GOOD_MACHINE: &str = r#"
+variable "captf_object_name" { type = string }
+variable "captf_bootstrap_data" {
+  type      = string
+  sensitive = true
+}
+variable "size" { default = "small" }
+resource "terraform_data" "vm" { input = var.captf_object_name }
+output "provider_id" { value = "fake://${terraform_data.vm.id}" }
+output "addresses" { value = [] }
+"#;
+
+#[test]
+fn a_machine_module_that_follows_the_contract_passes() {
+    let r = check(&module(&[("main.tf", GOOD_MACHINE)]), Role::Machine).expect("reads");
+    assert_eq!(r.findings, vec![], "{}", r.render_text());
+    assert_eq!(
+        r.contract_variables,
+        ["captf_bootstrap_data", "captf_object_name"]
+    );
+    assert_eq!(r.own_variables, ["size"]);
+    assert_eq!(r.outputs, ["addresses", "provider_id"]);
+    assert!(
+        r.render_text()
+            .ends_with("ok: the module follows the contract\n")
+    );
+}
+
+#[test]
+fn what_the_contract_forbids_is_an_error_and_what_it_advises_a_warning() {
+    let bad = r#"
+terraform {
+  backend "s3" {}
+}
+variable "captf_bootstrap_data" { type = string }
+variable "captf_secret_sauce" { type = string }
+variable "captf_replicas" { type = number }
+variable "captf_control_plane" { type = string }
+variable "captf_tags" { type = map( string ) }
+data "kubernetes_secret_v1" "bootstrap" {
+  metadata { name = "web-1-bootstrap" }
+}
+data "aws_ami" "ubuntu" {}
+resource "terraform_data" "vm" {
+  provisioner "local-exec" {
+    when    = destroy
+    command = "echo ${var.captf_bootstrap_data}"
+  }
+}
+"#;
+    let r = check(&module(&[("main.tf", bad)]), Role::Machine).expect("reads");
+    let errors: Vec<&str> = r
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .map(|f| f.message.as_str())
+        .collect();
+    let warnings: Vec<&str> = r
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Warning)
+        .map(|f| f.message.as_str())
+        .collect();
+    let has = |list: &[&str], text: &str| list.iter().any(|m| m.contains(text));
+    assert!(
+        has(&errors, "captf_secret_sauce uses the reserved prefix"),
+        "{errors:?}"
+    );
+    assert!(has(&errors, "kubernetes_secret_v1"), "{errors:?}");
+    assert!(
+        has(
+            &errors,
+            "destroy-time provisioner refers to captf_bootstrap_data"
+        ),
+        "{errors:?}"
+    );
+    assert!(
+        has(&errors, "output provider_id (string) is missing"),
+        "{errors:?}"
+    );
+    assert_eq!(errors.len(), 4, "{errors:?}");
+    assert!(
+        has(
+            &warnings,
+            "captf_replicas is given to a machine-pool module"
+        ),
+        "{warnings:?}"
+    );
+    assert!(has(&warnings, "sensitive = true"), "{warnings:?}");
+    assert!(has(&warnings, "a backend (s3)"), "{warnings:?}");
+    assert!(has(&warnings, "aws_ami"), "{warnings:?}");
+    assert!(
+        has(
+            &warnings,
+            "captf_control_plane is declared as string; the contract gives bool"
+        ),
+        "{warnings:?}"
+    );
+    assert!(
+        !has(&warnings, "captf_tags"),
+        "spacing in a type is no difference: {warnings:?}"
+    );
+    assert_eq!(r.errors(), 4);
+    assert!(
+        r.render_text().ends_with("4 error(s), 5 warning(s)\n"),
+        "{}",
+        r.render_text()
+    );
+    // Findings name the file and line.
+    assert!(
+        r.findings.iter().any(|f| f.at == "main.tf:6"),
+        "{:?}",
+        r.findings
+    );
+}
+
+#[test]
+fn a_pool_needs_its_provider_id_list_and_a_cluster_no_output() {
+    let r = check(&module(&[("main.tf", GOOD_MACHINE)]), Role::MachinePool).expect("reads");
+    assert!(
+        r.findings.iter().any(|f| f
+            .message
+            .contains("output provider_id_list (list(string)) is missing")),
+        "{}",
+        r.render_text()
+    );
+    let r = check(
+        &module(&[("main.tf", "resource \"terraform_data\" \"lb\" {}\n")]),
+        Role::Cluster,
+    )
+    .expect("reads");
+    assert_eq!(r.errors(), 0, "{}", r.render_text());
+}
+
+#[test]
+fn a_module_directory_is_read_within_its_limits() {
+    let dir = std::env::temp_dir().join(format!("captf-module-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("modules/sub")).expect("dir");
+    std::fs::write(dir.join("main.tf"), GOOD_MACHINE).expect("write");
+    std::fs::write(dir.join("README.md"), "not read").expect("write");
+    std::fs::write(dir.join("modules/sub/x.tf"), "not { read").expect("write");
+    let files = check::read_module(&dir).expect("reads");
+    assert_eq!(files.keys().collect::<Vec<_>>(), ["main.tf"]);
+    let big = "#".repeat(usize::try_from(check::MAX_FILE_BYTES).unwrap() + 1);
+    std::fs::write(dir.join("big.tf"), big).expect("write");
+    let e = check::read_module(&dir).expect_err("too big");
+    assert!(e.contains("big.tf") && e.contains("more than"), "{e}");
+    std::fs::remove_dir_all(&dir).expect("clean");
+    let e = check::read_module(&dir).expect_err("gone");
+    assert!(e.contains("cannot read the directory"), "{e}");
+}
