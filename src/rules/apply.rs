@@ -272,15 +272,7 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
         return gated(f, ApplyRow::Prerequisite, p.reason(), p.describe());
     }
     if !f.unfinished_jobs.is_empty() {
-        let list: Vec<String> = f
-            .unfinished_jobs
-            .iter()
-            .map(|j| match &j.detail {
-                Some(d) => format!("{} Job {} ({d})", j.operation, j.name),
-                None => format!("{} Job {}", j.operation, j.name),
-            })
-            .collect();
-        let msg = format!("{} running", list.join(", "));
+        let msg = format!("{} running", UnfinishedJob::list(&f.unfinished_jobs));
         return not_applied(
             f,
             ApplyRow::JobUnfinished,
@@ -374,24 +366,7 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
 /// A gate holds the apply: Unknown, so that no False window starts Cluster API's
 /// health-check timeouts; a provisioned object stays provisioned and Ready.
 fn gated(f: &ApplyFacts, row: ApplyRow, why: &'static str, msg: String) -> ApplyDecision {
-    let conditions = if f.provisioned {
-        vec![
-            Desired::new(PROVISIONED, Status::True, reason::PROVISIONED, ""),
-            Desired::new(INPUTS_APPLIED, Status::Unknown, why, msg),
-            Desired::new(cond::READY, Status::True, reason::READY, ""),
-        ]
-    } else {
-        vec![
-            Desired::new(PROVISIONED, Status::Unknown, why, msg.clone()),
-            Desired::new(INPUTS_APPLIED, Status::Unknown, why, msg.clone()),
-            Desired::new(cond::READY, Status::Unknown, why, msg),
-        ]
-    };
-    ApplyDecision {
-        row,
-        action: ApplyAction::Wait,
-        conditions,
-    }
+    decision(f, row, ApplyAction::Wait, Status::Unknown, why, msg)
 }
 
 /// The latest inputs are not applied (yet): False, except that a provisioned object
@@ -403,17 +378,30 @@ fn not_applied(
     msg: String,
     action: ApplyAction,
 ) -> ApplyDecision {
+    decision(f, row, action, Status::False, why, msg)
+}
+
+/// `InputsApplied` at `status` with `why`; `Provisioned` and `Ready` the same until the
+/// object is provisioned, True from then on.
+fn decision(
+    f: &ApplyFacts,
+    row: ApplyRow,
+    action: ApplyAction,
+    status: Status,
+    why: &'static str,
+    msg: String,
+) -> ApplyDecision {
     let conditions = if f.provisioned {
         vec![
             Desired::new(PROVISIONED, Status::True, reason::PROVISIONED, ""),
-            Desired::new(INPUTS_APPLIED, Status::False, why, msg),
+            Desired::new(INPUTS_APPLIED, status, why, msg),
             Desired::new(cond::READY, Status::True, reason::READY, ""),
         ]
     } else {
         vec![
-            Desired::new(PROVISIONED, Status::False, why, msg.clone()),
-            Desired::new(INPUTS_APPLIED, Status::False, why, msg.clone()),
-            Desired::new(cond::READY, Status::False, why, msg),
+            Desired::new(PROVISIONED, status, why, msg.clone()),
+            Desired::new(INPUTS_APPLIED, status, why, msg.clone()),
+            Desired::new(cond::READY, status, why, msg),
         ]
     };
     ApplyDecision {

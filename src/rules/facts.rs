@@ -56,6 +56,22 @@ pub struct UnfinishedJob {
     pub detail: Option<String>,
 }
 
+impl UnfinishedJob {
+    /// "destroy Job NAME (DETAIL)", as the conditions name it.
+    pub fn describe(&self) -> String {
+        match &self.detail {
+            Some(d) => format!("{} Job {} ({d})", self.operation, self.name),
+            None => format!("{} Job {}", self.operation, self.name),
+        }
+    }
+
+    /// The Jobs of `jobs`, described, one after the other.
+    pub fn list(jobs: &[UnfinishedJob]) -> String {
+        let described: Vec<String> = jobs.iter().map(UnfinishedJob::describe).collect();
+        described.join(", ")
+    }
+}
+
 /// The cleanup marker (`A/cleanup-started`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CleanupMarker {

@@ -160,17 +160,9 @@ pub fn decide(f: &Facts) -> Decision {
 
     // Row 2: a Job or Pod has not finished.
     if !f.unfinished_jobs.is_empty() {
-        let list: Vec<String> = f
-            .unfinished_jobs
-            .iter()
-            .map(|j| match &j.detail {
-                Some(d) => format!("{} Job {} ({d})", j.operation, j.name),
-                None => format!("{} Job {}", j.operation, j.name),
-            })
-            .collect();
         let msg = format!(
             "waiting for {} to finish; see {RUNBOOK_WAITING_FOR_JOB}",
-            list.join(", ")
+            UnfinishedJob::list(&f.unfinished_jobs)
         );
         let d = Desired::new(cond::DELETING, Status::True, reason::WAITING_FOR_JOB, msg);
         return finish(
