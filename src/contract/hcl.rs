@@ -4,6 +4,10 @@
 //! are not evaluated. What `captf module check` needs, and no more: Terraform itself is
 //! the judge of a module's syntax.
 
+/// How deep blocks and strings in interpolations may nest (the reader recurses; a module's
+/// files are untrusted bytes).
+pub const MAX_DEPTH: usize = 64;
+
 /// A block: `type "label" … { … }`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Block {
@@ -62,7 +66,7 @@ struct Token {
 pub fn parse(src: &str) -> Result<Vec<Block>, String> {
     let tokens = tokenize(src)?;
     let mut i = 0;
-    let (blocks, _) = body(src, &tokens, &mut i, false)?;
+    let (blocks, _) = body(src, &tokens, &mut i, 0)?;
     Ok(blocks)
 }
 
@@ -108,7 +112,7 @@ fn tokenize(src: &str) -> Result<Vec<Token>, String> {
                 i = j + 2;
             }
             b'"' => {
-                let (end, lines) = skip_string(b, i, line)?;
+                let (end, lines) = skip_string(b, i, line, 0)?;
                 push(
                     &mut out,
                     Tok::Str(src[i + 1..end - 1].to_string()),
@@ -178,7 +182,17 @@ fn skip_line(b: &[u8], mut i: usize) -> usize {
 
 /// The end (after the closing quote) of the string starting at `start`, and the newlines
 /// in it; `${…}` and `%{…}` may hold strings and braces of their own.
-fn skip_string(b: &[u8], start: usize, line: usize) -> Result<(usize, usize), String> {
+fn skip_string(
+    b: &[u8],
+    start: usize,
+    line: usize,
+    nesting: usize,
+) -> Result<(usize, usize), String> {
+    if nesting > MAX_DEPTH {
+        return Err(format!(
+            "line {line}: strings nest more than {MAX_DEPTH} deep in interpolations"
+        ));
+    }
     let mut i = start + 1;
     let mut lines = 0;
     let mut depth = 0usize;
@@ -198,7 +212,7 @@ fn skip_string(b: &[u8], start: usize, line: usize) -> Result<(usize, usize), St
                 i += 1;
             }
             b'"' if depth > 0 => {
-                let (end, l) = skip_string(b, i, line + lines)?;
+                let (end, l) = skip_string(b, i, line + lines, nesting + 1)?;
                 lines += l;
                 i = end;
             }
@@ -244,8 +258,12 @@ fn heredoc(src: &str, start: usize, line: usize) -> Result<(Tok, usize, usize), 
 /// A body's blocks and attributes.
 type Body = (Vec<Block>, Vec<(String, String)>);
 
-/// Parses a body's attributes and blocks, up to its closing brace when `nested`.
-fn body(src: &str, t: &[Token], i: &mut usize, nested: bool) -> Result<Body, String> {
+/// Parses a body's attributes and blocks, up to its closing brace when `depth` > 0.
+fn body(src: &str, t: &[Token], i: &mut usize, depth: usize) -> Result<Body, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("blocks nest more than {MAX_DEPTH} deep"));
+    }
+    let nested = depth > 0;
     let mut blocks = Vec::new();
     let mut attributes = Vec::new();
     loop {
@@ -308,7 +326,7 @@ fn body(src: &str, t: &[Token], i: &mut usize, nested: bool) -> Result<Body, Str
                 let body_start = open.end;
                 *i += 1;
                 let (inner, attrs) =
-                    body(src, t, i, true).map_err(|e| format!("line {line}: {kind}: {e}"))?;
+                    body(src, t, i, depth + 1).map_err(|e| format!("line {line}: {kind}: {e}"))?;
                 let body_end = t.get(*i - 1).map(|x| x.start).unwrap_or(src.len());
                 blocks.push(Block {
                     kind,

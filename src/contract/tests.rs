@@ -139,6 +139,21 @@ fn a_broken_file_is_an_error_with_its_line() {
     }
 }
 
+/// Untrusted bytes: nesting past the limit is an error, not a stack overflow.
+#[test]
+fn deep_nesting_is_an_error_not_a_crash() {
+    let blocks = "a {\n".repeat(200_000);
+    let e = hcl::parse(&blocks).expect_err("too deep");
+    assert!(
+        e.contains("nest more than"),
+        "{}",
+        &e[e.len().saturating_sub(200)..]
+    );
+    let strings = format!("x = {}", "\"${".repeat(100_000));
+    let e = hcl::parse(&strings).expect_err("too deep");
+    assert!(e.contains("nest more than"), "{e}");
+}
+
 fn module(files: &[(&str, &str)]) -> BTreeMap<String, String> {
     files
         .iter()
