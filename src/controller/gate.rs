@@ -282,13 +282,16 @@ where
             }
             after_job
         };
-        let lane = self.after_job.clone().expect("a limit has two lanes");
+        // Never closed; were it, the pass would run ungated rather than not at all.
+        let second = match self.after_job.clone() {
+            Some(lane) => lane.acquire_owned().await.ok(),
+            None => None,
+        };
         Entry::Run {
             queued_at: None,
             after_job,
             first: false,
-            // Never closed; were it, the pass would run ungated rather than not at all.
-            second: lane.acquire_owned().await.ok(),
+            second,
         }
     }
 
