@@ -215,13 +215,11 @@ where
             let Some((obj, number)) = lane.queue.pop_front() else {
                 break;
             };
-            match lane.queued.get(&obj) {
-                Some((n, _)) if *n == number => {}
+            let queued_at = match lane.queued.get(&obj) {
+                Some(&(n, at)) if n == number => at,
                 _ => continue,
-            }
-            let Some((_, queued_at)) = lane.queued.remove(&obj) else {
-                continue;
             };
+            lane.queued.remove(&obj);
             // An object gone from the cache meanwhile needs no pass.
             if self.store.get(&obj).is_none() {
                 continue;

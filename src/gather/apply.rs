@@ -6,7 +6,7 @@
 use kube::api::ObjectMeta;
 
 use super::blockers::{missing_credentials, spec_inputs};
-use super::jobs::{pause_cause, unfinished};
+use super::jobs::{attempt_job, pause_cause, unfinished};
 use super::meta::annotation;
 use super::{Observed, Settings};
 use crate::api::names::{self, Kind};
@@ -58,9 +58,8 @@ fn apply_history(o: &Observed) -> (u32, LastApply) {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0u32);
     let failed_at = annotation(&o.meta, names::APPLY_FAILED_AT).and_then(|v| v.parse().ok());
-    let job = o.jobs.iter().find(|j| {
-        job::operation_of(j) == Some(names::OPERATION_APPLY) && job::attempt_of(j) == Some(attempt)
-    });
+    let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
+    let job = attempt_job(o, &suffix, names::OPERATION_APPLY, attempt);
     let last = match job.map(|j| (j, job::outcome(j, &o.pods))) {
         Some((_, JobOutcome::Succeeded)) => LastApply::Succeeded,
         Some((
@@ -86,11 +85,7 @@ fn apply_history(o: &Observed) -> (u32, LastApply) {
                 at,
                 message: format!(
                     "its Job {} is gone; see the object's Events",
-                    names::job_name(
-                        &names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default()),
-                        names::OPERATION_APPLY,
-                        attempt
-                    )
+                    names::job_name(&suffix, names::OPERATION_APPLY, attempt)
                 ),
             },
             // The fingerprint is written when a finished apply's state is read.

@@ -125,6 +125,20 @@ pub(super) fn unfinished_of(
     out
 }
 
+/// The Job of `operation` attempt `attempt` of the object, by its name or its labels.
+pub(super) fn attempt_job<'a>(
+    o: &'a Observed,
+    suffix: &str,
+    operation: &str,
+    attempt: u32,
+) -> Option<&'a Job> {
+    let name = names::job_name(suffix, operation, attempt);
+    o.jobs.iter().find(|j| {
+        j.metadata.name.as_deref() == Some(name.as_str())
+            || (job::operation_of(j) == Some(operation) && job::attempt_of(j) == Some(attempt))
+    })
+}
+
 pub(super) fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) {
     let attempt: u32 = deletion_bookkeeping(&o.meta, names::DESTROY_ATTEMPT)
         .and_then(|v| v.trim().parse().ok())
@@ -135,11 +149,7 @@ pub(super) fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) 
     let failed_at: Option<Timestamp> =
         deletion_bookkeeping(&o.meta, names::DESTROY_FAILED_AT).and_then(|v| v.parse().ok());
     let job_name = names::job_name(suffix, names::OPERATION_DESTROY, attempt);
-    let job = o.jobs.iter().find(|j| {
-        j.metadata.name.as_deref() == Some(job_name.as_str())
-            || (job::operation_of(j) == Some(names::OPERATION_DESTROY)
-                && job::attempt_of(j) == Some(attempt))
-    });
+    let job = attempt_job(o, suffix, names::OPERATION_DESTROY, attempt);
     let last = match job.map(|j| job::outcome(j, &o.pods)) {
         Some(JobOutcome::Succeeded) => LastAttempt::Succeeded {
             at: job.and_then(job::finished_at),

@@ -8,10 +8,7 @@
 //! a re-apply that fails must not take a running machine away). `InputsApplied` says
 //! whether the latest inputs are the ones applied; it never feeds Ready.
 
-use std::fmt;
-
 use jiff::Timestamp;
-use serde::{Serialize, Serializer};
 
 use super::{Backoff, PauseCause, UnfinishedJob, add};
 use crate::api::Kind;
@@ -182,18 +179,6 @@ impl ApplyRow {
     }
 }
 
-impl fmt::Display for ApplyRow {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.label())
-    }
-}
-
-impl Serialize for ApplyRow {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.label())
-    }
-}
-
 /// What the pass does on a live object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApplyAction {
@@ -209,15 +194,6 @@ pub enum ApplyAction {
 }
 
 impl ApplyAction {
-    pub fn name(&self) -> &'static str {
-        match self {
-            ApplyAction::Nothing => "Nothing",
-            ApplyAction::Wait => "Wait",
-            ApplyAction::StartApply { .. } => "StartApply",
-            ApplyAction::RetryLater { .. } => "RetryLater",
-        }
-    }
-
     /// The attempt whose Job the pass starts now, if any.
     pub fn start_attempt(&self) -> Option<u32> {
         match *self {
@@ -225,12 +201,6 @@ impl ApplyAction {
             ApplyAction::RetryLater { start, .. } => start,
             _ => None,
         }
-    }
-}
-
-impl Serialize for ApplyAction {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
     }
 }
 
