@@ -546,7 +546,29 @@ async fn read_secrets(
         ),
     )?;
 
-    // Names the inputs (or, without them, the spec) reference.
+    let (referenced_secrets, referenced_config_maps) =
+        read_referenced(client, o, inputs_secret.as_ref()).await?;
+    Ok(SecretsRead {
+        permit,
+        state,
+        errored,
+        state_meta,
+        inputs_secret,
+        referenced_secrets,
+        referenced_config_maps,
+        lock,
+    })
+}
+
+/// The Secrets and ConfigMaps the inputs (or, without them, the spec) reference, read at
+/// once; those that do not exist are left out.
+pub async fn read_referenced(
+    client: &Client,
+    o: &Observed,
+    inputs_secret: Option<&Secret>,
+) -> Result<(BTreeMap<String, Secret>, BTreeMap<String, ConfigMap>), Error> {
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
     let mut secret_names: Vec<String> = o
         .spec
         .env
@@ -560,16 +582,14 @@ async fn read_secrets(
             VariablesSourceKind::ConfigMap => config_maps.push(v.name.clone()),
         }
     }
-    if let Some(Ok(i)) = inputs_secret
-        .as_ref()
-        .map(|s| inputs::from_secret(s, &ns, &suffix))
-    {
+    if let Some(Ok(i)) = inputs_secret.map(|s| inputs::from_secret(s, &ns, &suffix)) {
         secret_names.extend(i.env.iter().map(|e| e.secret_key_ref.name.clone()));
     }
     secret_names.sort();
     secret_names.dedup();
     config_maps.sort();
     config_maps.dedup();
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
     let (found_secrets, found_maps) = futures::try_join!(
         futures::future::try_join_all(secret_names.into_iter().map(|s| {
@@ -581,16 +601,10 @@ async fn read_secrets(
             async move { Ok::<_, Error>(cms.get_opt(&c).await?.map(|v| (c, v))) }
         })),
     )?;
-    Ok(SecretsRead {
-        permit,
-        state,
-        errored,
-        state_meta,
-        inputs_secret,
-        referenced_secrets: found_secrets.into_iter().flatten().collect(),
-        referenced_config_maps: found_maps.into_iter().flatten().collect(),
-        lock,
-    })
+    Ok((
+        found_secrets.into_iter().flatten().collect(),
+        found_maps.into_iter().flatten().collect(),
+    ))
 }
 
 /// The errored states a runner kept for the object (see [`state::Errored`]): the metadata

@@ -48,6 +48,18 @@ pub fn render<K: TerraformObject>(
     n: u32,
     inputs: &Inputs,
 ) -> Result<Attempt, String> {
+    render_operation(ctx, scope, obj, names::OPERATION_DESTROY, n, inputs)
+}
+
+/// [`render`] for `operation` (`names::OPERATION_DESTROY` or `names::OPERATION_APPLY`).
+pub fn render_operation<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    operation: &'static str,
+    n: u32,
+    inputs: &Inputs,
+) -> Result<Attempt, String> {
     let cluster = gather::owning_cluster(obj.meta());
     let request = JobRequest {
         kind: K::KIND,
@@ -56,7 +68,7 @@ pub fn render<K: TerraformObject>(
         namespace: &scope.namespace,
         suffix: &scope.suffix,
         cluster_name: cluster.as_deref(),
-        operation: names::OPERATION_DESTROY,
+        operation,
         attempt: n,
         inputs,
     };
@@ -73,15 +85,7 @@ pub fn render<K: TerraformObject>(
     })
 }
 
-/// What became of a start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Started {
-    /// The attempt's Job exists (made now, or by an earlier pass that was interrupted).
-    Running,
-    /// Its name is taken by a Job of an earlier object of this name: the attempt number
-    /// moved on, and the next pass starts that one.
-    NumberMovedOn,
-}
+pub use super::Started;
 
 /// Starts `attempt` in the order the file's head states.
 pub async fn start_attempt<K: TerraformObject>(
@@ -135,37 +139,10 @@ pub async fn start_attempt<K: TerraformObject>(
         (names::CLUSTERCTL_BLOCK_MOVE, Some("true".to_string())),
     ];
     let written = guarded_patch(&scope.api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
-    let jobs: Api<Job> = scope.api_of();
-    // The name is taken by a Job of an earlier object of this name: move on to the next
-    // number (its Secret, of the same name, is that Job's). By this attempt's own Job (a
-    // restart): it is made already. The pass saw the Jobs of both; a Job it did not see
-    // (made since) is read when the create finds the name taken.
-    let name = job.name_any();
-    let seen = |js: &[Job]| {
-        js.iter()
-            .any(|j| j.metadata.name.as_deref() == Some(name.as_str()))
-    };
-    let mut taken_by_earlier = seen(&o.earlier_jobs);
-    let mut created = false;
-    if !taken_by_earlier && !seen(&o.jobs) {
-        // The attempt's Secret (the variables) first, then the Job. The Secret carries the
-        // owner labels, so the cleanup's labelled delete takes it; a pruned Job's and an
-        // abandoned object's are deleted with their Jobs.
-        writes::create_if_absent(&scope.secrets, &secret).await?;
-        created = writes::create_if_absent(&jobs, &job).await?;
-        if !created {
-            taken_by_earlier = jobs
-                .get_metadata_opt(&name)
-                .await?
-                .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != Some(&scope.uid));
-        }
-    }
-    if taken_by_earlier {
-        let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
-        let bump = [(names::DESTROY_ATTEMPT, Some((n + 1).to_string()))];
-        guarded_patch(&scope.api, current, annotation_ops(current, &bump)).await?;
-        return Ok(Started::NumberMovedOn);
-    }
+    let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
+    let (started, created) =
+        super::create_attempt_job(scope, o, &job, &secret, names::DESTROY_ATTEMPT, n, current)
+            .await?;
     if created {
         ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
         publish(
@@ -178,7 +155,7 @@ pub async fn start_attempt<K: TerraformObject>(
         )
         .await;
     }
-    Ok(Started::Running)
+    Ok(started)
 }
 
 /// Terraform's backend finds the state's Secrets by its labels, its own and the `labels`
@@ -190,22 +167,34 @@ async fn ensure_backend_labels<K: TerraformObject>(
     state: &StateSecrets,
     labels: &BTreeMap<String, String>,
 ) -> Result<(), Error> {
-    let secrets = &scope.secrets;
     let names = std::iter::once(state.base_name.clone()).chain(
         state
             .parts
             .keys()
             .map(|n| names::part_secret_name(&state.base_name, *n)),
     );
+    let mut metas = Vec::new();
     for name in names {
         // As this pass read them with the state, or else from the cache.
-        let meta = match state.metas.get(&name) {
-            Some(m) => Some(m.clone()),
-            None => scope.secret_meta(&name).await?,
-        };
-        let Some(meta) = meta else {
-            continue;
-        };
+        match state.metas.get(&name) {
+            Some(m) => metas.push(m.clone()),
+            None => metas.extend(scope.secret_meta(&name).await?),
+        }
+    }
+    ensure_backend_labels_on(scope, &state.base_name, metas, labels).await
+}
+
+/// [`ensure_backend_labels`] on the state Secrets `metas` (the base `base` and its parts),
+/// with the parts' protection finalizer off.
+pub(super) async fn ensure_backend_labels_on<K: TerraformObject>(
+    scope: &Scope<K>,
+    base: &str,
+    metas: Vec<kube::api::ObjectMeta>,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let secrets = &scope.secrets;
+    for meta in metas {
+        let name = meta.name.clone().unwrap_or_default();
         let have = meta.labels.clone().unwrap_or_default();
         let missing: BTreeMap<&String, &String> = labels
             .iter()
@@ -221,7 +210,7 @@ async fn ensure_backend_labels<K: TerraformObject>(
         }
         // A part keeps no finalizer while the Job runs: Terraform deletes the parts a
         // shrinking state no longer has.
-        if name != state.base_name {
+        if name != base {
             let ops = remove_finalizer_ops(&current, names::PROTECT_FINALIZER);
             if !ops.is_empty() {
                 guarded_patch(secrets, &current, ops).await?;

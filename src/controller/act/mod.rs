@@ -103,3 +103,56 @@ pub async fn delete_lock_if_free<K: TerraformObject>(
     }
     Ok(())
 }
+
+/// What became of a start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Started {
+    /// The attempt's Job exists (made now, or by an earlier pass that was interrupted).
+    Running,
+    /// Its name is taken by a Job of an earlier object of this name: the attempt number
+    /// moved on, and the next pass starts that one.
+    NumberMovedOn,
+}
+
+/// Creates attempt `n`'s variables Secret, then its Job, once the attempt number is on the
+/// object (`current` is the object as that write left it). The Secret carries the owner
+/// labels, so the cleanup's labelled delete takes it; a pruned Job's and an abandoned
+/// object's are deleted with their Jobs. Creating a name that exists is a no-op, so a
+/// restarted pass makes nothing twice. When the name is taken by a Job of an earlier
+/// object of this name, the number under `attempt_key` moves on (the pass saw the Jobs of
+/// both; one it did not see, made since, is read when the create finds the name taken).
+/// Returns what became of the start and whether this call created the Job.
+pub async fn create_attempt_job<K: TerraformObject>(
+    scope: &Scope<K>,
+    o: &Observed,
+    job: &Job,
+    secret: &k8s_openapi::api::core::v1::Secret,
+    attempt_key: &str,
+    n: u32,
+    current: &kube::api::ObjectMeta,
+) -> Result<(Started, bool), Error> {
+    let jobs: Api<Job> = scope.api_of();
+    let name = job.name_any();
+    let seen = |js: &[Job]| {
+        js.iter()
+            .any(|j| j.metadata.name.as_deref() == Some(name.as_str()))
+    };
+    let mut taken_by_earlier = seen(&o.earlier_jobs);
+    let mut created = false;
+    if !taken_by_earlier && !seen(&o.jobs) {
+        writes::create_if_absent(&scope.secrets, secret).await?;
+        created = writes::create_if_absent(&jobs, job).await?;
+        if !created {
+            taken_by_earlier = jobs
+                .get_metadata_opt(&name)
+                .await?
+                .is_some_and(|j| j.labels().get(names::LABEL_OWNER_UID) != Some(&scope.uid));
+        }
+    }
+    if taken_by_earlier {
+        let bump = [(attempt_key, Some((n + 1).to_string()))];
+        guarded_patch(&scope.api, current, annotation_ops(current, &bump)).await?;
+        return Ok((Started::NumberMovedOn, false));
+    }
+    Ok((Started::Running, created))
+}
