@@ -101,6 +101,8 @@ pub struct Metrics {
     pub destroy_attempts: Counter,
     pub destroy_failures: Counter,
     pub held: Counter,
+    pub apply_attempts: Counter,
+    pub apply_failures: Counter,
     /// How long a pass took, by kind.
     pub pass_seconds: Histogram,
     /// How long a pass waited for the fair gate, by kind.
@@ -143,6 +145,18 @@ impl Default for Metrics {
             "Destroy attempts that failed, by kind and reason",
             &["kind", "reason"],
         );
+        let apply_attempts = Counter::register(
+            &mut r,
+            "captf_apply_attempts",
+            "Apply Jobs started, by kind",
+            &["kind"],
+        );
+        let apply_failures = Counter::register(
+            &mut r,
+            "captf_apply_failures",
+            "Apply attempts that failed, by kind and reason",
+            &["kind", "reason"],
+        );
         let held = Counter::register(
             &mut r,
             "captf_held_deletions",
@@ -181,6 +195,8 @@ impl Default for Metrics {
             destroy_attempts,
             destroy_failures,
             held,
+            apply_attempts,
+            apply_failures,
             pass_seconds,
             gate_wait_seconds,
             job_seconds,

@@ -40,10 +40,16 @@ pub const ADOPT: &str = "terraform.infrastructure.cluster.x-k8s.io/adopt";
 pub const INPUTS_SHA256: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-sha256";
 /// The number of the latest apply attempt started (write-ahead, as `destroy-attempt`).
 pub const APPLY_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-attempt";
-/// When the latest apply attempt failed; cleared by the next one that succeeds.
+/// When the latest apply attempt failed; cleared when the next one starts (as
+/// `destroy-failed-at`), so that its own failure is recorded again.
 pub const APPLY_FAILED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failed-at";
 /// How many apply attempts in a row failed (the retry schedule's count).
 pub const APPLY_FAILURES: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failures";
+/// The latest apply attempt that succeeded, written with its state's fingerprint once the
+/// state was read after it. Its presence means the object is provisioned: after
+/// `clusterctl move`, which drops the status, `initialization.provisioned` is rebuilt
+/// from it without a Job.
+pub const APPLIED_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/applied-attempt";
 
 /// Values of [`CLEANUP_STARTED`].
 pub const CLEANUP_DESTROYED: &str = "destroyed";

@@ -53,6 +53,10 @@ pub struct Bookkeeping {
     /// Finished destroy Jobs to delete, each with its variables Secret of the same name.
     pub prune: Vec<String>,
     pub protect: Protect,
+    /// An apply's success is recorded: `status.initialization.provisioned` is set first.
+    pub provisioned: bool,
+    /// The reason of an apply failure to count in the metrics.
+    pub apply_failure: Option<String>,
 }
 
 /// Decides the bookkeeping of a pass; `o.now` stands for "now".
@@ -137,9 +141,64 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         }
     }
 
+    // The latest apply attempt's outcome, recorded once: a failure with its time and the
+    // count of failures in a row (the retry schedule's); a success with the fingerprint of
+    // the state it left (read in this pass for it), which latches `provisioned`.
+    let mut provisioned = false;
+    let mut apply_failure = None;
+    let mut recorded_fingerprint = false;
+    match gather::apply::unrecorded_apply(o) {
+        Some((n, false)) => {
+            let name = names::job_name(&suffix, names::OPERATION_APPLY, n);
+            if let Some(j) = o
+                .jobs
+                .iter()
+                .find(|j| j.metadata.name.as_deref() == Some(name.as_str()))
+                && let JobOutcome::Failed {
+                    reason, error_tail, ..
+                } = job::outcome(j, &o.pods)
+            {
+                let failures: u32 = ann(names::APPLY_FAILURES)
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                let at = job::finished_at(j).unwrap_or(o.now);
+                edits.push((names::APPLY_FAILED_AT, Some(at.to_string())));
+                edits.push((names::APPLY_FAILURES, Some((failures + 1).to_string())));
+                let text = job::failure_message(&reason, error_tail.as_deref(), j, &o.pods);
+                notes.push(Note::warning(
+                    events::APPLY_FAILED,
+                    "Apply",
+                    format!("apply attempt {n} failed: {text}"),
+                ));
+                apply_failure = Some(reason);
+            }
+        }
+        Some((n, true)) => {
+            if let StateFacts::Readable {
+                lineage, serial, ..
+            } = &facts.state
+            {
+                edits.push((names::STATE_LINEAGE, Some(lineage.clone())));
+                edits.push((names::STATE_SERIAL, Some(serial.to_string())));
+                edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));
+                edits.push((names::APPLY_FAILED_AT, None));
+                edits.push((names::APPLY_FAILURES, None));
+                recorded_fingerprint = true;
+                provisioned = true;
+                notes.push(Note::normal(
+                    events::APPLY_SUCCEEDED,
+                    "Apply",
+                    format!("apply attempt {n} succeeded; its state is lineage {lineage}, serial {serial}"),
+                ));
+            }
+        }
+        None => {}
+    }
+
     // An adopted state's fingerprint is recorded once: from then on it is checked like
     // any other, and adopt no longer matters.
     if ann(names::ADOPT) == Some("true")
+        && !recorded_fingerprint
         && ann(names::STATE_LINEAGE).is_none()
         && ann(names::STATE_SERIAL).is_none()
         && let StateFacts::Readable {
@@ -179,6 +238,8 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         failed_job_ran,
         prune: prunable(o, facts.attempt),
         protect,
+        provisioned,
+        apply_failure,
     }
 }
 
@@ -232,6 +293,9 @@ pub async fn apply<K: TerraformObject>(
         let labels = [K::KIND.as_str(), names::OPERATION_DESTROY, "failed"];
         ctx.metrics.job_seconds.observe(&labels, ran);
     }
+    if let Some(reason) = &plan.apply_failure {
+        ctx.metrics.apply_failures.inc(&[K::KIND.as_str(), reason]);
+    }
     let jobs: Api<Job> = scope.api_of();
     for name in &plan.prune {
         writes::delete_if_present(&jobs, name).await?;
@@ -242,6 +306,10 @@ pub async fn apply<K: TerraformObject>(
         Protect::Base => protect_state(scope, obj, o, state_meta, false).await?,
         Protect::BaseAndParts => protect_state(scope, obj, o, state_meta, true).await?,
     };
+    // The status first: a crash before the annotations records the success again.
+    if plan.provisioned {
+        super::status::write_provisioned(&scope.api, obj).await?;
+    }
     let edits: Vec<(&str, Option<String>)> = plan.edits;
     let ops = annotation_ops(obj.meta(), &edits);
     Ok(Kept {

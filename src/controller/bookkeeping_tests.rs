@@ -257,3 +257,107 @@ fn the_state_is_protected_whole_only_when_no_job_runs_or_starts_and_never_after_
     cleaning.cleanup = Some(CleanupMarker::Destroyed);
     assert_eq!(plan(&o, &cleaning, &decision).protect, Protect::Nothing);
 }
+
+/// A live TerraformMachine whose apply attempt `n` started, with `extra` annotations.
+fn applying(n: u32, extra: &[(&str, &str)]) -> Observed {
+    let attempt = n.to_string();
+    let mut annotations = vec![(names::APPLY_ATTEMPT, attempt.as_str())];
+    annotations.extend_from_slice(extra);
+    let mut o = observed(Kind::TerraformMachine, &annotations);
+    o.meta.deletion_timestamp = None;
+    o
+}
+
+#[test]
+fn an_apply_failure_is_recorded_once_with_the_count_of_failures_in_a_row() {
+    let mut o = applying(3, &[(names::APPLY_FAILURES, "2")]);
+    let j = failed(Kind::TerraformMachine, "apply", 3, "BackoffLimitExceeded");
+    o.pods = vec![pod_of(&j, Some((1, "Error: quota exceeded")))];
+    o.jobs = vec![j];
+    let p = plan_of(&o);
+    assert_eq!(
+        edit(&p, names::APPLY_FAILED_AT),
+        Some(&Some(
+            FAILED_AT.parse::<jiff::Timestamp>().unwrap().to_string()
+        ))
+    );
+    assert_eq!(edit(&p, names::APPLY_FAILURES), Some(&Some("3".into())));
+    assert_eq!(p.apply_failure.as_deref(), Some("BackoffLimitExceeded"));
+    assert!(!p.provisioned);
+    assert_eq!(p.notes.len(), 1);
+    assert_eq!(p.notes[0].reason, events::APPLY_FAILED);
+    assert!(
+        p.notes[0].note.starts_with("apply attempt 3 failed: ")
+            && p.notes[0].note.contains("quota exceeded"),
+        "{}",
+        p.notes[0].note
+    );
+
+    // Recorded already: nothing again.
+    let mut o = applying(
+        3,
+        &[
+            (names::APPLY_FAILURES, "3"),
+            (names::APPLY_FAILED_AT, FAILED_AT),
+        ],
+    );
+    let j = failed(Kind::TerraformMachine, "apply", 3, "BackoffLimitExceeded");
+    o.pods = vec![pod_of(&j, Some((1, "Error: quota exceeded")))];
+    o.jobs = vec![j];
+    let p = plan_of(&o);
+    assert_eq!(edit(&p, names::APPLY_FAILED_AT), None);
+    assert_eq!(edit(&p, names::APPLY_FAILURES), None);
+    assert!(p.notes.is_empty(), "{:?}", p.notes);
+}
+
+#[test]
+fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned() {
+    let mut o = applying(
+        2,
+        &[
+            (names::APPLY_FAILURES, "1"),
+            (names::STATE_LINEAGE, "lin-0"),
+        ],
+    );
+    o.jobs = vec![job(
+        Kind::TerraformMachine,
+        "apply",
+        2,
+        &[("Complete", "True", "", FAILED_AT)],
+    )];
+    let (decision, mut facts, _) = gather::decide(&o, &Settings::default());
+    // The state not read: nothing recorded, the next pass reads it.
+    let p = plan(&o, &facts, &decision);
+    assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
+    assert!(!p.provisioned);
+    facts.state = StateFacts::Readable {
+        managed_instances: 2,
+        lineage: "lin-1".into(),
+        serial: 4,
+        secret: "tfstate-default-prod.tfm".into(),
+    };
+    let p = plan(&o, &facts, &decision);
+    assert_eq!(edit(&p, names::APPLIED_ATTEMPT), Some(&Some("2".into())));
+    assert_eq!(edit(&p, names::STATE_LINEAGE), Some(&Some("lin-1".into())));
+    assert_eq!(edit(&p, names::STATE_SERIAL), Some(&Some("4".into())));
+    assert_eq!(edit(&p, names::APPLY_FAILURES), Some(&None));
+    assert_eq!(edit(&p, names::APPLY_FAILED_AT), Some(&None));
+    assert!(
+        p.provisioned,
+        "provisioned is written before the annotations"
+    );
+    assert_eq!(p.notes.len(), 1);
+    assert_eq!(p.notes[0].reason, events::APPLY_SUCCEEDED);
+
+    // Recorded already: nothing again.
+    let mut recorded = o.clone();
+    recorded
+        .meta
+        .annotations
+        .get_or_insert_default()
+        .insert(names::APPLIED_ATTEMPT.into(), "2".into());
+    let p = plan(&recorded, &facts, &decision);
+    assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
+    assert!(!p.provisioned);
+    assert!(p.notes.is_empty(), "{:?}", p.notes);
+}

@@ -20,7 +20,18 @@ pub const RELEASED: &str = "Released";
 /// Released without a destroy on the operator's word; the Secrets are kept.
 pub const ABANDONED: &str = "Abandoned";
 
-/// Every reason above, as docs/03-destroy-job.md lists them (a docs test checks it).
+/// An apply attempt's Job was created.
+pub const APPLY_STARTED: &str = "ApplyStarted";
+/// An apply attempt's Job failed (Terraform's error, or its Pod's fate).
+pub const APPLY_FAILED: &str = "ApplyFailed";
+/// An apply attempt's Job succeeded and the state it left was read.
+pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
+
+/// The apply's reasons, as docs/provisioning/01-lifecycle.md lists them (a docs test
+/// checks it).
+pub const APPLY_REASONS: [&str; 3] = [APPLY_STARTED, APPLY_FAILED, APPLY_SUCCEEDED];
+
+/// Every reason of a deletion above, as docs/03-destroy-job.md lists them (a docs test checks it).
 pub const REASONS: [&str; 6] = [
     DESTROY_STARTED,
     DESTROY_FAILED,
@@ -40,6 +51,15 @@ pub struct Note {
 }
 
 impl Note {
+    pub fn normal(reason: &'static str, action: &'static str, note: String) -> Self {
+        Note {
+            type_: EventType::Normal,
+            reason,
+            action,
+            note,
+        }
+    }
+
     pub fn warning(reason: &'static str, action: &'static str, note: String) -> Self {
         Note {
             type_: EventType::Warning,

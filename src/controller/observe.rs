@@ -74,7 +74,12 @@ pub async fn observe_pass<K: TerraformObject>(
     settings: &Settings,
     state_reads: &Arc<Semaphore>,
 ) -> Result<(Observed, StateMeta), Error> {
-    let needed = |o: &Observed| crate::rules::state_needed(&gather::gather(o, settings).0);
+    // The state is read when the deletion's table needs it, and once after an apply
+    // succeeded, for the fingerprint its bookkeeping records.
+    let needed = |o: &Observed| {
+        crate::rules::state_needed(&gather::gather(o, settings).0)
+            || gather::apply::unrecorded_apply(o).is_some_and(|(_, succeeded)| succeeded)
+    };
     let (mut o, early) =
         observe_rounds(client, caches, cluster_api, obj, needed, state_reads).await?;
     if !needed(&o) {

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::Error;
 use crate::api::TerraformObject;
-use crate::api::conditions::{self, Condition};
+use crate::api::conditions::{self, Condition, Desired};
 use crate::io::writes;
 use crate::rules::Decision;
 
@@ -22,10 +22,25 @@ pub async fn write_status_keeping<K: TerraformObject>(
     obj: Arc<K>,
     decision: &Decision,
 ) -> Result<Arc<K>, Error> {
-    Ok(match write_status(api, obj.as_ref(), decision).await? {
-        Some(written) if writes::only_status_changed(obj.as_ref(), &written) => Arc::new(written),
-        _ => obj,
-    })
+    write_status_keeping_with(api, obj, decision, &[]).await
+}
+
+/// [`write_status_keeping`] with `extra` conditions beside the decision's (the apply
+/// table's on a live object).
+pub async fn write_status_keeping_with<K: TerraformObject>(
+    api: &Api<K>,
+    obj: Arc<K>,
+    decision: &Decision,
+    extra: &[Desired],
+) -> Result<Arc<K>, Error> {
+    Ok(
+        match write_status_with(api, obj.as_ref(), decision, extra).await? {
+            Some(written) if writes::only_status_changed(obj.as_ref(), &written) => {
+                Arc::new(written)
+            }
+            _ => obj,
+        },
+    )
 }
 
 /// Merges the decision's conditions into the status; unchanged status is not rewritten.
@@ -35,6 +50,15 @@ pub async fn write_status<K: TerraformObject>(
     obj: &K,
     decision: &Decision,
 ) -> Result<Option<K>, Error> {
+    write_status_with(api, obj, decision, &[]).await
+}
+
+async fn write_status_with<K: TerraformObject>(
+    api: &Api<K>,
+    obj: &K,
+    decision: &Decision,
+    extra: &[Desired],
+) -> Result<Option<K>, Error> {
     let existing: Vec<Condition> = obj
         .status()
         .map(|s| s.conditions.clone())
@@ -42,7 +66,11 @@ pub async fn write_status<K: TerraformObject>(
     let generation = obj.meta().generation;
     let merged = conditions::merge(
         &existing,
-        &decision.conditions().cloned().collect::<Vec<_>>(),
+        &decision
+            .conditions()
+            .chain(extra.iter())
+            .cloned()
+            .collect::<Vec<_>>(),
         generation,
         Timestamp::now(),
     );
@@ -54,6 +82,24 @@ pub async fn write_status<K: TerraformObject>(
     match writes::patch_status(api, &obj.name_any(), status).await {
         Ok(written) => Ok(Some(written)),
         Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Latches `status.initialization.provisioned` (Cluster API's contract field): set once,
+/// never unset by CAPTF.
+pub async fn write_provisioned<K: TerraformObject>(api: &Api<K>, obj: &K) -> Result<(), Error> {
+    let set = obj
+        .status()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned);
+    if set == Some(true) {
+        return Ok(());
+    }
+    let status = json!({ "initialization": { "provisioned": true } });
+    match writes::patch_status(api, &obj.name_any(), status).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e),
     }
 }

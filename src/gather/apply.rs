@@ -10,6 +10,7 @@ use super::jobs::{attempt_job, pause_cause, unfinished};
 use super::meta::annotation;
 use super::{Observed, Settings};
 use crate::api::names::{self, Kind};
+use crate::inputs::Inputs;
 use crate::job::{self, JobOutcome};
 use crate::rules::apply::{ApplyFacts, LastApply, Prerequisite};
 
@@ -88,17 +89,97 @@ fn apply_history(o: &Observed) -> (u32, LastApply) {
                     names::job_name(&suffix, names::OPERATION_APPLY, attempt)
                 ),
             },
-            // The fingerprint is written when a finished apply's state is read.
-            None if annotation(&o.meta, names::STATE_LINEAGE).is_some() => LastApply::Succeeded,
+            // Its success was recorded (with the state's fingerprint) before the Job went.
+            None if annotation(&o.meta, names::APPLIED_ATTEMPT)
+                .is_some_and(|v| v.trim() == attempt.to_string()) =>
+            {
+                LastApply::Succeeded
+            }
+            // Never made (a crash after the write-ahead), or deleted while it ran: the
+            // apply ended without a result and starts again.
             None => LastApply::None,
         },
     };
     (attempt, last)
 }
 
-/// The SHA-256 of the inputs the spec builds to, or why it does not (naming the object,
-/// the Secret or ConfigMap and the key).
-fn inputs_sha(o: &Observed) -> Result<String, String> {
+/// The first of a machine's or pool's own gates not met before its first apply: the
+/// Cluster's infrastructure, then (for a worker) the control plane, then the bootstrap
+/// data its owner names. `owner` is the owning Machine or MachinePool as read; a
+/// TerraformCluster has none of these gates.
+pub fn prerequisite(o: &Observed, owner: Option<&serde_json::Value>) -> Option<Prerequisite> {
+    if o.kind == Kind::TerraformCluster {
+        return None;
+    }
+    let cluster = super::owning_cluster(&o.meta).unwrap_or_default();
+    match &o.cluster {
+        Some(c) if c.infrastructure_provisioned => {}
+        _ => return Some(Prerequisite::ClusterInfrastructure { cluster }),
+    }
+    let owner = owner?;
+    let (owner_kind, bootstrap) = match o.kind {
+        Kind::TerraformMachinePool => (
+            "MachinePool",
+            &owner["spec"]["template"]["spec"]["bootstrap"],
+        ),
+        _ => ("Machine", &owner["spec"]["bootstrap"]),
+    };
+    let has_data = bootstrap["dataSecretName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
+    if has_data {
+        return None;
+    }
+    let control_plane = owner["metadata"]["labels"]
+        .get("cluster.x-k8s.io/control-plane")
+        .is_some();
+    let initialized = o
+        .cluster
+        .as_ref()
+        .is_some_and(|c| c.control_plane_initialized);
+    if !control_plane && !initialized {
+        return Some(Prerequisite::ControlPlaneInitialized { cluster });
+    }
+    let name = owner["metadata"]["name"].as_str().unwrap_or_default();
+    let path = match o.kind {
+        Kind::TerraformMachinePool => "spec.template.spec.bootstrap.dataSecretName",
+        _ => "spec.bootstrap.dataSecretName",
+    };
+    Some(Prerequisite::BootstrapData {
+        detail: format!("{owner_kind} {name} has no {path} yet"),
+    })
+}
+
+/// The latest apply attempt, when its Job finished and how it ended is not recorded yet:
+/// `(n, true)` it succeeded (recorded with `applied-attempt` once the state is read),
+/// `(n, false)` it failed (recorded with `apply-failed-at`).
+pub fn unrecorded_apply(o: &Observed) -> Option<(u32, bool)> {
+    let n: u32 = annotation(&o.meta, names::APPLY_ATTEMPT)?
+        .trim()
+        .parse()
+        .ok()?;
+    let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
+    let j = attempt_job(o, &suffix, names::OPERATION_APPLY, n)?;
+    match job::outcome(j, &o.pods) {
+        JobOutcome::Succeeded => (annotation(&o.meta, names::APPLIED_ATTEMPT)
+            != Some(n.to_string().as_str()))
+        .then_some((n, true)),
+        JobOutcome::Failed { .. } => annotation(&o.meta, names::APPLY_FAILED_AT)
+            .is_none()
+            .then_some((n, false)),
+        JobOutcome::Unfinished { .. } => None,
+    }
+}
+
+/// Whether the object is provisioned: `status.initialization.provisioned` as latched, or
+/// an apply's success recorded on the object (what survives a move).
+pub fn provisioned(meta: &ObjectMeta, latched: bool) -> bool {
+    latched || annotation(meta, names::APPLIED_ATTEMPT).is_some()
+}
+
+/// The inputs the spec builds to, or why it does not (naming the object, the Secret or
+/// ConfigMap and the key).
+pub fn spec_inputs_of(o: &Observed) -> Result<Inputs, String> {
     let name = o.meta.name.as_deref().unwrap_or_default();
     let namespace = o.meta.namespace.as_deref().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, name);
@@ -109,7 +190,13 @@ fn inputs_sha(o: &Observed) -> Result<String, String> {
             "{what}: the credentials Secret {secret} or its key {key} (spec.env) is missing"
         ));
     }
-    Ok(inputs.sha256())
+    Ok(inputs)
+}
+
+/// The SHA-256 of the inputs the spec builds to, or why it does not (naming the object,
+/// the Secret or ConfigMap and the key).
+fn inputs_sha(o: &Observed) -> Result<String, String> {
+    spec_inputs_of(o).map(|i| i.sha256())
 }
 
 /// Gathers the apply table's facts. Pure: everything comes from `o` and `a`.

@@ -146,15 +146,29 @@ fn the_latest_apply_is_read_from_its_job_then_from_the_bookkeeping() {
     );
     assert_eq!(f.last, LastApply::Succeeded);
     assert_eq!(decide_apply(&f).row, ApplyRow::UpToDate);
-    // The Job gone: the fingerprint says it succeeded; without it, it ended without a
-    // result, and the attempt after it starts.
-    let mut with_lineage = annotations.to_vec();
-    with_lineage.push((names::STATE_LINEAGE, "lin-1"));
-    let o = live(Kind::TerraformMachine, &with_lineage, &[("Machine", true)]);
+    // The Job gone: its recorded success says it succeeded (a fingerprint alone, or the
+    // success of an earlier attempt, does not); without it, it ended without a result,
+    // and the attempt after it starts.
+    let mut recorded = annotations.to_vec();
+    recorded.push((names::APPLIED_ATTEMPT, "2"));
+    let o = live(Kind::TerraformMachine, &recorded, &[("Machine", true)]);
     assert_eq!(
         apply_facts(&o, &ready(), &Settings::default()).last,
         LastApply::Succeeded
     );
+    for earlier in [
+        (names::APPLIED_ATTEMPT, "1"),
+        (names::STATE_LINEAGE, "lin-1"),
+    ] {
+        let mut not_this = annotations.to_vec();
+        not_this.push(earlier);
+        let o = live(Kind::TerraformMachine, &not_this, &[("Machine", true)]);
+        assert_eq!(
+            apply_facts(&o, &ready(), &Settings::default()).last,
+            LastApply::None,
+            "{earlier:?}"
+        );
+    }
     let o = live(Kind::TerraformMachine, &annotations, &[("Machine", true)]);
     let f = apply_facts(&o, &ready(), &Settings::default());
     assert_eq!(f.last, LastApply::None);
@@ -230,4 +244,76 @@ fn inputs_that_do_not_build_name_the_object_and_what_is_missing() {
         decide_apply(&f).action,
         ApplyAction::StartApply { attempt: 1 }
     );
+}
+
+#[test]
+fn a_machine_meets_its_gates_in_order_and_a_cluster_has_none() {
+    let cluster_view = |infra: bool, cp: bool| crate::gather::ClusterView {
+        name: "prod".into(),
+        uid: "c-1".into(),
+        spec_paused: false,
+        annotation_paused: false,
+        infrastructure_provisioned: infra,
+        control_plane_initialized: cp,
+    };
+    let worker = serde_json::json!({"metadata": {"name": "web-1"}, "spec": {"bootstrap": {}}});
+    let mut o = live(Kind::TerraformMachine, &[], &[("Machine", true)]);
+    o.meta
+        .labels
+        .get_or_insert_default()
+        .insert(names::CAPI_CLUSTER_NAME_LABEL.into(), "prod".into());
+    // No Cluster seen, or not provisioned.
+    assert_eq!(
+        prerequisite(&o, Some(&worker)),
+        Some(Prerequisite::ClusterInfrastructure {
+            cluster: "prod".into()
+        })
+    );
+    o.cluster = Some(cluster_view(false, true));
+    assert!(matches!(
+        prerequisite(&o, Some(&worker)),
+        Some(Prerequisite::ClusterInfrastructure { .. })
+    ));
+    // A worker then waits for the control plane; a control-plane machine does not.
+    o.cluster = Some(cluster_view(true, false));
+    assert_eq!(
+        prerequisite(&o, Some(&worker)),
+        Some(Prerequisite::ControlPlaneInitialized {
+            cluster: "prod".into()
+        })
+    );
+    let control_plane = serde_json::json!({"metadata": {"name": "cp-1",
+        "labels": {"cluster.x-k8s.io/control-plane": ""}}, "spec": {"bootstrap": {}}});
+    assert_eq!(
+        prerequisite(&o, Some(&control_plane)),
+        Some(Prerequisite::BootstrapData {
+            detail: "Machine cp-1 has no spec.bootstrap.dataSecretName yet".into()
+        })
+    );
+    // Then the bootstrap data; with it, no gate.
+    o.cluster = Some(cluster_view(true, true));
+    assert!(matches!(
+        prerequisite(&o, Some(&worker)),
+        Some(Prerequisite::BootstrapData { .. })
+    ));
+    let named = serde_json::json!({"metadata": {"name": "web-1"},
+        "spec": {"bootstrap": {"dataSecretName": "web-1-bootstrap"}}});
+    assert_eq!(prerequisite(&o, Some(&named)), None);
+    // A pool's bootstrap data is in its template.
+    let mut pool = o.clone();
+    pool.kind = Kind::TerraformMachinePool;
+    let mp = serde_json::json!({"metadata": {"name": "pool"},
+        "spec": {"template": {"spec": {"bootstrap": {}}}}});
+    assert_eq!(
+        prerequisite(&pool, Some(&mp)),
+        Some(Prerequisite::BootstrapData {
+            detail: "MachinePool pool has no spec.template.spec.bootstrap.dataSecretName yet"
+                .into()
+        })
+    );
+    // A TerraformCluster has none of these gates.
+    let mut c = o.clone();
+    c.kind = Kind::TerraformCluster;
+    c.cluster = None;
+    assert_eq!(prerequisite(&c, None), None);
 }

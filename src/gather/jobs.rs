@@ -181,11 +181,33 @@ pub(super) fn destroy_history(o: &Observed, suffix: &str) -> (u32, LastAttempt) 
     (attempt, last)
 }
 
-/// Whether `jobs` (the object's, as a cache holds them) lack the Job of the destroy
-/// attempt the object says is running: its number written under this uid, no failure
-/// recorded, no cleanup begun. A cache that has not seen a Job just made yet, or a Job
-/// deleted: either way the pass lists the Jobs live instead of deciding on the cache.
+/// Whether `jobs` (the object's, as a cache holds them) lack the Job of the attempt the
+/// object says is running: a destroy attempt's number written under this uid, no failure
+/// recorded, no cleanup begun; or an apply attempt's number with neither its failure nor
+/// its success recorded. A cache that has not seen a Job just made yet, or a Job deleted:
+/// either way the pass lists the Jobs live instead of deciding on the cache (an apply
+/// decided on a cache that lags its Job would start the next attempt beside it).
 pub fn started_job_unseen(meta: &ObjectMeta, kind: Kind, jobs: &[Job]) -> bool {
+    let suffix = names::state_suffix(kind, meta.name.as_deref().unwrap_or_default());
+    let missing = |operation: &str, n: u32| {
+        let name = names::job_name(&suffix, operation, n);
+        !jobs.iter().any(|j| {
+            j.metadata.name.as_deref() == Some(name.as_str())
+                && j.metadata.uid.is_some()
+                && label(&j.metadata, names::LABEL_OWNER_UID) == meta.uid.as_deref()
+        })
+    };
+    let ann = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key));
+    let apply = ann(names::APPLY_ATTEMPT)
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|n| *n > 0)
+        .filter(|n| {
+            ann(names::APPLY_FAILED_AT).is_none()
+                && ann(names::APPLIED_ATTEMPT).map(String::as_str) != Some(n.to_string().as_str())
+        });
+    if apply.is_some_and(|n| missing(names::OPERATION_APPLY, n)) {
+        return true;
+    }
     let Some(n) = deletion_bookkeeping(meta, names::DESTROY_ATTEMPT)
         .and_then(|v| v.trim().parse::<u32>().ok())
         .filter(|n| *n > 0)
@@ -197,13 +219,7 @@ pub fn started_job_unseen(meta: &ObjectMeta, kind: Kind, jobs: &[Job]) -> bool {
     {
         return false;
     }
-    let suffix = names::state_suffix(kind, meta.name.as_deref().unwrap_or_default());
-    let name = names::job_name(&suffix, names::OPERATION_DESTROY, n);
-    !jobs.iter().any(|j| {
-        j.metadata.name.as_deref() == Some(name.as_str())
-            && j.metadata.uid.is_some()
-            && label(&j.metadata, names::LABEL_OWNER_UID) == meta.uid.as_deref()
-    })
+    missing(names::OPERATION_DESTROY, n)
 }
 
 /// How long after a Job of the object failed its errored states are listed live: a

@@ -46,6 +46,12 @@ pub struct ClusterView {
     pub uid: String,
     pub spec_paused: bool,
     pub annotation_paused: bool,
+    /// `status.initialization.infrastructureProvisioned` (v1beta2), or
+    /// `status.infrastructureReady` (v1beta1).
+    pub infrastructure_provisioned: bool,
+    /// `status.initialization.controlPlaneInitialized` (v1beta2), or
+    /// `status.controlPlaneReady` (v1beta1).
+    pub control_plane_initialized: bool,
 }
 
 impl ClusterView {
@@ -64,6 +70,15 @@ impl ClusterView {
             annotation_paused: value["metadata"]["annotations"]
                 .get(names::CAPI_PAUSED)
                 .is_some(),
+            infrastructure_provisioned:
+                value["status"]["initialization"]["infrastructureProvisioned"]
+                    .as_bool()
+                    .or(value["status"]["infrastructureReady"].as_bool())
+                    .unwrap_or(false),
+            control_plane_initialized: value["status"]["initialization"]["controlPlaneInitialized"]
+                .as_bool()
+                .or(value["status"]["controlPlaneReady"].as_bool())
+                .unwrap_or(false),
         }
     }
 }

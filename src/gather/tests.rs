@@ -113,6 +113,8 @@ fn a_crd_being_deleted_and_delete_for_move_count_as_paused() {
         uid: "c-1".into(),
         spec_paused: true,
         annotation_paused: false,
+        infrastructure_provisioned: true,
+        control_plane_initialized: true,
     });
     assert_eq!(
         gather(&o, &Settings::default()).0.paused,
@@ -792,6 +794,35 @@ fn a_cache_without_the_running_attempts_job_is_not_decided_on() {
         let o = observed(kind, annotations);
         assert!(!started_job_unseen(&o.meta, kind, &[]), "{annotations:?}");
     }
+}
+
+#[test]
+fn a_cache_without_the_running_applys_job_is_not_decided_on() {
+    use crate::testing::job;
+    let kind = Kind::TerraformCluster;
+    let o = observed(kind, &[(names::APPLY_ATTEMPT, "1")]);
+    // Decided on a cache that lags the Job just made, the pass would start attempt 2
+    // beside it.
+    assert!(started_job_unseen(&o.meta, kind, &[]));
+    assert!(!started_job_unseen(
+        &o.meta,
+        kind,
+        &[job(kind, "apply", 1, &[])]
+    ));
+    // Its failure or its success recorded: nothing is expected to run.
+    for recorded in [
+        (names::APPLY_FAILED_AT, "2026-12-01T11:00:00Z"),
+        (names::APPLIED_ATTEMPT, "1"),
+    ] {
+        let o = observed(kind, &[(names::APPLY_ATTEMPT, "1"), recorded]);
+        assert!(!started_job_unseen(&o.meta, kind, &[]), "{recorded:?}");
+    }
+    // An earlier attempt's success does not cover the latest.
+    let o = observed(
+        kind,
+        &[(names::APPLY_ATTEMPT, "2"), (names::APPLIED_ATTEMPT, "1")],
+    );
+    assert!(started_job_unseen(&o.meta, kind, &[]));
 }
 
 #[test]
