@@ -312,6 +312,7 @@ async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, Stri
     let mut manager: Child = command
         .args([
             "manager",
+            "--provision=false",
             "--metrics-bind-address=",
             "--health-probe-bind-address=",
             "--destroy-backoff-base",

@@ -198,6 +198,7 @@ async fn bench(n: usize, mb: usize, seconds: usize) -> Result<(), String> {
     let bin = std::env::var("CAPTF_MEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_captf").into());
     let mut args: Vec<String> = [
         "manager",
+        "--provision=false",
         "--metrics-bind-address=",
         "--health-probe-bind-address=",
         "--destroy-backoff-base",

@@ -140,6 +140,10 @@ pub struct ManagerArgs {
     /// of objects.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_state_reads: u16,
+    /// Apply live objects' modules (`--provision=false`: only delete what someone else
+    /// applied).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub provision: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -314,6 +318,7 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
             .unwrap_or_else(|_| "captf-manager".into()),
         rbac_sweep_every: args.rbac_sweep_interval,
         max_state_reads: usize::from(args.max_state_reads),
+        provision: args.provision,
         ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new()

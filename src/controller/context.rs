@@ -42,6 +42,9 @@ pub struct ManagerConfig {
     pub lease_duration: Duration,
     /// How many passes may hold a state read at once (see [`Context::state_reads`]).
     pub max_state_reads: usize,
+    /// Whether live objects are applied (the apply table); off, the manager only deletes
+    /// (what was applied by someone else, as the deletion tests and benchmarks do).
+    pub provision: bool,
 }
 
 impl Default for ManagerConfig {
@@ -61,6 +64,7 @@ impl Default for ManagerConfig {
             rediscover_every: Duration::from_secs(30),
             lease_duration: Duration::from_secs(15),
             max_state_reads: 4,
+            provision: true,
         }
     }
 }
@@ -69,6 +73,8 @@ impl Default for ManagerConfig {
 pub struct Context {
     pub client: Client,
     pub settings: Settings,
+    /// [`ManagerConfig::provision`].
+    pub provision: bool,
     pub templates: Templates,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
@@ -111,6 +117,7 @@ impl Context {
         Context {
             client: client.clone(),
             settings: cfg.settings,
+            provision: cfg.provision,
             templates,
             recorder: Recorder::new(
                 client,

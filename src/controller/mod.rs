@@ -17,6 +17,7 @@ pub mod error;
 pub mod events;
 mod gate;
 pub mod leader;
+pub mod live;
 pub mod observe;
 pub mod rbac;
 pub mod reconcile;

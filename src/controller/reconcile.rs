@@ -120,6 +120,10 @@ pub async fn reconcile<K: TerraformObject>(
     } else {
         RESYNC
     };
+    // A live object: the apply table decides the rest of the pass.
+    if !deleting && ctx.provision {
+        return super::live::live_pass(&ctx, &scope, obj, observed, &shown, resync).await;
+    }
     // Our status write changes the resourceVersion; the guarded writes that follow in
     // this pass (write-ahead attempt, cleanup marker, release) test the new one when
     // nothing but the status changed, instead of failing on their own status write and

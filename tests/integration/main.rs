@@ -9,6 +9,7 @@ mod crds;
 mod deletion;
 mod jobs;
 mod manager;
+mod provisioning;
 mod runbooks;
 mod state_safety;
 mod uninstall;

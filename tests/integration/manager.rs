@@ -220,6 +220,7 @@ async fn the_manager_and_the_cli_name_themselves_in_their_user_agent() {
     let manager = std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
         .args([
             "manager",
+            "--provision=false",
             "--metrics-bind-address=",
             "--health-probe-bind-address=",
             "--namespace",

@@ -5,6 +5,7 @@
 //! object's Jobs and Terraform's lock, and the owner labels.
 
 pub mod abandon;
+pub mod apply;
 pub mod backup;
 pub mod cleanup;
 pub mod destroy;

@@ -55,6 +55,28 @@ pub fn module(fail_destroys: u32) -> String {
     ))
 }
 
+/// Two `terraform_data` instances whose create provisioner counts its runs in
+/// `<marker>.applies`, fails the first `fail_applies` runs, then leaves `<marker>.created`;
+/// their destroy leaves `<marker>.destroyed`. For the scenarios the manager applies.
+pub fn apply_module(fail_applies: u32) -> String {
+    format!(
+        r#"variable "name" {{ type = string }}
+variable "marker_dir" {{ type = string }}
+resource "terraform_data" "vm" {{
+  count = 2
+  input = "${{var.marker_dir}}/${{var.name}}-${{count.index}}"
+  provisioner "local-exec" {{
+    command = "n=$(cat '${{self.input}}.applies' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '${{self.input}}.applies'; if [ $n -le {fail_applies} ]; then echo 'Error: the cloud said no (apply '$n')' >&2; exit 1; fi; touch '${{self.input}}.created'"
+  }}
+  provisioner "local-exec" {{
+    when    = destroy
+    command = "touch '${{self.input}}.destroyed'"
+  }}
+}}
+"#
+    )
+}
+
 /// Two `terraform_data` instances whose destroy provisioner counts its runs in
 /// `<marker>.tries`, runs `first_runs` (a shell snippet that may test `$n`), then leaves
 /// `<marker>.destroyed`.
@@ -339,6 +361,8 @@ fn test_config(manager_ns: &str) -> ManagerConfig {
         identity: "test-manager".into(),
         rbac_sweep_every: Duration::from_millis(500),
         rediscover_every: Duration::from_millis(500),
+        // The scenarios apply by hand (`Env::apply`); the apply scenarios turn it on.
+        provision: false,
         ..Default::default()
     }
 }
@@ -596,6 +620,16 @@ impl Env {
         cluster_api(&self.client, &self.ns)
     }
 
+    /// Cluster API's `kind` (`Machine`, `MachinePool`) in the test's namespace.
+    pub fn capi_api(&self, kind: &str) -> Api<DynamicObject> {
+        let ar = ApiResource {
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+            ..cluster_resource()
+        };
+        Api::namespaced_with(self.client.clone(), &self.ns, &ar)
+    }
+
     /// Creates the CAPI Cluster `name`; returns its uid.
     pub async fn create_cluster(&self, name: &str) -> String {
         // With the finalizer Cluster API's controller keeps until the infrastructure is
@@ -647,6 +681,42 @@ impl Env {
             .create(&PostParams::default(), &obj)
             .await
             .expect("create object")
+    }
+
+    /// Creates a CAPTF object of kind `K` with `module` (and the spec fields of `extra`
+    /// beside it), labelled with the Cluster `cluster` and owned by `owner` (kind, name,
+    /// uid, controller), for the manager to apply.
+    pub async fn create_owned<K: TerraformObject>(
+        &self,
+        name: &str,
+        cluster: &str,
+        owner: (&str, &str, &str, bool),
+        module: &str,
+        extra: Value,
+    ) {
+        let (kind, owner_name, uid, controller) = owner;
+        let mut spec = json!({
+            "module": {"files": {"main.tf": module}},
+            "variables": {"name": name, "marker_dir": self.markers().display().to_string()}
+        });
+        if let (Some(spec), Value::Object(extra)) = (spec.as_object_mut(), extra) {
+            spec.extend(extra);
+        }
+        let obj: K = serde_json::from_value(json!({
+            "apiVersion": names::API_VERSION, "kind": K::KIND.as_str(),
+            "metadata": {
+                "name": name, "namespace": self.ns,
+                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster},
+                "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind,
+                    "name": owner_name, "uid": uid, "controller": controller}]
+            },
+            "spec": spec
+        }))
+        .expect("object");
+        self.api::<K>()
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create object");
     }
 
     /// Does what the apply path does before a deletion can find anything: writes the

@@ -1,0 +1,145 @@
+//! Starting apply attempt `n` (rows A9 and A10 of the apply table).
+//!
+//! Write order: what the Job needs first (the runner's RBAC; the state's Secrets, if any,
+//! labelled for Terraform's backend with the parts' protection off); then, in one guarded
+//! write on the object, the attempt number, `inputs-sha256`, `applied-at` the first time,
+//! block-move, and the last failure's time cleared (write-ahead: the deletion reads
+//! `applied-at` as "something may exist", and the attempt number keeps a restarted pass
+//! from starting a second Job beside the first); then the inputs Secret, created or
+//! replaced; then the attempt's variables Secret and the Job.
+//!
+//! The inputs Secret is replaced after the guarded write, not before: a deletion that
+//! begins in between changes the object, the guarded write fails, and the Secret still
+//! holds the inputs the existing state was made with, which the destroy then runs.
+
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
+use kube::runtime::events::EventType;
+
+use super::Started;
+use super::destroy::{Attempt, ensure_backend_labels_on};
+use crate::api::TerraformObject;
+use crate::api::labels::OwnerRef;
+use crate::api::names;
+use crate::controller::events::{self, publish};
+use crate::controller::{Context, Error, Scope};
+use crate::gather::Observed;
+use crate::inputs::{self, Inputs};
+use crate::io::writes::{self, annotation_ops, guarded_patch};
+
+/// Renders apply attempt `n` of the object from the inputs its spec builds to; the error
+/// says why it does not render.
+pub fn render<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    n: u32,
+    inputs: &Inputs,
+) -> Result<Attempt, String> {
+    super::destroy::render_operation(ctx, scope, obj, names::OPERATION_APPLY, n, inputs)
+}
+
+/// Starts `attempt` with `inputs` in the order the file's head states.
+pub async fn start_apply<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+    inputs: &Inputs,
+    attempt: Attempt,
+) -> Result<Started, Error> {
+    let Attempt {
+        n,
+        job,
+        secret,
+        backend_labels,
+    } = attempt;
+    let base = names::state_secret_name(&scope.suffix);
+    let metas = state_metas(scope, &base).await?;
+    futures::try_join!(
+        crate::controller::rbac::ensure_runner_rbac(ctx, &scope.namespace),
+        ensure_backend_labels_on(scope, &base, metas, &backend_labels),
+    )?;
+    let applied_at = obj.annotations().get(names::APPLIED_AT).is_none();
+    let mut edits = vec![
+        (names::APPLY_ATTEMPT, Some(n.to_string())),
+        (names::INPUTS_SHA256, Some(inputs.sha256())),
+        (names::APPLY_FAILED_AT, None),
+        (names::CLUSTERCTL_BLOCK_MOVE, Some("true".to_string())),
+    ];
+    if applied_at {
+        edits.push((names::APPLIED_AT, Some(jiff::Timestamp::now().to_string())));
+    }
+    let written = guarded_patch(&scope.api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
+    let inputs_secret = inputs::inputs_secret(
+        inputs,
+        &OwnerRef {
+            kind: K::KIND,
+            name: &scope.name,
+            uid: &scope.uid,
+            namespace: &scope.namespace,
+            suffix: &scope.suffix,
+        },
+    );
+    writes::create_or_replace(&scope.secrets, &inputs_secret).await?;
+    let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
+    let (started, created) =
+        super::create_attempt_job(scope, o, &job, &secret, names::APPLY_ATTEMPT, n, current)
+            .await?;
+    if created {
+        ctx.metrics.apply_attempts.inc(&[K::KIND.as_str()]);
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            events::APPLY_STARTED,
+            "Apply",
+            &format!("apply attempt {n} started in Job {}", job.name_any()),
+        )
+        .await;
+    }
+    Ok(started)
+}
+
+/// The metadata of the object's state Secrets (the base `base` and its parts), from the
+/// cache of state Secrets, or listed without it.
+async fn state_metas<K: TerraformObject>(
+    scope: &Scope<K>,
+    base: &str,
+) -> Result<Vec<ObjectMeta>, Error> {
+    let mut metas: Vec<ObjectMeta> = match &scope.caches {
+        Some(c) => c
+            .with_suffix(&scope.namespace, &scope.suffix)
+            .iter()
+            .map(|m| m.metadata.clone())
+            .collect(),
+        None => {
+            let lp = kube::api::ListParams::default().labels(&format!(
+                "{}={}",
+                names::TF_LABEL_SUFFIX,
+                scope.suffix
+            ));
+            scope
+                .secrets
+                .list_metadata(&lp)
+                .await?
+                .items
+                .into_iter()
+                .map(|m| m.metadata)
+                .collect()
+        }
+    };
+    metas.retain(|m| {
+        m.name
+            .as_deref()
+            .is_some_and(|n| n == base || names::part_index(base, n).is_some())
+    });
+    // A base restored by hand may lack the label; Terraform would then find no state and
+    // write an empty one over it.
+    if !metas.iter().any(|m| m.name.as_deref() == Some(base))
+        && let Some(m) = scope.secret_meta(base).await?
+    {
+        metas.push(m);
+    }
+    Ok(metas)
+}

@@ -1,0 +1,140 @@
+//! The pass on a live object, once the deletion's table has said "not deleting" and the
+//! bookkeeping has run: observe what the apply table needs beside the deletion's
+//! observation → decide (`rules::apply`, pure) → write the conditions of both tables →
+//! act (`act::apply`). A destroy always wins: this pass never runs on an object being
+//! deleted, and a deletion that begins while it runs fails its guarded write.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::controller::Action as Requeue;
+use tracing::info;
+
+use super::act::{self, Started};
+use super::observe;
+use super::status::{write_provisioned, write_status_keeping_with};
+use super::{Context, Error, Scope};
+use crate::api::TerraformObject;
+use crate::api::names::{self, Kind};
+use crate::gather::Observed;
+use crate::gather::apply::{self as gather_apply, ApplyObserved, apply_facts, capi_owner};
+use crate::rules::Decision;
+use crate::rules::apply::{ApplyAction, ApplyRow, Prerequisite, decide_apply};
+
+/// Runs the apply side of a pass on a live object; `shown` is the deletion table's
+/// decision (not deleting), whose conditions are written with the apply table's.
+pub async fn live_pass<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: Arc<K>,
+    mut observed: Observed,
+    shown: &Decision,
+    resync: Duration,
+) -> Result<Requeue, Error> {
+    // Observe: what the spec references (read live: an apply acts on it), whether a state
+    // exists (the cache of state Secrets), and, until the first apply succeeded, the
+    // owner's prerequisites.
+    let (secrets, maps) = observe::read_referenced(&ctx.client, &observed, None).await?;
+    observed.referenced_secrets = secrets;
+    observed.referenced_config_maps = maps;
+    let state_exists = scope
+        .secret_meta(&names::state_secret_name(&scope.suffix))
+        .await?
+        .is_some();
+    let latched = obj
+        .status()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+        == Some(true);
+    let provisioned = gather_apply::provisioned(obj.meta(), latched);
+    if provisioned && !latched {
+        // Rebuilt from the recorded success (after clusterctl move, which drops the
+        // status), without a Job; the next pass decides on the object as written.
+        write_provisioned(&scope.api, obj.as_ref()).await?;
+        return Ok(Requeue::requeue(Duration::ZERO));
+    }
+    let prerequisite = if provisioned {
+        None
+    } else {
+        let owner = read_owner(ctx, &observed).await?;
+        gather_apply::prerequisite(&observed, owner.as_ref())
+    };
+    let seen = ApplyObserved {
+        provisioned,
+        state_exists,
+        prerequisite,
+    };
+
+    // Decide. Starting an attempt needs its Job, which only the manager can render: one
+    // that does not render keeps the apply from starting, as inputs that do not resolve.
+    let mut facts = apply_facts(&observed, &seen, &ctx.settings);
+    let mut decision = decide_apply(&facts);
+    let mut start = None;
+    if let Some(n) = decision.action.start_attempt() {
+        let rendered = gather_apply::spec_inputs_of(&observed).and_then(|inputs| {
+            act::apply::render(ctx, scope, obj.as_ref(), n, &inputs).map(|a| (inputs, a))
+        });
+        match rendered {
+            Ok(r) => start = Some(r),
+            Err(why) => {
+                facts.inputs = Err(why);
+                decision = decide_apply(&facts);
+            }
+        }
+    }
+    info!(row = %decision.row.label(), action = ?decision.action, "apply decision");
+
+    let obj = write_status_keeping_with(&scope.api, obj, shown, &decision.conditions).await?;
+    match (decision.action, start) {
+        (ApplyAction::StartApply { .. } | ApplyAction::RetryLater { .. }, Some((inputs, a))) => {
+            let started =
+                act::apply::start_apply(ctx, scope, obj.as_ref(), &observed, &inputs, a).await?;
+            Ok(match started {
+                Started::Running => Requeue::requeue(resync),
+                Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
+            })
+        }
+        (ApplyAction::RetryLater { at, .. }, None) => {
+            let ms = at.as_millisecond() - facts.now.as_millisecond();
+            let wait = Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
+            Ok(Requeue::requeue(wait.min(resync)))
+        }
+        // Neither the owner's bootstrap data nor the Secrets and ConfigMaps the spec
+        // references are watched (Machines, MachinePools and unlabelled Secrets are not
+        // cached): looked at again soon while the pass waits for them.
+        _ if matches!(facts.prerequisite, Some(Prerequisite::BootstrapData { .. }))
+            || decision.row == ApplyRow::InputsUnresolvable =>
+        {
+            Ok(Requeue::requeue(UNWATCHED_POLL.min(resync)))
+        }
+        _ => Ok(Requeue::requeue(resync)),
+    }
+}
+
+/// How often a pass waiting for something the manager does not watch looks again.
+const UNWATCHED_POLL: Duration = Duration::from_secs(10);
+
+/// The Machine or MachinePool that owns a machine or pool, as read now (its bootstrap
+/// data is what the gate waits for); none for a TerraformCluster, or while Cluster API's
+/// kinds are unknown or the owner is not set.
+async fn read_owner(ctx: &Context, o: &Observed) -> Result<Option<serde_json::Value>, Error> {
+    let (Some(ar), Some(name)) = (ctx.cluster_api.resource(), capi_owner(o.kind, &o.meta)) else {
+        return Ok(None);
+    };
+    let kind = match o.kind {
+        Kind::TerraformCluster => return Ok(None),
+        Kind::TerraformMachine => "Machine",
+        Kind::TerraformMachinePool => "MachinePool",
+    };
+    let owner_ar = ApiResource {
+        kind: kind.to_string(),
+        plural: format!("{}s", kind.to_lowercase()),
+        ..ar.clone()
+    };
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let got = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &owner_ar)
+        .get_opt(&name)
+        .await?;
+    Ok(got.map(|g| serde_json::to_value(g).unwrap_or_default()))
+}

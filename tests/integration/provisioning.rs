@@ -1,0 +1,291 @@
+//! The apply path end to end: the manager applies a live object's module in a Job (the
+//! real `terraform` through the kubernetes backend), records what the apply left, and
+//! the deletion destroys what the product itself made. The manager runs with
+//! `provision` on here; the deletion scenarios apply by hand.
+
+use captf::api::TerraformObject;
+use captf::api::names::{self, Kind};
+use kube::ResourceExt;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::support::*;
+
+fn annotation<K: TerraformObject>(obj: &K, key: &str) -> Option<String> {
+    obj.annotations().get(key).cloned()
+}
+
+/// Waits until `type_` of `K`/`name` has `status` and `reason`; returns its message.
+async fn wait_condition<K: TerraformObject>(
+    env: &Env,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> String {
+    wait_for(
+        &format!("{name}'s {type_} to be {status} with {reason}"),
+        long(),
+        || async {
+            env.condition::<K>(name, type_)
+                .await
+                .is_some_and(|(s, r, _)| s == status && r == reason)
+        },
+    )
+    .await;
+    env.condition::<K>(name, type_)
+        .await
+        .map(|(_, _, m)| m)
+        .unwrap_or_default()
+}
+
+fn created(env: &Env, name: &str) -> bool {
+    (0..2).all(|i| env.markers().join(format!("{name}-{i}.created")).exists())
+}
+
+/// A TerraformCluster owned by a Cluster: the manager applies it with nothing done by
+/// hand, writes ahead what the deletion relies on, records the state the apply left,
+/// latches `provisioned`; deleting the Cluster then destroys what the apply made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_deleted() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let mut env = Env::start("apply").await;
+    env.config.provision = true;
+    env.start_manager();
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        ("Cluster", "prod", &uid, false),
+        &apply_module(0),
+        json!({}),
+    )
+    .await;
+
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    assert!(
+        created(&env, "prod"),
+        "the apply did not create the instances"
+    );
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        obj.status()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.provisioned),
+        Some(true),
+        "status.initialization.provisioned"
+    );
+    assert_eq!(annotation(&obj, names::APPLY_ATTEMPT).as_deref(), Some("1"));
+    assert_eq!(
+        annotation(&obj, names::APPLIED_ATTEMPT).as_deref(),
+        Some("1")
+    );
+    assert!(annotation(&obj, names::APPLIED_AT).is_some(), "applied-at");
+    assert_eq!(annotation(&obj, names::APPLY_FAILURES), None);
+    // The fingerprint recorded is the state's, which holds what the apply made.
+    let (lineage, serial) = env.fingerprint(Kind::TerraformCluster, "prod").await;
+    assert_eq!(annotation(&obj, names::STATE_LINEAGE), Some(lineage));
+    assert_eq!(
+        annotation(&obj, names::STATE_SERIAL),
+        Some(serial.to_string())
+    );
+    match env.read_state(Kind::TerraformCluster, "prod").await {
+        captf::state::StateContent::Parsed {
+            managed_instances, ..
+        } => assert_eq!(managed_instances, 2),
+        other => panic!("state: {other:?}"),
+    }
+    // The inputs Secret the destroy will run from, with the hash on the object.
+    let suffix = names::state_suffix(Kind::TerraformCluster, "prod");
+    let secret = env
+        .secrets()
+        .get_opt(&names::inputs_secret_name(&suffix))
+        .await
+        .expect("get")
+        .expect("the inputs Secret");
+    let inputs = captf::inputs::from_secret(&secret, &env.ns, &suffix).expect("inputs");
+    assert_eq!(
+        annotation(&obj, names::INPUTS_SHA256),
+        Some(inputs.sha256())
+    );
+    for t in ["Ready", "InputsApplied"] {
+        let (s, _, _) = env.condition::<Tfc>("prod", t).await.expect(t);
+        assert_eq!(s, "True", "{t}");
+    }
+    // block-move goes once the Job finished.
+    wait_for("block-move to go", long(), || async {
+        env.object::<Tfc>("prod")
+            .await
+            .is_some_and(|o| annotation(&o, names::CLUSTERCTL_BLOCK_MOVE).is_none())
+    })
+    .await;
+    assert_eq!(env.jobs_created(), 1, "one apply, and nothing after it");
+
+    env.delete_cluster("prod").await;
+    wait_for("the TerraformCluster to be released", long(), || async {
+        !env.exists::<Tfc>("prod").await
+    })
+    .await;
+    assert!(
+        env.destroyed("prod"),
+        "Terraform did not destroy the instances"
+    );
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
+    env.shutdown().await;
+}
+
+/// An apply that fails is recorded (its time, the count, a Warning Event's text on the
+/// condition) and tried again on the persisted schedule until it succeeds; the count goes
+/// with the success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_apply_is_retried_until_it_succeeds() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let mut env = Env::start("apply-retry").await;
+    env.config.provision = true;
+    // Long enough between attempts for the failure to be read before the retry.
+    env.config.settings.backoff.base = std::time::Duration::from_secs(4);
+    env.config.settings.backoff.max = std::time::Duration::from_secs(8);
+    env.start_manager();
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        ("Cluster", "prod", &uid, false),
+        &apply_module(1),
+        json!({}),
+    )
+    .await;
+
+    let message = wait_condition::<Tfc>(&env, "prod", "Provisioned", "False", "ApplyFailed").await;
+    assert!(
+        message.contains("apply attempt 1 failed: terraform apply failed (exit 1)")
+            && message.contains("kubectl logs job/captf-prod-tfc-apply-1"),
+        "{message}"
+    );
+    assert!(message.contains("runbooks/ApplyFailed.md"), "{message}");
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        annotation(&obj, names::APPLY_FAILURES).as_deref(),
+        Some("1")
+    );
+    assert!(annotation(&obj, names::APPLY_FAILED_AT).is_some());
+
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    assert!(created(&env, "prod"));
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        annotation(&obj, names::APPLIED_ATTEMPT).as_deref(),
+        Some("2")
+    );
+    assert_eq!(annotation(&obj, names::APPLY_FAILURES), None);
+    assert_eq!(annotation(&obj, names::APPLY_FAILED_AT), None);
+
+    env.delete_cluster("prod").await;
+    wait_for("the TerraformCluster to be released", long(), || async {
+        !env.exists::<Tfc>("prod").await
+    })
+    .await;
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
+    env.shutdown().await;
+}
+
+/// A machine waits, saying for what, for its Cluster's infrastructure, then for the
+/// control plane (a worker), then for its Machine's bootstrap data; no Job starts before
+/// all three, and the apply starts once the last arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let mut env = Env::start("apply-gates").await;
+    env.config.provision = true;
+    env.start_manager();
+    env.create_cluster("prod").await;
+    let machine: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "web-1", "namespace": env.ns,
+            "labels": {names::CAPI_CLUSTER_NAME_LABEL: "prod"}},
+        "spec": {"clusterName": "prod", "bootstrap": {}}
+    }))
+    .expect("machine");
+    let machine = env
+        .capi_api("Machine")
+        .create(&PostParams::default(), &machine)
+        .await
+        .expect("create the Machine");
+    let machine_uid = machine.metadata.uid.clone().unwrap_or_default();
+    env.create_owned::<Tfm>(
+        "web-1",
+        "prod",
+        ("Machine", "web-1", &machine_uid, true),
+        &apply_module(0),
+        json!({}),
+    )
+    .await;
+
+    let msg = wait_condition::<Tfm>(
+        &env,
+        "web-1",
+        "Provisioned",
+        "Unknown",
+        "WaitingForClusterInfrastructureReady",
+    )
+    .await;
+    assert!(msg.contains("Cluster prod"), "{msg}");
+    let status = |s: serde_json::Value| {
+        let clusters = env.cluster_api();
+        async move {
+            clusters
+                .patch_status(
+                    "prod",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": s })),
+                )
+                .await
+                .expect("Cluster status");
+        }
+    };
+    status(json!({"initialization": {"infrastructureProvisioned": true}})).await;
+    wait_condition::<Tfm>(
+        &env,
+        "web-1",
+        "Provisioned",
+        "Unknown",
+        "WaitingForControlPlaneInitialized",
+    )
+    .await;
+    status(json!({"initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true}})).await;
+    let msg = wait_condition::<Tfm>(
+        &env,
+        "web-1",
+        "Provisioned",
+        "Unknown",
+        "WaitingForBootstrapData",
+    )
+    .await;
+    assert!(
+        msg.contains("Machine web-1 has no spec.bootstrap.dataSecretName"),
+        "{msg}"
+    );
+    let (ready, _, _) = env.condition::<Tfm>("web-1", "Ready").await.expect("Ready");
+    assert_eq!(ready, "Unknown", "a gated machine's Ready");
+    assert_eq!(env.jobs_created(), 0, "no apply before the gates open");
+
+    env.capi_api("Machine")
+        .patch(
+            "web-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"bootstrap": {"dataSecretName": "web-1-bootstrap"}}})),
+        )
+        .await
+        .expect("bootstrap data");
+    wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
+    assert!(created(&env, "web-1"));
+    env.shutdown().await;
+}
