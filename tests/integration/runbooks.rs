@@ -539,6 +539,136 @@ async fn runbook_destroy_failed() {
     env.shutdown().await;
 }
 
+/// A Cluster `prod` with a TerraformCluster `prod` of `module` (and `extra` spec fields)
+/// that the manager applies, with the given retry backoff base.
+async fn applied_cluster(tag: &str, module: &str, extra: Value, backoff_base: Duration) -> Env {
+    let mut env = Env::start(tag).await;
+    env.config.provision = true;
+    env.config.settings.backoff.base = backoff_base;
+    env.config.settings.backoff.max = backoff_base * 2;
+    env.start_manager();
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        ("Cluster", "prod", &uid, false),
+        module,
+        extra,
+    )
+    .await;
+    env
+}
+
+/// Waits until `prod`'s InputsApplied reason is `reason`; returns its message.
+async fn wait_inputs_applied(env: &Env, reason: &str) -> String {
+    let mut last = None;
+    let start = std::time::Instant::now();
+    while start.elapsed() < LONG {
+        last = env.condition::<Tfc>("prod", "InputsApplied").await;
+        if let Some((_, r, m)) = &last
+            && r == reason
+        {
+            return m.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for prod's InputsApplied to be {reason}: it is {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_apply_failed() {
+    const RB: &str = "runbooks/ApplyFailed.md";
+    check_vars(RB, "terraformcluster", "prod");
+    if envtest_only("the module counts its runs in files on this machine") {
+        return;
+    }
+    // One failure, and a retry delay long enough for the runbook's reading commands to
+    // run against the failed attempt before the next one starts.
+    let env = applied_cluster(
+        "rb-apply-failed",
+        &apply_module(1),
+        json!({}),
+        Duration::from_secs(6),
+    )
+    .await;
+    let msg = wait_inputs_applied(&env, "ApplyFailed").await;
+    assert!(
+        msg.contains("apply attempt 1 failed") && msg.contains(RB),
+        "{msg}"
+    );
+    let run = run_runbook(&env, RB).await;
+    assert!(
+        run.stdout.contains("attempt 1, 1 failure(s) in a row"),
+        "the bookkeeping the runbook reads: {}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("the cloud said no"),
+        "the Job's log shows Terraform's error: {}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("provisioned=true"),
+        "the runbook's verification: {}",
+        run.stdout
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_apply_cannot_start() {
+    const RB: &str = "runbooks/ApplyCannotStart.md";
+    check_vars(RB, "terraformcluster", "prod");
+    let from =
+        json!({"variablesFrom": [{"kind": "Secret", "name": "prod-vars", "key": "vars.json"}]});
+    let env = applied_cluster(
+        "rb-apply-cannot",
+        &apply_module(0),
+        from,
+        Duration::from_secs(1),
+    )
+    .await;
+    let msg = wait_inputs_applied(&env, "ApplyCannotStart").await;
+    assert!(
+        msg.contains(r#"variablesFrom Secret "prod-vars" key "vars.json" does not exist"#)
+            && msg.contains(RB),
+        "{msg}"
+    );
+    assert_eq!(
+        env.jobs_created(),
+        0,
+        "no apply while the inputs do not resolve"
+    );
+    // The fix the runbook gives, made while its commands run (its verification waits for
+    // the apply it lets start).
+    let secrets = env.secrets();
+    let fix = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "prod-vars"},
+            "stringData": {"vars.json": "{\"name\": \"prod\"}"}
+        }))
+        .expect("secret");
+        secrets
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("create prod-vars");
+    });
+    let run = run_runbook(&env, RB).await;
+    fix.await.expect("the fix");
+    assert!(
+        run.stdout.contains("Secret prod-vars key vars.json"),
+        "the runbook lists what the spec reads: {}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("ApplyCannotStart: "),
+        "the runbook shows the condition: {}",
+        run.stdout
+    );
+    env.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_destroy_cannot_start() {
     const RB: &str = "runbooks/DestroyCannotStart.md";
@@ -1102,4 +1232,28 @@ fn the_event_reasons_are_the_documented_ones() {
     let mut listed = documented.clone();
     listed.sort_unstable();
     assert_eq!(listed, published, "docs/03-destroy-job.md's Events table");
+}
+
+/// Every Event reason of the apply path is in the lifecycle page's table of Events, and
+/// the table names no other.
+#[test]
+fn the_apply_event_reasons_are_the_documented_ones() {
+    let page = std::fs::read_to_string(repo("docs/provisioning/01-lifecycle.md")).expect("page");
+    let table = page
+        .split("## The Events of provisioning")
+        .nth(1)
+        .and_then(|t| t.split("\n## ").next())
+        .expect("an Events section");
+    let mut listed: Vec<&str> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    listed.sort_unstable();
+    let mut published = captf::controller::events::APPLY_REASONS.to_vec();
+    published.sort_unstable();
+    assert_eq!(
+        listed, published,
+        "docs/provisioning/01-lifecycle.md's Events table"
+    );
 }
