@@ -45,6 +45,11 @@ pub struct Inputs {
     /// The provider lock file (`.terraform.lock.hcl`) captured at apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock_file: Option<String>,
+    /// The module contract's variables (`captf_…`), as the apply gave them: rendered into
+    /// `captf.auto.tfvars.json` beside `variables`, so a destroy has them when the Cluster
+    /// API objects they came from (the bootstrap data) are gone. Absent when none.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub contract_variables: Map<String, Value>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -261,6 +266,7 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
         backend,
         timeout_seconds: field(obj, "timeoutSeconds", &origin)?,
         lock_file: field(obj, "lockFile", &origin)?,
+        contract_variables: field(obj, "contractVariables", &origin)?.unwrap_or_default(),
     };
     check(&inputs, namespace, suffix, &origin)?;
     Ok(inputs)
@@ -275,6 +281,35 @@ fn check(inputs: &Inputs, namespace: &str, suffix: &str, origin: &str) -> Result
             suffix: inputs.backend.secret_suffix.clone(),
             expected_namespace: namespace.to_string(),
             expected_suffix: suffix.to_string(),
+        });
+    }
+    // The module contract's variables are CAPTF's alone, and only they.
+    if let Some(k) = inputs
+        .variables
+        .keys()
+        .find(|k| k.starts_with(crate::contract::RESERVED_PREFIX))
+    {
+        return Err(InputsError::InvalidField {
+            origin: origin.to_string(),
+            field: format!("variables.{k}"),
+            message: format!(
+                "the prefix {} is reserved for the module contract's variables, which CAPTF gives",
+                crate::contract::RESERVED_PREFIX
+            ),
+        });
+    }
+    if let Some(k) = inputs
+        .contract_variables
+        .keys()
+        .find(|k| !k.starts_with(crate::contract::RESERVED_PREFIX))
+    {
+        return Err(InputsError::InvalidField {
+            origin: origin.to_string(),
+            field: format!("contractVariables.{k}"),
+            message: format!(
+                "not a contract variable (they start with {})",
+                crate::contract::RESERVED_PREFIX
+            ),
         });
     }
     if inputs.runner.image.trim().is_empty() {
@@ -414,6 +449,7 @@ pub fn build_from_spec(
         },
         timeout_seconds: Some(spec.runner.timeout_seconds),
         lock_file: spec.lock_file.clone(),
+        contract_variables: Map::new(),
     };
     check(&inputs, namespace, suffix, "spec")?;
     let bytes = inputs.to_json_bytes();

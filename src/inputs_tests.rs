@@ -415,3 +415,32 @@ fn an_invalid_value_deep_in_a_field_is_named_by_its_path() {
         "{e}"
     );
 }
+
+#[test]
+fn the_contract_prefix_is_reserved_for_the_contract_variables() {
+    let mut spec = spec();
+    spec.variables
+        .get_or_insert_default()
+        .insert("captf_tags".into(), serde_json::json!({"a": "b"}));
+    let err = build_from_spec(&spec, NS, SUFFIX, &lookup).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("field `variables.captf_tags` is invalid: the prefix captf_ is reserved"),
+        "{err}"
+    );
+    // Read back from a Secret, the contract's are kept apart and checked.
+    let mut inputs = build_from_spec(&self::spec(), NS, SUFFIX, &lookup).unwrap();
+    inputs
+        .contract_variables
+        .insert("captf_contract".into(), serde_json::json!("v1"));
+    let back = parse(&inputs.to_json_bytes(), NS, SUFFIX).unwrap();
+    assert_eq!(back, inputs);
+    inputs
+        .contract_variables
+        .insert("region".into(), serde_json::json!("x"));
+    let err = parse(&inputs.to_json_bytes(), NS, SUFFIX).unwrap_err();
+    assert!(
+        err.to_string().contains("contractVariables.region"),
+        "{err}"
+    );
+}

@@ -8,6 +8,7 @@
 #   runner.sh              this script
 #   backend.hcl            namespace, secret_suffix and labels of the kubernetes backend
 #   terraform.tfvars.json  the variables (passed with -var-file, so they win)
+#   captf.auto.tfvars.json the module contract's variables (when any), copied beside the module
 #   errored-backend.hcl    the backend settings for saving an errored.tfstate: the same
 #                          namespace, and the labels of an errored state
 #   module/...             the module's inline files, or
@@ -255,6 +256,12 @@ stop_if_signalled
 printf 'terraform {\n  backend "kubernetes" {}\n}\n' > "$WORK/captf_backend_override.tf" ||
     fail 1 "cannot write the backend override"
 cp "$RENDER/terraform.tfvars.json" "$VARS" || fail 1 "cannot copy the variables"
+# The module contract's variables: Terraform reads a *.auto.tfvars.json file in the
+# module's directory by itself, and a module declares only those it uses.
+if [ -f "$RENDER/captf.auto.tfvars.json" ]; then
+    cp "$RENDER/captf.auto.tfvars.json" "$WORK/captf.auto.tfvars.json" ||
+        fail 1 "cannot copy the contract variables"
+fi
 if [ -f "$RENDER/terraform.lock.hcl" ]; then
     cp "$RENDER/terraform.lock.hcl" "$WORK/.terraform.lock.hcl" || fail 1 "cannot copy the lock file"
 fi

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 pub mod check;
 mod hcl;
+pub mod values;
 
 /// The contract's version, given to modules as `captf_contract`.
 pub const CONTRACT_VERSION: &str = "v1";

@@ -313,3 +313,85 @@ fn a_module_directory_is_read_within_its_limits() {
     let e = check::read_module(&dir).expect_err("gone");
     assert!(e.contains("cannot read the directory"), "{e}");
 }
+
+/// The values given for each role are exactly the contract's variables of that role, and
+/// null only where the contract allows it.
+#[test]
+fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
+    use super::values::{Sources, values};
+    let cluster = serde_json::json!({"spec": {
+        "topology": {"version": "v1.33.1"},
+        "controlPlaneEndpoint": {"host": "10.0.0.1", "port": 6443},
+        "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}, "services": {"cidrBlocks": ["10.96.0.0/12"]}}
+    }});
+    let machine = serde_json::json!({"metadata": {"name": "cp-1", "labels": {"cluster.x-k8s.io/control-plane": ""}},
+        "spec": {"version": "v1.33.1", "failureDomain": "az-1"}});
+    let pool = serde_json::json!({"metadata": {"name": "pool"},
+        "spec": {"replicas": 3, "failureDomains": ["az-1", "az-2"],
+            "template": {"metadata": {"labels": {"role": "worker"}}, "spec": {"version": "v1.33.1"}}}});
+    for role in Role::ALL {
+        let owner = match role {
+            Role::Cluster => None,
+            Role::Machine => Some(&machine),
+            Role::MachinePool => Some(&pool),
+        };
+        let s = Sources {
+            role,
+            namespace: "team-a",
+            object_name: "x",
+            object_kind: "TerraformMachine",
+            cluster_name: "prod",
+            cluster: Some(&cluster),
+            owner,
+            bootstrap: Some((b"#cloud-config\n", None)),
+        };
+        let got = values(&s);
+        let mut names: Vec<&str> = got.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut want: Vec<&str> = super::variables(role).map(|v| v.name).collect();
+        want.sort_unstable();
+        assert_eq!(names, want, "{role}");
+        for v in super::variables(role) {
+            assert!(
+                v.nullable || !got[v.name].is_null(),
+                "{role}: {} is null",
+                v.name
+            );
+        }
+    }
+    let s = Sources {
+        role: Role::Machine,
+        namespace: "team-a",
+        object_name: "cp-1",
+        object_kind: "TerraformMachine",
+        cluster_name: "prod",
+        cluster: Some(&cluster),
+        owner: Some(&machine),
+        bootstrap: Some((b"#cloud-config\n", Some("ignition"))),
+    };
+    let got = values(&s);
+    assert_eq!(got["captf_bootstrap_data"], "I2Nsb3VkLWNvbmZpZwo=");
+    assert_eq!(got["captf_bootstrap_format"], "ignition");
+    assert_eq!(got["captf_control_plane"], true);
+    assert_eq!(got["captf_failure_domain"], "az-1");
+    assert_eq!(got["captf_tags"]["captf-name"], "cp-1");
+    let c = values(&Sources {
+        role: Role::Cluster,
+        owner: None,
+        bootstrap: None,
+        ..s
+    });
+    assert_eq!(c["captf_control_plane_endpoint"]["host"], "10.0.0.1");
+    assert_eq!(
+        c["captf_cluster_network"]["service_domain"],
+        "cluster.local"
+    );
+    assert_eq!(c["captf_kubernetes_version"], "v1.33.1");
+    let p = values(&Sources {
+        role: Role::MachinePool,
+        owner: Some(&pool),
+        ..s
+    });
+    assert_eq!(p["captf_replicas"], 3);
+    assert_eq!(p["captf_node_labels"]["role"], "worker");
+}

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::Action as Requeue;
 use tracing::info;
@@ -17,6 +18,8 @@ use super::status::{write_provisioned, write_status_keeping_with};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
+use crate::contract::Role;
+use crate::contract::values::{Sources, values};
 use crate::gather::Observed;
 use crate::gather::apply::{self as gather_apply, ApplyObserved, apply_facts, capi_owner};
 use crate::rules::Decision;
@@ -54,16 +57,28 @@ pub async fn live_pass<K: TerraformObject>(
         write_provisioned(&scope.api, obj.as_ref()).await?;
         return Ok(Requeue::requeue(Duration::ZERO));
     }
+    // The Cluster API objects the module contract's values come from: the Cluster (from
+    // the cache), and for a machine or pool its owner and bootstrap data Secret (read).
+    let cluster = read_cluster(ctx, scope, &observed).await?;
+    let owner = read_owner(ctx, &observed).await?;
+    let bootstrap = read_bootstrap(scope, observed.kind, owner.as_ref()).await?;
     let prerequisite = if provisioned {
         None
     } else {
-        let owner = read_owner(ctx, &observed).await?;
-        gather_apply::prerequisite(&observed, owner.as_ref())
+        gather_apply::prerequisite(&observed, owner.as_ref(), bootstrap.as_ref())
     };
+    let contract = contract_values(
+        scope,
+        &observed,
+        cluster.as_ref(),
+        owner.as_ref(),
+        bootstrap.as_ref(),
+    );
     let seen = ApplyObserved {
         provisioned,
         state_exists,
         prerequisite,
+        contract,
     };
 
     // Decide. Starting an attempt needs its Job, which only the manager can render: one
@@ -72,7 +87,7 @@ pub async fn live_pass<K: TerraformObject>(
     let mut decision = decide_apply(&facts);
     let mut start = None;
     if let Some(n) = decision.action.start_attempt() {
-        let rendered = gather_apply::spec_inputs_of(&observed).and_then(|inputs| {
+        let rendered = gather_apply::spec_inputs_of(&observed, &seen.contract).and_then(|inputs| {
             act::apply::render(ctx, scope, obj.as_ref(), n, &inputs).map(|a| (inputs, a))
         });
         match rendered {
@@ -137,4 +152,99 @@ async fn read_owner(ctx: &Context, o: &Observed) -> Result<Option<serde_json::Va
         .get_opt(&name)
         .await?;
     Ok(got.map(|g| serde_json::to_value(g).unwrap_or_default()))
+}
+
+/// The owning Cluster as read (the manager's cache, else the API server).
+async fn read_cluster<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    o: &Observed,
+) -> Result<Option<serde_json::Value>, Error> {
+    let (Some(ar), Some(name)) = (
+        ctx.cluster_api.resource(),
+        crate::gather::owning_cluster(&o.meta),
+    ) else {
+        return Ok(None);
+    };
+    let cached = scope
+        .caches
+        .as_ref()
+        .and_then(|c| c.clusters.as_ref())
+        .map(|store| {
+            store.get(
+                &kube::runtime::reflector::ObjectRef::new_with(&name, ar.clone())
+                    .within(&scope.namespace),
+            )
+        });
+    let got = match cached {
+        Some(c) => c.map(|c| c.as_ref().clone()),
+        None => {
+            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &scope.namespace, ar)
+                .get_opt(&name)
+                .await?
+        }
+    };
+    Ok(got.map(|c| serde_json::to_value(c).unwrap_or_default()))
+}
+
+/// The bootstrap data Secret a machine's or pool's owner names, as read.
+async fn read_bootstrap<K: TerraformObject>(
+    scope: &Scope<K>,
+    kind: Kind,
+    owner: Option<&serde_json::Value>,
+) -> Result<Option<Secret>, Error> {
+    let Some(owner) = owner else {
+        return Ok(None);
+    };
+    let bootstrap = match kind {
+        Kind::TerraformCluster => return Ok(None),
+        Kind::TerraformMachine => &owner["spec"]["bootstrap"],
+        Kind::TerraformMachinePool => &owner["spec"]["template"]["spec"]["bootstrap"],
+    };
+    match bootstrap["dataSecretName"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+    {
+        Some(name) => Ok(scope.secrets.get_opt(name).await?),
+        None => Ok(None),
+    }
+}
+
+/// The module contract's variables for the object, or why they cannot be built: a
+/// machine or pool without its bootstrap data (its gate keeps a first apply from
+/// starting; a provisioned one keeps what it applied rather than re-apply without it).
+fn contract_values<K: TerraformObject>(
+    scope: &Scope<K>,
+    o: &Observed,
+    cluster: Option<&serde_json::Value>,
+    owner: Option<&serde_json::Value>,
+    bootstrap: Option<&Secret>,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let role = match o.kind {
+        Kind::TerraformCluster => Role::Cluster,
+        Kind::TerraformMachine => Role::Machine,
+        Kind::TerraformMachinePool => Role::MachinePool,
+    };
+    let data = bootstrap.and_then(|s| s.data.as_ref());
+    let value = data.and_then(|d| d.get("value")).map(|v| v.0.as_slice());
+    let format = data
+        .and_then(|d| d.get("format"))
+        .and_then(|v| std::str::from_utf8(&v.0).ok());
+    if role != Role::Cluster && value.is_none() {
+        return Err(match owner {
+            None => "the owning Machine or MachinePool cannot be read".to_string(),
+            Some(_) => "the bootstrap data Secret or its key value is missing".to_string(),
+        });
+    }
+    let cluster_name = crate::gather::owning_cluster(&o.meta).unwrap_or_default();
+    Ok(values(&Sources {
+        role,
+        namespace: &scope.namespace,
+        object_name: &scope.name,
+        object_kind: K::KIND.as_str(),
+        cluster_name: &cluster_name,
+        cluster,
+        owner,
+        bootstrap: value.map(|v| (v, format)),
+    }))
 }

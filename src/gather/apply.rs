@@ -23,6 +23,9 @@ pub struct ApplyObserved {
     pub state_exists: bool,
     /// The first of the kind's own gates not met.
     pub prerequisite: Option<Prerequisite>,
+    /// The module contract's variables for the object (`contract::values`), or why they
+    /// cannot be built now.
+    pub contract: Result<serde_json::Map<String, serde_json::Value>, String>,
 }
 
 /// The owner Cluster API sets on an infrastructure object once its own object names it:
@@ -107,7 +110,11 @@ fn apply_history(o: &Observed) -> (u32, LastApply) {
 /// Cluster's infrastructure, then (for a worker) the control plane, then the bootstrap
 /// data its owner names. `owner` is the owning Machine or MachinePool as read; a
 /// TerraformCluster has none of these gates.
-pub fn prerequisite(o: &Observed, owner: Option<&serde_json::Value>) -> Option<Prerequisite> {
+pub fn prerequisite(
+    o: &Observed,
+    owner: Option<&serde_json::Value>,
+    bootstrap: Option<&k8s_openapi::api::core::v1::Secret>,
+) -> Option<Prerequisite> {
     if o.kind == Kind::TerraformCluster {
         return None;
     }
@@ -117,18 +124,37 @@ pub fn prerequisite(o: &Observed, owner: Option<&serde_json::Value>) -> Option<P
         _ => return Some(Prerequisite::ClusterInfrastructure { cluster }),
     }
     let owner = owner?;
-    let (owner_kind, bootstrap) = match o.kind {
+    let (owner_kind, bootstrap_ref) = match o.kind {
         Kind::TerraformMachinePool => (
             "MachinePool",
             &owner["spec"]["template"]["spec"]["bootstrap"],
         ),
         _ => ("Machine", &owner["spec"]["bootstrap"]),
     };
-    let has_data = bootstrap["dataSecretName"]
+    let data_secret = bootstrap_ref["dataSecretName"]
         .as_str()
-        .is_some_and(|n| !n.is_empty());
-    if has_data {
-        return None;
+        .filter(|n| !n.is_empty());
+    let name = owner["metadata"]["name"].as_str().unwrap_or_default();
+    let path = match o.kind {
+        Kind::TerraformMachinePool => "spec.template.spec.bootstrap.dataSecretName",
+        _ => "spec.bootstrap.dataSecretName",
+    };
+    if let Some(secret) = data_secret {
+        let has_value = bootstrap
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get("value"))
+            .is_some_and(|v| !v.0.is_empty());
+        return match (bootstrap, has_value) {
+            (_, true) => None,
+            (None, _) => Some(Prerequisite::BootstrapData {
+                detail: format!(
+                    "Secret {secret}, which {owner_kind} {name}'s {path} names, does not exist yet"
+                ),
+            }),
+            (Some(_), false) => Some(Prerequisite::BootstrapData {
+                detail: format!("Secret {secret} of {owner_kind} {name} has no key value yet"),
+            }),
+        };
     }
     let control_plane = owner["metadata"]["labels"]
         .get("cluster.x-k8s.io/control-plane")
@@ -140,11 +166,6 @@ pub fn prerequisite(o: &Observed, owner: Option<&serde_json::Value>) -> Option<P
     if !control_plane && !initialized {
         return Some(Prerequisite::ControlPlaneInitialized { cluster });
     }
-    let name = owner["metadata"]["name"].as_str().unwrap_or_default();
-    let path = match o.kind {
-        Kind::TerraformMachinePool => "spec.template.spec.bootstrap.dataSecretName",
-        _ => "spec.bootstrap.dataSecretName",
-    };
     Some(Prerequisite::BootstrapData {
         detail: format!("{owner_kind} {name} has no {path} yet"),
     })
@@ -179,12 +200,18 @@ pub fn provisioned(meta: &ObjectMeta, latched: bool) -> bool {
 
 /// The inputs the spec builds to, or why it does not (naming the object, the Secret or
 /// ConfigMap and the key).
-pub fn spec_inputs_of(o: &Observed) -> Result<Inputs, String> {
+pub fn spec_inputs_of(
+    o: &Observed,
+    contract: &Result<serde_json::Map<String, serde_json::Value>, String>,
+) -> Result<Inputs, String> {
     let name = o.meta.name.as_deref().unwrap_or_default();
     let namespace = o.meta.namespace.as_deref().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, name);
     let what = format!("{} {namespace}/{name}", o.kind.as_str());
-    let inputs = spec_inputs(o, namespace, &suffix).map_err(|e| format!("{what}: {e}"))?;
+    let mut inputs = spec_inputs(o, namespace, &suffix).map_err(|e| format!("{what}: {e}"))?;
+    inputs.contract_variables = contract
+        .clone()
+        .map_err(|e| format!("{what}: the module contract's variables: {e}"))?;
     if let Some((secret, key)) = missing_credentials(o, &inputs) {
         return Err(format!(
             "{what}: the credentials Secret {secret} or its key {key} (spec.env) is missing"
@@ -195,8 +222,8 @@ pub fn spec_inputs_of(o: &Observed) -> Result<Inputs, String> {
 
 /// The SHA-256 of the inputs the spec builds to, or why it does not (naming the object,
 /// the Secret or ConfigMap and the key).
-fn inputs_sha(o: &Observed) -> Result<String, String> {
-    spec_inputs_of(o).map(|i| i.sha256())
+fn inputs_sha(o: &Observed, a: &ApplyObserved) -> Result<String, String> {
+    spec_inputs_of(o, &a.contract).map(|i| i.sha256())
 }
 
 /// Gathers the apply table's facts. Pure: everything comes from `o` and `a`.
@@ -224,7 +251,7 @@ pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> Appl
         prerequisite: a.prerequisite.clone(),
         unfinished_jobs: unfinished(o),
         foreign_state,
-        inputs: inputs_sha(o),
+        inputs: inputs_sha(o, a),
         applied_sha: annotation(&o.meta, names::INPUTS_SHA256).map(str::to_string),
         attempt,
         last,

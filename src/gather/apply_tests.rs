@@ -28,6 +28,7 @@ fn ready() -> ApplyObserved {
         provisioned: false,
         state_exists: false,
         prerequisite: None,
+        contract: Ok(Default::default()),
     }
 }
 
@@ -92,7 +93,7 @@ fn a_state_the_object_never_applied_nor_adopted_is_foreign() {
 
 /// The hash of the inputs the test spec builds to.
 fn spec_sha() -> String {
-    inputs_sha(&live(Kind::TerraformMachine, &[], &[])).expect("the test spec builds")
+    inputs_sha(&live(Kind::TerraformMachine, &[], &[]), &ready()).expect("the test spec builds")
 }
 
 #[test]
@@ -264,20 +265,20 @@ fn a_machine_meets_its_gates_in_order_and_a_cluster_has_none() {
         .insert(names::CAPI_CLUSTER_NAME_LABEL.into(), "prod".into());
     // No Cluster seen, or not provisioned.
     assert_eq!(
-        prerequisite(&o, Some(&worker)),
+        prerequisite(&o, Some(&worker), None),
         Some(Prerequisite::ClusterInfrastructure {
             cluster: "prod".into()
         })
     );
     o.cluster = Some(cluster_view(false, true));
     assert!(matches!(
-        prerequisite(&o, Some(&worker)),
+        prerequisite(&o, Some(&worker), None),
         Some(Prerequisite::ClusterInfrastructure { .. })
     ));
     // A worker then waits for the control plane; a control-plane machine does not.
     o.cluster = Some(cluster_view(true, false));
     assert_eq!(
-        prerequisite(&o, Some(&worker)),
+        prerequisite(&o, Some(&worker), None),
         Some(Prerequisite::ControlPlaneInitialized {
             cluster: "prod".into()
         })
@@ -285,7 +286,7 @@ fn a_machine_meets_its_gates_in_order_and_a_cluster_has_none() {
     let control_plane = serde_json::json!({"metadata": {"name": "cp-1",
         "labels": {"cluster.x-k8s.io/control-plane": ""}}, "spec": {"bootstrap": {}}});
     assert_eq!(
-        prerequisite(&o, Some(&control_plane)),
+        prerequisite(&o, Some(&control_plane), None),
         Some(Prerequisite::BootstrapData {
             detail: "Machine cp-1 has no spec.bootstrap.dataSecretName yet".into()
         })
@@ -293,19 +294,40 @@ fn a_machine_meets_its_gates_in_order_and_a_cluster_has_none() {
     // Then the bootstrap data; with it, no gate.
     o.cluster = Some(cluster_view(true, true));
     assert!(matches!(
-        prerequisite(&o, Some(&worker)),
+        prerequisite(&o, Some(&worker), None),
         Some(Prerequisite::BootstrapData { .. })
     ));
     let named = serde_json::json!({"metadata": {"name": "web-1"},
         "spec": {"bootstrap": {"dataSecretName": "web-1-bootstrap"}}});
-    assert_eq!(prerequisite(&o, Some(&named)), None);
+    // Named, then the Secret with its value.
+    assert_eq!(
+        prerequisite(&o, Some(&named), None),
+        Some(Prerequisite::BootstrapData {
+            detail: "Secret web-1-bootstrap, which Machine web-1's spec.bootstrap.dataSecretName names, does not exist yet".into()
+        })
+    );
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    assert_eq!(
+        prerequisite(&o, Some(&named), Some(&secret)),
+        Some(Prerequisite::BootstrapData {
+            detail: "Secret web-1-bootstrap of Machine web-1 has no key value yet".into()
+        })
+    );
+    secret.data = Some(
+        [(
+            "value".to_string(),
+            k8s_openapi::ByteString(b"#cloud-config".to_vec()),
+        )]
+        .into(),
+    );
+    assert_eq!(prerequisite(&o, Some(&named), Some(&secret)), None);
     // A pool's bootstrap data is in its template.
     let mut pool = o.clone();
     pool.kind = Kind::TerraformMachinePool;
     let mp = serde_json::json!({"metadata": {"name": "pool"},
         "spec": {"template": {"spec": {"bootstrap": {}}}}});
     assert_eq!(
-        prerequisite(&pool, Some(&mp)),
+        prerequisite(&pool, Some(&mp), None),
         Some(Prerequisite::BootstrapData {
             detail: "MachinePool pool has no spec.template.spec.bootstrap.dataSecretName yet"
                 .into()
@@ -315,5 +337,5 @@ fn a_machine_meets_its_gates_in_order_and_a_cluster_has_none() {
     let mut c = o.clone();
     c.kind = Kind::TerraformCluster;
     c.cluster = None;
-    assert_eq!(prerequisite(&c, None), None);
+    assert_eq!(prerequisite(&c, None, None), None);
 }

@@ -23,6 +23,9 @@ pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 pub const FILE_RUNNER: &str = "runner.sh";
 pub const FILE_BACKEND: &str = "backend.hcl";
 pub const FILE_VARIABLES: &str = "terraform.tfvars.json";
+/// The module contract's variables, copied into the module's directory, where Terraform
+/// reads a `*.auto.tfvars.json` file by itself (`contract::TFVARS_FILE`).
+pub const FILE_CONTRACT: &str = "captf.auto.tfvars.json";
 pub const FILE_ERRORED_BACKEND: &str = "errored-backend.hcl";
 pub const FILE_LOCK: &str = "terraform.lock.hcl";
 pub const FILE_MODULE_SOURCE: &str = "module-source";

@@ -87,7 +87,7 @@ fn attempt_labels(req: &JobRequest) -> BTreeMap<String, String> {
 /// The files that can hold a resolved value (the variables, which `variablesFrom` may
 /// fill from Secrets): they reach the runner through the attempt's Secret, never through
 /// the Pod template, which anyone who may read Pods can read.
-const SECRET_FILES: &[&str] = &[FILE_VARIABLES];
+const SECRET_FILES: &[&str] = &[FILE_VARIABLES, FILE_CONTRACT];
 
 /// The Secret of one attempt: the files of [`SECRET_FILES`], projected into the render
 /// directory beside the others. Named as the Job, labelled as it; the controller makes it
@@ -127,6 +127,13 @@ pub fn runner_files(
         ),
         (FILE_ERRORED_BACKEND.to_string(), errored_backend_hcl(req)),
     ];
+    if !inputs.contract_variables.is_empty() {
+        files.push((
+            FILE_CONTRACT.to_string(),
+            serde_json::to_string_pretty(&inputs.contract_variables).expect("variables serialize")
+                + "\n",
+        ));
+    }
     if let Some(lock) = &inputs.lock_file {
         files.push((FILE_LOCK.to_string(), lock.clone()));
     }
@@ -247,10 +254,16 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     let annotations = pod_meta.annotations.get_or_insert_with(BTreeMap::new);
     let prefix = file_annotation_prefix();
     annotations.retain(|k, _| !k.starts_with(&prefix));
-    let files: Vec<(String, String)> = runner_files(templates, req)?
-        .into_iter()
-        .filter(|(path, _)| !SECRET_FILES.contains(&path.as_str()))
-        .collect();
+    let mut secret_keys: Vec<String> = Vec::new();
+    let mut files: Vec<(String, String)> = Vec::new();
+    for (path, content) in runner_files(templates, req)? {
+        // A key the Secret lacks would keep the Pod from starting: only those it has.
+        if SECRET_FILES.contains(&path.as_str()) {
+            secret_keys.push(path);
+        } else {
+            files.push((path, content));
+        }
+    }
     let mut items = Vec::with_capacity(files.len());
     for (index, (path, content)) in files.into_iter().enumerate() {
         let key = file_annotation(index);
@@ -319,11 +332,11 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
                     secret: Some(SecretProjection {
                         name: job_name.clone(),
                         items: Some(
-                            SECRET_FILES
+                            secret_keys
                                 .iter()
                                 .map(|f| KeyToPath {
-                                    key: f.to_string(),
-                                    path: f.to_string(),
+                                    key: f.clone(),
+                                    path: f.clone(),
                                     mode: None,
                                 })
                                 .collect(),

@@ -52,6 +52,7 @@ pub(crate) fn inline_inputs() -> Inputs {
         },
         timeout_seconds: Some(1800),
         lock_file: Some("# lock file\n".into()),
+        contract_variables: Default::default(),
     }
 }
 
@@ -709,4 +710,33 @@ fn no_variable_value_is_in_the_job_only_in_the_attempts_secret() {
     // And the runner finds them where it always did.
     let files = projected_files(&job, &secret);
     assert!(files["terraform.tfvars.json"].contains("tok-9f2c1e-from-a-secret"));
+}
+
+#[test]
+fn the_contract_variables_are_a_file_of_their_own_only_when_there_are_any() {
+    let mut inputs = inline_inputs();
+    let (job, secret) = rendered(&Templates::embedded(), &request(&inputs));
+    // Without them the Secret has no such key, and the projection names none (a key the
+    // Secret lacks would keep the Pod from starting).
+    assert!(
+        !secret.data.as_ref().unwrap().contains_key(FILE_CONTRACT),
+        "{secret:?}"
+    );
+    assert!(!projected_files(&job, &secret).contains_key(FILE_CONTRACT));
+
+    inputs.contract_variables.insert(
+        "captf_bootstrap_data".into(),
+        serde_json::json!("I2Nsb3VkLWNvbmZpZw=="),
+    );
+    let (job, secret) = rendered(&Templates::embedded(), &request(&inputs));
+    let text = serde_json::to_string(&job).unwrap();
+    assert!(
+        !text.contains("I2Nsb3VkLWNvbmZpZw=="),
+        "only in the Secret: {text}"
+    );
+    let files = projected_files(&job, &secret);
+    let contract: serde_json::Value = serde_json::from_str(&files[FILE_CONTRACT]).unwrap();
+    assert_eq!(contract["captf_bootstrap_data"], "I2Nsb3VkLWNvbmZpZw==");
+    let vars: serde_json::Value = serde_json::from_str(&files[FILE_VARIABLES]).unwrap();
+    assert!(vars.get("captf_bootstrap_data").is_none(), "{vars}");
 }

@@ -196,8 +196,9 @@ async fn a_failing_apply_is_retried_until_it_succeeds() {
 }
 
 /// A machine waits, saying for what, for its Cluster's infrastructure, then for the
-/// control plane (a worker), then for its Machine's bootstrap data; no Job starts before
-/// all three, and the apply starts once the last arrives.
+/// control plane (a worker), then for its Machine's bootstrap data (named, then its
+/// Secret); no Job starts before all of them, and the apply starts once the last arrives,
+/// with the contract's variables. Its destroy needs no bootstrap Secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
@@ -224,7 +225,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
         "web-1",
         "prod",
         ("Machine", "web-1", &machine_uid, true),
-        &apply_module(0),
+        &contract_module(),
         json!({}),
     )
     .await;
@@ -285,7 +286,75 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
         )
         .await
         .expect("bootstrap data");
+    // The same reason, saying what is missing now (looked at again every 10 s).
+    wait_for("the gate to name the missing Secret", long(), || async {
+        env.condition::<Tfm>("web-1", "Provisioned")
+            .await
+            .is_some_and(|(_, r, m)| {
+                r == "WaitingForBootstrapData"
+                    && m.contains("Secret web-1-bootstrap, which Machine web-1's spec.bootstrap.dataSecretName names, does not exist yet")
+            })
+    })
+    .await;
+    let bootstrap: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "web-1-bootstrap"},
+        "stringData": {"value": "#cloud-config web-1", "format": "cloud-config"}
+    }))
+    .expect("secret");
+    env.secrets()
+        .create(&PostParams::default(), &bootstrap)
+        .await
+        .expect("create the bootstrap Secret");
     wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
-    assert!(created(&env, "web-1"));
+    // The module got the contract's variables: the Machine's name and its bootstrap data.
+    for i in 0..2 {
+        let created = std::fs::read_to_string(env.markers().join(format!("web-1-{i}.created")))
+            .expect("the created marker");
+        assert_eq!(created, "web-1 #cloud-config web-1", "web-1-{i}");
+    }
+    assert_eq!(env.jobs_created(), 1, "one apply");
+
+    // The bootstrap data goes (as Cluster API may take it away), then the machine: the
+    // destroy runs from the inputs the apply recorded, which hold it.
+    env.secrets()
+        .delete("web-1-bootstrap", &Default::default())
+        .await
+        .expect("delete the bootstrap Secret");
+    env.delete::<Tfm>("web-1").await;
+    wait_for("the TerraformMachine to be released", long(), || async {
+        !env.exists::<Tfm>("web-1").await
+    })
+    .await;
+    assert!(
+        env.destroyed("web-1"),
+        "Terraform did not destroy the instances"
+    );
+    env.assert_nothing_left(Kind::TerraformMachine, "web-1")
+        .await;
     env.shutdown().await;
+}
+
+/// A machine module that uses the contract's variables: the Machine's name and its
+/// bootstrap data, written into each instance's created marker.
+fn contract_module() -> String {
+    r#"variable "name" { type = string }
+variable "marker_dir" { type = string }
+variable "captf_machine_name" { type = string }
+variable "captf_bootstrap_data" {
+  type      = string
+  sensitive = true
+}
+resource "terraform_data" "vm" {
+  count = 2
+  input = "${var.marker_dir}/${var.name}-${count.index}"
+  provisioner "local-exec" {
+    command = "printf '%s %s' '${var.captf_machine_name}' '${nonsensitive(base64decode(var.captf_bootstrap_data))}' > '${self.input}.created'"
+  }
+  provisioner "local-exec" {
+    when    = destroy
+    command = "touch '${self.input}.destroyed'"
+  }
+}
+"#
+    .to_string()
 }

@@ -838,6 +838,7 @@ impl Env {
             },
             timeout_seconds: Some(self.job_timeout_seconds),
             lock_file: None,
+            contract_variables: Default::default(),
         };
         let secret = inputs::inputs_secret(
             &inputs,
