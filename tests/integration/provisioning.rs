@@ -123,6 +123,28 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     .await;
     assert_eq!(env.jobs_created(), 1, "one apply, and nothing after it");
 
+    // As after clusterctl move, which does not carry the status: provisioned and the
+    // conditions come back from the object's record, without a Job.
+    env.api::<Tfc>()
+        .patch_status(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"initialization": null, "conditions": null}})),
+        )
+        .await
+        .expect("drop the status");
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    wait_for("provisioned to be rebuilt", long(), || async {
+        env.object::<Tfc>("prod").await.is_some_and(|o| {
+            o.status()
+                .and_then(|s| s.initialization.as_ref())
+                .and_then(|i| i.provisioned)
+                == Some(true)
+        })
+    })
+    .await;
+    assert_eq!(env.jobs_created(), 1, "rebuilt without a Job");
+
     env.delete_cluster("prod").await;
     wait_for("the TerraformCluster to be released", long(), || async {
         !env.exists::<Tfc>("prod").await
