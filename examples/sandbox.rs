@@ -1,15 +1,17 @@
-//! `cargo run --release --example sandbox`: a whole clean teardown in one process.
+//! `cargo run --release --example sandbox`: a whole apply and clean teardown in one
+//! process.
 //!
 //! Starts a real control plane (`captf-envtest`: etcd, kube-apiserver,
-//! kube-controller-manager, and the local kubelet, which runs the destroy Jobs' Pods with
+//! kube-controller-manager, and the local kubelet, which runs the Jobs' Pods with
 //! the real `terraform`) and the real manager (`captf::controller::run`), creates a CAPI
 //! Cluster `prod` with a TerraformCluster, two TerraformMachines and a TerraformMachinePool
-//! (a module of `terraform_data` instances), applies them through the real Terraform as the
-//! apply path would, deletes the Cluster, and prints the teardown as it happens: decision
-//! changes, Jobs, Events, then an inventory of what is left in the namespace and the destroy
-//! markers Terraform wrote. Exit status 0 when everything was destroyed and released, 1 when
-//! the teardown did not complete in time or left something behind, 2 when `terraform` is
-//! missing. Manager logs go to stderr with `CAPTF_SANDBOX_LOG=1`.
+//! (a module of `terraform_data` instances) with the Machines and MachinePool that own them,
+//! lets the manager apply them in its Jobs (playing Cluster API's part of marking the
+//! Cluster's infrastructure provisioned), deletes the Cluster, and prints both as they
+//! happen: condition changes, Jobs, Events, then an inventory of what is left in the
+//! namespace and the destroy markers Terraform wrote. Exit status 0 when everything was
+//! applied, destroyed and released, 1 when the apply or the teardown did not complete in
+//! time or left something behind, 2 when `terraform` is missing. Manager logs go to stderr with `CAPTF_SANDBOX_LOG=1`.
 
 use captf_test_support as support;
 
@@ -30,7 +32,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
-use support::{Env, Tfc, Tfm, Tfmp, module, wait_for};
+use support::{Env, Tfc, Tfm, Tfmp};
 
 /// The objects' namespace.
 const NS: &str = "team-a";
@@ -100,43 +102,10 @@ async fn sandbox() -> Result<(), String> {
             ),
         );
     }
+    env.config.provision = true;
     env.start_manager();
     let markers = env.markers();
-
-    let uid = env.create_cluster(CLUSTER).await;
-    env.create_object::<Tfc>("prod", CLUSTER, &uid, &markers)
-        .await;
-    env.create_object::<Tfm>("web-1", CLUSTER, &uid, &markers)
-        .await;
-    env.create_object::<Tfm>("web-2", CLUSTER, &uid, &markers)
-        .await;
-    env.create_object::<Tfmp>("pool", CLUSTER, &uid, &markers)
-        .await;
-    line(
-        &format!("Cluster {NS}/{CLUSTER}"),
-        "created with TerraformCluster prod, TerraformMachines web-1 and web-2, TerraformMachinePool pool",
-    );
-    wait_for("the manager's finalizers", TEARDOWN_TIMEOUT, || async {
-        has_finalizer::<Tfc>(&env, "prod").await
-            && has_finalizer::<Tfm>(&env, "web-1").await
-            && has_finalizer::<Tfm>(&env, "web-2").await
-            && has_finalizer::<Tfmp>(&env, "pool").await
-    })
-    .await;
-    line("manager", "put its finalizer on the four objects");
-
-    // What the apply path does: inputs Secret, applied-at, `terraform apply` through the
-    // kubernetes backend, the state's fingerprint on the object.
-    let body = module(0);
-    env.apply::<Tfc>("prod", &body, &markers).await;
-    env.apply::<Tfm>("web-1", &body, &markers).await;
-    env.apply::<Tfm>("web-2", &body, &markers).await;
-    env.apply::<Tfmp>("pool", &body, &markers).await;
-    line(
-        "terraform apply",
-        "4 states in Secrets (terraform_data.vm[0], vm[1] each); inputs Secrets and fingerprints recorded",
-    );
-
+    // From here on the objects' changes are printed as they happen.
     let watchers = vec![
         tokio::spawn(watch_objects::<Tfc>(env.client.clone())),
         tokio::spawn(watch_objects::<Tfm>(env.client.clone())),
@@ -144,7 +113,91 @@ async fn sandbox() -> Result<(), String> {
         tokio::spawn(watch_jobs(env.client.clone())),
         tokio::spawn(watch_events(env.client.clone())),
     ];
-    // Let the watchers list what exists before the deletion starts.
+
+    // What a user and Cluster API make: the Cluster, its Machines and MachinePool, and
+    // their bootstrap data (Cluster API's bootstrap provider writes it; here it is made at
+    // once). The infrastructure objects are owned by the Cluster and by their Machine or
+    // MachinePool (a Machine's is the controller reference, as Cluster API sets it).
+    let uid = env.create_cluster(CLUSTER).await;
+    let mut owner_uids = BTreeMap::new();
+    for (kind, name) in [
+        ("Machine", "web-1"),
+        ("Machine", "web-2"),
+        ("MachinePool", "pool"),
+    ] {
+        owner_uids.insert(name, create_capi_owner(&env, kind, name).await?);
+    }
+    let body = support::apply_module(0);
+    let none = serde_json::json!({});
+    let cluster_owner = ("Cluster", CLUSTER, uid.as_str(), false);
+    env.create_owned::<Tfc>("prod", CLUSTER, &[cluster_owner], &body, none.clone())
+        .await;
+    for name in ["web-1", "web-2"] {
+        let machine = ("Machine", name, owner_uids[name].as_str(), true);
+        env.create_owned::<Tfm>(
+            name,
+            CLUSTER,
+            &[cluster_owner, machine],
+            &body,
+            none.clone(),
+        )
+        .await;
+    }
+    let pool = ("MachinePool", "pool", owner_uids["pool"].as_str(), false);
+    env.create_owned::<Tfmp>("pool", CLUSTER, &[cluster_owner, pool], &body, none)
+        .await;
+    line(
+        &format!("Cluster {NS}/{CLUSTER}"),
+        "created with Machines web-1 and web-2 and MachinePool pool (bootstrap data ready), and their infrastructure: TerraformCluster prod, TerraformMachines web-1 and web-2, TerraformMachinePool pool",
+    );
+
+    // The manager applies the cluster's module; the machines and the pool wait for the
+    // Cluster's infrastructure, which Cluster API marks provisioned from the
+    // TerraformCluster's status.initialization.provisioned (here the sandbox does it:
+    // Cluster API's controllers do not run in it).
+    if !wait_provisioned::<Tfc>(&env, "prod").await {
+        return fail(
+            &env,
+            watchers,
+            "the TerraformCluster was not provisioned in time",
+        )
+        .await;
+    }
+    env.cluster_api()
+        .patch_status(
+            CLUSTER,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"initialization": {
+                "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
+        )
+        .await
+        .map_err(|e| format!("Cluster status: {e}"))?;
+    line(
+        &format!("Cluster {NS}/{CLUSTER}"),
+        "Cluster API (played by the sandbox): infrastructure provisioned, control plane initialized",
+    );
+    let mut all = true;
+    for name in ["web-1", "web-2"] {
+        all &= wait_provisioned::<Tfm>(&env, name).await;
+    }
+    all &= wait_provisioned::<Tfmp>(&env, "pool").await;
+    if !all {
+        return fail(
+            &env,
+            watchers,
+            "the machines and the pool were not provisioned in time",
+        )
+        .await;
+    }
+    println!();
+    line(
+        "terraform apply, in the manager's Jobs",
+        &format!(
+            "4 objects provisioned (status.initialization.provisioned=true), {} of 8 instances created; inputs Secrets, states and fingerprints written by the manager",
+            created_markers(&markers)
+        ),
+    );
+    // Let the watchers print what the applies left before the deletion starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     println!();
@@ -253,12 +306,98 @@ async fn sandbox() -> Result<(), String> {
     Ok(())
 }
 
-async fn has_finalizer<K: TerraformObject>(env: &Env, name: &str) -> bool {
-    env.object::<K>(name)
+/// Creates Cluster API's `kind` (`Machine` or `MachinePool`) `name` of the Cluster, with
+/// its bootstrap data Secret; returns its uid.
+async fn create_capi_owner(env: &Env, kind: &str, name: &str) -> Result<String, String> {
+    let secret = format!("{name}-bootstrap");
+    let bootstrap = serde_json::json!({ "dataSecretName": secret });
+    let spec = match kind {
+        "MachinePool" => serde_json::json!({"clusterName": CLUSTER, "replicas": 2,
+            "template": {"spec": {"clusterName": CLUSTER, "bootstrap": bootstrap}}}),
+        _ => serde_json::json!({"clusterName": CLUSTER, "bootstrap": bootstrap}),
+    };
+    let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind,
+        "metadata": {"name": name, "namespace": NS,
+            "labels": {names::CAPI_CLUSTER_NAME_LABEL: CLUSTER}},
+        "spec": spec
+    }))
+    .map_err(|e| e.to_string())?;
+    let made = env
+        .capi_api(kind)
+        .create(&Default::default(), &obj)
         .await
-        .is_some_and(|o| o.finalizers().iter().any(|f| f == K::KIND.finalizer()))
+        .map_err(|e| format!("{kind} {name}: {e}"))?;
+    let data: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": secret, "namespace": NS},
+        "type": BOOTSTRAP_SECRET_TYPE,
+        "stringData": {"value": format!("#cloud-config\nhostname: {name}\n"), "format": "cloud-config"}
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<Secret>::namespaced(env.client.clone(), NS)
+        .create(&Default::default(), &data)
+        .await
+        .map_err(|e| format!("Secret {secret}: {e}"))?;
+    Ok(made.metadata.uid.unwrap_or_default())
 }
 
+/// The type of Cluster API's bootstrap data Secrets: theirs, not CAPTF's, and left out of
+/// the inventory of what the teardown left.
+const BOOTSTRAP_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
+
+/// How long each apply may take before the sandbox gives up (a few seconds each).
+const APPLY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Waits until `K`/`name`'s `status.initialization.provisioned` is true.
+async fn wait_provisioned<K: TerraformObject>(env: &Env, name: &str) -> bool {
+    tokio::time::timeout(APPLY_TIMEOUT, async {
+        loop {
+            let done = env.object::<K>(name).await.is_some_and(|o| {
+                o.status()
+                    .and_then(|s| s.initialization.as_ref())
+                    .and_then(|i| i.provisioned)
+                    == Some(true)
+            });
+            if done {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Stops the watchers, says where each object's provisioning stands, and fails with `why`.
+async fn fail(
+    env: &Env,
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+    why: &str,
+) -> Result<(), String> {
+    for w in &watchers {
+        w.abort();
+    }
+    let mut report = Vec::new();
+    for (kind, name) in OBJECTS {
+        let c = match kind {
+            Kind::TerraformCluster => env.condition::<Tfc>(name, "Provisioned").await,
+            Kind::TerraformMachine => env.condition::<Tfm>(name, "Provisioned").await,
+            Kind::TerraformMachinePool => env.condition::<Tfmp>(name, "Provisioned").await,
+        };
+        report.push(format!("  {kind} {NS}/{name}: Provisioned {c:?}"));
+    }
+    Err(format!("{why}:\n{}", report.join("\n")))
+}
+
+/// How many instances' create provisioners left their marker.
+fn created_markers(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".created"))
+        .count()
+}
 async fn exists(env: &Env, kind: Kind, name: &str) -> bool {
     match kind {
         Kind::TerraformCluster => env.exists::<Tfc>(name).await,
@@ -296,6 +435,7 @@ where
 {
     let api: Api<K> = Api::namespaced(client, NS);
     let mut seen: BTreeMap<String, (bool, String, String)> = BTreeMap::new();
+    let mut provisioned: BTreeMap<String, String> = BTreeMap::new();
     let stream = events_of(api);
     futures::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
@@ -304,14 +444,26 @@ where
                 let name = o.name_any();
                 let who = format!("{} {NS}/{name}", K::KIND);
                 let deleting = o.meta().deletion_timestamp.is_some();
-                if !deleting {
-                    continue;
-                }
                 let cond = |t: &str| {
                     o.status()
                         .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
                         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
                 };
+                if !deleting {
+                    // Before the deletion: each change of Provisioned.
+                    if let Some((st, r, m)) = cond("Provisioned") {
+                        let text = if m.is_empty() {
+                            format!("Provisioned={st} {r}")
+                        } else {
+                            format!("Provisioned={st} {r}  {m}")
+                        };
+                        if provisioned.get(&name) != Some(&text) {
+                            line(&who, &text);
+                            provisioned.insert(name.clone(), text);
+                        }
+                    }
+                    continue;
+                }
                 let entry =
                     seen.entry(name.clone())
                         .or_insert((false, String::new(), String::new()));
@@ -376,9 +528,13 @@ async fn watch_jobs(client: Client) {
                         .get(names::LABEL_ATTEMPT)
                         .map(String::as_str)
                         .unwrap_or("?");
+                    let operation = labels
+                        .get(names::LABEL_OPERATION)
+                        .map(String::as_str)
+                        .unwrap_or("?");
                     line(
                         &who,
-                        &format!("created: terraform destroy, attempt {attempt} for {owner}"),
+                        &format!("created: terraform {operation}, attempt {attempt} for {owner}"),
                     );
                     (Instant::now(), false)
                 });
@@ -486,7 +642,10 @@ async fn inventory(client: &Client) -> Result<usize, String> {
         ),
         (
             "Secrets (state, inputs, backup)",
-            names_of(Api::<Secret>::namespaced(c.clone(), NS), |_| true).await?,
+            names_of(Api::<Secret>::namespaced(c.clone(), NS), |s| {
+                s.type_.as_deref() != Some(BOOTSTRAP_SECRET_TYPE)
+            })
+            .await?,
         ),
         (
             "Jobs",

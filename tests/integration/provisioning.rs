@@ -58,7 +58,7 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     env.create_owned::<Tfc>(
         "prod",
         "prod",
-        ("Cluster", "prod", &uid, false),
+        &[("Cluster", "prod", &uid, false)],
         &apply_module(0),
         json!({}),
     )
@@ -177,7 +177,7 @@ async fn a_failing_apply_is_retried_until_it_succeeds() {
     env.create_owned::<Tfc>(
         "prod",
         "prod",
-        ("Cluster", "prod", &uid, false),
+        &[("Cluster", "prod", &uid, false)],
         &apply_module(1),
         json!({}),
     )
@@ -246,7 +246,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     env.create_owned::<Tfm>(
         "web-1",
         "prod",
-        ("Machine", "web-1", &machine_uid, true),
+        &[("Machine", "web-1", &machine_uid, true)],
         &contract_module(),
         json!({}),
     )

@@ -551,7 +551,7 @@ async fn applied_cluster(tag: &str, module: &str, extra: Value, backoff_base: Du
     env.create_owned::<Tfc>(
         "prod",
         "prod",
-        ("Cluster", "prod", &uid, false),
+        &[("Cluster", "prod", &uid, false)],
         module,
         extra,
     )

@@ -684,17 +684,23 @@ impl Env {
     }
 
     /// Creates a CAPTF object of kind `K` with `module` (and the spec fields of `extra`
-    /// beside it), labelled with the Cluster `cluster` and owned by `owner` (kind, name,
+    /// beside it), labelled with the Cluster `cluster` and owned by `owners` (kind, name,
     /// uid, controller), for the manager to apply.
     pub async fn create_owned<K: TerraformObject>(
         &self,
         name: &str,
         cluster: &str,
-        owner: (&str, &str, &str, bool),
+        owners: &[(&str, &str, &str, bool)],
         module: &str,
         extra: Value,
     ) {
-        let (kind, owner_name, uid, controller) = owner;
+        let owner_refs: Vec<Value> = owners
+            .iter()
+            .map(|(kind, owner_name, uid, controller)| {
+                json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind,
+                    "name": owner_name, "uid": uid, "controller": controller})
+            })
+            .collect();
         let mut spec = json!({
             "module": {"files": {"main.tf": module}},
             "variables": {"name": name, "marker_dir": self.markers().display().to_string()}
@@ -707,8 +713,7 @@ impl Env {
             "metadata": {
                 "name": name, "namespace": self.ns,
                 "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster},
-                "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind,
-                    "name": owner_name, "uid": uid, "controller": controller}]
+                "ownerReferences": owner_refs
             },
             "spec": spec
         }))
