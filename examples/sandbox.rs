@@ -127,25 +127,39 @@ async fn sandbox() -> Result<(), String> {
     ] {
         owner_uids.insert(name, create_capi_owner(&env, kind, name).await?);
     }
-    let body = support::apply_module(0);
+    // A module of two terraform_data instances per object, with the outputs the module
+    // contract reads from its role.
+    let body = |kind| support::apply_module(0) + support::contract_outputs(kind);
     let none = serde_json::json!({});
     let cluster_owner = ("Cluster", CLUSTER, uid.as_str(), false);
-    env.create_owned::<Tfc>("prod", CLUSTER, &[cluster_owner], &body, none.clone())
-        .await;
+    env.create_owned::<Tfc>(
+        "prod",
+        CLUSTER,
+        &[cluster_owner],
+        &body(Kind::TerraformCluster),
+        none.clone(),
+    )
+    .await;
     for name in ["web-1", "web-2"] {
         let machine = ("Machine", name, owner_uids[name].as_str(), true);
         env.create_owned::<Tfm>(
             name,
             CLUSTER,
             &[cluster_owner, machine],
-            &body,
+            &body(Kind::TerraformMachine),
             none.clone(),
         )
         .await;
     }
     let pool = ("MachinePool", "pool", owner_uids["pool"].as_str(), false);
-    env.create_owned::<Tfmp>("pool", CLUSTER, &[cluster_owner, pool], &body, none)
-        .await;
+    env.create_owned::<Tfmp>(
+        "pool",
+        CLUSTER,
+        &[cluster_owner, pool],
+        &body(Kind::TerraformMachinePool),
+        none,
+    )
+    .await;
     line(
         &format!("Cluster {NS}/{CLUSTER}"),
         "created with Machines web-1 and web-2 and MachinePool pool (bootstrap data ready), and their infrastructure: TerraformCluster prod, TerraformMachines web-1 and web-2, TerraformMachinePool pool",
@@ -188,6 +202,12 @@ async fn sandbox() -> Result<(), String> {
             "the machines and the pool were not provisioned in time",
         )
         .await;
+    }
+    for (kind, name) in OBJECTS {
+        line(
+            &format!("{kind} {NS}/{name}"),
+            &contract_fields(&env, kind, name).await,
+        );
     }
     println!();
     line(
@@ -387,6 +407,33 @@ async fn fail(
         report.push(format!("  {kind} {NS}/{name}: Provisioned {c:?}"));
     }
     Err(format!("{why}:\n{}", report.join("\n")))
+}
+
+/// The Cluster API contract fields the manager set on an object from its outputs.
+async fn contract_fields(env: &Env, kind: Kind, name: &str) -> String {
+    let value = match kind {
+        Kind::TerraformCluster => env.object::<Tfc>(name).await.map(serde_json::to_value),
+        Kind::TerraformMachine => env.object::<Tfm>(name).await.map(serde_json::to_value),
+        Kind::TerraformMachinePool => env.object::<Tfmp>(name).await.map(serde_json::to_value),
+    };
+    let value = value.and_then(Result::ok).unwrap_or_default();
+    let fields: &[&str] = match kind {
+        Kind::TerraformCluster => &["/spec/controlPlaneEndpoint", "/status/failureDomains"],
+        Kind::TerraformMachine => &["/spec/providerID", "/status/addresses"],
+        Kind::TerraformMachinePool => {
+            &["/spec/providerIDList", "/status/replicas", "/status/ready"]
+        }
+    };
+    fields
+        .iter()
+        .filter_map(|p| {
+            value
+                .pointer(p)
+                .filter(|x| !x.is_null())
+                .map(|x| format!("{}={x}", p.trim_start_matches('/').replace('/', ".")))
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
 }
 
 /// How many instances' create provisioners left their marker.

@@ -140,3 +140,38 @@ pub fn created_at(mut meta: ObjectMeta, at: &str) -> ObjectMeta {
     meta.creation_timestamp = Some(Time(at.parse().expect("time")));
     meta
 }
+
+/// The state Secrets of `suffix` holding a state of two instances and `outputs` (name ->
+/// value), gzipped as Terraform writes it.
+pub fn state_with_outputs(suffix: &str, outputs: serde_json::Value) -> crate::state::StateSecrets {
+    use std::io::Write;
+    let outputs: serde_json::Map<String, serde_json::Value> = outputs
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), serde_json::json!({"value": v, "type": "string"})))
+        .collect();
+    let state = serde_json::json!({
+        "version": 4, "serial": 4, "lineage": "lin-1", "outputs": outputs,
+        "resources": [{"mode": "managed", "type": "terraform_data", "name": "vm",
+            "instances": [{}, {}]}]
+    });
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(state.to_string().as_bytes()).expect("gzip");
+    let base = crate::api::names::state_secret_name(suffix);
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some(base.clone()),
+            ..Default::default()
+        },
+        data: Some(
+            [(
+                "tfstate".to_string(),
+                k8s_openapi::ByteString(e.finish().expect("gzip")),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    crate::state::StateSecrets::from_secrets(&base, &[secret])
+}

@@ -50,6 +50,24 @@ pub const APPLY_FAILURES: &str = "terraform.infrastructure.cluster.x-k8s.io/appl
 /// `clusterctl move`, which drops the status, `initialization.provisioned` is rebuilt
 /// from it without a Job.
 pub const APPLIED_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/applied-attempt";
+/// An apply attempt that succeeded but whose outputs break the module contract:
+/// `<attempt>: <what is wrong>`. Its success is recorded (the state's fingerprint) without
+/// `applied-attempt`, and it goes with the next success whose outputs are valid.
+pub const OUTPUTS_INVALID: &str = "terraform.infrastructure.cluster.x-k8s.io/outputs-invalid";
+
+/// Whether the success of apply attempt `n` is recorded on an object with these
+/// annotations: `applied-attempt` is `n`, or `outputs-invalid` names attempt `n`.
+pub fn apply_success_recorded(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    n: u32,
+) -> bool {
+    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(|v| v.trim());
+    let n = n.to_string();
+    get(APPLIED_ATTEMPT) == Some(n.as_str())
+        || get(OUTPUTS_INVALID)
+            .and_then(|v| v.split_once(':'))
+            .is_some_and(|(a, _)| a.trim() == n)
+}
 
 /// Values of [`CLEANUP_STARTED`].
 pub const CLEANUP_DESTROYED: &str = "destroyed";

@@ -145,6 +145,45 @@ pub struct TerraformStatus {
     /// CAPI v1beta2 initialization status, set by the apply path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initialization: Option<Initialization>,
+    /// A TerraformCluster's failure domains (the module's `failure_domains` output).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_domains: Vec<FailureDomain>,
+    /// A TerraformMachine's addresses (the module's `addresses` output).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<MachineAddress>,
+    /// A TerraformMachine's failure domain (the module's `failure_domain` output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    /// Whether a TerraformMachine is interruptible (the module's `interruptible` output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interruptible: Option<bool>,
+    /// A TerraformMachinePool's number of instances (the module's `replicas` output, else
+    /// the length of its `provider_id_list`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// A TerraformMachinePool is ready: its provider IDs are complete (Cluster API's
+    /// MachinePool controller still reads this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+}
+
+/// A failure domain of a cluster (CAPI v1beta2 `FailureDomain`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureDomain {
+    pub name: String,
+    #[serde(default)]
+    pub control_plane: bool,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// An address of a machine (CAPI `MachineAddress`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub struct MachineAddress {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub address: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]

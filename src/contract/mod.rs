@@ -15,6 +15,7 @@ use serde::Serialize;
 
 pub mod check;
 mod hcl;
+pub mod outputs;
 pub mod values;
 
 /// The contract's version, given to modules as `captf_contract`.

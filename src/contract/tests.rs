@@ -395,3 +395,97 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
     assert_eq!(p["captf_replicas"], 3);
     assert_eq!(p["captf_node_labels"]["role"], "worker");
 }
+
+#[test]
+fn the_outputs_set_the_fields_of_their_role_and_every_breach_is_named() {
+    use super::outputs::fields;
+    let out = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    let c = fields(
+        Role::Cluster,
+        &out(serde_json::json!({
+            "control_plane_endpoint": {"host": "lb.example", "port": 6443},
+            "failure_domains": [{"name": "az-1", "control_plane": true, "attributes": {"zone": "a"}}, {"name": "az-2"}],
+            "machine_inputs": {"subnet": "s-1"}
+        })),
+    )
+    .expect("valid");
+    assert_eq!(
+        c.spec["controlPlaneEndpoint"],
+        serde_json::json!({"host": "lb.example", "port": 6443})
+    );
+    assert_eq!(
+        c.status["failureDomains"],
+        serde_json::json!([{"name": "az-1", "controlPlane": true, "attributes": {"zone": "a"}}, {"name": "az-2", "controlPlane": false}])
+    );
+    // Optional and null: nothing set, no error (not known yet).
+    let c = fields(
+        Role::Cluster,
+        &out(serde_json::json!({"control_plane_endpoint": null})),
+    )
+    .expect("valid");
+    assert!(c.spec.is_empty() && c.status.is_empty());
+
+    let p = fields(
+        Role::MachinePool,
+        &out(serde_json::json!({"provider_id_list": ["a:///1", "a:///2"]})),
+    )
+    .expect("valid");
+    assert_eq!(
+        p.spec["providerIDList"],
+        serde_json::json!(["a:///1", "a:///2"])
+    );
+    assert_eq!(
+        p.status["replicas"], 2,
+        "the list's length when replicas is not given"
+    );
+    assert_eq!(p.status["ready"], true);
+
+    let errors = fields(
+        Role::Cluster,
+        &out(serde_json::json!({
+            "control_plane_endpoint": {"host": "", "port": 70000},
+            "failure_domains": [{"name": "az-1", "attributes": {"n": 1}}]
+        })),
+    )
+    .unwrap_err();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0].starts_with("output control_plane_endpoint must be"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].contains("the attributes of az-1 must be a map of strings"),
+        "{errors:?}"
+    );
+    let errors = fields(
+        Role::Machine,
+        &out(serde_json::json!({"provider_id": null})),
+    )
+    .unwrap_err();
+    assert_eq!(
+        errors,
+        vec!["output provider_id is required of a machine module and is null".to_string()]
+    );
+    let errors = fields(
+        Role::MachinePool,
+        &out(serde_json::json!({"provider_id_list": ["a", ""], "replicas": -1})),
+    )
+    .unwrap_err();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+}
+
+#[test]
+fn the_outputs_are_read_from_the_state_as_terraform_wrote_them() {
+    let st = crate::testing::state_with_outputs(
+        "prod.tfc",
+        serde_json::json!({"control_plane_endpoint": {"host": "h", "port": 1}}),
+    );
+    let out = crate::state::outputs(&st, crate::state::DEFAULT_DECOMPRESSION_CAP).expect("read");
+    assert_eq!(out["control_plane_endpoint"]["host"], "h");
+    // Past the decompression cap: an error, not a partial read.
+    let err = crate::state::outputs(&st, 10).unwrap_err();
+    assert!(err.contains("tfstate-default-prod.tfc"), "{err}");
+    // A missing state is an error naming it.
+    let none = crate::state::StateSecrets::from_secrets("tfstate-default-x.tfc", &[]);
+    assert!(crate::state::outputs(&none, 1 << 20).is_err());
+}

@@ -57,6 +57,9 @@ pub struct Bookkeeping {
     pub provisioned: bool,
     /// The reason of an apply failure to count in the metrics.
     pub apply_failure: Option<String>,
+    /// The fields a successful apply's outputs set (the set-once ones are checked against
+    /// the object when written).
+    pub fields: Option<crate::contract::outputs::Fields>,
 }
 
 /// Decides the bookkeeping of a pass; `o.now` stands for "now".
@@ -147,6 +150,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
     let mut provisioned = false;
     let mut apply_failure = None;
     let mut recorded_fingerprint = false;
+    let mut fields = None;
     match gather::apply::unrecorded_apply(o) {
         Some((n, false)) => {
             let name = names::job_name(&suffix, names::OPERATION_APPLY, n);
@@ -180,16 +184,44 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
             {
                 edits.push((names::STATE_LINEAGE, Some(lineage.clone())));
                 edits.push((names::STATE_SERIAL, Some(serial.to_string())));
-                edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));
                 edits.push((names::APPLY_FAILED_AT, None));
                 edits.push((names::APPLY_FAILURES, None));
                 recorded_fingerprint = true;
-                provisioned = true;
                 notes.push(Note::normal(
                     events::APPLY_SUCCEEDED,
                     "Apply",
                     format!("apply attempt {n} succeeded; its state is lineage {lineage}, serial {serial}"),
                 ));
+                // Its outputs set Cluster API's fields; outputs that break the contract
+                // leave the object unprovisioned and say how.
+                let read = o
+                    .state
+                    .as_ref()
+                    .ok_or_else(|| vec!["the state was not read".to_string()])
+                    .and_then(|st| {
+                        crate::state::outputs(st, crate::state::DEFAULT_DECOMPRESSION_CAP)
+                            .map_err(|e| vec![e])
+                    })
+                    .and_then(|out| crate::contract::outputs::fields(role_of(o.kind), &out));
+                match read {
+                    Ok(f) => {
+                        edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));
+                        edits.push((names::OUTPUTS_INVALID, None));
+                        provisioned = true;
+                        fields = Some(f);
+                    }
+                    Err(errors) => {
+                        let why = cut(&errors.join("; "), 900);
+                        edits.push((names::OUTPUTS_INVALID, Some(format!("{n}: {why}"))));
+                        notes.push(Note::warning(
+                            events::OUTPUTS_INVALID,
+                            "Apply",
+                            format!(
+                                "the outputs of apply attempt {n} break module contract v1: {why}"
+                            ),
+                        ));
+                    }
+                }
             }
         }
         None => {}
@@ -240,7 +272,29 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         protect,
         provisioned,
         apply_failure,
+        fields,
     }
+}
+
+/// The contract role of a kind.
+fn role_of(kind: names::Kind) -> crate::contract::Role {
+    match kind {
+        names::Kind::TerraformCluster => crate::contract::Role::Cluster,
+        names::Kind::TerraformMachine => crate::contract::Role::Machine,
+        names::Kind::TerraformMachinePool => crate::contract::Role::MachinePool,
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, with an ellipsis.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// The finished destroy Jobs past the last three, oldest first: the last three stay for
@@ -306,14 +360,35 @@ pub async fn apply<K: TerraformObject>(
         Protect::Base => protect_state(scope, obj, o, state_meta, false).await?,
         Protect::BaseAndParts => protect_state(scope, obj, o, state_meta, true).await?,
     };
-    // The status first: a crash before the annotations records the success again.
-    if plan.provisioned {
-        super::status::write_provisioned(&scope.api, obj).await?;
-    }
+    // The spec's fields with the annotations in one guarded write, then the status: a
+    // reader never sees `provisioned` before the fields it goes with (a machine's
+    // providerID), and a crash in between leaves a recorded success whose status the next
+    // pass rebuilds from the state, as after a move.
+    let spec_ops = match &plan.fields {
+        Some(f) => spec_field_ops(ctx, obj, &f.spec).await,
+        None => Vec::new(),
+    };
     let edits: Vec<(&str, Option<String>)> = plan.edits;
-    let ops = annotation_ops(obj.meta(), &edits);
+    let mut ops = annotation_ops(obj.meta(), &edits);
+    ops.extend(spec_ops);
+    let written = guarded_patch(&scope.api, obj.meta(), ops).await?;
+    if plan.provisioned || plan.fields.as_ref().is_some_and(|f| !f.status.is_empty()) {
+        let mut status = plan
+            .fields
+            .as_ref()
+            .map(|f| f.status.clone())
+            .unwrap_or_default();
+        if plan.provisioned {
+            status.insert(
+                "initialization".into(),
+                serde_json::json!({ "provisioned": true }),
+            );
+        }
+        super::status::write_status_fields(&scope.api, obj, serde_json::Value::Object(status))
+            .await?;
+    }
     Ok(Kept {
-        written: guarded_patch(&scope.api, obj.meta(), ops).await?.is_some(),
+        written: written.is_some(),
         young_parts,
     })
 }
@@ -411,4 +486,59 @@ async fn protect_state<K: TerraformObject>(
         }
     }
     Ok(young)
+}
+
+/// The spec fields set once (Cluster API reads them as the machine's and the cluster's
+/// identity): a different value later is refused, with a Warning Event, and kept.
+const SET_ONCE: [(&str, &str); 2] = [
+    (
+        "controlPlaneEndpoint",
+        events::CONTROL_PLANE_ENDPOINT_CHANGE_REFUSED,
+    ),
+    ("providerID", events::PROVIDER_ID_CHANGE_REFUSED),
+];
+
+/// The JSON patch operations that set the outputs' spec fields on `obj`: each that
+/// differs, except a set-once field already set to something else (refused, with a
+/// Warning Event).
+async fn spec_field_ops<K: TerraformObject>(
+    ctx: &Context,
+    obj: &K,
+    spec: &serde_json::Map<String, serde_json::Value>,
+) -> Vec<json_patch::PatchOperation> {
+    let current = serde_json::to_value(obj).unwrap_or_default();
+    let mut ops = Vec::new();
+    for (field, value) in spec {
+        let now = &current["spec"][field];
+        if now == value {
+            continue;
+        }
+        let set = match now {
+            serde_json::Value::Null => false,
+            serde_json::Value::String(s) => !s.is_empty(),
+            v => v["host"].as_str().is_none_or(|h| !h.is_empty()),
+        };
+        if let Some((_, reason)) = SET_ONCE.iter().find(|(f, _)| f == field)
+            && set
+        {
+            publish_note(
+                ctx,
+                obj,
+                &Note::warning(
+                    reason,
+                    "Apply",
+                    format!(
+                        "the module's outputs give spec.{field} {value}, and it is {now}: it is set once and kept; a new value needs a new object"
+                    ),
+                ),
+            )
+            .await;
+            continue;
+        }
+        ops.push(json_patch::PatchOperation::Add(json_patch::AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", field.as_str()]),
+            value: value.clone(),
+        }));
+    }
+    ops
 }

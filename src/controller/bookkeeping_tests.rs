@@ -336,8 +336,16 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
         serial: 4,
         secret: "tfstate-default-prod.tfm".into(),
     };
+    o.state = Some(crate::testing::state_with_outputs(
+        "prod.tfm",
+        serde_json::json!({"provider_id": "aws:///eu-west-1a/i-0abc", "failure_domain": "eu-west-1a"}),
+    ));
     let p = plan(&o, &facts, &decision);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), Some(&Some("2".into())));
+    assert_eq!(edit(&p, names::OUTPUTS_INVALID), Some(&None));
+    let fields = p.fields.as_ref().expect("the outputs' fields");
+    assert_eq!(fields.spec["providerID"], "aws:///eu-west-1a/i-0abc");
+    assert_eq!(fields.status["failureDomain"], "eu-west-1a");
     assert_eq!(edit(&p, names::STATE_LINEAGE), Some(&Some("lin-1".into())));
     assert_eq!(edit(&p, names::STATE_SERIAL), Some(&Some("4".into())));
     assert_eq!(edit(&p, names::APPLY_FAILURES), Some(&None));
@@ -360,4 +368,54 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
     assert!(!p.provisioned);
     assert!(p.notes.is_empty(), "{:?}", p.notes);
+}
+
+#[test]
+fn an_apply_whose_outputs_break_the_contract_is_recorded_without_provisioning() {
+    let mut o = applying(2, &[]);
+    o.jobs = vec![job(
+        Kind::TerraformMachine,
+        "apply",
+        2,
+        &[("Complete", "True", "", FAILED_AT)],
+    )];
+    // A machine module without its required provider_id.
+    o.state = Some(crate::testing::state_with_outputs(
+        "prod.tfm",
+        serde_json::json!({"addresses": [{"type": "Carrier", "address": "x"}]}),
+    ));
+    let (decision, mut facts, _) = gather::decide(&o, &Settings::default());
+    facts.state = StateFacts::Readable {
+        managed_instances: 2,
+        lineage: "lin-1".into(),
+        serial: 4,
+        secret: "tfstate-default-prod.tfm".into(),
+    };
+    let p = plan(&o, &facts, &decision);
+    assert!(!p.provisioned);
+    assert_eq!(p.fields, None);
+    assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
+    // The fingerprint is recorded all the same: the deletion relies on it.
+    assert_eq!(edit(&p, names::STATE_LINEAGE), Some(&Some("lin-1".into())));
+    let Some(Some(invalid)) = edit(&p, names::OUTPUTS_INVALID) else {
+        panic!("{:?}", p.edits)
+    };
+    assert!(
+        invalid.starts_with(
+            "2: output provider_id is required of a machine module and is not declared"
+        ) && invalid.contains("output addresses must be a list of"),
+        "{invalid}"
+    );
+    assert!(p.notes.iter().any(|n| n.reason == events::OUTPUTS_INVALID));
+
+    // Recorded: the success is not recorded again, and the table says how it stands.
+    let mut recorded = o.clone();
+    recorded
+        .meta
+        .annotations
+        .get_or_insert_default()
+        .insert(names::OUTPUTS_INVALID.into(), invalid.clone());
+    assert_eq!(gather::apply::unrecorded_apply(&recorded), None);
+    let p = plan(&recorded, &facts, &decision);
+    assert_eq!(edit(&p, names::OUTPUTS_INVALID), None);
 }

@@ -27,9 +27,23 @@ pub const APPLY_FAILED: &str = "ApplyFailed";
 /// An apply attempt's Job succeeded and the state it left was read.
 pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
 
+/// An apply succeeded but its outputs break the module contract.
+pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
+/// The outputs give a TerraformCluster's set `spec.controlPlaneEndpoint` another value.
+pub const CONTROL_PLANE_ENDPOINT_CHANGE_REFUSED: &str = "ControlPlaneEndpointChangeRefused";
+/// The outputs give a TerraformMachine's set `spec.providerID` another value.
+pub const PROVIDER_ID_CHANGE_REFUSED: &str = "ProviderIDChangeRefused";
+
 /// The apply's reasons, as docs/provisioning/01-lifecycle.md lists them (a docs test
 /// checks it).
-pub const APPLY_REASONS: [&str; 3] = [APPLY_STARTED, APPLY_FAILED, APPLY_SUCCEEDED];
+pub const APPLY_REASONS: [&str; 6] = [
+    APPLY_STARTED,
+    APPLY_FAILED,
+    APPLY_SUCCEEDED,
+    OUTPUTS_INVALID,
+    CONTROL_PLANE_ENDPOINT_CHANGE_REFUSED,
+    PROVIDER_ID_CHANGE_REFUSED,
+];
 
 /// Every reason of a deletion above, as docs/03-destroy-job.md lists them (a docs test checks it).
 pub const REASONS: [&str; 6] = [

@@ -14,7 +14,7 @@ use tracing::info;
 
 use super::act::{self, Started};
 use super::observe;
-use super::status::{write_provisioned, write_status_keeping_with};
+use super::status::{write_status_fields, write_status_keeping_with};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
@@ -53,8 +53,9 @@ pub async fn live_pass<K: TerraformObject>(
     let provisioned = gather_apply::provisioned(obj.meta(), latched);
     if provisioned && !latched {
         // Rebuilt from the recorded success (after clusterctl move, which drops the
-        // status), without a Job; the next pass decides on the object as written.
-        write_provisioned(&scope.api, obj.as_ref()).await?;
+        // status), without a Job: provisioned, and the status fields of the outputs, read
+        // from the state again. The next pass decides on the object as written.
+        rebuild_status(scope, obj.as_ref()).await?;
         return Ok(Requeue::requeue(Duration::ZERO));
     }
     // The Cluster API objects the module contract's values come from: the Cluster (from
@@ -247,4 +248,33 @@ fn contract_values<K: TerraformObject>(
         owner,
         bootstrap: value.map(|v| (v, format)),
     }))
+}
+
+/// Writes `initialization.provisioned` and the status fields the state's outputs set (a
+/// state that cannot be read now leaves them for the next apply, with a warning in the
+/// log: provisioned is what Cluster API waits for).
+async fn rebuild_status<K: TerraformObject>(scope: &Scope<K>, obj: &K) -> Result<(), Error> {
+    let base = names::state_secret_name(&scope.suffix);
+    let secrets = crate::state::secrets::read(&scope.secrets, &base, Some(&scope.suffix)).await?;
+    let role = match K::KIND {
+        Kind::TerraformCluster => Role::Cluster,
+        Kind::TerraformMachine => Role::Machine,
+        Kind::TerraformMachinePool => Role::MachinePool,
+    };
+    let mut status = serde_json::Map::new();
+    match crate::state::outputs(&secrets, crate::state::DEFAULT_DECOMPRESSION_CAP)
+        .map_err(|e| vec![e])
+        .and_then(|o| crate::contract::outputs::fields(role, &o))
+    {
+        Ok(f) => status = f.status,
+        Err(why) => {
+            tracing::warn!(why = %why.join("; "), "the outputs' status fields are not rebuilt");
+        }
+    }
+    status.insert(
+        "initialization".into(),
+        serde_json::json!({ "provisioned": true }),
+    );
+    write_status_fields(&scope.api, obj, serde_json::Value::Object(status)).await?;
+    Ok(())
 }

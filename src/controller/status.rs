@@ -86,20 +86,16 @@ async fn write_status_with<K: TerraformObject>(
     }
 }
 
-/// Latches `status.initialization.provisioned` (Cluster API's contract field): set once,
-/// never unset by CAPTF.
-pub async fn write_provisioned<K: TerraformObject>(api: &Api<K>, obj: &K) -> Result<(), Error> {
-    let set = obj
-        .status()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned);
-    if set == Some(true) {
-        return Ok(());
-    }
-    let status = json!({ "initialization": { "provisioned": true } });
+/// Merges `status` (fields an apply's outputs and record set) into the object's status;
+/// returns whether it was written.
+pub async fn write_status_fields<K: TerraformObject>(
+    api: &Api<K>,
+    obj: &K,
+    status: serde_json::Value,
+) -> Result<bool, Error> {
     match writes::patch_status(api, &obj.name_any(), status).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
         Err(e) => Err(e),
     }
 }

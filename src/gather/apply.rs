@@ -93,9 +93,7 @@ fn apply_history(o: &Observed) -> (u32, LastApply) {
                 ),
             },
             // Its success was recorded (with the state's fingerprint) before the Job went.
-            None if annotation(&o.meta, names::APPLIED_ATTEMPT)
-                .is_some_and(|v| v.trim() == attempt.to_string()) =>
-            {
+            None if names::apply_success_recorded(o.meta.annotations.as_ref(), attempt) => {
                 LastApply::Succeeded
             }
             // Never made (a crash after the write-ahead), or deleted while it ran: the
@@ -182,9 +180,9 @@ pub fn unrecorded_apply(o: &Observed) -> Option<(u32, bool)> {
     let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
     let j = attempt_job(o, &suffix, names::OPERATION_APPLY, n)?;
     match job::outcome(j, &o.pods) {
-        JobOutcome::Succeeded => (annotation(&o.meta, names::APPLIED_ATTEMPT)
-            != Some(n.to_string().as_str()))
-        .then_some((n, true)),
+        JobOutcome::Succeeded => {
+            (!names::apply_success_recorded(o.meta.annotations.as_ref(), n)).then_some((n, true))
+        }
         JobOutcome::Failed { .. } => annotation(&o.meta, names::APPLY_FAILED_AT)
             .is_none()
             .then_some((n, false)),
@@ -240,6 +238,10 @@ pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> Appl
         )
     });
     let (attempt, last) = apply_history(o);
+    let outputs_invalid = annotation(&o.meta, names::OUTPUTS_INVALID)
+        .and_then(|v| v.split_once(':'))
+        .filter(|(n, _)| n.trim() == attempt.to_string())
+        .map(|(_, why)| why.trim().to_string());
     ApplyFacts {
         kind: o.kind,
         uid: o.meta.uid.clone().unwrap_or_default(),
@@ -255,6 +257,7 @@ pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> Appl
         applied_sha: annotation(&o.meta, names::INPUTS_SHA256).map(str::to_string),
         attempt,
         last,
+        outputs_invalid,
         provisioned: a.provisioned,
     }
 }

@@ -203,7 +203,7 @@ pub fn started_job_unseen(meta: &ObjectMeta, kind: Kind, jobs: &[Job]) -> bool {
         .filter(|n| *n > 0)
         .filter(|n| {
             ann(names::APPLY_FAILED_AT).is_none()
-                && ann(names::APPLIED_ATTEMPT).map(String::as_str) != Some(n.to_string().as_str())
+                && !names::apply_success_recorded(meta.annotations.as_ref(), *n)
         });
     if apply.is_some_and(|n| missing(names::OPERATION_APPLY, n)) {
         return true;

@@ -29,6 +29,7 @@ pub mod reason {
     pub const APPLY_CANNOT_START: &str = "ApplyCannotStart";
     pub const APPLYING: &str = "Applying";
     pub const APPLY_FAILED: &str = "ApplyFailed";
+    pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
     pub const PROVISIONED: &str = "Provisioned";
     pub const APPLIED: &str = "Applied";
     pub const READY: &str = "Ready";
@@ -121,6 +122,8 @@ pub struct ApplyFacts {
     /// The number of the latest apply attempt started (`A/apply-attempt`), 0 if none.
     pub attempt: u32,
     pub last: LastApply,
+    /// The latest apply succeeded, but its outputs break the module contract: how.
+    pub outputs_invalid: Option<String>,
     /// `status.initialization.provisioned` as latched, or as rebuilt from the state.
     pub provisioned: bool,
 }
@@ -135,13 +138,14 @@ pub enum ApplyRow {
     JobUnfinished,
     ForeignState,
     InputsUnresolvable,
+    OutputsInvalid,
     UpToDate,
     Failed,
     Apply,
 }
 
 impl ApplyRow {
-    pub const ALL: [ApplyRow; 10] = [
+    pub const ALL: [ApplyRow; 11] = [
         ApplyRow::ExternallyManaged,
         ApplyRow::Paused,
         ApplyRow::NoOwner,
@@ -149,12 +153,13 @@ impl ApplyRow {
         ApplyRow::JobUnfinished,
         ApplyRow::ForeignState,
         ApplyRow::InputsUnresolvable,
+        ApplyRow::OutputsInvalid,
         ApplyRow::UpToDate,
         ApplyRow::Failed,
         ApplyRow::Apply,
     ];
 
-    /// The row's letter and number, `A1` to `A10`, as the docs' table names it.
+    /// The row's letter and number, `A1` to `A11`, as the docs' table names it.
     pub fn label(self) -> String {
         let n = Self::ALL.iter().position(|r| *r == self).unwrap_or(0) + 1;
         format!("A{n}")
@@ -172,6 +177,9 @@ impl ApplyRow {
             ApplyRow::JobUnfinished => "a Job or Pod of the object has not finished",
             ApplyRow::ForeignState => "a state Secret the object neither created nor adopted",
             ApplyRow::InputsUnresolvable => "the spec's inputs do not resolve",
+            ApplyRow::OutputsInvalid => {
+                "the latest inputs are applied, but the outputs break the module contract"
+            }
             ApplyRow::UpToDate => "the latest inputs are applied",
             ApplyRow::Failed => "the latest apply of these inputs failed",
             ApplyRow::Apply => "never applied, or the inputs changed",
@@ -279,6 +287,20 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
     let same_inputs = f.applied_sha.as_deref() == Some(sha.as_str());
     let next = f.attempt.saturating_add(1);
     match &f.last {
+        LastApply::Succeeded if same_inputs && f.outputs_invalid.is_some() => {
+            let why = f.outputs_invalid.as_deref().unwrap_or_default();
+            let msg = format!(
+                "apply attempt {} succeeded, but its outputs break module contract v1: {why}; fix the module, and its next apply (a change of the spec) sets the fields; see runbooks/OutputsInvalid.md",
+                f.attempt
+            );
+            not_applied(
+                f,
+                ApplyRow::OutputsInvalid,
+                reason::OUTPUTS_INVALID,
+                msg,
+                ApplyAction::Wait,
+            )
+        }
         LastApply::Succeeded if same_inputs => ApplyDecision {
             row: ApplyRow::UpToDate,
             action: ApplyAction::Wait,

@@ -25,6 +25,7 @@ fn machine() -> ApplyFacts {
         applied_sha: None,
         attempt: 0,
         last: LastApply::None,
+        outputs_invalid: None,
         provisioned: false,
     }
 }
@@ -217,7 +218,52 @@ fn a7_inputs_that_do_not_resolve_say_which_and_start_nothing() {
 }
 
 #[test]
-fn a8_applied_inputs_are_left_alone() {
+fn a8_outputs_that_break_the_contract_hold_provisioning_and_say_how() {
+    let f = ApplyFacts {
+        outputs_invalid: Some(
+            "output provider_id is required of a machine module and is null".into(),
+        ),
+        provisioned: false,
+        ..applied()
+    };
+    let d = decide_apply(&f);
+    assert_eq!(d.row, ApplyRow::OutputsInvalid);
+    assert_eq!(d.action, ApplyAction::Wait);
+    for t in [PROVISIONED, INPUTS_APPLIED, cond::READY] {
+        let c = condition(&d, t);
+        assert_eq!(
+            (c.status, c.reason),
+            (Status::False, reason::OUTPUTS_INVALID),
+            "{t}"
+        );
+    }
+    let msg = &condition(&d, PROVISIONED).message;
+    assert!(
+        msg.contains("apply attempt 1 succeeded, but its outputs break module contract v1: output provider_id is required")
+            && msg.contains("runbooks/OutputsInvalid.md"),
+        "{msg}"
+    );
+    // Once provisioned, a later apply's invalid outputs show on InputsApplied only.
+    let d = decide_apply(&ApplyFacts {
+        provisioned: true,
+        ..f.clone()
+    });
+    assert_eq!(condition(&d, PROVISIONED).status, Status::True);
+    assert_eq!(condition(&d, cond::READY).status, Status::True);
+    assert_eq!(
+        condition(&d, INPUTS_APPLIED).reason,
+        reason::OUTPUTS_INVALID
+    );
+    // Changed inputs apply again at once.
+    let d = decide_apply(&ApplyFacts {
+        inputs: Ok("sha-b".into()),
+        ..f
+    });
+    assert_eq!(d.action, ApplyAction::StartApply { attempt: 2 });
+}
+
+#[test]
+fn a9_applied_inputs_are_left_alone() {
     let d = decide_apply(&applied());
     assert_eq!(d.row, ApplyRow::UpToDate);
     assert_eq!(d.action, ApplyAction::Wait);
@@ -227,7 +273,7 @@ fn a8_applied_inputs_are_left_alone() {
 }
 
 #[test]
-fn a9_a_failed_apply_is_retried_on_the_schedule() {
+fn a10_a_failed_apply_is_retried_on_the_schedule() {
     // Failed a minute ago: the first retry is due after 24 to 30 s.
     let d = decide_apply(&failed(1, 1));
     assert_eq!(d.row, ApplyRow::Failed);
@@ -250,7 +296,7 @@ fn a9_a_failed_apply_is_retried_on_the_schedule() {
 }
 
 #[test]
-fn a10_a_first_apply_and_changed_inputs_start_an_attempt() {
+fn a11_a_first_apply_and_changed_inputs_start_an_attempt() {
     let d = decide_apply(&machine());
     assert_eq!(d.row, ApplyRow::Apply);
     assert_eq!(d.action, ApplyAction::StartApply { attempt: 1 });
@@ -327,7 +373,7 @@ fn provisioned_latches_through_gates_and_failed_reapplies() {
 fn the_rows_are_labelled_in_order() {
     let labels: Vec<String> = ApplyRow::ALL.iter().map(|r| r.label()).collect();
     assert_eq!(labels.first().map(String::as_str), Some("A1"));
-    assert_eq!(labels.last().map(String::as_str), Some("A10"));
+    assert_eq!(labels.last().map(String::as_str), Some("A11"));
     let mut sorted = ApplyRow::ALL.to_vec();
     sorted.sort();
     assert_eq!(

@@ -274,6 +274,49 @@ impl Read for Chain<'_> {
     }
 }
 
+/// The largest top-level `outputs` CAPTF reads (its JSON, as serde_json writes it back).
+pub const OUTPUTS_MAX_BYTES: usize = 1024 * 1024;
+
+/// The values of the state's top-level `outputs`, by name: streamed through gunzip under
+/// the decompression cap with serde_json, everything but `outputs` skipped. Read once
+/// after an apply succeeded, not on every pass, so the scanner's speed is not needed here.
+pub fn outputs(
+    secrets: &StateSecrets,
+    cap: u64,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    #[derive(serde::Deserialize)]
+    struct Output {
+        #[serde(default)]
+        value: serde_json::Value,
+    }
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        outputs: BTreeMap<String, Output>,
+    }
+    let Some(chunks) = secrets.chunks() else {
+        return Err(format!(
+            "state Secret {} is missing or lacks a part",
+            secrets.base_name
+        ));
+    };
+    let gunzip = flate2::read::GzDecoder::new(Chain { chunks, index: 0 }).take(cap);
+    let doc: Doc = serde_json::from_reader(gunzip)
+        .map_err(|e| format!("state Secret {}: {e}", secrets.base_name))?;
+    let out: serde_json::Map<String, serde_json::Value> =
+        doc.outputs.into_iter().map(|(k, o)| (k, o.value)).collect();
+    let size = serde_json::to_vec(&out)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if size > OUTPUTS_MAX_BYTES {
+        return Err(format!(
+            "the outputs of state Secret {} are {size} bytes, more than the {OUTPUTS_MAX_BYTES} CAPTF reads",
+            secrets.base_name
+        ));
+    }
+    Ok(out)
+}
+
 /// Streams gunzip over base+parts (without concatenating), under the decompression cap,
 /// and scans the JSON.
 pub fn read(secrets: &StateSecrets, cap: u64) -> StateContent {

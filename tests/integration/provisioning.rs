@@ -6,7 +6,7 @@
 use captf::api::TerraformObject;
 use captf::api::names::{self, Kind};
 use kube::ResourceExt;
-use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::support::*;
@@ -230,19 +230,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     env.config.provision = true;
     env.start_manager();
     env.create_cluster("prod").await;
-    let machine: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {"name": "web-1", "namespace": env.ns,
-            "labels": {names::CAPI_CLUSTER_NAME_LABEL: "prod"}},
-        "spec": {"clusterName": "prod", "bootstrap": {}}
-    }))
-    .expect("machine");
-    let machine = env
-        .capi_api("Machine")
-        .create(&PostParams::default(), &machine)
-        .await
-        .expect("create the Machine");
-    let machine_uid = machine.metadata.uid.clone().unwrap_or_default();
+    let machine_uid = env.create_machine("web-1", "prod", None).await;
     env.create_owned::<Tfm>(
         "web-1",
         "prod",
@@ -318,15 +306,8 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
             })
     })
     .await;
-    let bootstrap: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-        "metadata": {"name": "web-1-bootstrap"},
-        "stringData": {"value": "#cloud-config web-1", "format": "cloud-config"}
-    }))
-    .expect("secret");
-    env.secrets()
-        .create(&PostParams::default(), &bootstrap)
-        .await
-        .expect("create the bootstrap Secret");
+    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
+        .await;
     wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
     // The module got the contract's variables: the Machine's name and its bootstrap data.
     for i in 0..2 {
@@ -335,6 +316,15 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
         assert_eq!(created, "web-1 #cloud-config web-1", "web-1-{i}");
     }
     assert_eq!(env.jobs_created(), 1, "one apply");
+    // And its outputs set Cluster API's fields.
+    let obj = env.object::<Tfm>("web-1").await.expect("object");
+    assert_eq!(obj.spec.provider_id.as_deref(), Some("captf:///web-1"));
+    let addresses = &obj.status().expect("status").addresses;
+    assert_eq!(addresses.len(), 1);
+    assert_eq!(
+        (addresses[0].type_.as_str(), addresses[0].address.as_str()),
+        ("InternalIP", "10.0.1.1")
+    );
 
     // The bootstrap data goes (as Cluster API may take it away), then the machine: the
     // destroy runs from the inputs the apply recorded, which hold it.
@@ -379,4 +369,76 @@ resource "terraform_data" "vm" {
 }
 "#
     .to_string()
+        + contract_outputs(Kind::TerraformMachine)
+}
+
+/// A cluster's outputs set its endpoint once: a later apply that gives another is refused
+/// with a Warning Event, and the endpoint Cluster API copied stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_plane_endpoint_is_set_once_and_a_change_is_refused() {
+    let mut env = Env::start("apply-endpoint").await;
+    env.config.provision = true;
+    env.start_manager();
+    let uid = env.create_cluster("prod").await;
+    let module = apply_module(0)
+        + r#"variable "endpoint" { type = string }
+output "control_plane_endpoint" {
+  value = { host = var.endpoint, port = 6443 }
+}
+"#;
+    let variables = |endpoint: &str| json!({"name": "prod", "marker_dir": env.markers().display().to_string(), "endpoint": endpoint});
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &module,
+        json!({ "variables": variables("10.0.0.1") }),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    let endpoint = |o: &Tfc| {
+        o.spec
+            .control_plane_endpoint
+            .clone()
+            .map(|e| (e.host, e.port))
+    };
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(endpoint(&obj), Some(("10.0.0.1".to_string(), 6443)));
+
+    env.api::<Tfc>()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"variables": variables("10.0.0.2")}})),
+        )
+        .await
+        .expect("change the endpoint");
+    wait_for("the second apply to be recorded", long(), || async {
+        env.object::<Tfc>("prod")
+            .await
+            .is_some_and(|o| annotation(&o, names::APPLIED_ATTEMPT).as_deref() == Some("2"))
+    })
+    .await;
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        endpoint(&obj),
+        Some(("10.0.0.1".to_string(), 6443)),
+        "set once"
+    );
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    wait_for("the refusal's Warning Event", long(), || async {
+        events
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("ControlPlaneEndpointChangeRefused")
+                    && e.message.as_deref().is_some_and(|m| m.contains("10.0.0.2"))
+            })
+    })
+    .await;
+    env.shutdown().await;
 }

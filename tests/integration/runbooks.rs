@@ -559,12 +559,17 @@ async fn applied_cluster(tag: &str, module: &str, extra: Value, backoff_base: Du
     env
 }
 
-/// Waits until `prod`'s InputsApplied reason is `reason`; returns its message.
-async fn wait_inputs_applied(env: &Env, reason: &str) -> String {
+/// Waits until `K`/`name`'s condition `type_` has `reason`; returns its message.
+async fn wait_reason<K: captf::api::TerraformObject>(
+    env: &Env,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> String {
     let mut last = None;
     let start = std::time::Instant::now();
     while start.elapsed() < LONG {
-        last = env.condition::<Tfc>("prod", "InputsApplied").await;
+        last = env.condition::<K>(name, type_).await;
         if let Some((_, r, m)) = &last
             && r == reason
         {
@@ -572,7 +577,12 @@ async fn wait_inputs_applied(env: &Env, reason: &str) -> String {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("timed out waiting for prod's InputsApplied to be {reason}: it is {last:?}");
+    panic!("timed out waiting for {name}'s {type_} to be {reason}: it is {last:?}");
+}
+
+/// Waits until `prod`'s InputsApplied reason is `reason`; returns its message.
+async fn wait_inputs_applied(env: &Env, reason: &str) -> String {
+    wait_reason::<Tfc>(env, "prod", "InputsApplied", reason).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -666,6 +676,63 @@ async fn runbook_apply_cannot_start() {
         "the runbook shows the condition: {}",
         run.stdout
     );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_outputs_invalid() {
+    const RB: &str = "runbooks/OutputsInvalid.md";
+    check_vars(RB, "terraformmachine", "web-1");
+    // A machine whose module declares no provider_id, its Cluster ready and its bootstrap
+    // data there.
+    let mut env = Env::start("rb-outputs").await;
+    env.config.provision = true;
+    env.start_manager();
+    env.create_cluster("prod").await;
+    env.mark_cluster_ready("prod").await;
+    let uid = env
+        .create_machine("web-1", "prod", Some("web-1-bootstrap"))
+        .await;
+    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config")
+        .await;
+    env.create_owned::<Tfm>(
+        "web-1",
+        "prod",
+        &[("Machine", "web-1", &uid, true)],
+        &apply_module(0),
+        json!({}),
+    )
+    .await;
+    let msg = wait_reason::<Tfm>(&env, "web-1", "InputsApplied", "OutputsInvalid").await;
+    assert!(
+        msg.contains("apply attempt 1 succeeded, but its outputs break module contract v1: output provider_id is required of a machine module and is not declared")
+            && msg.contains(RB),
+        "{msg}"
+    );
+    let run = run_runbook(&env, RB).await;
+    assert!(
+        run.stdout.contains("1: output provider_id is required"),
+        "the record on the object: {}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("2 managed resource instance"),
+        "the state holds what the apply made: {}",
+        run.stdout
+    );
+    // The runbook's fix: the module with its outputs, in the spec; it applies at once.
+    let fixed = apply_module(0) + contract_outputs(captf::api::names::Kind::TerraformMachine);
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"module": {"files": {"main.tf": fixed}}}})),
+        )
+        .await
+        .expect("fix the module");
+    wait_reason::<Tfm>(&env, "web-1", "InputsApplied", "Applied").await;
+    let obj = env.object::<Tfm>("web-1").await.expect("object");
+    assert_eq!(obj.spec.provider_id.as_deref(), Some("captf:///web-1"));
     env.shutdown().await;
 }
 

@@ -1,4 +1,4 @@
-//! Starting apply attempt `n` (rows A9 and A10 of the apply table).
+//! Starting apply attempt `n` (rows A10 and A11 of the apply table).
 //!
 //! Write order: what the Job needs first (the runner's RBAC; the state's Secrets, if any,
 //! labelled for Terraform's backend with the parts' protection off); then, in one guarded

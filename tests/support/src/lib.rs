@@ -77,6 +77,38 @@ resource "terraform_data" "vm" {{
     )
 }
 
+/// The outputs module contract v1 reads from a module of `kind`, as a stand-in module
+/// of two `terraform_data` instances (`vm`) gives them: a cluster's endpoint and failure
+/// domains, a machine's provider ID and address, a pool's provider IDs.
+pub fn contract_outputs(kind: Kind) -> &'static str {
+    match kind {
+        Kind::TerraformCluster => {
+            r#"output "control_plane_endpoint" {
+  value = { host = "10.0.0.1", port = 6443 }
+}
+output "failure_domains" {
+  value = [{ name = "az-1", control_plane = true }, { name = "az-2" }]
+}
+"#
+        }
+        Kind::TerraformMachine => {
+            r#"output "provider_id" {
+  value = "captf:///${var.name}"
+}
+output "addresses" {
+  value = [{ type = "InternalIP", address = "10.0.1.1" }]
+}
+"#
+        }
+        Kind::TerraformMachinePool => {
+            r#"output "provider_id_list" {
+  value = [for i, vm in terraform_data.vm : "captf:///${var.name}-${i}"]
+}
+"#
+        }
+    }
+}
+
 /// Two `terraform_data` instances whose destroy provisioner counts its runs in
 /// `<marker>.tries`, runs `first_runs` (a shell snippet that may test `$n`), then leaves
 /// `<marker>.destroyed`.
@@ -618,6 +650,62 @@ impl Env {
 
     pub fn cluster_api(&self) -> Api<DynamicObject> {
         cluster_api(&self.client, &self.ns)
+    }
+
+    /// Creates Cluster API's Machine `name` of the Cluster `cluster`, naming its bootstrap
+    /// data Secret `data_secret` when given; returns its uid.
+    pub async fn create_machine(
+        &self,
+        name: &str,
+        cluster: &str,
+        data_secret: Option<&str>,
+    ) -> String {
+        let bootstrap = match data_secret {
+            Some(s) => json!({ "dataSecretName": s }),
+            None => json!({}),
+        };
+        let machine: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": name, "namespace": self.ns,
+                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster}},
+            "spec": {"clusterName": cluster, "bootstrap": bootstrap}
+        }))
+        .expect("machine");
+        self.capi_api("Machine")
+            .create(&PostParams::default(), &machine)
+            .await
+            .expect("create the Machine")
+            .metadata
+            .uid
+            .unwrap_or_default()
+    }
+
+    /// Creates the bootstrap data Secret `name` with `value`, as a bootstrap provider does.
+    pub async fn create_bootstrap_secret(&self, name: &str, value: &str) {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "type": "cluster.x-k8s.io/secret",
+            "stringData": {"value": value, "format": "cloud-config"}
+        }))
+        .expect("secret");
+        self.secrets()
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create the bootstrap Secret");
+    }
+
+    /// Marks the Cluster's infrastructure provisioned and its control plane initialised,
+    /// as Cluster API's Cluster controller does.
+    pub async fn mark_cluster_ready(&self, name: &str) {
+        self.cluster_api()
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"status": {"initialization": {
+                    "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
+            )
+            .await
+            .expect("Cluster status");
     }
 
     /// Cluster API's `kind` (`Machine`, `MachinePool`) in the test's namespace.

@@ -1,0 +1,185 @@
+//! The contract's outputs to Cluster API's fields: what a successful apply's state says,
+//! checked against the contract and turned into the spec and status fields it sets. Pure:
+//! the outputs come in as read from the state.
+
+use serde_json::{Map, Value, json};
+
+use super::Role;
+
+/// The fields an apply's outputs set: merge patches of the object's spec and status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fields {
+    pub spec: Map<String, Value>,
+    pub status: Map<String, Value>,
+}
+
+/// The address types Cluster API accepts (`MachineAddressType`).
+const ADDRESS_TYPES: [&str; 5] = [
+    "Hostname",
+    "ExternalIP",
+    "InternalIP",
+    "ExternalDNS",
+    "InternalDNS",
+];
+
+/// The fields the outputs of a module of `role` set, or every way they break the contract
+/// (a required output missing or null, a value of the wrong shape).
+pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<String>> {
+    let mut errors = Vec::new();
+    let mut f = Fields::default();
+    let get = |name: &str| outputs.get(name).filter(|v| !v.is_null());
+    let required = |name: &str, errors: &mut Vec<String>| {
+        let v = get(name);
+        if v.is_none() {
+            errors.push(format!(
+                "output {name} is required of a {role} module and is {}",
+                if outputs.contains_key(name) {
+                    "null"
+                } else {
+                    "not declared"
+                }
+            ));
+        }
+        v
+    };
+    match role {
+        Role::Cluster => {
+            if let Some(v) = get("control_plane_endpoint") {
+                let host = v["host"].as_str().filter(|h| !h.is_empty());
+                let port = v["port"].as_i64().filter(|p| (1..=65535).contains(p));
+                match (host, port) {
+                    (Some(h), Some(p)) => {
+                        f.spec.insert(
+                            "controlPlaneEndpoint".into(),
+                            json!({"host": h, "port": p}),
+                        );
+                    }
+                    _ => errors.push(format!(
+                        "output control_plane_endpoint must be {{ host = a non-empty string, port = 1 to 65535 }}, not {v}"
+                    )),
+                }
+            }
+            if let Some(v) = get("failure_domains") {
+                match v.as_array() {
+                    Some(list) => {
+                        let mut out = Vec::new();
+                        for d in list {
+                            match d["name"].as_str().filter(|n| !n.is_empty()) {
+                                Some(name) => {
+                                    let mut fd = json!({
+                                        "name": name,
+                                        "controlPlane": d["control_plane"].as_bool().unwrap_or(false),
+                                    });
+                                    match d.get("attributes").filter(|a| !a.is_null()) {
+                                        None => {}
+                                        Some(Value::Object(a))
+                                            if a.values().all(Value::is_string) =>
+                                        {
+                                            fd["attributes"] = Value::Object(a.clone());
+                                        }
+                                        Some(a) => errors.push(format!(
+                                            "output failure_domains: the attributes of {name} must be a map of strings, not {a}"
+                                        )),
+                                    }
+                                    out.push(fd);
+                                }
+                                None => errors.push(format!(
+                                    "output failure_domains: every entry needs a non-empty name, not {d}"
+                                )),
+                            }
+                        }
+                        f.status.insert("failureDomains".into(), Value::Array(out));
+                    }
+                    None => errors.push(format!("output failure_domains must be a list, not {v}")),
+                }
+            }
+        }
+        Role::Machine => {
+            if let Some(v) = required("provider_id", &mut errors) {
+                match v.as_str().filter(|s| !s.is_empty()) {
+                    Some(id) => {
+                        f.spec.insert("providerID".into(), json!(id));
+                    }
+                    None => errors.push(format!(
+                        "output provider_id must be a non-empty string, not {v}"
+                    )),
+                }
+            }
+            if let Some(v) = get("addresses") {
+                let ok = v.as_array().is_some_and(|l| {
+                    l.iter().all(|a| {
+                        a["type"]
+                            .as_str()
+                            .is_some_and(|t| ADDRESS_TYPES.contains(&t))
+                            && a["address"].as_str().is_some_and(|s| !s.is_empty())
+                    })
+                });
+                if ok {
+                    f.status.insert("addresses".into(), v.clone());
+                } else {
+                    errors.push(format!(
+                        "output addresses must be a list of {{ type = one of {}, address = a non-empty string }}, not {v}",
+                        ADDRESS_TYPES.join(", ")
+                    ));
+                }
+            }
+            if let Some(v) = get("failure_domain") {
+                match v.as_str() {
+                    Some(d) => {
+                        f.status.insert("failureDomain".into(), json!(d));
+                    }
+                    None => errors.push(format!("output failure_domain must be a string, not {v}")),
+                }
+            }
+            if let Some(v) = get("interruptible") {
+                match v.as_bool() {
+                    Some(b) => {
+                        f.status.insert("interruptible".into(), json!(b));
+                    }
+                    None => errors.push(format!("output interruptible must be a bool, not {v}")),
+                }
+            }
+        }
+        Role::MachinePool => {
+            let mut count = None;
+            if let Some(v) = required("provider_id_list", &mut errors) {
+                let ids: Option<Vec<&str>> = v.as_array().and_then(|l| {
+                    l.iter()
+                        .map(|i| i.as_str().filter(|s| !s.is_empty()))
+                        .collect()
+                });
+                match ids {
+                    Some(ids) => {
+                        count = Some(ids.len());
+                        f.spec.insert("providerIDList".into(), json!(ids));
+                    }
+                    None => errors.push(format!(
+                        "output provider_id_list must be a list of non-empty strings, not {v}"
+                    )),
+                }
+            }
+            let replicas = match get("replicas") {
+                Some(v) => match v.as_u64().and_then(|n| i32::try_from(n).ok()) {
+                    Some(n) => Some(n),
+                    None => {
+                        errors.push(format!(
+                            "output replicas must be a whole number of at least 0, not {v}"
+                        ));
+                        None
+                    }
+                },
+                None => count.and_then(|c| i32::try_from(c).ok()),
+            };
+            if let Some(n) = replicas {
+                f.status.insert("replicas".into(), json!(n));
+            }
+            // The MachinePool controller still reads `status.ready`.
+            f.status.insert("ready".into(), json!(true));
+        }
+    }
+    if errors.is_empty() {
+        Ok(f)
+    } else {
+        Err(errors)
+    }
+}
