@@ -70,6 +70,8 @@ fn kustomize_builds_the_install_manifests() {
     for needle in [
         "- terraformclusters\n",
         "- terraformclusters/status\n",
+        "- machines\n",
+        "- machinepools\n",
         "- secrets\n",
         "- leases\n",
         "- roles\n",
