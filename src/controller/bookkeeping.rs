@@ -57,6 +57,8 @@ pub struct Bookkeeping {
     pub provisioned: bool,
     /// The reason of an apply failure to count in the metrics.
     pub apply_failure: Option<String>,
+    /// How long the apply Job whose end this pass records ran, and how it ended.
+    pub apply_job_ran: Option<(std::time::Duration, &'static str)>,
     /// The fields a successful apply's outputs set (the set-once ones are checked against
     /// the object when written).
     pub fields: Option<crate::contract::outputs::Fields>,
@@ -151,6 +153,16 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
     let mut apply_failure = None;
     let mut recorded_fingerprint = false;
     let mut fields = None;
+    let mut apply_job_ran = None;
+    if let Some((n, succeeded)) = gather::apply::unrecorded_apply(o) {
+        let name = names::job_name(&suffix, names::OPERATION_APPLY, n);
+        apply_job_ran = o
+            .jobs
+            .iter()
+            .find(|j| j.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(job::ran_for)
+            .map(|d| (d, if succeeded { "succeeded" } else { "failed" }));
+    }
     match gather::apply::unrecorded_apply(o) {
         Some((n, false)) => {
             let name = names::job_name(&suffix, names::OPERATION_APPLY, n);
@@ -272,6 +284,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         protect,
         provisioned,
         apply_failure,
+        apply_job_ran,
         fields,
     }
 }
@@ -350,6 +363,10 @@ pub async fn apply<K: TerraformObject>(
     if let Some(reason) = &plan.apply_failure {
         ctx.metrics.apply_failures.inc(&[K::KIND.as_str(), reason]);
     }
+    if let Some((ran, outcome)) = plan.apply_job_ran {
+        let labels = [K::KIND.as_str(), names::OPERATION_APPLY, outcome];
+        ctx.metrics.job_seconds.observe(&labels, ran);
+    }
     let jobs: Api<Job> = scope.api_of();
     for name in &plan.prune {
         writes::delete_if_present(&jobs, name).await?;
@@ -384,8 +401,26 @@ pub async fn apply<K: TerraformObject>(
                 serde_json::json!({ "provisioned": true }),
             );
         }
-        super::status::write_status_fields(&scope.api, obj, serde_json::Value::Object(status))
-            .await?;
+        let first = obj
+            .status()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.provisioned)
+            != Some(true);
+        let wrote =
+            super::status::write_status_fields(&scope.api, obj, serde_json::Value::Object(status))
+                .await?;
+        if plan.provisioned && first && wrote {
+            publish_note(
+                ctx,
+                obj,
+                &Note::normal(
+                    events::PROVISIONED,
+                    "Apply",
+                    "provisioned: status.initialization.provisioned is true".to_string(),
+                ),
+            )
+            .await;
+        }
     }
     Ok(Kept {
         written: written.is_some(),

@@ -271,10 +271,19 @@ fn applying(n: u32, extra: &[(&str, &str)]) -> Observed {
 #[test]
 fn an_apply_failure_is_recorded_once_with_the_count_of_failures_in_a_row() {
     let mut o = applying(3, &[(names::APPLY_FAILURES, "2")]);
-    let j = failed(Kind::TerraformMachine, "apply", 3, "BackoffLimitExceeded");
+    let mut j = failed(Kind::TerraformMachine, "apply", 3, "BackoffLimitExceeded");
+    j.status.get_or_insert_default().start_time =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-12-01T11:29:00Z".parse().unwrap(),
+        ));
     o.pods = vec![pod_of(&j, Some((1, "Error: quota exceeded")))];
     o.jobs = vec![j];
     let p = plan_of(&o);
+    assert_eq!(
+        p.apply_job_ran,
+        Some((std::time::Duration::from_secs(60), "failed")),
+        "its duration, for the histogram"
+    );
     assert_eq!(
         edit(&p, names::APPLY_FAILED_AT),
         Some(&Some(

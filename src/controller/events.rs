@@ -27,6 +27,8 @@ pub const APPLY_FAILED: &str = "ApplyFailed";
 /// An apply attempt's Job succeeded and the state it left was read.
 pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
 
+/// The object was provisioned for the first time.
+pub const PROVISIONED: &str = "Provisioned";
 /// An apply succeeded but its outputs break the module contract.
 pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
 /// The outputs give a TerraformCluster's set `spec.controlPlaneEndpoint` another value.
@@ -36,10 +38,11 @@ pub const PROVIDER_ID_CHANGE_REFUSED: &str = "ProviderIDChangeRefused";
 
 /// The apply's reasons, as docs/provisioning/01-lifecycle.md lists them (a docs test
 /// checks it).
-pub const APPLY_REASONS: [&str; 6] = [
+pub const APPLY_REASONS: [&str; 7] = [
     APPLY_STARTED,
     APPLY_FAILED,
     APPLY_SUCCEEDED,
+    PROVISIONED,
     OUTPUTS_INVALID,
     CONTROL_PLANE_ENDPOINT_CHANGE_REFUSED,
     PROVIDER_ID_CHANGE_REFUSED,

@@ -39,6 +39,15 @@ async fn wait_condition<K: TerraformObject>(
         .unwrap_or_default()
 }
 
+/// Deletes the Cluster `prod` and waits until its TerraformCluster is released.
+async fn delete_and_wait_released(env: &Env) {
+    env.delete_cluster("prod").await;
+    wait_for("the TerraformCluster to be released", long(), || async {
+        !env.exists::<Tfc>("prod").await
+    })
+    .await;
+}
+
 fn created(env: &Env, name: &str) -> bool {
     (0..2).all(|i| env.markers().join(format!("{name}-{i}.created")).exists())
 }
@@ -51,9 +60,7 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let mut env = Env::start("apply").await;
-    env.config.provision = true;
-    env.start_manager();
+    let env = Env::start_provisioning("apply", None).await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -122,6 +129,24 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     })
     .await;
     assert_eq!(env.jobs_created(), 1, "one apply, and nothing after it");
+    // One Event per step of it.
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    wait_for("the apply's Events", long(), || async {
+        let reasons: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("prod"))
+            .filter_map(|e| e.reason)
+            .collect();
+        ["ApplyStarted", "ApplySucceeded", "Provisioned"]
+            .iter()
+            .all(|r| reasons.iter().any(|x| x == r))
+    })
+    .await;
 
     // As after clusterctl move, which does not carry the status: provisioned and the
     // conditions come back from the object's record, without a Job.
@@ -145,11 +170,7 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     .await;
     assert_eq!(env.jobs_created(), 1, "rebuilt without a Job");
 
-    env.delete_cluster("prod").await;
-    wait_for("the TerraformCluster to be released", long(), || async {
-        !env.exists::<Tfc>("prod").await
-    })
-    .await;
+    delete_and_wait_released(&env).await;
     assert!(
         env.destroyed("prod"),
         "Terraform did not destroy the instances"
@@ -167,12 +188,8 @@ async fn a_failing_apply_is_retried_until_it_succeeds() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let mut env = Env::start("apply-retry").await;
-    env.config.provision = true;
     // Long enough between attempts for the failure to be read before the retry.
-    env.config.settings.backoff.base = std::time::Duration::from_secs(4);
-    env.config.settings.backoff.max = std::time::Duration::from_secs(8);
-    env.start_manager();
+    let env = Env::start_provisioning("apply-retry", Some(std::time::Duration::from_secs(4))).await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -207,11 +224,7 @@ async fn a_failing_apply_is_retried_until_it_succeeds() {
     assert_eq!(annotation(&obj, names::APPLY_FAILURES), None);
     assert_eq!(annotation(&obj, names::APPLY_FAILED_AT), None);
 
-    env.delete_cluster("prod").await;
-    wait_for("the TerraformCluster to be released", long(), || async {
-        !env.exists::<Tfc>("prod").await
-    })
-    .await;
+    delete_and_wait_released(&env).await;
     env.assert_nothing_left(Kind::TerraformCluster, "prod")
         .await;
     env.shutdown().await;
@@ -226,9 +239,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let mut env = Env::start("apply-gates").await;
-    env.config.provision = true;
-    env.start_manager();
+    let env = Env::start_provisioning("apply-gates", None).await;
     env.create_cluster("prod").await;
     let machine_uid = env.create_machine("web-1", "prod", None).await;
     env.create_owned::<Tfm>(
@@ -376,9 +387,7 @@ resource "terraform_data" "vm" {
 /// with a Warning Event, and the endpoint Cluster API copied stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_control_plane_endpoint_is_set_once_and_a_change_is_refused() {
-    let mut env = Env::start("apply-endpoint").await;
-    env.config.provision = true;
-    env.start_manager();
+    let env = Env::start_provisioning("apply-endpoint", None).await;
     let uid = env.create_cluster("prod").await;
     let module = apply_module(0)
         + r#"variable "endpoint" { type = string }

@@ -542,11 +542,7 @@ async fn runbook_destroy_failed() {
 /// A Cluster `prod` with a TerraformCluster `prod` of `module` (and `extra` spec fields)
 /// that the manager applies, with the given retry backoff base.
 async fn applied_cluster(tag: &str, module: &str, extra: Value, backoff_base: Duration) -> Env {
-    let mut env = Env::start(tag).await;
-    env.config.provision = true;
-    env.config.settings.backoff.base = backoff_base;
-    env.config.settings.backoff.max = backoff_base * 2;
-    env.start_manager();
+    let env = Env::start_provisioning(tag, Some(backoff_base)).await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -685,9 +681,7 @@ async fn runbook_outputs_invalid() {
     check_vars(RB, "terraformmachine", "web-1");
     // A machine whose module declares no provider_id, its Cluster ready and its bootstrap
     // data there.
-    let mut env = Env::start("rb-outputs").await;
-    env.config.provision = true;
-    env.start_manager();
+    let env = Env::start_provisioning("rb-outputs", None).await;
     env.create_cluster("prod").await;
     env.mark_cluster_ready("prod").await;
     let uid = env

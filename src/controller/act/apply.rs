@@ -14,14 +14,12 @@
 
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
-use kube::runtime::events::EventType;
 
 use super::Started;
 use super::destroy::{Attempt, ensure_backend_labels_on};
 use crate::api::TerraformObject;
 use crate::api::labels::OwnerRef;
 use crate::api::names;
-use crate::controller::events::{self, publish};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::Observed;
 use crate::inputs::{self, Inputs};
@@ -87,16 +85,7 @@ pub async fn start_apply<K: TerraformObject>(
         super::create_attempt_job(scope, o, &job, &secret, names::APPLY_ATTEMPT, n, current)
             .await?;
     if created {
-        ctx.metrics.apply_attempts.inc(&[K::KIND.as_str()]);
-        publish(
-            ctx,
-            obj,
-            EventType::Normal,
-            events::APPLY_STARTED,
-            "Apply",
-            &format!("apply attempt {n} started in Job {}", job.name_any()),
-        )
-        .await;
+        super::announce_start(ctx, obj, names::OPERATION_APPLY, n, &job).await;
     }
     Ok(started)
 }

@@ -13,16 +13,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::info;
 
 use super::backup::{ensure_backup, readable_fingerprint};
 use crate::api::TerraformObject;
 use crate::api::names;
-use crate::controller::events::{self, publish};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Findings, Observed};
 use crate::inputs::Inputs;
@@ -144,16 +141,7 @@ pub async fn start_attempt<K: TerraformObject>(
         super::create_attempt_job(scope, o, &job, &secret, names::DESTROY_ATTEMPT, n, current)
             .await?;
     if created {
-        ctx.metrics.destroy_attempts.inc(&[K::KIND.as_str()]);
-        publish(
-            ctx,
-            obj,
-            EventType::Normal,
-            events::DESTROY_STARTED,
-            "Destroy",
-            &format!("destroy attempt {n} started in Job {}", job.name_any()),
-        )
-        .await;
+        super::announce_start(ctx, obj, names::OPERATION_DESTROY, n, &job).await;
     }
     Ok(started)
 }

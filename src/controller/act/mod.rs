@@ -19,7 +19,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use tracing::debug;
 
-use super::{Context, Error, Scope};
+use super::{Context, Error, Scope, events};
 use crate::api::TerraformObject;
 use crate::api::labels::owner_selector;
 use crate::api::names;
@@ -156,4 +156,34 @@ pub async fn create_attempt_job<K: TerraformObject>(
         return Ok((Started::NumberMovedOn, false));
     }
     Ok((Started::Running, created))
+}
+
+/// Counts and announces a started attempt of `operation`: its metric, and a Normal Event
+/// naming its Job.
+pub async fn announce_start<K: TerraformObject>(
+    ctx: &Context,
+    obj: &K,
+    operation: &str,
+    n: u32,
+    job: &Job,
+) {
+    let (counter, reason, action) = if operation == names::OPERATION_APPLY {
+        (&ctx.metrics.apply_attempts, events::APPLY_STARTED, "Apply")
+    } else {
+        (
+            &ctx.metrics.destroy_attempts,
+            events::DESTROY_STARTED,
+            "Destroy",
+        )
+    };
+    counter.inc(&[K::KIND.as_str()]);
+    events::publish(
+        ctx,
+        obj,
+        kube::runtime::events::EventType::Normal,
+        reason,
+        action,
+        &format!("{operation} attempt {n} started in Job {}", job.name_any()),
+    )
+    .await;
 }

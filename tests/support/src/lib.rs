@@ -497,6 +497,19 @@ impl Env {
         Env::start_on(tag, Cluster::Envtest(plane), None).await
     }
 
+    /// As [`Env::start`], with the manager started and applying live objects
+    /// (`provision` on), its retries `backoff_base` apart (up to twice that) when given.
+    pub async fn start_provisioning(tag: &str, backoff_base: Option<Duration>) -> Env {
+        let mut env = Env::start(tag).await;
+        env.config.provision = true;
+        if let Some(base) = backoff_base {
+            env.config.settings.backoff.base = base;
+            env.config.settings.backoff.max = base * 2;
+        }
+        env.start_manager();
+        env
+    }
+
     /// As [`Env::start_dedicated`], with these arguments for the local kubelet.
     pub async fn start_dedicated_with(tag: &str, kubelet_args: &[&str]) -> Env {
         let plane = ControlPlane::dedicated(tag, kubelet_args);
