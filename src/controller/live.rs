@@ -36,8 +36,8 @@ pub async fn live_pass<K: TerraformObject>(
     resync: Duration,
 ) -> Result<Requeue, Error> {
     // Observe: what the spec references (read live: an apply acts on it), whether a state
-    // exists (the cache of state Secrets), and, until the first apply succeeded, the
-    // owner's prerequisites.
+    // exists (the cache of state Secrets), whether it is provisioned; then the Cluster API
+    // objects the gates (until the first success) and the contract's values read.
     let (secrets, maps) = observe::read_referenced(&ctx.client, &observed, None).await?;
     observed.referenced_secrets = secrets;
     observed.referenced_config_maps = maps;
