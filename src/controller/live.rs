@@ -10,9 +10,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::Action as Requeue;
-use tracing::info;
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
 
 use super::act::{self, Started};
+use super::events::publish;
 use super::observe;
 use super::status::{write_status_fields, write_status_keeping_with};
 use super::{Context, Error, Scope};
@@ -23,7 +25,9 @@ use crate::contract::values::{Sources, values};
 use crate::gather::Observed;
 use crate::gather::apply::{self as gather_apply, ApplyObserved, apply_facts, capi_owner};
 use crate::rules::Decision;
-use crate::rules::apply::{ApplyAction, ApplyRow, Prerequisite, decide_apply};
+use crate::rules::apply::{
+    ApplyAction, ApplyFacts, ApplyRow, INPUTS_APPLIED, Prerequisite, decide_apply, reason,
+};
 
 /// Runs the apply side of a pass on a live object; `shown` is the deletion table's
 /// decision (not deleting), whose conditions are written with the apply table's.
@@ -103,13 +107,65 @@ pub async fn live_pass<K: TerraformObject>(
 
     let obj = write_status_keeping_with(&scope.api, obj, shown, &decision.conditions).await?;
     match (decision.action, start) {
-        (ApplyAction::StartApply { .. } | ApplyAction::RetryLater { .. }, Some((inputs, a))) => {
+        (
+            ApplyAction::StartApply { attempt: n } | ApplyAction::RetryLater { start: Some(n), .. },
+            Some((inputs, a)),
+        ) => {
             let started =
-                act::apply::start_apply(ctx, scope, obj.as_ref(), &observed, &inputs, a).await?;
-            Ok(match started {
-                Started::Running => Requeue::requeue(resync),
-                Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
-            })
+                act::apply::start_apply(ctx, scope, obj.as_ref(), &observed, &inputs, a).await;
+            match started {
+                Ok(started) => {
+                    ctx.clear_refusal(&scope.uid);
+                    Ok(match started {
+                        Started::Running => Requeue::requeue(resync),
+                        Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
+                    })
+                }
+                // Refused (an admission policy, a quota, a permission): the conditions say
+                // so instead of "starting", and the pass tries again soon.
+                Err(e) => match e.refusal() {
+                    Some(why) => {
+                        warn!(%why, "the API server refused what the apply needs");
+                        let refused = decide_apply(&ApplyFacts {
+                            inputs: Err(format!(
+                                "{} {}/{}: the API server refused what apply attempt {n} needs: {why}; tried again every {}s",
+                                K::KIND.as_str(),
+                                scope.namespace,
+                                scope.name,
+                                UNWATCHED_POLL.as_secs()
+                            )),
+                            ..facts.clone()
+                        });
+                        let current = scope.api.get(&scope.name).await?;
+                        write_status_keeping_with(
+                            &scope.api,
+                            Arc::new(current),
+                            shown,
+                            &refused.conditions,
+                        )
+                        .await?;
+                        if ctx.set_refusal(&scope.uid, &why) {
+                            let message = refused
+                                .conditions
+                                .iter()
+                                .find(|c| c.type_ == INPUTS_APPLIED)
+                                .map(|c| c.message.clone())
+                                .unwrap_or_default();
+                            publish(
+                                ctx,
+                                obj.as_ref(),
+                                EventType::Warning,
+                                reason::APPLY_CANNOT_START,
+                                "Apply",
+                                &message,
+                            )
+                            .await;
+                        }
+                        Ok(Requeue::requeue(UNWATCHED_POLL))
+                    }
+                    None => Err(e),
+                },
+            }
         }
         (ApplyAction::RetryLater { at, .. }, None) => {
             let ms = at.as_millisecond() - facts.now.as_millisecond();

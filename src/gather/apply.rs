@@ -96,9 +96,11 @@ fn apply_history(o: &Observed) -> (u32, LastApply) {
             None if names::apply_success_recorded(o.meta.annotations.as_ref(), attempt) => {
                 LastApply::Succeeded
             }
-            // Never made (a crash after the write-ahead), or deleted while it ran: the
-            // apply ended without a result and starts again.
-            None => LastApply::None,
+            // Never made (a crash after the write-ahead, a Job the API server refused), or
+            // deleted while it ran: the attempt ended without a result, and it starts
+            // again under its own number (the table starts the one after the latest it is
+            // given), rather than a new number on every pass while a refusal lasts.
+            None => return (attempt - 1, LastApply::None),
         },
     };
     (attempt, last)

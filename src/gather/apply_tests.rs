@@ -149,7 +149,7 @@ fn the_latest_apply_is_read_from_its_job_then_from_the_bookkeeping() {
     assert_eq!(decide_apply(&f).row, ApplyRow::UpToDate);
     // The Job gone: its recorded success says it succeeded (a fingerprint alone, or the
     // success of an earlier attempt, does not); without it, it ended without a result,
-    // and the attempt after it starts.
+    // and it starts again.
     let mut recorded = annotations.to_vec();
     recorded.push((names::APPLIED_ATTEMPT, "2"));
     let o = live(Kind::TerraformMachine, &recorded, &[("Machine", true)]);
@@ -175,7 +175,8 @@ fn the_latest_apply_is_read_from_its_job_then_from_the_bookkeeping() {
     assert_eq!(f.last, LastApply::None);
     assert_eq!(
         decide_apply(&f).action,
-        ApplyAction::StartApply { attempt: 3 }
+        ApplyAction::StartApply { attempt: 2 },
+        "the attempt without a result starts again under its own number"
     );
 }
 

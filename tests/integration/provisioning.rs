@@ -451,3 +451,65 @@ output "control_plane_endpoint" {
     .await;
     env.shutdown().await;
 }
+
+/// The API server refuses the apply Job (an admission policy): within seconds the
+/// conditions say so, with the API's message, instead of "attempt 1 is starting"; the
+/// attempt keeps its number across the manager's tries; once the policy is gone the
+/// apply runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_apply_job_is_named_and_started_once_allowed() {
+    let env = Env::start_provisioning("apply-refused", None).await;
+    let refusal = env
+        .refuse_jobs(
+            &[(names::LABEL_OPERATION, names::OPERATION_APPLY)],
+            "apply Jobs need the platform team's approval",
+        )
+        .await;
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &apply_module(0),
+        json!({}),
+    )
+    .await;
+    let msg =
+        wait_condition::<Tfc>(&env, "prod", "InputsApplied", "False", "ApplyCannotStart").await;
+    assert!(
+        msg.contains("the API server refused what apply attempt 1 needs")
+            && msg.contains("apply Jobs need the platform team's approval")
+            && msg.contains("runbooks/ApplyCannotStart.md"),
+        "{msg}"
+    );
+    // It stays so across the manager's tries (every 10 s), under the same attempt.
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        annotation(&obj, names::APPLY_ATTEMPT).as_deref(),
+        Some("1"),
+        "the refused attempt keeps its number"
+    );
+    let (_, reason, _) = env
+        .condition::<Tfc>("prod", "InputsApplied")
+        .await
+        .expect("InputsApplied");
+    assert_eq!(reason, "ApplyCannotStart");
+    assert_eq!(env.jobs_created(), 0);
+    assert!(
+        env.event_reasons("prod")
+            .await
+            .iter()
+            .any(|r| r == "ApplyCannotStart"),
+        "a Warning Event names the refusal"
+    );
+
+    refusal.remove(&env.client).await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        annotation(&obj, names::APPLIED_ATTEMPT).as_deref(),
+        Some("1")
+    );
+    env.shutdown().await;
+}
