@@ -49,6 +49,17 @@ impl Role {
     }
 }
 
+impl From<crate::api::Kind> for Role {
+    /// The role of a kind's module.
+    fn from(kind: crate::api::Kind) -> Role {
+        match kind {
+            crate::api::Kind::TerraformCluster => Role::Cluster,
+            crate::api::Kind::TerraformMachine => Role::Machine,
+            crate::api::Kind::TerraformMachinePool => Role::MachinePool,
+        }
+    }
+}
+
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -214,7 +214,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
                         crate::state::outputs(st, crate::state::DEFAULT_DECOMPRESSION_CAP)
                             .map_err(|e| vec![e])
                     })
-                    .and_then(|out| crate::contract::outputs::fields(role_of(o.kind), &out));
+                    .and_then(|out| crate::contract::outputs::fields(o.kind.into(), &out));
                 match read {
                     Ok(f) => {
                         edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));
@@ -286,15 +286,6 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         apply_failure,
         apply_job_ran,
         fields,
-    }
-}
-
-/// The contract role of a kind.
-fn role_of(kind: names::Kind) -> crate::contract::Role {
-    match kind {
-        names::Kind::TerraformCluster => crate::contract::Role::Cluster,
-        names::Kind::TerraformMachine => crate::contract::Role::Machine,
-        names::Kind::TerraformMachinePool => crate::contract::Role::MachinePool,
     }
 }
 

@@ -27,6 +27,8 @@ pub const APPLY_FAILED: &str = "ApplyFailed";
 /// An apply attempt's Job succeeded and the state it left was read.
 pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
 
+/// The API server refused what an apply needs (its Job, Secrets or runner RBAC).
+pub const APPLY_CANNOT_START: &str = "ApplyCannotStart";
 /// The object was provisioned for the first time.
 pub const PROVISIONED: &str = "Provisioned";
 /// An apply succeeded but its outputs break the module contract.
@@ -38,8 +40,9 @@ pub const PROVIDER_ID_CHANGE_REFUSED: &str = "ProviderIDChangeRefused";
 
 /// The apply's reasons, as docs/provisioning/01-lifecycle.md lists them (a docs test
 /// checks it).
-pub const APPLY_REASONS: [&str; 7] = [
+pub const APPLY_REASONS: [&str; 8] = [
     APPLY_STARTED,
+    APPLY_CANNOT_START,
     APPLY_FAILED,
     APPLY_SUCCEEDED,
     PROVISIONED,

@@ -26,7 +26,7 @@ use crate::gather::Observed;
 use crate::gather::apply::{self as gather_apply, ApplyObserved, apply_facts, capi_owner};
 use crate::rules::Decision;
 use crate::rules::apply::{
-    ApplyAction, ApplyFacts, ApplyRow, INPUTS_APPLIED, Prerequisite, decide_apply, reason,
+    ApplyAction, ApplyFacts, ApplyRow, INPUTS_APPLIED, Prerequisite, decide_apply,
 };
 
 /// Runs the apply side of a pass on a live object; `shown` is the deletion table's
@@ -105,7 +105,19 @@ pub async fn live_pass<K: TerraformObject>(
     }
     info!(row = %decision.row.label(), action = ?decision.action, "apply decision");
 
-    let obj = write_status_keeping_with(&scope.api, obj, shown, &decision.conditions).await?;
+    // While the API server refuses what the attempt needs, each pass tries again, and the
+    // conditions keep saying why it cannot start instead of "attempt n is starting" (the
+    // apply's refusals are remembered apart from the destroy's).
+    let refusal_key = format!("{}/apply", scope.uid);
+    let shown_apply = match (decision.action.start_attempt(), ctx.refusal(&refusal_key)) {
+        (Some(n), Some(why)) => refused_decision(scope, &facts, n, &why),
+        (None, Some(_)) => {
+            ctx.clear_refusal(&refusal_key);
+            decision.clone()
+        }
+        _ => decision.clone(),
+    };
+    let obj = write_status_keeping_with(&scope.api, obj, shown, &shown_apply.conditions).await?;
     match (decision.action, start) {
         (
             ApplyAction::StartApply { attempt: n } | ApplyAction::RetryLater { start: Some(n), .. },
@@ -115,7 +127,7 @@ pub async fn live_pass<K: TerraformObject>(
                 act::apply::start_apply(ctx, scope, obj.as_ref(), &observed, &inputs, a).await;
             match started {
                 Ok(started) => {
-                    ctx.clear_refusal(&scope.uid);
+                    ctx.clear_refusal(&refusal_key);
                     Ok(match started {
                         Started::Running => Requeue::requeue(resync),
                         Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
@@ -126,16 +138,7 @@ pub async fn live_pass<K: TerraformObject>(
                 Err(e) => match e.refusal() {
                     Some(why) => {
                         warn!(%why, "the API server refused what the apply needs");
-                        let refused = decide_apply(&ApplyFacts {
-                            inputs: Err(format!(
-                                "{} {}/{}: the API server refused what apply attempt {n} needs: {why}; tried again every {}s",
-                                K::KIND.as_str(),
-                                scope.namespace,
-                                scope.name,
-                                UNWATCHED_POLL.as_secs()
-                            )),
-                            ..facts.clone()
-                        });
+                        let refused = refused_decision(scope, &facts, n, &why);
                         let current = scope.api.get(&scope.name).await?;
                         write_status_keeping_with(
                             &scope.api,
@@ -144,7 +147,7 @@ pub async fn live_pass<K: TerraformObject>(
                             &refused.conditions,
                         )
                         .await?;
-                        if ctx.set_refusal(&scope.uid, &why) {
+                        if ctx.set_refusal(&refusal_key, &why) {
                             let message = refused
                                 .conditions
                                 .iter()
@@ -155,7 +158,7 @@ pub async fn live_pass<K: TerraformObject>(
                                 ctx,
                                 obj.as_ref(),
                                 EventType::Warning,
-                                reason::APPLY_CANNOT_START,
+                                super::events::APPLY_CANNOT_START,
                                 "Apply",
                                 &message,
                             )
@@ -182,6 +185,26 @@ pub async fn live_pass<K: TerraformObject>(
         }
         _ => Ok(Requeue::requeue(resync)),
     }
+}
+
+/// The apply table's decision while the API server refuses what attempt `n` needs: row A7,
+/// with the API's message.
+fn refused_decision<K: TerraformObject>(
+    scope: &Scope<K>,
+    facts: &ApplyFacts,
+    n: u32,
+    why: &str,
+) -> crate::rules::apply::ApplyDecision {
+    decide_apply(&ApplyFacts {
+        inputs: Err(format!(
+            "{} {}/{}: the API server refused what apply attempt {n} needs: {why}; tried again every {}s",
+            K::KIND.as_str(),
+            scope.namespace,
+            scope.name,
+            UNWATCHED_POLL.as_secs()
+        )),
+        ..facts.clone()
+    })
 }
 
 /// How often a pass waiting for something the manager does not watch looks again.
@@ -277,11 +300,7 @@ fn contract_values<K: TerraformObject>(
     owner: Option<&serde_json::Value>,
     bootstrap: Option<&Secret>,
 ) -> Result<serde_json::Map<String, serde_json::Value>, String> {
-    let role = match o.kind {
-        Kind::TerraformCluster => Role::Cluster,
-        Kind::TerraformMachine => Role::Machine,
-        Kind::TerraformMachinePool => Role::MachinePool,
-    };
+    let role = Role::from(o.kind);
     let data = bootstrap.and_then(|s| s.data.as_ref());
     let value = data.and_then(|d| d.get("value")).map(|v| v.0.as_slice());
     let format = data
@@ -312,11 +331,7 @@ fn contract_values<K: TerraformObject>(
 async fn rebuild_status<K: TerraformObject>(scope: &Scope<K>, obj: &K) -> Result<(), Error> {
     let base = names::state_secret_name(&scope.suffix);
     let secrets = crate::state::secrets::read(&scope.secrets, &base, Some(&scope.suffix)).await?;
-    let role = match K::KIND {
-        Kind::TerraformCluster => Role::Cluster,
-        Kind::TerraformMachine => Role::Machine,
-        Kind::TerraformMachinePool => Role::MachinePool,
-    };
+    let role = Role::from(K::KIND);
     let mut status = serde_json::Map::new();
     match crate::state::outputs(&secrets, crate::state::DEFAULT_DECOMPRESSION_CAP)
         .map_err(|e| vec![e])

@@ -490,11 +490,11 @@ async fn a_refused_apply_job_is_named_and_started_once_allowed() {
         Some("1"),
         "the refused attempt keeps its number"
     );
-    let (_, reason, _) = env
+    let (_, reason, message) = env
         .condition::<Tfc>("prod", "InputsApplied")
         .await
         .expect("InputsApplied");
-    assert_eq!(reason, "ApplyCannotStart");
+    assert_eq!(reason, "ApplyCannotStart", "{message}");
     assert_eq!(env.jobs_created(), 0);
     assert!(
         env.event_reasons("prod")
