@@ -53,15 +53,21 @@ pub struct Bookkeeping {
     /// Finished destroy Jobs to delete, each with its variables Secret of the same name.
     pub prune: Vec<String>,
     pub protect: Protect,
-    /// An apply's success is recorded: `status.initialization.provisioned` is set first.
-    pub provisioned: bool,
     /// The reason of an apply failure to count in the metrics.
     pub apply_failure: Option<String>,
     /// How long the apply Job whose end this pass records ran, and how it ended.
     pub apply_job_ran: Option<(std::time::Duration, &'static str)>,
     /// The fields a successful apply's outputs set (the set-once ones are checked against
-    /// the object when written).
+    /// the object when written): their presence is what provisions the object.
     pub fields: Option<crate::contract::outputs::Fields>,
+}
+
+impl Bookkeeping {
+    /// An apply's success is recorded with valid outputs: `status.initialization.provisioned`
+    /// is set after the record.
+    pub fn provisioned(&self) -> bool {
+        self.fields.is_some()
+    }
 }
 
 /// Decides the bookkeeping of a pass; `o.now` stands for "now".
@@ -149,30 +155,18 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
     // The latest apply attempt's outcome, recorded once: a failure with its time and the
     // count of failures in a row (the retry schedule's); a success with the fingerprint of
     // the state it left (read in this pass for it), which latches `provisioned`.
-    let mut provisioned = false;
     let mut apply_failure = None;
     let mut recorded_fingerprint = false;
     let mut fields = None;
-    let mut apply_job_ran = None;
-    if let Some((n, succeeded)) = gather::apply::unrecorded_apply(o) {
-        let name = names::job_name(&suffix, names::OPERATION_APPLY, n);
-        apply_job_ran = o
-            .jobs
-            .iter()
-            .find(|j| j.metadata.name.as_deref() == Some(name.as_str()))
-            .and_then(job::ran_for)
-            .map(|d| (d, if succeeded { "succeeded" } else { "failed" }));
-    }
-    match gather::apply::unrecorded_apply(o) {
-        Some((n, false)) => {
-            let name = names::job_name(&suffix, names::OPERATION_APPLY, n);
-            if let Some(j) = o
-                .jobs
-                .iter()
-                .find(|j| j.metadata.name.as_deref() == Some(name.as_str()))
-                && let JobOutcome::Failed {
-                    reason, error_tail, ..
-                } = job::outcome(j, &o.pods)
+    let unrecorded = gather::apply::unrecorded_apply(o);
+    let apply_job_ran = unrecorded.and_then(|(_, j, succeeded)| {
+        job::ran_for(j).map(|d| (d, if succeeded { "succeeded" } else { "failed" }))
+    });
+    match unrecorded {
+        Some((n, j, false)) => {
+            if let JobOutcome::Failed {
+                reason, error_tail, ..
+            } = job::outcome(j, &o.pods)
             {
                 let failures: u32 = ann(names::APPLY_FAILURES)
                     .and_then(|v| v.trim().parse().ok())
@@ -189,7 +183,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
                 apply_failure = Some(reason);
             }
         }
-        Some((n, true)) => {
+        Some((n, _, true)) => {
             if let StateFacts::Readable {
                 lineage, serial, ..
             } = &facts.state
@@ -219,11 +213,10 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
                     Ok(f) => {
                         edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));
                         edits.push((names::OUTPUTS_INVALID, None));
-                        provisioned = true;
                         fields = Some(f);
                     }
                     Err(errors) => {
-                        let why = cut(&errors.join("; "), 900);
+                        let why = job::cut(&errors.join("; "), 900);
                         edits.push((names::OUTPUTS_INVALID, Some(format!("{n}: {why}"))));
                         notes.push(Note::warning(
                             events::OUTPUTS_INVALID,
@@ -282,23 +275,10 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         failed_job_ran,
         prune: prunable(o, facts.attempt),
         protect,
-        provisioned,
         apply_failure,
         apply_job_ran,
         fields,
     }
-}
-
-/// `text` cut to at most `max` bytes at a character boundary, with an ellipsis.
-fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 /// The finished destroy Jobs past the last three, oldest first: the last three stay for
@@ -380,27 +360,14 @@ pub async fn apply<K: TerraformObject>(
     let mut ops = annotation_ops(obj.meta(), &edits);
     ops.extend(spec_ops);
     let written = guarded_patch(&scope.api, obj.meta(), ops).await?;
-    if plan.provisioned || plan.fields.as_ref().is_some_and(|f| !f.status.is_empty()) {
-        let mut status = plan
-            .fields
-            .as_ref()
-            .map(|f| f.status.clone())
-            .unwrap_or_default();
-        if plan.provisioned {
-            status.insert(
-                "initialization".into(),
-                serde_json::json!({ "provisioned": true }),
-            );
-        }
+    if let Some(f) = &plan.fields {
         let first = obj
             .status()
             .and_then(|s| s.initialization.as_ref())
             .and_then(|i| i.provisioned)
             != Some(true);
-        let wrote =
-            super::status::write_status_fields(&scope.api, obj, serde_json::Value::Object(status))
-                .await?;
-        if plan.provisioned && first && wrote {
+        let wrote = super::status::write_provisioned(&scope.api, obj, f.status.clone()).await?;
+        if first && wrote {
             publish_note(
                 ctx,
                 obj,

@@ -292,7 +292,7 @@ fn an_apply_failure_is_recorded_once_with_the_count_of_failures_in_a_row() {
     );
     assert_eq!(edit(&p, names::APPLY_FAILURES), Some(&Some("3".into())));
     assert_eq!(p.apply_failure.as_deref(), Some("BackoffLimitExceeded"));
-    assert!(!p.provisioned);
+    assert!(!p.provisioned());
     assert_eq!(p.notes.len(), 1);
     assert_eq!(p.notes[0].reason, events::APPLY_FAILED);
     assert!(
@@ -338,7 +338,7 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
     // The state not read: nothing recorded, the next pass reads it.
     let p = plan(&o, &facts, &decision);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
-    assert!(!p.provisioned);
+    assert!(!p.provisioned());
     facts.state = StateFacts::Readable {
         managed_instances: 2,
         lineage: "lin-1".into(),
@@ -360,7 +360,7 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
     assert_eq!(edit(&p, names::APPLY_FAILURES), Some(&None));
     assert_eq!(edit(&p, names::APPLY_FAILED_AT), Some(&None));
     assert!(
-        p.provisioned,
+        p.provisioned(),
         "provisioned is written before the annotations"
     );
     assert_eq!(p.notes.len(), 1);
@@ -375,7 +375,7 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
         .insert(names::APPLIED_ATTEMPT.into(), "2".into());
     let p = plan(&recorded, &facts, &decision);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
-    assert!(!p.provisioned);
+    assert!(!p.provisioned());
     assert!(p.notes.is_empty(), "{:?}", p.notes);
 }
 
@@ -401,7 +401,7 @@ fn an_apply_whose_outputs_break_the_contract_is_recorded_without_provisioning() 
         secret: "tfstate-default-prod.tfm".into(),
     };
     let p = plan(&o, &facts, &decision);
-    assert!(!p.provisioned);
+    assert!(!p.provisioned());
     assert_eq!(p.fields, None);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
     // The fingerprint is recorded all the same: the deletion relies on it.

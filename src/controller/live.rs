@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use super::act::{self, Started};
 use super::events::publish;
 use super::observe;
-use super::status::{write_status_fields, write_status_keeping_with};
+use super::status::{write_provisioned, write_status_keeping_with};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
@@ -342,10 +342,6 @@ async fn rebuild_status<K: TerraformObject>(scope: &Scope<K>, obj: &K) -> Result
             tracing::warn!(why = %why.join("; "), "the outputs' status fields are not rebuilt");
         }
     }
-    status.insert(
-        "initialization".into(),
-        serde_json::json!({ "provisioned": true }),
-    );
-    write_status_fields(&scope.api, obj, serde_json::Value::Object(status)).await?;
+    write_provisioned(&scope.api, obj, status).await?;
     Ok(())
 }

@@ -78,7 +78,7 @@ pub async fn observe_pass<K: TerraformObject>(
     // succeeded, for the fingerprint its bookkeeping records.
     let needed = |o: &Observed| {
         crate::rules::state_needed(&gather::gather(o, settings).0)
-            || gather::apply::unrecorded_apply(o).is_some_and(|(_, succeeded)| succeeded)
+            || gather::apply::unrecorded_apply(o).is_some_and(|(_, _, succeeded)| succeeded)
     };
     let (mut o, early) =
         observe_rounds(client, caches, cluster_api, obj, needed, state_reads).await?;

@@ -86,14 +86,18 @@ async fn write_status_with<K: TerraformObject>(
     }
 }
 
-/// Merges `status` (fields an apply's outputs and record set) into the object's status;
-/// returns whether it was written.
-pub async fn write_status_fields<K: TerraformObject>(
+/// Latches `status.initialization.provisioned` with the status fields an apply's outputs
+/// set (`fields`), merged into the object's status; returns whether it was written.
+pub async fn write_provisioned<K: TerraformObject>(
     api: &Api<K>,
     obj: &K,
-    status: serde_json::Value,
+    mut fields: serde_json::Map<String, serde_json::Value>,
 ) -> Result<bool, Error> {
-    match writes::patch_status(api, &obj.name_any(), status).await {
+    fields.insert(
+        "initialization".into(),
+        serde_json::json!({ "provisioned": true }),
+    );
+    match writes::patch_status(api, &obj.name_any(), serde_json::Value::Object(fields)).await {
         Ok(_) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
         Err(e) => Err(e),

@@ -3,6 +3,7 @@
 //! ConfigMaps and Secrets it read, as the deletion rebuilds them) and what a live object's
 //! pass reads beside it ([`ApplyObserved`]).
 
+use k8s_openapi::api::batch::v1::Job;
 use kube::api::ObjectMeta;
 
 use super::blockers::{missing_credentials, spec_inputs};
@@ -172,9 +173,9 @@ pub fn prerequisite(
 }
 
 /// The latest apply attempt, when its Job finished and how it ended is not recorded yet:
-/// `(n, true)` it succeeded (recorded with `applied-attempt` once the state is read),
-/// `(n, false)` it failed (recorded with `apply-failed-at`).
-pub fn unrecorded_apply(o: &Observed) -> Option<(u32, bool)> {
+/// `(n, job, true)` it succeeded (recorded with `applied-attempt` once the state is read),
+/// `(n, job, false)` it failed (recorded with `apply-failed-at`).
+pub fn unrecorded_apply(o: &Observed) -> Option<(u32, &Job, bool)> {
     let n: u32 = annotation(&o.meta, names::APPLY_ATTEMPT)?
         .trim()
         .parse()
@@ -183,11 +184,11 @@ pub fn unrecorded_apply(o: &Observed) -> Option<(u32, bool)> {
     let j = attempt_job(o, &suffix, names::OPERATION_APPLY, n)?;
     match job::outcome(j, &o.pods) {
         JobOutcome::Succeeded => {
-            (!names::apply_success_recorded(o.meta.annotations.as_ref(), n)).then_some((n, true))
+            (!names::apply_success_recorded(o.meta.annotations.as_ref(), n)).then_some((n, j, true))
         }
         JobOutcome::Failed { .. } => annotation(&o.meta, names::APPLY_FAILED_AT)
             .is_none()
-            .then_some((n, false)),
+            .then_some((n, j, false)),
         JobOutcome::Unfinished { .. } => None,
     }
 }

@@ -19,8 +19,8 @@ pub(crate) mod testutil;
 pub use backend::secret_labels;
 pub use env::{RESERVED_ENV, env_refusal};
 pub use outcome::{
-    JobOutcome, RUNNER_NEVER_STARTED, attempt_of, error_summary, failure_message, failure_text,
-    finished_at, operation_of, outcome, pod_of_job, ran_for, reason_text, suspended,
+    JobOutcome, RUNNER_NEVER_STARTED, attempt_of, cut, error_summary, failure_message,
+    failure_text, finished_at, operation_of, outcome, pod_of_job, ran_for, reason_text, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
 pub use render::{attempt_secret, render};

@@ -440,7 +440,8 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-fn cut(s: &str, max: usize) -> String {
+/// `s` cut to at most `max` bytes at a character boundary, ending in an ellipsis when cut.
+pub fn cut(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
