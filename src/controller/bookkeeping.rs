@@ -129,29 +129,6 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         }
     }
 
-    // The latest apply Job ended without Terraform exiting by itself, or completed.
-    let latest_apply = o
-        .jobs
-        .iter()
-        .filter(|j| job::operation_of(j) == Some(names::OPERATION_APPLY))
-        .max_by_key(|j| job::attempt_of(j).unwrap_or(0));
-    if let Some(j) = latest_apply {
-        match job::outcome(j, &o.pods) {
-            JobOutcome::Failed {
-                interrupted: true, ..
-            } if ann(names::APPLY_INTERRUPTED).is_none() => {
-                edits.push((
-                    names::APPLY_INTERRUPTED,
-                    Some(job::finished_at(j).unwrap_or(o.now).to_string()),
-                ));
-            }
-            JobOutcome::Succeeded if ann(names::APPLY_INTERRUPTED).is_some() => {
-                edits.push((names::APPLY_INTERRUPTED, None));
-            }
-            _ => {}
-        }
-    }
-
     // The latest apply attempt's outcome, recorded once: a failure with its time and the
     // count of failures in a row (the retry schedule's); a success with the fingerprint of
     // the state it left (read in this pass for it), which latches `provisioned`.
@@ -165,7 +142,10 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
     match unrecorded {
         Some((n, j, false)) => {
             if let JobOutcome::Failed {
-                reason, error_tail, ..
+                reason,
+                error_tail,
+                interrupted,
+                ..
             } = job::outcome(j, &o.pods)
             {
                 let failures: u32 = ann(names::APPLY_FAILURES)
@@ -174,6 +154,12 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
                 let at = job::finished_at(j).unwrap_or(o.now);
                 edits.push((names::APPLY_FAILED_AT, Some(at.to_string())));
                 edits.push((names::APPLY_FAILURES, Some((failures + 1).to_string())));
+                // Terraform did not exit by itself: what it was creating may not be in the
+                // state. Written with the failure, once: an operator who has dealt with it
+                // removes it (the runbook's step), and it stays removed.
+                if interrupted && ann(names::APPLY_INTERRUPTED).is_none() {
+                    edits.push((names::APPLY_INTERRUPTED, Some(at.to_string())));
+                }
                 let text = job::failure_message(&reason, error_tail.as_deref(), j, &o.pods);
                 notes.push(Note::warning(
                     events::APPLY_FAILED,
@@ -192,6 +178,9 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
                 edits.push((names::STATE_SERIAL, Some(serial.to_string())));
                 edits.push((names::APPLY_FAILED_AT, None));
                 edits.push((names::APPLY_FAILURES, None));
+                if ann(names::APPLY_INTERRUPTED).is_some() {
+                    edits.push((names::APPLY_INTERRUPTED, None));
+                }
                 recorded_fingerprint = true;
                 notes.push(Note::normal(
                     events::APPLY_SUCCEEDED,

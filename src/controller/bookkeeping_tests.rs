@@ -109,34 +109,55 @@ fn an_attempt_with_neither_job_nor_pod_records_nothing() {
 
 #[test]
 fn an_interrupted_apply_is_recorded_once_and_cleared_by_a_later_success() {
-    let mut o = observed(Kind::TerraformMachine, &[]);
+    let mut o = observed(Kind::TerraformMachine, &[(names::APPLY_ATTEMPT, "2")]);
     o.meta.deletion_timestamp = None;
     o.jobs = vec![
         failed(Kind::TerraformMachine, "apply", 1, "BackoffLimitExceeded"),
         failed(Kind::TerraformMachine, "apply", 2, "DeadlineExceeded"),
     ];
     let p = plan_of(&o);
+    let at = Some(FAILED_AT.parse::<jiff::Timestamp>().unwrap().to_string());
     assert_eq!(
         edit(&p, names::APPLY_INTERRUPTED),
-        Some(&Some(
-            FAILED_AT.parse::<jiff::Timestamp>().unwrap().to_string()
-        )),
+        Some(&at),
         "the latest apply (2) ran past its deadline"
     );
+    assert_eq!(
+        edit(&p, names::APPLY_FAILED_AT),
+        Some(&at),
+        "with its failure"
+    );
 
+    // Recorded: the failure and the interruption are not written again, and once an
+    // operator removes apply-interrupted (the runbook's step), it stays removed.
     let mut recorded = o.clone();
-    recorded.meta.annotations =
-        Some([(names::APPLY_INTERRUPTED.to_string(), FAILED_AT.to_string())].into());
+    recorded.meta.annotations.as_mut().unwrap().extend([
+        (names::APPLY_FAILED_AT.to_string(), FAILED_AT.to_string()),
+        (names::APPLY_FAILURES.to_string(), "1".to_string()),
+    ]);
     assert_eq!(edit(&plan_of(&recorded), names::APPLY_INTERRUPTED), None);
 
-    recorded.jobs.push(job(
+    // A later apply succeeded: recorded with the state it left, which clears it.
+    let mut later = recorded.clone();
+    later.meta.annotations.as_mut().unwrap().extend([
+        (names::APPLY_ATTEMPT.to_string(), "3".to_string()),
+        (names::APPLY_INTERRUPTED.to_string(), FAILED_AT.to_string()),
+    ]);
+    later.jobs.push(job(
         Kind::TerraformMachine,
         "apply",
         3,
         &[("Complete", "True", "", NOW)],
     ));
+    let (decision, mut facts, _) = gather::decide(&later, &Settings::default());
+    facts.state = StateFacts::Readable {
+        managed_instances: 1,
+        lineage: "lin-1".into(),
+        serial: 7,
+        secret: "tfstate-default-prod.tfm".into(),
+    };
     assert_eq!(
-        edit(&plan_of(&recorded), names::APPLY_INTERRUPTED),
+        edit(&plan(&later, &facts, &decision), names::APPLY_INTERRUPTED),
         Some(&None),
         "a later apply succeeded"
     );

@@ -513,3 +513,100 @@ async fn a_refused_apply_job_is_named_and_started_once_allowed() {
     );
     env.shutdown().await;
 }
+
+/// A module of one `terraform_data` whose create provisioner leaves `<marker>.applies`
+/// and then runs for minutes: an apply to kill while Terraform is creating.
+fn slow_apply_module() -> String {
+    r#"variable "name" { type = string }
+variable "marker_dir" { type = string }
+resource "terraform_data" "vm" {
+  input = "${var.marker_dir}/${var.name}-0"
+  provisioner "local-exec" {
+    command = "touch '${self.input}.applies'; sleep 300"
+  }
+}
+"#
+    .to_string()
+}
+
+/// The runner of an apply is killed while Terraform is creating (OOMKilled: Terraform
+/// cannot save its state). The object records `apply-interrupted`; deleting the Cluster
+/// then holds the object, naming the interrupted apply, instead of destroying from a
+/// state that cannot hold what was being created, and it is never released by itself.
+/// Once an operator has dealt with what the apply may have made and removes the
+/// annotation (the runbook's step), the destroy runs (clearing the dead runner's lock)
+/// and the object is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_apply_interrupted_then_deleted_is_held_not_released() {
+    if envtest_only("it kills the runner with the local kubelet's test control") {
+        return;
+    }
+    // Retries far enough apart that the deletion comes before a second apply.
+    let env =
+        Env::start_provisioning("apply-killed", Some(std::time::Duration::from_secs(300))).await;
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &slow_apply_module(),
+        json!({}),
+    )
+    .await;
+    wait_for("Terraform to be creating", long(), || async {
+        env.markers().join("prod-0.applies").exists()
+    })
+    .await;
+    env.kubelet_fault(
+        "oom-apply",
+        &[(names::LABEL_OPERATION, names::OPERATION_APPLY)],
+        KubeletFault::OomKilled,
+        0.0,
+    )
+    .await;
+    wait_for("the interrupted apply to be recorded", long(), || async {
+        env.object::<Tfc>("prod")
+            .await
+            .is_some_and(|o| annotation(&o, names::APPLY_INTERRUPTED).is_some())
+    })
+    .await;
+    env.clear_kubelet_fault("oom-apply").await;
+
+    env.delete_cluster("prod").await;
+    env.wait_deleting::<Tfc>("prod", "Held", long()).await;
+    let (_, reason, msg) = env
+        .condition::<Tfc>("prod", "StateReadable")
+        .await
+        .expect("StateReadable");
+    assert_eq!(reason, "StateInconsistent", "{msg}");
+    assert!(
+        msg.contains("the last apply was interrupted") && msg.contains("apply-interrupted"),
+        "{msg}"
+    );
+    // Held: no destroy starts, and the object stays, however long it waits.
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    assert!(env.exists::<Tfc>("prod").await, "released while held");
+    assert!(
+        env.destroy_jobs().await.is_empty(),
+        "a destroy ran from the interrupted apply's state"
+    );
+    let (_, reason, _) = env
+        .condition::<Tfc>("prod", "Deleting")
+        .await
+        .expect("Deleting");
+    assert_eq!(reason, "Held");
+
+    // The runbook: what the apply made is dealt with by hand, then the annotation goes.
+    env.api::<Tfc>()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {names::APPLY_INTERRUPTED: null}}})),
+        )
+        .await
+        .expect("remove apply-interrupted");
+    env.wait_gone::<Tfc>("prod", long()).await;
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
+    env.shutdown().await;
+}
