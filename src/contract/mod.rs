@@ -21,6 +21,9 @@ pub mod values;
 /// The contract's version, given to modules as `captf_contract`.
 pub const CONTRACT_VERSION: &str = "v1";
 
+/// The cluster's output its machines and pools are given as `captf_cluster_outputs`.
+pub const HANDOFF_OUTPUT: &str = "machine_inputs";
+
 /// The prefix of the variables CAPTF gives; a module's own variables must not use it.
 pub const RESERVED_PREFIX: &str = "captf_";
 
@@ -275,7 +278,7 @@ pub const OUTPUTS: &[Output] = &[
         sets: "status.failureDomains",
     },
     Output {
-        name: "machine_inputs",
+        name: HANDOFF_OUTPUT,
         type_: "any",
         need: Need::Optional,
         roles: CLUSTER,

@@ -344,6 +344,7 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
             cluster: Some(&cluster),
             owner,
             bootstrap: Some((b"#cloud-config\n", None)),
+            cluster_outputs: None,
         };
         let got = values(&s);
         let mut names: Vec<&str> = got.keys().map(String::as_str).collect();
@@ -368,6 +369,7 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
         cluster: Some(&cluster),
         owner: Some(&machine),
         bootstrap: Some((b"#cloud-config\n", Some("ignition"))),
+        cluster_outputs: None,
     };
     let got = values(&s);
     assert_eq!(got["captf_bootstrap_data"], "I2Nsb3VkLWNvbmZpZwo=");
@@ -394,6 +396,37 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
     });
     assert_eq!(p["captf_replicas"], 3);
     assert_eq!(p["captf_node_labels"]["role"], "worker");
+    assert_eq!(p["captf_cluster_outputs"], serde_json::Value::Null);
+    let handed = serde_json::json!({"subnet": "s-1"});
+    let p = values(&Sources {
+        role: Role::MachinePool,
+        owner: Some(&pool),
+        cluster_outputs: Some(&handed),
+        ..s
+    });
+    assert_eq!(p["captf_cluster_outputs"], handed);
+}
+
+#[test]
+fn machines_are_given_the_outputs_of_the_terraform_cluster_their_cluster_names() {
+    use super::values::handoff_source;
+    let v1beta2 = serde_json::json!({"spec": {"infrastructureRef": {
+        "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "TerraformCluster", "name": "prod-infra"}}});
+    assert_eq!(handoff_source(&v1beta2), Some("prod-infra"));
+    let v1beta1 = serde_json::json!({"spec": {"infrastructureRef": {
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TerraformCluster", "name": "prod"}}});
+    assert_eq!(handoff_source(&v1beta1), Some("prod"));
+    for other in [
+        serde_json::json!({"spec": {"infrastructureRef": {
+            "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSCluster", "name": "prod"}}}),
+        serde_json::json!({"spec": {"infrastructureRef": {
+            "apiGroup": "example.com", "kind": "TerraformCluster", "name": "prod"}}}),
+        serde_json::json!({"spec": {"infrastructureRef": {
+            "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "TerraformCluster", "name": ""}}}),
+        serde_json::json!({"spec": {}}),
+    ] {
+        assert_eq!(handoff_source(&other), None, "{other}");
+    }
 }
 
 #[test]

@@ -22,6 +22,23 @@ pub struct Sources<'a> {
     pub owner: Option<&'a Value>,
     /// The bootstrap data Secret's `value` and `format`, for a machine or pool.
     pub bootstrap: Option<(&'a [u8], Option<&'a str>)>,
+    /// The TerraformCluster's `machine_inputs` output, for a machine or pool (none: null).
+    pub cluster_outputs: Option<&'a Value>,
+}
+
+/// The name of the TerraformCluster whose `machine_inputs` output a machine or pool of
+/// `cluster` is given: the one the Cluster's `spec.infrastructureRef` names (v1beta2's
+/// `apiGroup`, or v1beta1's `apiVersion`); none when its infrastructure is another
+/// provider's, or not named yet.
+pub fn handoff_source(cluster: &Value) -> Option<&str> {
+    let r = &cluster["spec"]["infrastructureRef"];
+    let group = r["apiGroup"]
+        .as_str()
+        .or_else(|| r["apiVersion"].as_str().and_then(|v| v.split('/').next()))?;
+    (group == crate::api::names::GROUP && r["kind"].as_str() == Some("TerraformCluster"))
+        .then(|| r["name"].as_str())
+        .flatten()
+        .filter(|n| !n.is_empty())
 }
 
 /// The bootstrap data's format when its Secret names none.
@@ -160,8 +177,10 @@ pub fn values(s: &Sources) -> Map<String, Value> {
                     .unwrap_or(DEFAULT_BOOTSTRAP_FORMAT)
             ),
         );
-        // The TerraformCluster's `machine_inputs` output is not read yet.
-        set("captf_cluster_outputs", Value::Null);
+        set(
+            "captf_cluster_outputs",
+            s.cluster_outputs.cloned().unwrap_or(Value::Null),
+        );
     }
     m
 }

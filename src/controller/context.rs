@@ -94,6 +94,10 @@ pub struct Context {
     /// The lineage and serial each object's backup was last seen or written to hold, by
     /// uid: a pass that reads the same state again need not look at the backup.
     pub backups: Mutex<HashMap<String, (String, u64)>>,
+    /// The `machine_inputs` output of each TerraformCluster (by `namespace/name`), with the
+    /// resourceVersion of the state Secret it was read from: the cluster's machines and
+    /// pools are given it, and its state is read again only once it changed.
+    pub handoffs: Mutex<HashMap<String, (String, serde_json::Value)>>,
     /// A permit per state a pass may hold in memory at once: taken before a pass reads the
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
@@ -135,6 +139,7 @@ impl Context {
             released: Released::default(),
             refused: Mutex::default(),
             backups: Mutex::default(),
+            handoffs: Mutex::default(),
             state_reads: Arc::new(tokio::sync::Semaphore::new(cfg.max_state_reads.max(1))),
             caches: Mutex::default(),
             runner_accounts: std::sync::OnceLock::new(),

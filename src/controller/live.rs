@@ -20,8 +20,9 @@ use super::status::{write_provisioned, write_status_keeping_with};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
+use crate::contract::HANDOFF_OUTPUT;
 use crate::contract::Role;
-use crate::contract::values::{Sources, values};
+use crate::contract::values::{Sources, handoff_source, values};
 use crate::gather::Observed;
 use crate::gather::apply::{self as gather_apply, ApplyObserved, apply_facts, capi_owner};
 use crate::rules::Decision;
@@ -63,22 +64,49 @@ pub async fn live_pass<K: TerraformObject>(
         return Ok(Requeue::requeue(Duration::ZERO));
     }
     // The Cluster API objects the module contract's values come from: the Cluster (from
-    // the cache), and for a machine or pool its owner and bootstrap data Secret (read).
+    // the cache), and for a machine or pool its owner and bootstrap data Secret (read),
+    // then the TerraformCluster's hand-off. A provisioned machine keeps the values it was
+    // applied with (Cluster API's Machine does not change; a new cluster hand-off
+    // re-applies pools, not machines), read from its inputs Secret.
     let cluster = read_cluster(ctx, scope, &observed).await?;
-    let owner = read_owner(ctx, &observed).await?;
-    let bootstrap = read_bootstrap(scope, observed.kind, owner.as_ref()).await?;
-    let prerequisite = if provisioned {
-        None
+    let recorded = if provisioned && observed.kind == Kind::TerraformMachine {
+        recorded_contract(scope).await?
     } else {
-        gather_apply::prerequisite(&observed, owner.as_ref(), bootstrap.as_ref())
+        None
     };
-    let contract = contract_values(
-        scope,
-        &observed,
-        cluster.as_ref(),
-        owner.as_ref(),
-        bootstrap.as_ref(),
-    );
+    let (prerequisite, contract) = match recorded {
+        Some(values) => (None, Ok(values)),
+        None => {
+            let owner = read_owner(ctx, &observed).await?;
+            let bootstrap = read_bootstrap(scope, observed.kind, owner.as_ref()).await?;
+            let mut prerequisite = if provisioned {
+                None
+            } else {
+                gather_apply::prerequisite(&observed, owner.as_ref(), bootstrap.as_ref())
+            };
+            let handoff = if observed.kind == Kind::TerraformCluster || prerequisite.is_some() {
+                Ok(None)
+            } else {
+                cluster_outputs(ctx, scope, cluster.as_ref()).await?
+            };
+            if let (false, None, Err(detail)) = (provisioned, &prerequisite, &handoff) {
+                prerequisite = Some(Prerequisite::ClusterOutputs {
+                    detail: detail.clone(),
+                });
+            }
+            let contract = handoff.and_then(|h| {
+                contract_values(
+                    scope,
+                    &observed,
+                    cluster.as_ref(),
+                    owner.as_ref(),
+                    bootstrap.as_ref(),
+                    h.as_ref(),
+                )
+            });
+            (prerequisite, contract)
+        }
+    };
     let seen = ApplyObserved {
         provisioned,
         state_exists,
@@ -178,8 +206,10 @@ pub async fn live_pass<K: TerraformObject>(
         // Neither the owner's bootstrap data nor the Secrets and ConfigMaps the spec
         // references are watched (Machines, MachinePools and unlabelled Secrets are not
         // cached): looked at again soon while the pass waits for them.
-        _ if matches!(facts.prerequisite, Some(Prerequisite::BootstrapData { .. }))
-            || decision.row == ApplyRow::InputsUnresolvable =>
+        _ if matches!(
+            facts.prerequisite,
+            Some(Prerequisite::BootstrapData { .. } | Prerequisite::ClusterOutputs { .. })
+        ) || decision.row == ApplyRow::InputsUnresolvable =>
         {
             Ok(Requeue::requeue(UNWATCHED_POLL.min(resync)))
         }
@@ -299,6 +329,7 @@ fn contract_values<K: TerraformObject>(
     cluster: Option<&serde_json::Value>,
     owner: Option<&serde_json::Value>,
     bootstrap: Option<&Secret>,
+    cluster_outputs: Option<&serde_json::Value>,
 ) -> Result<serde_json::Map<String, serde_json::Value>, String> {
     let role = Role::from(o.kind);
     let data = bootstrap.and_then(|s| s.data.as_ref());
@@ -322,7 +353,83 @@ fn contract_values<K: TerraformObject>(
         cluster,
         owner,
         bootstrap: value.map(|v| (v, format)),
+        cluster_outputs,
     }))
+}
+
+/// The contract's values a machine's inputs Secret records (none when it has none: an
+/// apply made by hand, or before the contract).
+async fn recorded_contract<K: TerraformObject>(
+    scope: &Scope<K>,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Error> {
+    let name = names::inputs_secret_name(&scope.suffix);
+    let Some(secret) = scope.secrets.get_opt(&name).await? else {
+        return Ok(None);
+    };
+    Ok(
+        crate::inputs::from_secret(&secret, &scope.namespace, &scope.suffix)
+            .ok()
+            .map(|i| i.contract_variables)
+            .filter(|c| !c.is_empty()),
+    )
+}
+
+/// The `machine_inputs` output of the TerraformCluster the Cluster names (`Ok(None)`: its
+/// infrastructure is not a TerraformCluster), or why it cannot be read yet. The state is
+/// read once per change of its Secret (see `Context::handoffs`).
+async fn cluster_outputs<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    cluster: Option<&serde_json::Value>,
+) -> Result<Result<Option<serde_json::Value>, String>, Error> {
+    let Some(name) = cluster.and_then(handoff_source) else {
+        return Ok(Ok(None));
+    };
+    let suffix = names::state_suffix(Kind::TerraformCluster, name);
+    let base = names::state_secret_name(&suffix);
+    // The TerraformCluster controller's cache holds its state Secrets' metadata.
+    let meta = match ctx.caches(Kind::TerraformCluster) {
+        Some(c) => c
+            .secret_meta(&scope.namespace, &base)
+            .map(|m| m.metadata.clone()),
+        None => scope
+            .secrets
+            .get_metadata_opt(&base)
+            .await?
+            .map(|m| m.metadata),
+    };
+    let Some(meta) = meta else {
+        return Ok(Err(format!(
+            "TerraformCluster {name} has no state Secret {base} yet"
+        )));
+    };
+    let version = meta.resource_version.unwrap_or_default();
+    let key = format!("{}/{name}", scope.namespace);
+    let known = ctx
+        .handoffs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .filter(|(v, _)| *v == version)
+        .map(|(_, out)| out.clone());
+    if let Some(out) = known {
+        return Ok(Ok(Some(out)));
+    }
+    let _permit = ctx.state_reads.clone().acquire_owned().await.ok();
+    let secrets = crate::state::secrets::read(&scope.secrets, &base, Some(&suffix)).await?;
+    let out = match crate::state::outputs(&secrets, crate::state::DEFAULT_DECOMPRESSION_CAP) {
+        Ok(o) => o.get(HANDOFF_OUTPUT).cloned().unwrap_or_default(),
+        Err(why) => {
+            return Ok(Err(format!(
+                "the outputs of TerraformCluster {name} cannot be read: {why}"
+            )));
+        }
+    };
+    ctx.handoffs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, (version, out.clone()));
+    Ok(Ok(Some(out)))
 }
 
 /// Writes `initialization.provisioned` and the status fields the state's outputs set (a

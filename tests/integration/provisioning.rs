@@ -610,3 +610,152 @@ async fn an_apply_interrupted_then_deleted_is_held_not_released() {
         .await;
     env.shutdown().await;
 }
+
+/// A cluster module whose `machine_inputs` output hands `subnet` to its machines.
+fn handoff_cluster_module(subnet: &str) -> String {
+    format!(
+        "{}output \"machine_inputs\" {{\n  value = {{ subnet = \"{subnet}\" }}\n}}\n",
+        apply_module(0)
+    )
+}
+
+/// A machine module that writes what its cluster handed it into its created marker.
+fn handoff_machine_module() -> String {
+    r#"variable "name" { type = string }
+variable "marker_dir" { type = string }
+variable "captf_cluster_outputs" { type = any }
+resource "terraform_data" "vm" {
+  input = "${var.marker_dir}/${var.name}-0"
+  provisioner "local-exec" {
+    command = "printf '%s' '${jsonencode(var.captf_cluster_outputs)}' > '${self.input}.created'"
+  }
+  provisioner "local-exec" {
+    when    = destroy
+    command = "touch '${self.input}.destroyed'"
+  }
+}
+"#
+    .to_string()
+        + contract_outputs(Kind::TerraformMachine)
+}
+
+/// A machine of a Cluster whose infrastructure is a TerraformCluster waits for that
+/// TerraformCluster's state (`WaitingForClusterOutputs`), then is given its
+/// `machine_inputs` output as `captf_cluster_outputs`. A later change of that output
+/// re-applies the cluster but not the machine, which keeps what it was applied with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_machine_is_given_its_clusters_machine_inputs_once_they_exist() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::start_provisioning("apply-handoff", None).await;
+    let cluster_uid = env.create_cluster("prod").await;
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infrastructureRef": {
+                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
+        )
+        .await
+        .expect("the Cluster's infrastructureRef");
+    // Cluster API's side is ready: the Cluster says its infrastructure is provisioned
+    // (here before the TerraformCluster exists), the Machine has its bootstrap data.
+    env.cluster_api()
+        .patch_status(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"initialization": {
+                "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
+        )
+        .await
+        .expect("Cluster status");
+    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
+        .await;
+    let machine_uid = env
+        .create_machine("web-1", "prod", Some("web-1-bootstrap"))
+        .await;
+    env.create_owned::<Tfm>(
+        "web-1",
+        "prod",
+        &[("Machine", "web-1", &machine_uid, true)],
+        &handoff_machine_module(),
+        json!({}),
+    )
+    .await;
+    let msg = wait_condition::<Tfm>(
+        &env,
+        "web-1",
+        "Provisioned",
+        "Unknown",
+        "WaitingForClusterOutputs",
+    )
+    .await;
+    assert!(
+        msg.contains("TerraformCluster prod has no state Secret tfstate-default-prod.tfc yet"),
+        "{msg}"
+    );
+    assert_eq!(env.jobs_created(), 0, "no apply before the hand-off exists");
+
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &cluster_uid, false)],
+        &handoff_cluster_module("s-1"),
+        json!({}),
+    )
+    .await;
+    wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
+    let handed = std::fs::read_to_string(env.markers().join("web-1-0.created"))
+        .expect("the machine's created marker");
+    assert_eq!(handed, r#"{"subnet":"s-1"}"#);
+
+    // The cluster's hand-off changes: the cluster re-applies, the machine does not.
+    env.api::<Tfc>()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"module": {"files": {"main.tf": handoff_cluster_module("s-2")}}}}),
+            ),
+        )
+        .await
+        .expect("change the cluster's module");
+    wait_for("the cluster's second apply", long(), || async {
+        env.object::<Tfc>("prod")
+            .await
+            .and_then(|o| annotation(&o, names::APPLIED_ATTEMPT))
+            .as_deref()
+            == Some("2")
+    })
+    .await;
+    // A pass on the machine after it (any change of the object starts one).
+    env.api::<Tfm>()
+        .patch(
+            "web-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"example.com/poke": "1"}}})),
+        )
+        .await
+        .expect("poke");
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let obj = env.object::<Tfm>("web-1").await.expect("machine");
+    assert_eq!(annotation(&obj, names::APPLY_ATTEMPT).as_deref(), Some("1"));
+    let (status, reason, message) = env
+        .condition::<Tfm>("web-1", "InputsApplied")
+        .await
+        .expect("InputsApplied");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "Applied"),
+        "{message}"
+    );
+
+    // Cluster API deletes the Machine's infrastructure before the Cluster's.
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.markers().join("web-1-0.destroyed").exists());
+    delete_and_wait_released(&env).await;
+    assert!(env.destroyed("prod"));
+    env.shutdown().await;
+}
