@@ -55,6 +55,11 @@ pub const APPLIED_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/app
 /// `applied-attempt`, and it goes with the next success whose outputs are valid.
 pub const OUTPUTS_INVALID: &str = "terraform.infrastructure.cluster.x-k8s.io/outputs-invalid";
 
+/// An apply attempt whose outputs gave a set-once spec field (`controlPlaneEndpoint`,
+/// `providerID`) another value than the one it has: `<attempt>: <each field refused>`.
+/// The field is kept; this goes with the next success that refuses nothing.
+pub const OUTPUTS_REFUSED: &str = "terraform.infrastructure.cluster.x-k8s.io/outputs-refused";
+
 /// Whether the success of apply attempt `n` is recorded on an object with these
 /// annotations: `applied-attempt` is `n`, or `outputs-invalid` names attempt `n`.
 pub fn apply_success_recorded(

@@ -13,6 +13,42 @@ pub struct Fields {
     pub status: Map<String, Value>,
 }
 
+/// The spec fields the outputs set once: Cluster API copies them (the endpoint to the
+/// Cluster, the provider ID to the Machine and the Node's match) and never reads them
+/// again, so a later different value would change nothing but the record.
+pub const SET_ONCE: [&str; 2] = ["controlPlaneEndpoint", "providerID"];
+
+/// The outputs' spec fields against the object's `spec` as it is: those to write (each
+/// that differs), and the set-once fields refused (already set to another value), each
+/// with a sentence saying so.
+pub fn spec_changes(
+    current: &Value,
+    spec: &Map<String, Value>,
+) -> (Map<String, Value>, Vec<(String, String)>) {
+    let mut write = Map::new();
+    let mut refused = Vec::new();
+    for (field, value) in spec {
+        let now = &current[field];
+        if now == value {
+            continue;
+        }
+        let set = match now {
+            Value::Null => false,
+            Value::String(s) => !s.is_empty(),
+            v => v["host"].as_str().is_none_or(|h| !h.is_empty()),
+        };
+        if set && SET_ONCE.contains(&field.as_str()) {
+            refused.push((
+                field.clone(),
+                format!("the outputs give spec.{field} {value}, and it is {now}: it is set once and kept"),
+            ));
+            continue;
+        }
+        write.insert(field.clone(), value.clone());
+    }
+    (write, refused)
+}
+
 /// The address types Cluster API accepts (`MachineAddressType`).
 const ADDRESS_TYPES: [&str; 5] = [
     "Hostname",

@@ -522,3 +522,45 @@ fn the_outputs_are_read_from_the_state_as_terraform_wrote_them() {
     let none = crate::state::StateSecrets::from_secrets("tfstate-default-x.tfc", &[]);
     assert!(crate::state::outputs(&none, 1 << 20).is_err());
 }
+
+#[test]
+fn a_set_once_field_set_to_another_value_is_refused_and_the_rest_written() {
+    use super::outputs::spec_changes;
+    let out = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    let endpoint = serde_json::json!({"host": "10.0.0.1", "port": 6443});
+    // Unset (absent, or CAPI's empty endpoint): written.
+    for current in [
+        serde_json::json!({}),
+        serde_json::json!({"controlPlaneEndpoint": {"host": "", "port": 0}}),
+    ] {
+        let (write, refused) = spec_changes(
+            &current,
+            &out(serde_json::json!({"controlPlaneEndpoint": endpoint})),
+        );
+        assert_eq!(
+            write.get("controlPlaneEndpoint"),
+            Some(&endpoint),
+            "{current}"
+        );
+        assert!(refused.is_empty());
+    }
+    // The same value: nothing to write.
+    let current = serde_json::json!({"controlPlaneEndpoint": endpoint, "providerID": "captf:///a"});
+    let (write, refused) = spec_changes(
+        &current,
+        &out(serde_json::json!({"controlPlaneEndpoint": endpoint})),
+    );
+    assert!(write.is_empty() && refused.is_empty());
+    // Another value: refused, named; a field that is not set once is written beside it.
+    let (write, refused) = spec_changes(
+        &current,
+        &out(serde_json::json!({"providerID": "captf:///b", "providerIDList": ["captf:///b"]})),
+    );
+    assert_eq!(write.keys().collect::<Vec<_>>(), ["providerIDList"]);
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].0, "providerID");
+    assert_eq!(
+        refused[0].1,
+        "the outputs give spec.providerID \"captf:///b\", and it is \"captf:///a\": it is set once and kept"
+    );
+}

@@ -11,6 +11,7 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, ObjectMeta};
 
 use super::events::{self, Note, publish_note};
@@ -341,11 +342,21 @@ pub async fn apply<K: TerraformObject>(
     // reader never sees `provisioned` before the fields it goes with (a machine's
     // providerID), and a crash in between leaves a recorded success whose status the next
     // pass rebuilds from the state, as after a move.
+    let mut edits: Vec<(&str, Option<String>)> = plan.edits;
     let spec_ops = match &plan.fields {
-        Some(f) => spec_field_ops(ctx, obj, &f.spec).await,
+        Some(f) => {
+            let n = edits
+                .iter()
+                .find(|(k, _)| *k == names::APPLIED_ATTEMPT)
+                .and_then(|(_, v)| v.clone());
+            let (ops, record) = spec_field_ops(ctx, obj, n.as_deref(), &f.spec).await;
+            if let Some(record) = record {
+                edits.push((names::OUTPUTS_REFUSED, record));
+            }
+            ops
+        }
         None => Vec::new(),
     };
-    let edits: Vec<(&str, Option<String>)> = plan.edits;
     let mut ops = annotation_ops(obj.meta(), &edits);
     ops.extend(spec_ops);
     let written = guarded_patch(&scope.api, obj.meta(), ops).await?;
@@ -470,57 +481,46 @@ async fn protect_state<K: TerraformObject>(
     Ok(young)
 }
 
-/// The spec fields set once (Cluster API reads them as the machine's and the cluster's
-/// identity): a different value later is refused, with a Warning Event, and kept.
-const SET_ONCE: [(&str, &str); 2] = [
-    (
-        "controlPlaneEndpoint",
-        events::CONTROL_PLANE_ENDPOINT_CHANGE_REFUSED,
-    ),
-    ("providerID", events::PROVIDER_ID_CHANGE_REFUSED),
-];
-
-/// The JSON patch operations that set the outputs' spec fields on `obj`: each that
-/// differs, except a set-once field already set to something else (refused, with a
-/// Warning Event).
+/// The JSON patch operations that set the outputs' spec fields on `obj`, and the edit of
+/// `outputs-refused` the success of attempt `n` makes: a set-once field the outputs give
+/// another value is kept, recorded (its condition says so) and announced by a Warning
+/// Event; a success that refuses nothing removes an earlier record.
 async fn spec_field_ops<K: TerraformObject>(
     ctx: &Context,
     obj: &K,
+    n: Option<&str>,
     spec: &serde_json::Map<String, serde_json::Value>,
-) -> Vec<json_patch::PatchOperation> {
+) -> (Vec<json_patch::PatchOperation>, Option<Option<String>>) {
     let current = serde_json::to_value(obj).unwrap_or_default();
-    let mut ops = Vec::new();
-    for (field, value) in spec {
-        let now = &current["spec"][field];
-        if now == value {
-            continue;
-        }
-        let set = match now {
-            serde_json::Value::Null => false,
-            serde_json::Value::String(s) => !s.is_empty(),
-            v => v["host"].as_str().is_none_or(|h| !h.is_empty()),
+    let (write, refused) = crate::contract::outputs::spec_changes(&current["spec"], spec);
+    for (field, why) in &refused {
+        let reason = match field.as_str() {
+            "controlPlaneEndpoint" => events::CONTROL_PLANE_ENDPOINT_CHANGE_REFUSED,
+            _ => events::PROVIDER_ID_CHANGE_REFUSED,
         };
-        if let Some((_, reason)) = SET_ONCE.iter().find(|(f, _)| f == field)
-            && set
-        {
-            publish_note(
-                ctx,
-                obj,
-                &Note::warning(
-                    reason,
-                    "Apply",
-                    format!(
-                        "the module's outputs give spec.{field} {value}, and it is {now}: it is set once and kept; a new value needs a new object"
-                    ),
-                ),
-            )
-            .await;
-            continue;
-        }
-        ops.push(json_patch::PatchOperation::Add(json_patch::AddOperation {
-            path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", field.as_str()]),
-            value: value.clone(),
-        }));
+        let note = format!("{why}; a new value needs a new object");
+        publish_note(ctx, obj, &Note::warning(reason, "Apply", note)).await;
     }
-    ops
+    let record = if refused.is_empty() {
+        obj.annotations()
+            .contains_key(names::OUTPUTS_REFUSED)
+            .then_some(None)
+    } else {
+        let whys: Vec<&str> = refused.iter().map(|(_, w)| w.as_str()).collect();
+        Some(Some(format!(
+            "{}: {}",
+            n.unwrap_or("?"),
+            job::cut(&whys.join("; "), 900)
+        )))
+    };
+    let ops = write
+        .into_iter()
+        .map(|(field, value)| {
+            json_patch::PatchOperation::Add(json_patch::AddOperation {
+                path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", field.as_str()]),
+                value,
+            })
+        })
+        .collect();
+    (ops, record)
 }

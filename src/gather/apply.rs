@@ -245,6 +245,10 @@ pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> Appl
         .and_then(|v| v.split_once(':'))
         .filter(|(n, _)| n.trim() == attempt.to_string())
         .map(|(_, why)| why.trim().to_string());
+    let change_refused = annotation(&o.meta, names::OUTPUTS_REFUSED)
+        .and_then(|v| v.split_once(':'))
+        .filter(|(n, _)| n.trim() == attempt.to_string())
+        .map(|(_, why)| why.trim().to_string());
     ApplyFacts {
         kind: o.kind,
         uid: o.meta.uid.clone().unwrap_or_default(),
@@ -261,6 +265,7 @@ pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> Appl
         attempt,
         last,
         outputs_invalid,
+        change_refused,
         provisioned: a.provisioned,
     }
 }

@@ -30,6 +30,7 @@ pub mod reason {
     pub const APPLYING: &str = "Applying";
     pub const APPLY_FAILED: &str = "ApplyFailed";
     pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
+    pub const CHANGE_REFUSED: &str = "ChangeRefused";
     pub const PROVISIONED: &str = "Provisioned";
     pub const APPLIED: &str = "Applied";
     pub const READY: &str = "Ready";
@@ -124,6 +125,9 @@ pub struct ApplyFacts {
     pub last: LastApply,
     /// The latest apply succeeded, but its outputs break the module contract: how.
     pub outputs_invalid: Option<String>,
+    /// The latest apply succeeded, and its outputs gave a set-once spec field another
+    /// value, which was kept: each field refused.
+    pub change_refused: Option<String>,
     /// `status.initialization.provisioned` as latched, or as rebuilt from the state.
     pub provisioned: bool,
 }
@@ -297,6 +301,20 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
                 f,
                 ApplyRow::OutputsInvalid,
                 reason::OUTPUTS_INVALID,
+                msg,
+                ApplyAction::Wait,
+            )
+        }
+        LastApply::Succeeded if same_inputs && f.change_refused.is_some() => {
+            let why = f.change_refused.as_deref().unwrap_or_default();
+            let msg = format!(
+                "apply attempt {} succeeded, but {why}; make the module give the value again (a change of the spec applies it), or replace the object; see runbooks/ChangeRefused.md",
+                f.attempt
+            );
+            not_applied(
+                f,
+                ApplyRow::UpToDate,
+                reason::CHANGE_REFUSED,
                 msg,
                 ApplyAction::Wait,
             )

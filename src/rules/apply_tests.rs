@@ -26,6 +26,7 @@ fn machine() -> ApplyFacts {
         attempt: 0,
         last: LastApply::None,
         outputs_invalid: None,
+        change_refused: None,
         provisioned: false,
     }
 }
@@ -270,6 +271,36 @@ fn a9_applied_inputs_are_left_alone() {
     for c in &d.conditions {
         assert_eq!(c.status, Status::True, "{c:?}");
     }
+}
+
+#[test]
+fn a9_a_refused_change_of_a_set_once_field_shows_on_inputs_applied() {
+    let why = "the outputs give spec.controlPlaneEndpoint {\"host\":\"10.0.0.2\",\"port\":6443}, and it is {\"host\":\"10.0.0.1\",\"port\":6443}: it is set once and kept";
+    let d = decide_apply(&ApplyFacts {
+        change_refused: Some(why.into()),
+        ..applied()
+    });
+    assert_eq!(d.row, ApplyRow::UpToDate);
+    assert_eq!(
+        d.action,
+        ApplyAction::Wait,
+        "nothing to retry: the same module gives the same value"
+    );
+    let c = condition(&d, INPUTS_APPLIED);
+    assert_eq!(
+        (c.status, c.reason),
+        (Status::False, reason::CHANGE_REFUSED)
+    );
+    assert!(
+        c.message.starts_with(
+            "apply attempt 1 succeeded, but the outputs give spec.controlPlaneEndpoint"
+        ) && c.message.contains("runbooks/ChangeRefused.md"),
+        "{}",
+        c.message
+    );
+    // The object stays provisioned and Ready: its infrastructure is there.
+    assert_eq!(condition(&d, PROVISIONED).status, Status::True);
+    assert_eq!(condition(&d, cond::READY).status, Status::True);
 }
 
 #[test]

@@ -434,6 +434,16 @@ output "control_plane_endpoint" {
         Some(("10.0.0.1".to_string(), 6443)),
         "set once"
     );
+    // The refusal is on the conditions (the object stays provisioned and Ready).
+    let msg = wait_condition::<Tfc>(&env, "prod", "InputsApplied", "False", "ChangeRefused").await;
+    assert!(
+        msg.contains("apply attempt 2 succeeded, but the outputs give spec.controlPlaneEndpoint")
+            && msg.contains("10.0.0.2")
+            && msg.contains("runbooks/ChangeRefused.md"),
+        "{msg}"
+    );
+    let (ready, _, _) = env.condition::<Tfc>("prod", "Ready").await.expect("Ready");
+    assert_eq!(ready, "True");
     let events: kube::Api<k8s_openapi::api::core::v1::Event> =
         kube::Api::namespaced(env.client.clone(), &env.ns);
     wait_for("the refusal's Warning Event", long(), || async {

@@ -1318,3 +1318,80 @@ fn the_apply_event_reasons_are_the_documented_ones() {
         "docs/provisioning/01-lifecycle.md's Events table"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_change_refused() {
+    const RB: &str = "runbooks/ChangeRefused.md";
+    check_vars(RB, "terraformcluster", "prod");
+    let module = apply_module(0)
+        + r#"variable "endpoint" { type = string }
+output "control_plane_endpoint" {
+  value = { host = var.endpoint, port = 6443 }
+}
+"#;
+    let env = Env::start_provisioning("rb-change-refused", Some(Duration::from_secs(1))).await;
+    let variables = |endpoint: &str| json!({"name": "prod", "marker_dir": env.markers().display().to_string(), "endpoint": endpoint});
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &module,
+        json!({ "variables": variables("10.0.0.1") }),
+    )
+    .await;
+    wait_reason::<Tfc>(&env, "prod", "InputsApplied", "Applied").await;
+    let set = |endpoint: &str| {
+        let api = env.api::<Tfc>();
+        let vars = variables(endpoint);
+        async move {
+            api.patch(
+                "prod",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"variables": vars}})),
+            )
+            .await
+            .expect("set the endpoint variable");
+        }
+    };
+    set("10.0.0.2").await;
+    let msg = wait_reason::<Tfc>(&env, "prod", "InputsApplied", "ChangeRefused").await;
+    assert!(msg.contains("10.0.0.2") && msg.contains(RB), "{msg}");
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    let record = obj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::OUTPUTS_REFUSED))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        record.starts_with("2: the outputs give spec.controlPlaneEndpoint"),
+        "{record}"
+    );
+    // The runbook's first fix, made while its commands run (its verification waits for
+    // the apply it starts).
+    let fix = set("10.0.0.1");
+    let fix = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        fix.await
+    });
+    let run = run_runbook(&env, RB).await;
+    fix.await.expect("the fix");
+    assert!(
+        run.stdout.contains("ControlPlaneEndpointChangeRefused"),
+        "the Warning Event: {}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("outputs-refused=\n"),
+        "the verification shows the record gone: {}",
+        run.stdout
+    );
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        obj.spec.control_plane_endpoint.map(|e| e.host).as_deref(),
+        Some("10.0.0.1")
+    );
+    env.shutdown().await;
+}
