@@ -13,6 +13,29 @@ pub struct Fields {
     pub status: Map<String, Value>,
 }
 
+/// What the outputs of a module of `role` must agree with among the contract's values its
+/// apply was given (`given`, as recorded in the inputs): a machine is placed in the
+/// failure domain its Machine asks for. Each disagreement, named.
+pub fn against_inputs(
+    role: Role,
+    outputs: &Map<String, Value>,
+    given: &Map<String, Value>,
+) -> Vec<String> {
+    if role != Role::Machine {
+        return Vec::new();
+    }
+    let want = given
+        .get("captf_failure_domain")
+        .and_then(Value::as_str)
+        .filter(|d| !d.is_empty());
+    match (want, outputs.get("failure_domain").and_then(Value::as_str)) {
+        (Some(want), Some(got)) if want != got => vec![format!(
+            "output failure_domain is {got}, but the Machine asks for {want} (captf_failure_domain): the module must place the machine there"
+        )],
+        _ => Vec::new(),
+    }
+}
+
 /// The spec fields the outputs set once: Cluster API copies them (the endpoint to the
 /// Cluster, the provider ID to the Machine and the Node's match) and never reads them
 /// again, so a later different value would change nothing but the record.

@@ -564,3 +564,38 @@ fn a_set_once_field_set_to_another_value_is_refused_and_the_rest_written() {
         "the outputs give spec.providerID \"captf:///b\", and it is \"captf:///a\": it is set once and kept"
     );
 }
+
+#[test]
+fn a_machine_placed_in_another_failure_domain_than_its_machine_asks_for_breaks_the_contract() {
+    use super::outputs::against_inputs;
+    let m = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    let given = m(serde_json::json!({"captf_failure_domain": "az-1"}));
+    let out = m(serde_json::json!({"provider_id": "p", "failure_domain": "az-2"}));
+    assert_eq!(
+        against_inputs(Role::Machine, &out, &given),
+        [
+            "output failure_domain is az-2, but the Machine asks for az-1 (captf_failure_domain): the module must place the machine there"
+        ]
+    );
+    let same = m(serde_json::json!({"provider_id": "p", "failure_domain": "az-1"}));
+    assert!(against_inputs(Role::Machine, &same, &given).is_empty());
+    // The Machine asks for none, or the module says nothing: nothing to compare.
+    assert!(
+        against_inputs(
+            Role::Machine,
+            &out,
+            &m(serde_json::json!({"captf_failure_domain": null}))
+        )
+        .is_empty()
+    );
+    assert!(
+        against_inputs(
+            Role::Machine,
+            &m(serde_json::json!({"provider_id": "p"})),
+            &given
+        )
+        .is_empty()
+    );
+    // Not a machine: pools place their instances across captf_failure_domains.
+    assert!(against_inputs(Role::MachinePool, &out, &given).is_empty());
+}

@@ -198,7 +198,34 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
                         crate::state::outputs(st, crate::state::DEFAULT_DECOMPRESSION_CAP)
                             .map_err(|e| vec![e])
                     })
-                    .and_then(|out| crate::contract::outputs::fields(o.kind.into(), &out));
+                    .and_then(|out| {
+                        let given = o
+                            .inputs_secret
+                            .as_ref()
+                            .and_then(|s| {
+                                let ns = o.meta.namespace.as_deref().unwrap_or_default();
+                                let name = o.meta.name.as_deref().unwrap_or_default();
+                                crate::inputs::from_secret(
+                                    s,
+                                    ns,
+                                    &names::state_suffix(o.kind, name),
+                                )
+                                .ok()
+                            })
+                            .map(|i| i.contract_variables)
+                            .unwrap_or_default();
+                        let role = o.kind.into();
+                        let mut breaches =
+                            crate::contract::outputs::against_inputs(role, &out, &given);
+                        match crate::contract::outputs::fields(role, &out) {
+                            Ok(f) if breaches.is_empty() => Ok(f),
+                            Ok(_) => Err(breaches),
+                            Err(mut e) => {
+                                e.append(&mut breaches);
+                                Err(e)
+                            }
+                        }
+                    });
                 match read {
                     Ok(f) => {
                         edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));

@@ -449,3 +449,55 @@ fn an_apply_whose_outputs_break_the_contract_is_recorded_without_provisioning() 
     let p = plan(&recorded, &facts, &decision);
     assert_eq!(edit(&p, names::OUTPUTS_INVALID), None);
 }
+
+#[test]
+fn a_machine_placed_in_another_failure_domain_is_recorded_as_outputs_invalid() {
+    let mut o = applying(1, &[]);
+    o.jobs = vec![job(
+        Kind::TerraformMachine,
+        "apply",
+        1,
+        &[("Complete", "True", "", FAILED_AT)],
+    )];
+    o.state = Some(crate::testing::state_with_outputs(
+        "prod.tfm",
+        serde_json::json!({"provider_id": "captf:///prod", "failure_domain": "az-2"}),
+    ));
+    // The apply was given the Machine's failure domain az-1.
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let name = o.meta.name.clone().unwrap_or_default();
+    let suffix = names::state_suffix(Kind::TerraformMachine, &name);
+    let inputs = serde_json::json!({
+        "version": 1,
+        "runner": {"image": "hashicorp/terraform:1.11.4"},
+        "module": {"files": {"main.tf": ""}},
+        "backend": {"namespace": ns, "secretSuffix": suffix},
+        "contractVariables": {"captf_failure_domain": "az-1"}
+    });
+    let inputs =
+        crate::inputs::parse(&serde_json::to_vec(&inputs).unwrap(), &ns, &suffix).expect("inputs");
+    let owner = crate::api::labels::OwnerRef {
+        kind: Kind::TerraformMachine,
+        name: &name,
+        uid: "uid-1",
+        namespace: &ns,
+        suffix: &suffix,
+    };
+    o.inputs_secret = Some(crate::inputs::inputs_secret(&inputs, &owner));
+    let (decision, mut facts, _) = gather::decide(&o, &Settings::default());
+    facts.state = StateFacts::Readable {
+        managed_instances: 1,
+        lineage: "lin-1".into(),
+        serial: 2,
+        secret: format!("tfstate-default-{suffix}"),
+    };
+    let p = plan(&o, &facts, &decision);
+    assert_eq!(p.fields, None, "no field is set from it");
+    let Some(Some(invalid)) = edit(&p, names::OUTPUTS_INVALID) else {
+        panic!("{:?}", p.edits)
+    };
+    assert_eq!(
+        invalid,
+        "1: output failure_domain is az-2, but the Machine asks for az-1 (captf_failure_domain): the module must place the machine there"
+    );
+}
