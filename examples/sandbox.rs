@@ -420,9 +420,12 @@ async fn contract_fields(env: &Env, kind: Kind, name: &str) -> String {
     let fields: &[&str] = match kind {
         Kind::TerraformCluster => &["/spec/controlPlaneEndpoint", "/status/failureDomains"],
         Kind::TerraformMachine => &["/spec/providerID", "/status/addresses"],
-        Kind::TerraformMachinePool => {
-            &["/spec/providerIDList", "/status/replicas", "/status/ready"]
-        }
+        Kind::TerraformMachinePool => &[
+            "/spec/providerIDList",
+            "/status/replicas",
+            "/status/ready",
+            "/status/instances",
+        ],
     };
     fields
         .iter()

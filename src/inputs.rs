@@ -55,6 +55,9 @@ pub struct Inputs {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Runner {
     pub image: String,
+    /// `terraform` or `tofu`; absent: the runner's choice (`terraform`, else `tofu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<crate::api::types::Runtime>,
 }
 
 /// Exactly one of a pinned source address or the module's files inline.
@@ -439,6 +442,7 @@ pub fn build_from_spec(
         version: INPUTS_VERSION,
         runner: Runner {
             image: spec.runner.image.clone(),
+            runtime: spec.runner.runtime,
         },
         module,
         variables,

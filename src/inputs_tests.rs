@@ -75,6 +75,31 @@ fn unusable(v: Value) -> String {
 }
 
 #[test]
+fn the_runtime_is_terraform_or_tofu_and_absent_leaves_the_bytes_as_before() {
+    let mut v = example();
+    v["runner"]["runtime"] = json!("tofu");
+    let i = parse_value(&v).unwrap();
+    assert_eq!(i.runner.runtime, Some(crate::api::types::Runtime::Tofu));
+    assert!(
+        String::from_utf8(i.to_json_bytes())
+            .unwrap()
+            .contains(r#""runtime":"tofu""#)
+    );
+    // Absent: not written, so inputs recorded before the field hash the same.
+    let i = parse_value(&example()).unwrap();
+    assert_eq!(i.runner.runtime, None);
+    assert!(
+        !String::from_utf8(i.to_json_bytes())
+            .unwrap()
+            .contains("runtime")
+    );
+    let mut v = example();
+    v["runner"]["runtime"] = json!("opentofu");
+    let msg = unusable(v);
+    assert!(msg.contains("runner") && msg.contains("opentofu"), "{msg}");
+}
+
+#[test]
 fn another_version_is_unusable() {
     let mut v = example();
     v["version"] = json!(2);
@@ -258,6 +283,7 @@ fn spec() -> TerraformSpec {
         runner: RunnerSpec {
             image: "example/terraform:1".into(),
             timeout_seconds: 120,
+            runtime: None,
         },
         lock_file: Some("# lock".into()),
     }

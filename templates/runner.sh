@@ -1,6 +1,7 @@
 #!/bin/sh
 # CAPTF runner: `terraform init`, then `terraform $CAPTF_OPERATION` (destroy or apply)
-# against the object's state Secret through Terraform's kubernetes backend.
+# against the object's state Secret through Terraform's kubernetes backend. OpenTofu's
+# `tofu` runs instead when CAPTF_RUNTIME says so, or when the image has no `terraform`.
 #
 # POSIX sh, busybox compatible: the stock hashicorp/terraform image has busybox sh and
 # tee, and no jq, so the controller renders every file this script
@@ -18,6 +19,7 @@
 # CAPTF_ERRORED_SUFFIX_BEFORE_TAG and _AFTER_TAG (the backend suffix an errored.tfstate is
 # saved under, around the Pod's name tag),
 # CAPTF_JOB_NAME (the Job's name: a lock left by an earlier Pod of it is broken),
+# CAPTF_RUNTIME (terraform or tofu, when the inputs name one),
 # CAPTF_RENDER_DIR, CAPTF_WORKSPACE (an emptyDir: HOME, TF_DATA_DIR, TMPDIR and the
 # working copy live there, the root filesystem is read-only), and optionally
 # CAPTF_TERMINATION_LOG (default /dev/termination-log), KUBE_CONFIG_PATH (a local runner:
@@ -79,7 +81,7 @@ fail() {
 on_signal() {
     SIGNALLED=$1
     if [ -n "$TF_PID" ]; then
-        log "received SIG$1: forwarding it to terraform (pid $TF_PID) and waiting for it to save its state"
+        log "received SIG$1: forwarding it to ${TF:-terraform} (pid $TF_PID) and waiting for it to save its state"
         kill -s "$1" "$TF_PID" 2>/dev/null || true
     else
         log "received SIG$1"
@@ -107,10 +109,10 @@ if command -v setsid > /dev/null 2>&1; then
     SETSID=setsid
 fi
 
-# run_tf ARGS...: runs terraform as a child, its stderr both to the log and to
-# $STDERR_LOG; returns Terraform's exit status.
+# run_tf ARGS...: runs $TF (terraform or tofu) as a child, its stderr both to the log and
+# to $STDERR_LOG; returns its exit status.
 run_tf() {
-    log "running: terraform $*"
+    log "running: $TF $*"
     rm -f "$FIFO"
     mkfifo "$FIFO" || fail 1 "cannot create the fifo $FIFO"
     # tee ignores TERM and INT: were it killed by a signal sent to the whole process
@@ -121,9 +123,9 @@ run_tf() {
     ) &
     tee_pid=$!
     if [ -n "$SETSID" ]; then
-        $SETSID terraform "$@" 2> "$FIFO" &
+        $SETSID "$TF" "$@" 2> "$FIFO" &
     else
-        terraform "$@" 2> "$FIFO" &
+        "$TF" "$@" 2> "$FIFO" &
     fi
     TF_PID=$!
     # A signal that came before TF_PID was known has not been forwarded yet.
@@ -150,7 +152,7 @@ final_status() {
 # stop_if_signalled: no further step once a signal came.
 stop_if_signalled() {
     if [ -n "$SIGNALLED" ]; then
-        message "captf-runner: interrupted by SIG$SIGNALLED before terraform $OP ran"
+        message "captf-runner: interrupted by SIG$SIGNALLED before ${TF:-terraform} $OP ran"
         exit "$(final_status 1)"
     fi
 }
@@ -188,9 +190,9 @@ save_errored() {
         cd "$e_dir" || exit 1
         unset TF_WORKSPACE
         export TF_DATA_DIR="$e_dir/.terraform"
-        terraform init -input=false -no-color -backend-config=backend.hcl > "$e_dir/init.log" 2>&1 ||
+        "$TF" init -input=false -no-color -backend-config=backend.hcl > "$e_dir/init.log" 2>&1 ||
             { cat "$e_dir/init.log" >&2; exit 1; }
-        terraform state push -lock=false "$WORK/errored.tfstate"
+        "$TF" state push -lock=false "$WORK/errored.tfstate"
     ) < /dev/null
 }
 
@@ -221,9 +223,9 @@ stale_own_lock() {
 tf_failed() {
     tf_status=$(final_status "$2")
     if [ -n "$SIGNALLED" ]; then
-        message "terraform $1 interrupted by SIG$SIGNALLED (terraform exited $2)"
+        message "$TF $1 interrupted by SIG$SIGNALLED ($TF exited $2)"
     else
-        message "terraform $1 failed (exit $2)"
+        message "$TF $1 failed (exit $2)"
     fi
     exit "$tf_status"
 }
@@ -232,7 +234,22 @@ case "$OP" in
     apply | destroy) ;;
     *) fail 2 "CAPTF_OPERATION must be apply or destroy, not '$OP'" ;;
 esac
-command -v terraform > /dev/null 2>&1 || fail 127 "terraform is not on PATH in the runner image"
+# The runtime: the one the inputs name, else terraform, else tofu (an OpenTofu image).
+TF="${CAPTF_RUNTIME:-}"
+if [ -z "$TF" ]; then
+    if command -v terraform > /dev/null 2>&1; then
+        TF=terraform
+    elif command -v tofu > /dev/null 2>&1; then
+        TF=tofu
+    else
+        fail 127 "neither terraform nor tofu is on PATH in the runner image"
+    fi
+fi
+case "$TF" in
+    terraform | tofu) ;;
+    *) fail 2 "CAPTF_RUNTIME must be terraform or tofu, not '$TF'" ;;
+esac
+command -v "$TF" > /dev/null 2>&1 || fail 127 "$TF is not on PATH in the runner image (the inputs' runner.runtime names it)"
 
 mkdir -p "$WORK" "${HOME:-$WS/home}" "${TF_DATA_DIR:-$WS/.terraform-data}" "${TMPDIR:-$WS/tmp}" ||
     fail 1 "cannot create the working directories under $WS"
@@ -296,12 +313,12 @@ if [ -f "$WORK/errored.tfstate" ]; then
     log "errored.tfstate $where; follow the runbook before retrying."
     log "=================================================================="
     if [ "$status" -eq 0 ]; then status=1; fi
-    message "terraform could not save its state: errored.tfstate $where (terraform $OP exited $status)"
+    message "$TF could not save its state: errored.tfstate $where ($TF $OP exited $status)"
     exit "$(final_status "$status")"
 fi
 
 if [ "$status" -ne 0 ] || [ -n "$SIGNALLED" ]; then
     tf_failed "$OP" "$status"
 fi
-log "terraform $OP succeeded"
+log "$TF $OP succeeded"
 exit 0

@@ -100,12 +100,35 @@ pub struct SecretKeyRef {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunnerSpec {
-    /// The runner image; it must contain `terraform` and a POSIX shell.
+    /// The runner image; it must contain `terraform` (or `tofu`) and a POSIX shell.
     #[serde(default = "default_image")]
     pub image: String,
     /// The deadline of one attempt, in seconds (the Job's `activeDeadlineSeconds`).
     #[serde(default = "default_timeout")]
     pub timeout_seconds: i64,
+    /// The command the runner runs: `terraform`, or `tofu` (OpenTofu). Unset: `terraform`,
+    /// or `tofu` in an image that has no `terraform`. Recorded with the inputs: the destroy
+    /// runs the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+}
+
+/// What runs the module: Terraform or OpenTofu (the same kubernetes backend and state).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    Terraform,
+    Tofu,
+}
+
+impl Runtime {
+    /// The command's name, as the runner calls it.
+    pub fn command(self) -> &'static str {
+        match self {
+            Runtime::Terraform => "terraform",
+            Runtime::Tofu => "tofu",
+        }
+    }
 }
 
 fn default_image() -> String {
@@ -121,6 +144,7 @@ impl Default for RunnerSpec {
         RunnerSpec {
             image: default_image(),
             timeout_seconds: default_timeout(),
+            runtime: None,
         }
     }
 }
@@ -165,6 +189,22 @@ pub struct TerraformStatus {
     /// MachinePool controller still reads this field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
+    /// A TerraformMachinePool's instances, for people to read (the module's `instances`
+    /// output; Cluster API does not read it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<PoolInstance>,
+}
+
+/// An instance of a machine pool, as the module's `instances` output describes it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolInstance {
+    #[serde(rename = "providerID")]
+    pub provider_id: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<MachineAddress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
 }
 
 /// A failure domain of a cluster (CAPI v1beta2 `FailureDomain`).

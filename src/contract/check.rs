@@ -245,6 +245,22 @@ pub fn check(files: &BTreeMap<String, String>, role: Role) -> Result<Report, Str
             }
             _ => {}
         }
+        // `prevent_destroy`: every destroy of the module fails, and the deletion with it.
+        if b.kind == "resource"
+            && b.blocks
+                .iter()
+                .filter(|x| x.kind == "lifecycle")
+                .any(|l| l.attribute("prevent_destroy").map(str::trim) == Some("true"))
+        {
+            findings.push(Finding {
+                severity: Severity::Error,
+                at: at(file, b),
+                message: format!(
+                    "resource {label} \"{}\" has lifecycle prevent_destroy = true: every destroy fails, and the object is never released; remove it (CAPTF destroys only when the Cluster is deleted)",
+                    b.labels.get(1).map(String::as_str).unwrap_or("?")
+                ),
+            });
+        }
         // Destroy-time provisioners: Terraform lets them refer to `self` only; one that
         // reaches the bootstrap data would fail every destroy.
         for p in b

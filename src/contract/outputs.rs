@@ -36,6 +36,50 @@ pub fn against_inputs(
     }
 }
 
+/// Whether `v` is a list of Cluster API machine addresses.
+fn addresses_valid(v: &Value) -> bool {
+    v.as_array().is_some_and(|l| {
+        l.iter().all(|a| {
+            a["type"]
+                .as_str()
+                .is_some_and(|t| ADDRESS_TYPES.contains(&t))
+                && a["address"].as_str().is_some_and(|s| !s.is_empty())
+        })
+    })
+}
+
+/// A pool's `instances` output as `status.instances`: each with a provider ID of the
+/// pool's `provider_id_list` (`listed`), its addresses and failure domain; or what is
+/// wrong with it.
+fn instances(v: &Value, listed: &Value) -> Result<Vec<Value>, String> {
+    let shape = "output instances must be a list of { provider_id = a string of provider_id_list, addresses = optional(list of addresses), failure_domain = optional(string) }";
+    let list = v.as_array().ok_or_else(|| format!("{shape}, not {v}"))?;
+    let listed: Vec<&str> = listed
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    list.iter()
+        .map(|i| {
+            let id = i["provider_id"]
+                .as_str()
+                .filter(|id| listed.contains(id))
+                .ok_or_else(|| format!("{shape}, not {i}"))?;
+            let mut out = json!({ "providerID": id });
+            match &i["addresses"] {
+                Value::Null => {}
+                a if addresses_valid(a) => out["addresses"] = a.clone(),
+                _ => return Err(format!("{shape}, not {i}")),
+            }
+            match &i["failure_domain"] {
+                Value::Null => {}
+                Value::String(d) => out["failureDomain"] = json!(d),
+                _ => return Err(format!("{shape}, not {i}")),
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
 /// The spec fields the outputs set once: Cluster API copies them (the endpoint to the
 /// Cluster, the provider ID to the Machine and the Node's match) and never reads them
 /// again, so a later different value would change nothing but the record.
@@ -165,15 +209,7 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                 }
             }
             if let Some(v) = get("addresses") {
-                let ok = v.as_array().is_some_and(|l| {
-                    l.iter().all(|a| {
-                        a["type"]
-                            .as_str()
-                            .is_some_and(|t| ADDRESS_TYPES.contains(&t))
-                            && a["address"].as_str().is_some_and(|s| !s.is_empty())
-                    })
-                });
-                if ok {
+                if addresses_valid(v) {
                     f.status.insert("addresses".into(), v.clone());
                 } else {
                     errors.push(format!(
@@ -231,6 +267,15 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
             };
             if let Some(n) = replicas {
                 f.status.insert("replicas".into(), json!(n));
+            }
+            if let Some(v) = get("instances") {
+                let listed = f.spec.get("providerIDList").cloned().unwrap_or_default();
+                match instances(v, &listed) {
+                    Ok(list) => {
+                        f.status.insert("instances".into(), Value::Array(list));
+                    }
+                    Err(e) => errors.push(e),
+                }
             }
             // The MachinePool controller still reads `status.ready`.
             f.status.insert("ready".into(), json!(true));

@@ -210,6 +210,11 @@ resource "terraform_data" "vm" {
     command = "echo ${var.captf_bootstrap_data}"
   }
 }
+resource "terraform_data" "disk" {
+  lifecycle {
+    prevent_destroy = true
+  }
+}
 "#;
     let r = check(&module(&[("main.tf", bad)]), Role::Machine).expect("reads");
     let errors: Vec<&str> = r
@@ -233,6 +238,13 @@ resource "terraform_data" "vm" {
     assert!(
         has(
             &errors,
+            "resource terraform_data \"disk\" has lifecycle prevent_destroy = true"
+        ),
+        "{errors:?}"
+    );
+    assert!(
+        has(
+            &errors,
             "destroy-time provisioner refers to captf_bootstrap_data"
         ),
         "{errors:?}"
@@ -241,7 +253,7 @@ resource "terraform_data" "vm" {
         has(&errors, "output provider_id (string) is missing"),
         "{errors:?}"
     );
-    assert_eq!(errors.len(), 4, "{errors:?}");
+    assert_eq!(errors.len(), 5, "{errors:?}");
     assert!(
         has(
             &warnings,
@@ -263,9 +275,9 @@ resource "terraform_data" "vm" {
         !has(&warnings, "captf_tags"),
         "spacing in a type is no difference: {warnings:?}"
     );
-    assert_eq!(r.errors(), 4);
+    assert_eq!(r.errors(), 5);
     assert!(
-        r.render_text().ends_with("4 error(s), 5 warning(s)\n"),
+        r.render_text().ends_with("5 error(s), 5 warning(s)\n"),
         "{}",
         r.render_text()
     );
@@ -598,4 +610,50 @@ fn a_machine_placed_in_another_failure_domain_than_its_machine_asks_for_breaks_t
     );
     // Not a machine: pools place their instances across captf_failure_domains.
     assert!(against_inputs(Role::MachinePool, &out, &given).is_empty());
+}
+
+#[test]
+fn a_pools_instances_are_shown_in_its_status_each_one_of_its_provider_ids() {
+    use super::outputs::fields;
+    let out = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    let f = fields(
+        Role::MachinePool,
+        &out(serde_json::json!({
+            "provider_id_list": ["captf:///p-0", "captf:///p-1"],
+            "instances": [
+                {"provider_id": "captf:///p-0", "addresses": [{"type": "InternalIP", "address": "10.0.2.1"}], "failure_domain": "az-1"},
+                {"provider_id": "captf:///p-1"}
+            ]
+        })),
+    )
+    .expect("valid");
+    assert_eq!(
+        f.status["instances"],
+        serde_json::json!([
+            {"providerID": "captf:///p-0", "addresses": [{"type": "InternalIP", "address": "10.0.2.1"}], "failureDomain": "az-1"},
+            {"providerID": "captf:///p-1"}
+        ])
+    );
+    // Its status deserializes into the kind's status type.
+    let status: crate::api::TerraformStatus =
+        serde_json::from_value(serde_json::Value::Object(f.status.clone())).expect("status");
+    assert_eq!(status.instances.len(), 2);
+    assert_eq!(status.instances[0].failure_domain.as_deref(), Some("az-1"));
+
+    // An instance the list does not have, or of another shape: named.
+    for bad in [
+        serde_json::json!([{"provider_id": "captf:///p-9"}]),
+        serde_json::json!([{"provider_id": "captf:///p-0", "addresses": [{"type": "Carrier", "address": "x"}]}]),
+        serde_json::json!({"provider_id": "captf:///p-0"}),
+    ] {
+        let errors = fields(
+            Role::MachinePool,
+            &out(serde_json::json!({"provider_id_list": ["captf:///p-0"], "instances": bad})),
+        )
+        .expect_err("invalid");
+        assert!(
+            errors[0].starts_with("output instances must be a list of"),
+            "{errors:?}"
+        );
+    }
 }

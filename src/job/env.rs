@@ -23,6 +23,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "CAPTF_ERRORED_SUFFIX_BEFORE_TAG",
     "CAPTF_ERRORED_SUFFIX_AFTER_TAG",
     "CAPTF_JOB_NAME",
+    "CAPTF_RUNTIME",
     "CHECKPOINT_DISABLE",
 ];
 
@@ -119,5 +120,8 @@ pub(super) fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>
         ),
         plain("CHECKPOINT_DISABLE", "1".to_string()),
     ]);
+    if let Some(runtime) = req.inputs.runner.runtime {
+        out.push(plain("CAPTF_RUNTIME", runtime.command().to_string()));
+    }
     Ok(out)
 }

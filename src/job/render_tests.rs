@@ -23,6 +23,7 @@ pub(crate) fn inline_inputs() -> Inputs {
         version: 1,
         runner: Runner {
             image: "hashicorp/terraform:1.11.4".into(),
+            runtime: None,
         },
         module: Module::Files(BTreeMap::from([
             (

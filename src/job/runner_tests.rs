@@ -1,4 +1,5 @@
-//! Tests of `templates/runner.sh`, run for real with `sh` and a fake `terraform` on PATH.
+//! Tests of `templates/runner.sh`, run for real with `sh` and a fake `terraform` on PATH
+//! (the same fake as `tofu` for OpenTofu).
 //!
 //! The render directory is materialised from the rendered Job's annotations, as the
 //! kubelet projects them, and the container's env is used with its paths moved into a
@@ -24,6 +25,7 @@ use crate::inputs::Module;
 
 const FAKE_TERRAFORM: &str = r#"#!/bin/sh
 rec="$FAKE_TF_RECORD"
+echo "BIN ${0##*/}" >> "$rec"
 echo "ARGS $*" >> "$rec"
 echo "CWD $(pwd)" >> "$rec"
 echo "ENV HOME=${HOME:-} TF_DATA_DIR=${TF_DATA_DIR:-} TF_IN_AUTOMATION=${TF_IN_AUTOMATION:-} TF_INPUT=${TF_INPUT:-} AWS=${AWS_ACCESS_KEY_ID:-}" >> "$rec"
@@ -591,6 +593,103 @@ fn an_unknown_operation_is_refused() {
         assert_eq!(status.code(), Some(2));
         assert!(r.termination_log().contains("must be apply or destroy"));
         assert_eq!(r.record(), "");
+    }
+}
+
+impl Runner {
+    /// Puts the fake on PATH as `tofu` too; with `only`, as `tofu` alone.
+    fn with_tofu(self, only: bool) -> Runner {
+        let tofu = self.path("bin/tofu");
+        std::fs::copy(self.path("bin/terraform"), &tofu).unwrap();
+        if only {
+            std::fs::remove_file(self.path("bin/terraform")).unwrap();
+        }
+        self
+    }
+
+    /// Which binaries ran, in order.
+    fn bins(&self) -> Vec<String> {
+        self.record()
+            .lines()
+            .filter_map(|l| l.strip_prefix("BIN "))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// PATH without the machine's own `terraform` (in /usr/local/bin): an image with only
+/// what the test puts in `bin`.
+fn without_host_terraform(r: &Runner, command: &mut Command) {
+    command.env("PATH", format!("{}:/usr/bin:/bin", r.path("bin").display()));
+}
+
+#[test]
+fn inputs_that_name_tofu_run_tofu_for_every_step() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let mut inputs = inline_inputs();
+        inputs.runner.runtime = Some(crate::api::types::Runtime::Tofu);
+        let r = Runner::new(rendered(&Templates::embedded(), &request(&inputs)), shell)
+            .with_tofu(false);
+        let (status, stderr) = r.run(r.command());
+        assert!(status.success(), "{status:?}\n{stderr}\n{}", r.record());
+        assert_eq!(r.bins(), ["tofu", "tofu"], "init and destroy, both by tofu");
+        assert!(stderr.contains("running: tofu destroy"), "{stderr}");
+    }
+}
+
+#[test]
+fn an_image_with_only_tofu_runs_tofu_and_one_with_neither_fails_naming_both() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell).with_tofu(true);
+        let mut command = r.command();
+        without_host_terraform(&r, &mut command);
+        let (status, stderr) = r.run(command);
+        assert!(status.success(), "{status:?}\n{stderr}\n{}", r.record());
+        assert_eq!(r.bins(), ["tofu", "tofu"]);
+
+        // Both: terraform, unless the inputs say otherwise.
+        let r = Runner::destroy(shell).with_tofu(false);
+        let (status, _) = r.run(r.command());
+        assert!(status.success());
+        assert_eq!(r.bins(), ["terraform", "terraform"]);
+
+        // Neither.
+        let r = Runner::destroy(shell);
+        std::fs::remove_file(r.path("bin/terraform")).unwrap();
+        let mut command = r.command();
+        without_host_terraform(&r, &mut command);
+        let (status, _) = r.run(command);
+        assert_eq!(status.code(), Some(127));
+        assert!(
+            r.termination_log()
+                .contains("neither terraform nor tofu is on PATH in the runner image"),
+            "{}",
+            r.termination_log()
+        );
+    }
+}
+
+#[test]
+fn a_runtime_the_image_lacks_fails_naming_it() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let mut inputs = inline_inputs();
+        inputs.runner.runtime = Some(crate::api::types::Runtime::Tofu);
+        let r = Runner::new(rendered(&Templates::embedded(), &request(&inputs)), shell);
+        let mut command = r.command();
+        without_host_terraform(&r, &mut command);
+        let (status, _) = r.run(command);
+        assert_eq!(status.code(), Some(127));
+        assert!(
+            r.termination_log().contains(
+                "tofu is not on PATH in the runner image (the inputs' runner.runtime names it)"
+            ),
+            "{}",
+            r.termination_log()
+        );
+        assert_eq!(r.record(), "", "nothing ran");
     }
 }
 

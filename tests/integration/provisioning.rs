@@ -769,3 +769,55 @@ async fn a_machine_is_given_its_clusters_machine_inputs_once_they_exist() {
     assert!(env.destroyed("prod"));
     env.shutdown().await;
 }
+
+/// OpenTofu as the runtime (`spec.runner.runtime: tofu`): the manager's apply and the
+/// deletion's destroy both run `tofu` through the same kubernetes backend, the state
+/// says OpenTofu wrote it, and the object is released with nothing left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opentofu_applies_and_destroys_as_terraform_does() {
+    if envtest_only("OpenTofu is on PATH in the local kubelet's image only") {
+        return;
+    }
+    let env = Env::start_provisioning("apply-tofu", None).await;
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &apply_module(0),
+        json!({"runner": {"runtime": "tofu"}}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    assert!(created(&env, "prod"));
+    // OpenTofu wrote the state (its version, not Terraform's 1.11).
+    let suffix = names::state_suffix(Kind::TerraformCluster, "prod");
+    let secret = env
+        .secrets()
+        .get(&names::state_secret_name(&suffix))
+        .await
+        .expect("the state Secret");
+    let gz = secret.data.expect("data")["tfstate"].0.clone();
+    let mut json = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut json)
+        .expect("gunzip");
+    let state: serde_json::Value = serde_json::from_str(&json).expect("state JSON");
+    assert_eq!(state["terraform_version"], "1.10.6", "{json}");
+    // The inputs the destroy runs from name the runtime.
+    let inputs = env
+        .secrets()
+        .get(&names::inputs_secret_name(&suffix))
+        .await
+        .expect("the inputs Secret");
+    let inputs = captf::inputs::from_secret(&inputs, &env.ns, &suffix).expect("inputs");
+    assert_eq!(
+        inputs.runner.runtime,
+        Some(captf::api::types::Runtime::Tofu)
+    );
+
+    delete_and_wait_released(&env).await;
+    assert!(env.destroyed("prod"), "tofu destroyed the instances");
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
+    env.shutdown().await;
+}

@@ -145,6 +145,11 @@ impl ControlPlane {
             .arg(&crds)
             // Terraform's update check has no network to reach here.
             .arg("--kubelet-arg=--image-env=CHECKPOINT_DISABLE=1")
+            // "The image" has OpenTofu too, after the machine's terraform.
+            .arg(format!(
+                "--kubelet-arg=--image-env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{}",
+                dir_of.join("bin").display()
+            ))
             .args(kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")))
             .args(kcm_args.iter().map(|a| format!("--kcm-arg={a}")))
             .stdin(Stdio::piped())

@@ -79,7 +79,7 @@ resource "terraform_data" "vm" {{
 
 /// The outputs module contract v1 reads from a module of `kind`, as a stand-in module
 /// of two `terraform_data` instances (`vm`) gives them: a cluster's endpoint and failure
-/// domains, a machine's provider ID and address, a pool's provider IDs.
+/// domains, a machine's provider ID and address, a pool's provider IDs and instances.
 pub fn contract_outputs(kind: Kind) -> &'static str {
     match kind {
         Kind::TerraformCluster => {
@@ -103,6 +103,9 @@ output "addresses" {
         Kind::TerraformMachinePool => {
             r#"output "provider_id_list" {
   value = [for i, vm in terraform_data.vm : "captf:///${var.name}-${i}"]
+}
+output "instances" {
+  value = [for i, vm in terraform_data.vm : { provider_id = "captf:///${var.name}-${i}", failure_domain = "az-${i + 1}" }]
 }
 "#
         }
@@ -934,6 +937,7 @@ impl Env {
             version: 1,
             runner: Runner {
                 image: runner_image(),
+                runtime: None,
             },
             module: Module::Files([("main.tf".to_string(), module_body.to_string())].into()),
             variables: variables.clone(),
