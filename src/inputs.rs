@@ -58,6 +58,38 @@ pub struct Runner {
     /// `terraform` or `tofu`; absent: the runner's choice (`terraform`, else `tofu`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<crate::api::types::Runtime>,
+    /// The image the apply's Pod ran, by digest (`<name>@sha256:<hex>`, from its
+    /// `imageID`), recorded after the apply succeeded: the destroy runs it rather than a
+    /// tag that may have moved. What a run recorded, not an input: not in the hash.
+    #[serde(
+        default,
+        rename = "imageDigest",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub image_digest: Option<String>,
+}
+
+impl Runner {
+    /// The image a Job runs: the recorded digest, else the image as given.
+    pub fn run_image(&self) -> &str {
+        self.image_digest.as_deref().unwrap_or(&self.image)
+    }
+}
+
+/// The image reference a container status's `imageID` names by digest: `<name>@sha256:<64
+/// hex>` (Docker's `docker-pullable://` prefix dropped); none when it names no pullable
+/// digest (an image ID without a repository, a runtime that reports none).
+pub fn image_digest_of(image_id: &str) -> Option<String> {
+    let id = image_id.trim();
+    let id = id.strip_prefix("docker-pullable://").unwrap_or(id);
+    let (name, hex) = id.split_once("@sha256:")?;
+    (!name.is_empty()
+        && !name.contains("://")
+        && hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+    .then(|| id.to_string())
 }
 
 /// Exactly one of a pinned source address or the module's files inline.
@@ -315,6 +347,15 @@ fn check(inputs: &Inputs, namespace: &str, suffix: &str, origin: &str) -> Result
             ),
         });
     }
+    if let Some(d) = &inputs.runner.image_digest
+        && image_digest_of(d).as_deref() != Some(d.as_str())
+    {
+        return Err(InputsError::InvalidField {
+            origin: origin.to_string(),
+            field: "runner.imageDigest".into(),
+            message: format!("{d:?} is not <name>@sha256:<64 hex digits>"),
+        });
+    }
     if inputs.runner.image.trim().is_empty() {
         return Err(InputsError::InvalidField {
             origin: origin.to_string(),
@@ -443,6 +484,7 @@ pub fn build_from_spec(
         runner: Runner {
             image: spec.runner.image.clone(),
             runtime: spec.runner.runtime,
+            image_digest: None,
         },
         module,
         variables,
@@ -493,9 +535,16 @@ impl Inputs {
             .collect()
     }
 
-    /// The hash of [`Inputs::to_json_bytes`].
+    /// The hash of [`Inputs::to_json_bytes`], without what a run recorded (the image
+    /// digest): the hash is of what the spec asked for, and recording the digest must not
+    /// make the inputs look changed.
     pub fn sha256(&self) -> String {
-        Self::sha256_hex(&self.to_json_bytes())
+        if self.runner.image_digest.is_none() {
+            return Self::sha256_hex(&self.to_json_bytes());
+        }
+        let mut asked = self.clone();
+        asked.runner.image_digest = None;
+        Self::sha256_hex(&asked.to_json_bytes())
     }
 
     /// The per-attempt deadline, with the default when the inputs name none.

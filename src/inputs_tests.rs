@@ -470,3 +470,30 @@ fn the_contract_prefix_is_reserved_for_the_contract_variables() {
         "{err}"
     );
 }
+
+#[test]
+fn a_recorded_image_digest_is_what_the_jobs_run_and_must_be_a_digest() {
+    let hex = "ab".repeat(32);
+    let mut v = example();
+    v["runner"]["imageDigest"] = json!(format!("docker.io/hashicorp/terraform@sha256:{hex}"));
+    let i = parse_value(&v).unwrap();
+    assert_eq!(
+        i.runner.run_image(),
+        format!("docker.io/hashicorp/terraform@sha256:{hex}")
+    );
+    assert_eq!(
+        i.sha256(),
+        parse_value(&example()).unwrap().sha256(),
+        "not part of the hash"
+    );
+    assert_eq!(
+        parse_value(&example()).unwrap().runner.run_image(),
+        "hashicorp/terraform:1.11.4"
+    );
+    for bad in ["hashicorp/terraform:1.11.4", "sha256:abc", "x@sha256:ABC"] {
+        let mut v = example();
+        v["runner"]["imageDigest"] = json!(bad);
+        let msg = unusable(v);
+        assert!(msg.contains("runner.imageDigest"), "{msg}");
+    }
+}

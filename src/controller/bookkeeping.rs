@@ -61,6 +61,8 @@ pub struct Bookkeeping {
     /// The fields a successful apply's outputs set (the set-once ones are checked against
     /// the object when written): their presence is what provisions the object.
     pub fields: Option<crate::contract::outputs::Fields>,
+    /// The digest of the image the latest apply ran, to record in the inputs Secret.
+    pub image_digest: Option<String>,
 }
 
 impl Bookkeeping {
@@ -295,6 +297,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         apply_failure,
         apply_job_ran,
         fields,
+        image_digest: gather::apply::image_digest_to_record(o),
     }
 }
 
@@ -387,6 +390,9 @@ pub async fn apply<K: TerraformObject>(
     let mut ops = annotation_ops(obj.meta(), &edits);
     ops.extend(spec_ops);
     let written = guarded_patch(&scope.api, obj.meta(), ops).await?;
+    if let (Some(digest), Some(secret)) = (&plan.image_digest, &o.inputs_secret) {
+        record_image_digest(scope, secret, digest).await?;
+    }
     if let Some(f) = &plan.fields {
         let first = obj
             .status()
@@ -411,6 +417,38 @@ pub async fn apply<K: TerraformObject>(
         written: written.is_some(),
         young_parts,
     })
+}
+
+/// Records in the inputs Secret, as read in this pass (a write since then makes this one
+/// fail, and the next pass decides again), the image the apply ran by digest.
+async fn record_image_digest<K: TerraformObject>(
+    scope: &Scope<K>,
+    secret: &Secret,
+    digest: &str,
+) -> Result<(), Error> {
+    let Ok(mut inputs) = crate::inputs::from_secret(secret, &scope.namespace, &scope.suffix) else {
+        return Ok(());
+    };
+    inputs.runner.image_digest = Some(digest.to_string());
+    let mut updated = secret.clone();
+    updated.metadata.managed_fields = None;
+    updated.data.get_or_insert_default().insert(
+        names::INPUTS_KEY.to_string(),
+        k8s_openapi::ByteString(inputs.to_json_bytes()),
+    );
+    let name = names::inputs_secret_name(&scope.suffix);
+    match scope
+        .secrets
+        .replace(&name, &kube::api::PostParams::default(), &updated)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(%digest, "recorded the image the apply ran, for the destroy");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A part Secret younger than this is not protected yet: Terraform makes a new part with

@@ -193,6 +193,40 @@ pub fn unrecorded_apply(o: &Observed) -> Option<(u32, &Job, bool)> {
     }
 }
 
+/// The digest of the image the latest apply ran, when it is to be recorded in the inputs
+/// Secret: the inputs read in this pass are the ones that apply ran (their hash is the
+/// object's `inputs-sha256`) and record none yet, its Job succeeded, and its Pod's runner
+/// container names a pullable digest (`imageID`).
+pub fn image_digest_to_record(o: &Observed) -> Option<String> {
+    let name = o.meta.name.as_deref().unwrap_or_default();
+    let namespace = o.meta.namespace.as_deref().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, name);
+    let inputs = crate::inputs::from_secret(o.inputs_secret.as_ref()?, namespace, &suffix).ok()?;
+    if inputs.runner.image_digest.is_some()
+        || annotation(&o.meta, names::INPUTS_SHA256) != Some(inputs.sha256().as_str())
+    {
+        return None;
+    }
+    let n: u32 = annotation(&o.meta, names::APPLY_ATTEMPT)?
+        .trim()
+        .parse()
+        .ok()?;
+    let j = attempt_job(o, &suffix, names::OPERATION_APPLY, n)?;
+    if job::outcome(j, &o.pods) != JobOutcome::Succeeded {
+        return None;
+    }
+    o.pods
+        .iter()
+        .filter(|p| job::outcome::pod_of_job(j, p))
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .filter(|c| c.name == crate::job::layout::CONTAINER_NAME)
+        .find_map(|c| crate::inputs::image_digest_of(&c.image_id))
+}
+
 /// Whether the object is provisioned: `status.initialization.provisioned` as latched, or
 /// an apply's success recorded on the object (what survives a move).
 pub fn provisioned(meta: &ObjectMeta, latched: bool) -> bool {

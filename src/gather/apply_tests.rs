@@ -340,3 +340,102 @@ fn a_machine_meets_its_gates_in_order_and_a_cluster_has_none() {
     c.cluster = None;
     assert_eq!(prerequisite(&c, None, None), None);
 }
+
+/// Inputs recorded for `team-a/prod` of `kind` before its apply, and the object saying it
+/// applied them with attempt 1, whose Job completed on a Pod that ran `image_id`.
+fn applied_with_image(kind: Kind, image_id: &str) -> (Observed, crate::inputs::Inputs) {
+    let suffix = names::state_suffix(kind, "prod");
+    let inputs: crate::inputs::Inputs = crate::inputs::parse(
+        serde_json::json!({
+            "version": 1,
+            "runner": {"image": "hashicorp/terraform:1.11.4"},
+            "module": {"files": {"main.tf": ""}},
+            "backend": {"namespace": "team-a", "secretSuffix": suffix}
+        })
+        .to_string()
+        .as_bytes(),
+        "team-a",
+        &suffix,
+    )
+    .expect("inputs");
+    let sha = inputs.sha256();
+    let mut o = live(
+        kind,
+        &[(names::APPLY_ATTEMPT, "1"), (names::INPUTS_SHA256, &sha)],
+        &[],
+    );
+    let owner = crate::api::labels::OwnerRef {
+        kind,
+        name: "prod",
+        uid: "uid-1",
+        namespace: "team-a",
+        suffix: &suffix,
+    };
+    o.inputs_secret = Some(crate::inputs::inputs_secret(&inputs, &owner));
+    let j = job(
+        kind,
+        "apply",
+        1,
+        &[("Complete", "True", "", "2026-12-01T11:30:00Z")],
+    );
+    let mut pod = pod_of(&j, Some((0, "")));
+    pod.status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[0]
+        .image_id = image_id.to_string();
+    o.jobs = vec![j];
+    o.pods = vec![pod];
+    (o, inputs)
+}
+
+#[test]
+fn the_image_a_successful_apply_ran_is_recorded_by_digest_once() {
+    let hex = "0123456789abcdef".repeat(4);
+    let id = format!("docker.io/hashicorp/terraform@sha256:{hex}");
+    let (o, inputs) = applied_with_image(Kind::TerraformMachine, &id);
+    assert_eq!(image_digest_to_record(&o), Some(id.clone()));
+    // Docker's prefix goes.
+    let (o2, _) = applied_with_image(Kind::TerraformMachine, &format!("docker-pullable://{id}"));
+    assert_eq!(image_digest_to_record(&o2), Some(id.clone()));
+
+    // Recorded already: nothing more; and the hash does not change with it.
+    let mut recorded = inputs.clone();
+    recorded.runner.image_digest = Some(id.clone());
+    assert_eq!(
+        recorded.sha256(),
+        inputs.sha256(),
+        "the digest is not an input"
+    );
+    let mut o3 = o.clone();
+    let suffix = names::state_suffix(Kind::TerraformMachine, "prod");
+    let owner = crate::api::labels::OwnerRef {
+        kind: Kind::TerraformMachine,
+        name: "prod",
+        uid: "uid-1",
+        namespace: "team-a",
+        suffix: &suffix,
+    };
+    o3.inputs_secret = Some(crate::inputs::inputs_secret(&recorded, &owner));
+    assert_eq!(image_digest_to_record(&o3), None);
+
+    // Inputs other than the ones the apply ran (a newer spec's): not theirs to record.
+    let mut o4 = o.clone();
+    o4.meta
+        .annotations
+        .get_or_insert_default()
+        .insert(names::INPUTS_SHA256.into(), "another".into());
+    assert_eq!(image_digest_to_record(&o4), None);
+
+    // An image ID that names no pullable digest (a local image), or none at all.
+    for id in [
+        String::new(),
+        format!("sha256:{hex}"),
+        format!("hashicorp/terraform@sha256:{}", &hex[..10]),
+    ] {
+        let (o5, _) = applied_with_image(Kind::TerraformMachine, &id);
+        assert_eq!(image_digest_to_record(&o5), None, "{id}");
+    }
+}

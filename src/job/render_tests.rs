@@ -24,6 +24,7 @@ pub(crate) fn inline_inputs() -> Inputs {
         runner: Runner {
             image: "hashicorp/terraform:1.11.4".into(),
             runtime: None,
+            image_digest: None,
         },
         module: Module::Files(BTreeMap::from([
             (
@@ -740,4 +741,13 @@ fn the_contract_variables_are_a_file_of_their_own_only_when_there_are_any() {
     assert_eq!(contract["captf_bootstrap_data"], "I2Nsb3VkLWNvbmZpZw==");
     let vars: serde_json::Value = serde_json::from_str(&files[FILE_VARIABLES]).unwrap();
     assert!(vars.get("captf_bootstrap_data").is_none(), "{vars}");
+}
+
+#[test]
+fn a_recorded_image_digest_is_the_image_the_job_runs() {
+    let mut inputs = inline_inputs();
+    let digest = format!("docker.io/hashicorp/terraform@sha256:{}", "0f".repeat(32));
+    inputs.runner.image_digest = Some(digest.clone());
+    let (job, _) = rendered(&Templates::embedded(), &request(&inputs));
+    assert_eq!(container(&job).image.as_deref(), Some(digest.as_str()));
 }

@@ -170,10 +170,44 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     .await;
     assert_eq!(env.jobs_created(), 1, "rebuilt without a Job");
 
+    // The image the apply's Pod ran is recorded by digest (its imageID), for the destroy,
+    // and the inputs' hash stays the one on the object.
+    let recorded = || async {
+        let secret = env
+            .secrets()
+            .get_opt(&names::inputs_secret_name(&suffix))
+            .await
+            .ok()??;
+        captf::inputs::from_secret(&secret, &env.ns, &suffix)
+            .ok()?
+            .runner
+            .image_digest
+    };
+    wait_for("the image digest in the inputs Secret", long(), || async {
+        recorded().await.is_some()
+    })
+    .await;
+    let digest = recorded().await.expect("the image digest");
+    assert!(
+        digest.starts_with("docker.io/hashicorp/terraform@sha256:"),
+        "{digest}"
+    );
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert_eq!(
+        annotation(&obj, names::INPUTS_SHA256),
+        Some(inputs.sha256()),
+        "the digest is not an input"
+    );
+
     delete_and_wait_released(&env).await;
     assert!(
         env.destroyed("prod"),
         "Terraform did not destroy the instances"
+    );
+    assert_eq!(
+        env.job_images("prod", names::OPERATION_DESTROY),
+        [digest],
+        "the destroy ran the image the apply ran, by digest"
     );
     env.assert_nothing_left(Kind::TerraformCluster, "prod")
         .await;

@@ -112,12 +112,51 @@ fn container_status(c: &Container) -> Value {
             (json!({ "terminated": t }), false, false)
         }
     };
-    let mut s = json!({"name": c.name, "image": c.image, "imageID": "", "ready": ready,
+    // A container that never started has no image pulled: no imageID, as on a node.
+    let image_id = if state.get("waiting").is_some() {
+        String::new()
+    } else {
+        image_id(&c.image)
+    };
+    let mut s = json!({"name": c.name, "image": c.image, "imageID": image_id, "ready": ready,
         "started": started, "restartCount": 0, "state": state});
     if let Some(id) = &c.container_id {
         s["containerID"] = json!(id);
     }
     s
+}
+
+/// The `imageID` a node reports for a container of `image`: the image's repository, fully
+/// qualified, by digest. There is no registry here, so the digest is the SHA-256 of the
+/// reference (of the digest a reference by digest names).
+pub fn image_id(image: &str) -> String {
+    use sha2::Digest;
+    let (name, digest) = match image.split_once("@sha256:") {
+        Some((name, hex)) => (name, hex.to_string()),
+        None => {
+            let hex: String = sha2::Sha256::digest(image.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            // The tag goes: after the last `/`, a `:`.
+            let name = match image.rsplit_once(':') {
+                Some((repo, tag)) if !tag.contains('/') => repo,
+                _ => image,
+            };
+            (name, hex)
+        }
+    };
+    let first = name.split('/').next().unwrap_or_default();
+    let repo = if name.contains('/')
+        && (first.contains('.') || first.contains(':') || first == "localhost")
+    {
+        name.to_string()
+    } else if name.contains('/') {
+        format!("docker.io/{name}")
+    } else {
+        format!("docker.io/library/{name}")
+    };
+    format!("{repo}@sha256:{digest}")
 }
 
 /// The status patch for `pod` (whose current conditions keep their transition times).
@@ -320,5 +359,32 @@ mod tests {
             .map(|i| format!("{i}{}\n", "x".repeat(500)))
             .collect();
         assert!(termination_message(b"", wide.as_bytes(), true, true).len() <= 2048);
+    }
+}
+
+#[cfg(test)]
+mod image_id_tests {
+    use super::image_id;
+
+    #[test]
+    fn an_image_is_reported_fully_qualified_by_digest() {
+        let id = image_id("hashicorp/terraform:1.11.4");
+        assert!(
+            id.starts_with("docker.io/hashicorp/terraform@sha256:"),
+            "{id}"
+        );
+        assert_eq!(id.len(), "docker.io/hashicorp/terraform@sha256:".len() + 64);
+        assert!(image_id("busybox").starts_with("docker.io/library/busybox@sha256:"));
+        assert!(
+            image_id("registry.example.com:5000/team/runner:v1")
+                .starts_with("registry.example.com:5000/team/runner@sha256:")
+        );
+        let pinned = format!("ghcr.io/opentofu/opentofu@sha256:{}", "a".repeat(64));
+        assert_eq!(image_id(&pinned), pinned);
+        assert_ne!(
+            image_id("x:1"),
+            image_id("x:2"),
+            "another tag, another digest"
+        );
     }
 }

@@ -938,6 +938,7 @@ impl Env {
             runner: Runner {
                 image: runner_image(),
                 runtime: None,
+                image_digest: None,
             },
             module: Module::Files([("main.tf".to_string(), module_body.to_string())].into()),
             variables: variables.clone(),
@@ -1331,6 +1332,11 @@ impl Env {
         }
     }
 
+    /// The runner images of the Jobs of `operation` of the object `name` created so far.
+    pub fn job_images(&self, name: &str, operation: &str) -> Vec<String> {
+        self.witness.job_images(name, operation)
+    }
+
     /// Jobs created so far in the test's namespace (the witness saw them).
     pub fn jobs_created(&self) -> u64 {
         self.witness.jobs() as u64
@@ -1528,8 +1534,8 @@ struct Seen {
     had_instances: std::collections::BTreeSet<String>,
     /// State suffix → when its state, after holding instances, was seen holding none.
     emptied: BTreeMap<String, std::time::SystemTime>,
-    /// Job uid → (owner name label, operation label).
-    jobs: BTreeMap<String, (String, String)>,
+    /// Job uid → (owner name label, operation label, the runner container's image).
+    jobs: BTreeMap<String, (String, String, String)>,
 }
 
 const STATE_PREFIX: &str = "tfstate-default-";
@@ -1556,9 +1562,21 @@ impl Witness {
             while let Some(ev) = stream.next().await {
                 if let Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) = ev {
                     let label = |k: &str| job.labels().get(k).cloned().unwrap_or_default();
+                    let image = job
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.template.spec.as_ref())
+                        .and_then(|p| {
+                            p.containers
+                                .iter()
+                                .find(|c| c.name == captf::job::layout::CONTAINER_NAME)
+                        })
+                        .and_then(|c| c.image.clone())
+                        .unwrap_or_default();
                     let entry = (
                         label(names::LABEL_OWNER_NAME),
                         label(names::LABEL_OPERATION),
+                        image,
                     );
                     let uid = job.uid().unwrap_or_default();
                     s.lock().expect("witness").jobs.insert(uid, entry);
@@ -1591,8 +1609,18 @@ impl Witness {
         let seen = self.seen.lock().expect("witness");
         seen.jobs
             .values()
-            .filter(|(owner, op)| owner == name && op == names::OPERATION_DESTROY)
+            .filter(|(owner, op, _)| owner == name && op == names::OPERATION_DESTROY)
             .count() as u32
+    }
+
+    /// The runner images of the Jobs of `operation` of the object `name` seen so far.
+    fn job_images(&self, name: &str, operation: &str) -> Vec<String> {
+        let seen = self.seen.lock().expect("witness");
+        seen.jobs
+            .values()
+            .filter(|(owner, op, _)| owner == name && op == operation)
+            .map(|(_, _, image)| image.clone())
+            .collect()
     }
 
     fn jobs(&self) -> usize {
