@@ -50,6 +50,9 @@ pub struct Inputs {
     /// API objects they came from (the bootstrap data) are gone. Absent when none.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub contract_variables: Map<String, Value>,
+    /// What the latest successful apply ran (see [`Ran`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran: Option<Ran>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -58,23 +61,29 @@ pub struct Runner {
     /// `terraform` or `tofu`; absent: the runner's choice (`terraform`, else `tofu`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<crate::api::types::Runtime>,
-    /// The image the apply's Pod ran, by digest (`<name>@sha256:<hex>`, from its
-    /// `imageID`), recorded after the apply succeeded: the destroy runs it rather than a
-    /// tag that may have moved. What a run recorded, not an input: not in the hash.
-    #[serde(
-        default,
-        rename = "imageDigest",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub image_digest: Option<String>,
 }
 
-impl Runner {
-    /// The image a Job runs: the recorded digest, else the image as given.
-    pub fn run_image(&self) -> &str {
-        self.image_digest.as_deref().unwrap_or(&self.image)
-    }
+/// What the latest successful apply ran, recorded after it for the destroy (absent until
+/// then): the destroy runs the same without reaching a registry or a git host. What a run
+/// recorded, not what the spec asked: it is not part of the inputs' hash.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Ran {
+    /// The image its Pod ran, by digest (`<name>@sha256:<hex>`, from the Pod's `imageID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    /// The module's files as `init` fetched them from the source address (a module given
+    /// as files needs none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_files: Option<BTreeMap<String, String>>,
+    /// The provider lock file `init` wrote, when the inputs gave none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_file: Option<String>,
 }
+
+/// The most the fetched module files of a [`Ran`] may take (they go into the Pod's
+/// annotations as inline files do, beside the runner script and the variables).
+pub const RAN_MODULE_MAX_BYTES: usize = 160 * 1024;
 
 /// The image reference a container status's `imageID` names by digest: `<name>@sha256:<64
 /// hex>` (Docker's `docker-pullable://` prefix dropped); none when it names no pullable
@@ -302,6 +311,7 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
         timeout_seconds: field(obj, "timeoutSeconds", &origin)?,
         lock_file: field(obj, "lockFile", &origin)?,
         contract_variables: field(obj, "contractVariables", &origin)?.unwrap_or_default(),
+        ran: field(obj, "ran", &origin)?,
     };
     check(&inputs, namespace, suffix, &origin)?;
     Ok(inputs)
@@ -347,14 +357,34 @@ fn check(inputs: &Inputs, namespace: &str, suffix: &str, origin: &str) -> Result
             ),
         });
     }
-    if let Some(d) = &inputs.runner.image_digest
+    if let Some(d) = inputs.ran.as_ref().and_then(|r| r.image_digest.as_ref())
         && image_digest_of(d).as_deref() != Some(d.as_str())
     {
         return Err(InputsError::InvalidField {
             origin: origin.to_string(),
-            field: "runner.imageDigest".into(),
+            field: "ran.imageDigest".into(),
             message: format!("{d:?} is not <name>@sha256:<64 hex digits>"),
         });
+    }
+    if let Some(files) = inputs.ran.as_ref().and_then(|r| r.module_files.as_ref()) {
+        let size: usize = files.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if let Some((name, why)) = files.keys().find_map(|k| bad_file_name(k).map(|w| (k, w))) {
+            return Err(InputsError::InvalidField {
+                origin: origin.to_string(),
+                field: "ran.moduleFiles".into(),
+                message: format!("file name {name:?}: {why}"),
+            });
+        }
+        if files.is_empty() || size > RAN_MODULE_MAX_BYTES {
+            return Err(InputsError::InvalidField {
+                origin: origin.to_string(),
+                field: "ran.moduleFiles".into(),
+                message: format!(
+                    "{} files of {size} bytes: between 1 file and {RAN_MODULE_MAX_BYTES} bytes",
+                    files.len()
+                ),
+            });
+        }
     }
     if inputs.runner.image.trim().is_empty() {
         return Err(InputsError::InvalidField {
@@ -484,7 +514,6 @@ pub fn build_from_spec(
         runner: Runner {
             image: spec.runner.image.clone(),
             runtime: spec.runner.runtime,
-            image_digest: None,
         },
         module,
         variables,
@@ -496,6 +525,7 @@ pub fn build_from_spec(
         timeout_seconds: Some(spec.runner.timeout_seconds),
         lock_file: spec.lock_file.clone(),
         contract_variables: Map::new(),
+        ran: None,
     };
     check(&inputs, namespace, suffix, "spec")?;
     let bytes = inputs.to_json_bytes();
@@ -539,12 +569,42 @@ impl Inputs {
     /// digest): the hash is of what the spec asked for, and recording the digest must not
     /// make the inputs look changed.
     pub fn sha256(&self) -> String {
-        if self.runner.image_digest.is_none() {
+        if self.ran.is_none() {
             return Self::sha256_hex(&self.to_json_bytes());
         }
         let mut asked = self.clone();
-        asked.runner.image_digest = None;
+        asked.ran = None;
         Self::sha256_hex(&asked.to_json_bytes())
+    }
+
+    /// The image a Job runs: the digest the apply ran, else the image as given.
+    pub fn run_image(&self) -> &str {
+        self.ran
+            .as_ref()
+            .and_then(|r| r.image_digest.as_deref())
+            .unwrap_or(&self.runner.image)
+    }
+
+    /// The module a Job runs: the files the apply fetched from its source address, else
+    /// the module as given.
+    pub fn run_module(&self) -> std::borrow::Cow<'_, Module> {
+        match (
+            &self.module,
+            self.ran.as_ref().and_then(|r| r.module_files.as_ref()),
+        ) {
+            (Module::Source(_), Some(files)) => {
+                std::borrow::Cow::Owned(Module::Files(files.clone()))
+            }
+            (m, _) => std::borrow::Cow::Borrowed(m),
+        }
+    }
+
+    /// The provider lock file a Job uses: the one given, else the one the apply's `init`
+    /// wrote.
+    pub fn run_lock_file(&self) -> Option<&str> {
+        self.lock_file
+            .as_deref()
+            .or_else(|| self.ran.as_ref().and_then(|r| r.lock_file.as_deref()))
     }
 
     /// The per-attempt deadline, with the default when the inputs name none.

@@ -472,28 +472,43 @@ fn the_contract_prefix_is_reserved_for_the_contract_variables() {
 }
 
 #[test]
-fn a_recorded_image_digest_is_what_the_jobs_run_and_must_be_a_digest() {
+fn what_an_apply_ran_is_what_the_jobs_run_and_is_checked() {
     let hex = "ab".repeat(32);
+    let digest = format!("docker.io/hashicorp/terraform@sha256:{hex}");
     let mut v = example();
-    v["runner"]["imageDigest"] = json!(format!("docker.io/hashicorp/terraform@sha256:{hex}"));
+    v["lockFile"] = json!(null);
+    v["ran"] = json!({
+        "imageDigest": digest,
+        "moduleFiles": {"main.tf": "# fetched\n"},
+        "lockFile": "# the lock init wrote\n"
+    });
     let i = parse_value(&v).unwrap();
+    assert_eq!(i.run_image(), digest);
     assert_eq!(
-        i.runner.run_image(),
-        format!("docker.io/hashicorp/terraform@sha256:{hex}")
+        i.run_module().as_ref(),
+        &Module::Files([("main.tf".to_string(), "# fetched\n".to_string())].into())
     );
+    assert_eq!(i.run_lock_file(), Some("# the lock init wrote\n"));
+    let mut asked = example();
+    asked["lockFile"] = json!(null);
     assert_eq!(
         i.sha256(),
-        parse_value(&example()).unwrap().sha256(),
+        parse_value(&asked).unwrap().sha256(),
         "not part of the hash"
     );
-    assert_eq!(
-        parse_value(&example()).unwrap().runner.run_image(),
-        "hashicorp/terraform:1.11.4"
-    );
-    for bad in ["hashicorp/terraform:1.11.4", "sha256:abc", "x@sha256:ABC"] {
+    // Nothing recorded: the inputs as given.
+    let plain = parse_value(&example()).unwrap();
+    assert_eq!(plain.run_image(), "hashicorp/terraform:1.11.4");
+    assert!(matches!(plain.run_module().as_ref(), Module::Source(_)));
+    for (field, bad) in [
+        ("imageDigest", json!("hashicorp/terraform:1.11.4")),
+        ("imageDigest", json!("x@sha256:ABC")),
+        ("moduleFiles", json!({"../main.tf": ""})),
+        ("moduleFiles", json!({})),
+    ] {
         let mut v = example();
-        v["runner"]["imageDigest"] = json!(bad);
+        v["ran"] = json!({ field: bad });
         let msg = unusable(v);
-        assert!(msg.contains("runner.imageDigest"), "{msg}");
+        assert!(msg.contains(&format!("ran.{field}")), "{msg}");
     }
 }

@@ -321,4 +321,26 @@ if [ "$status" -ne 0 ] || [ -n "$SIGNALLED" ]; then
     tf_failed "$OP" "$status"
 fi
 log "$TF $OP succeeded"
+
+# 5. What an apply ran, for the destroy to run the same offline (job/report.rs reads it
+# from the Pod's log): the lock file init wrote when the inputs gave none, and the
+# module's files when they came from a source address; base64, one line each, counted.
+if [ "$OP" = apply ]; then
+    r_lines="$WS/ran.report"
+    : > "$r_lines"
+    if [ ! -f "$RENDER/terraform.lock.hcl" ] && [ -f "$WORK/.terraform.lock.hcl" ]; then
+        printf 'captf-runner: ran lock %s\n' "$(base64 < "$WORK/.terraform.lock.hcl" | tr -d '\n')" >> "$r_lines"
+    fi
+    if [ -f "$RENDER/module-source" ]; then
+        (cd "$WORK" && find . -type f ! -path './.terraform/*' ! -name captf_backend_override.tf \
+            ! -name captf.auto.tfvars.json ! -name .terraform.lock.hcl ! -name errored.tfstate \
+            ! -name 'terraform.tfstate*' | sort) | while IFS= read -r r_file; do
+            r_file=${r_file#./}
+            printf 'captf-runner: ran module-file %s %s\n' "$r_file" "$(base64 < "$WORK/$r_file" | tr -d '\n')"
+        done >> "$r_lines"
+    fi
+    printf 'captf-runner: ran begin\n'
+    cat "$r_lines"
+    printf 'captf-runner: ran end %s\n' "$(wc -l < "$r_lines" | tr -d ' ')"
+fi
 exit 0

@@ -61,8 +61,8 @@ pub struct Bookkeeping {
     /// The fields a successful apply's outputs set (the set-once ones are checked against
     /// the object when written): their presence is what provisions the object.
     pub fields: Option<crate::contract::outputs::Fields>,
-    /// The digest of the image the latest apply ran, to record in the inputs Secret.
-    pub image_digest: Option<String>,
+    /// The Pod of the latest apply, whose run is to be recorded in the inputs Secret.
+    pub ran: Option<gather::apply::ApplyRan>,
 }
 
 impl Bookkeeping {
@@ -297,7 +297,7 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         apply_failure,
         apply_job_ran,
         fields,
-        image_digest: gather::apply::image_digest_to_record(o),
+        ran: gather::apply::apply_ran_to_record(o),
     }
 }
 
@@ -390,8 +390,8 @@ pub async fn apply<K: TerraformObject>(
     let mut ops = annotation_ops(obj.meta(), &edits);
     ops.extend(spec_ops);
     let written = guarded_patch(&scope.api, obj.meta(), ops).await?;
-    if let (Some(digest), Some(secret)) = (&plan.image_digest, &o.inputs_secret) {
-        record_image_digest(scope, secret, digest).await?;
+    if let (Some(ran), Some(secret)) = (&plan.ran, &o.inputs_secret) {
+        record_ran(scope, secret, ran).await?;
     }
     if let Some(f) = &plan.fields {
         let first = obj
@@ -420,16 +420,40 @@ pub async fn apply<K: TerraformObject>(
 }
 
 /// Records in the inputs Secret, as read in this pass (a write since then makes this one
-/// fail, and the next pass decides again), the image the apply ran by digest.
-async fn record_image_digest<K: TerraformObject>(
+/// fail, and the next pass decides again), what the successful apply ran: its image by
+/// digest, and what its runner reported in the Pod's log (the lock file `init` wrote, the
+/// module's files fetched from a source address). A report that cannot be read is left
+/// out, with a warning: the destroy then fetches what the inputs name, as before.
+async fn record_ran<K: TerraformObject>(
     scope: &Scope<K>,
     secret: &Secret,
-    digest: &str,
+    ran: &gather::apply::ApplyRan,
 ) -> Result<(), Error> {
     let Ok(mut inputs) = crate::inputs::from_secret(secret, &scope.namespace, &scope.suffix) else {
         return Ok(());
     };
-    inputs.runner.image_digest = Some(digest.to_string());
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = scope.api_of();
+    let params = kube::api::LogParams {
+        container: Some(crate::job::layout::CONTAINER_NAME.to_string()),
+        tail_lines: Some(REPORT_TAIL_LINES),
+        limit_bytes: Some(REPORT_LOG_MAX_BYTES),
+        ..Default::default()
+    };
+    let reported = match pods.logs(&ran.pod, &params).await {
+        Ok(log) => crate::job::report::parse(&log).unwrap_or_else(|why| {
+            tracing::warn!(pod = %ran.pod, %why, "the apply's report of its run is not used");
+            Default::default()
+        }),
+        // Gone with its Pod: nothing more to learn.
+        Err(kube::Error::Api(e)) if e.code == 404 => Default::default(),
+        Err(e) => return Err(e.into()),
+    };
+    let from_source = matches!(inputs.module, crate::inputs::Module::Source(_));
+    inputs.ran = Some(crate::inputs::Ran {
+        image_digest: ran.image_digest.clone(),
+        module_files: reported.module_files.filter(|_| from_source),
+        lock_file: reported.lock_file.filter(|_| inputs.lock_file.is_none()),
+    });
     let mut updated = secret.clone();
     updated.metadata.managed_fields = None;
     updated.data.get_or_insert_default().insert(
@@ -443,13 +467,23 @@ async fn record_image_digest<K: TerraformObject>(
         .await
     {
         Ok(_) => {
-            tracing::info!(%digest, "recorded the image the apply ran, for the destroy");
+            let r = inputs.ran.as_ref();
+            tracing::info!(
+                digest = ?r.and_then(|r| r.image_digest.as_deref()),
+                module_files = r.and_then(|r| r.module_files.as_ref()).map_or(0, |f| f.len()),
+                lock_file = r.is_some_and(|r| r.lock_file.is_some()),
+                "recorded what the apply ran, for the destroy"
+            );
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
+
+/// How much of an apply Pod's log is read for its report: the report is at its end.
+const REPORT_TAIL_LINES: i64 = 1000;
+const REPORT_LOG_MAX_BYTES: i64 = 1024 * 1024;
 
 /// A part Secret younger than this is not protected yet: Terraform makes a new part with
 /// a create and then an update, and a finalizer added in between fails its write. (Only

@@ -193,16 +193,23 @@ pub fn unrecorded_apply(o: &Observed) -> Option<(u32, &Job, bool)> {
     }
 }
 
-/// The digest of the image the latest apply ran, when it is to be recorded in the inputs
-/// Secret: the inputs read in this pass are the ones that apply ran (their hash is the
-/// object's `inputs-sha256`) and record none yet, its Job succeeded, and its Pod's runner
-/// container names a pullable digest (`imageID`).
-pub fn image_digest_to_record(o: &Observed) -> Option<String> {
+/// The Pod of a successful apply whose run is to be recorded in the inputs Secret (what
+/// it ran: see [`crate::inputs::Ran`]), and the image digest its runner container names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApplyRan {
+    pub pod: String,
+    pub image_digest: Option<String>,
+}
+
+/// The latest apply's Pod, when its run is to be recorded: the inputs read in this pass
+/// are the ones that apply ran (their hash is the object's `inputs-sha256`) and record no
+/// run yet, and its Job succeeded.
+pub fn apply_ran_to_record(o: &Observed) -> Option<ApplyRan> {
     let name = o.meta.name.as_deref().unwrap_or_default();
     let namespace = o.meta.namespace.as_deref().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, name);
     let inputs = crate::inputs::from_secret(o.inputs_secret.as_ref()?, namespace, &suffix).ok()?;
-    if inputs.runner.image_digest.is_some()
+    if inputs.ran.is_some()
         || annotation(&o.meta, names::INPUTS_SHA256) != Some(inputs.sha256().as_str())
     {
         return None;
@@ -215,16 +222,21 @@ pub fn image_digest_to_record(o: &Observed) -> Option<String> {
     if job::outcome(j, &o.pods) != JobOutcome::Succeeded {
         return None;
     }
-    o.pods
+    let pod = o
+        .pods
         .iter()
         .filter(|p| job::outcome::pod_of_job(j, p))
-        .flat_map(|p| {
-            p.status
-                .iter()
-                .flat_map(|s| s.container_statuses.iter().flatten())
-        })
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))?;
+    let image_digest = pod
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
         .filter(|c| c.name == crate::job::layout::CONTAINER_NAME)
-        .find_map(|c| crate::inputs::image_digest_of(&c.image_id))
+        .find_map(|c| crate::inputs::image_digest_of(&c.image_id));
+    Some(ApplyRan {
+        pod: pod.metadata.name.clone()?,
+        image_digest,
+    })
 }
 
 /// Whether the object is provisioned: `status.initialization.provisioned` as latched, or

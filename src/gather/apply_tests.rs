@@ -392,22 +392,32 @@ fn applied_with_image(kind: Kind, image_id: &str) -> (Observed, crate::inputs::I
 }
 
 #[test]
-fn the_image_a_successful_apply_ran_is_recorded_by_digest_once() {
+fn the_run_of_a_successful_apply_is_recorded_once_with_its_image_digest() {
     let hex = "0123456789abcdef".repeat(4);
     let id = format!("docker.io/hashicorp/terraform@sha256:{hex}");
+    let digest_of = |o: &Observed| apply_ran_to_record(o).map(|r| r.image_digest);
     let (o, inputs) = applied_with_image(Kind::TerraformMachine, &id);
-    assert_eq!(image_digest_to_record(&o), Some(id.clone()));
+    let ran = apply_ran_to_record(&o).expect("to record");
+    assert!(
+        ran.pod.starts_with("captf-prod-tfm-apply-1-"),
+        "{}",
+        ran.pod
+    );
+    assert_eq!(ran.image_digest, Some(id.clone()));
     // Docker's prefix goes.
     let (o2, _) = applied_with_image(Kind::TerraformMachine, &format!("docker-pullable://{id}"));
-    assert_eq!(image_digest_to_record(&o2), Some(id.clone()));
+    assert_eq!(digest_of(&o2), Some(Some(id.clone())));
 
     // Recorded already: nothing more; and the hash does not change with it.
     let mut recorded = inputs.clone();
-    recorded.runner.image_digest = Some(id.clone());
+    recorded.ran = Some(crate::inputs::Ran {
+        image_digest: Some(id.clone()),
+        ..Default::default()
+    });
     assert_eq!(
         recorded.sha256(),
         inputs.sha256(),
-        "the digest is not an input"
+        "what ran is not an input"
     );
     let mut o3 = o.clone();
     let suffix = names::state_suffix(Kind::TerraformMachine, "prod");
@@ -419,7 +429,7 @@ fn the_image_a_successful_apply_ran_is_recorded_by_digest_once() {
         suffix: &suffix,
     };
     o3.inputs_secret = Some(crate::inputs::inputs_secret(&recorded, &owner));
-    assert_eq!(image_digest_to_record(&o3), None);
+    assert_eq!(apply_ran_to_record(&o3), None);
 
     // Inputs other than the ones the apply ran (a newer spec's): not theirs to record.
     let mut o4 = o.clone();
@@ -427,15 +437,16 @@ fn the_image_a_successful_apply_ran_is_recorded_by_digest_once() {
         .annotations
         .get_or_insert_default()
         .insert(names::INPUTS_SHA256.into(), "another".into());
-    assert_eq!(image_digest_to_record(&o4), None);
+    assert_eq!(apply_ran_to_record(&o4), None);
 
-    // An image ID that names no pullable digest (a local image), or none at all.
+    // An image ID that names no pullable digest (a local image), or none at all: the run
+    // is recorded without one.
     for id in [
         String::new(),
         format!("sha256:{hex}"),
         format!("hashicorp/terraform@sha256:{}", &hex[..10]),
     ] {
         let (o5, _) = applied_with_image(Kind::TerraformMachine, &id);
-        assert_eq!(image_digest_to_record(&o5), None, "{id}");
+        assert_eq!(digest_of(&o5), Some(None), "{id}");
     }
 }

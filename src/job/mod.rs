@@ -7,6 +7,7 @@ pub mod layout;
 pub mod outcome;
 pub mod rbac;
 pub mod render;
+pub mod report;
 pub mod template;
 
 #[cfg(test)]

@@ -134,10 +134,10 @@ pub fn runner_files(
                 + "\n",
         ));
     }
-    if let Some(lock) = &inputs.lock_file {
-        files.push((FILE_LOCK.to_string(), lock.clone()));
+    if let Some(lock) = inputs.run_lock_file() {
+        files.push((FILE_LOCK.to_string(), lock.to_string()));
     }
-    match &inputs.module {
+    match inputs.run_module().as_ref() {
         Module::Source(source) => files.push((FILE_MODULE_SOURCE.to_string(), source.clone())),
         Module::Files(module_files) => {
             for (name, content) in module_files {
@@ -178,7 +178,7 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     let values: BTreeMap<&str, String> = BTreeMap::from([
         ("name", job_name.clone()),
         ("namespace", req.namespace.to_string()),
-        ("image", req.inputs.runner.run_image().to_string()),
+        ("image", req.inputs.run_image().to_string()),
         ("operation", req.operation.to_string()),
         ("attempt", req.attempt.to_string()),
         ("suffix", req.suffix.to_string()),
@@ -367,7 +367,7 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
         .position(|c| c.name == CONTAINER_NAME)
         .unwrap_or(0);
     let c = &mut pod.containers[index];
-    c.image = Some(req.inputs.runner.run_image().to_string());
+    c.image = Some(req.inputs.run_image().to_string());
     c.command = Some(vec![
         "/bin/sh".to_string(),
         format!("{RENDER_DIR}/{FILE_RUNNER}"),

@@ -24,7 +24,6 @@ pub(crate) fn inline_inputs() -> Inputs {
         runner: Runner {
             image: "hashicorp/terraform:1.11.4".into(),
             runtime: None,
-            image_digest: None,
         },
         module: Module::Files(BTreeMap::from([
             (
@@ -55,6 +54,7 @@ pub(crate) fn inline_inputs() -> Inputs {
         timeout_seconds: Some(1800),
         lock_file: Some("# lock file\n".into()),
         contract_variables: Default::default(),
+        ran: None,
     }
 }
 
@@ -747,7 +747,10 @@ fn the_contract_variables_are_a_file_of_their_own_only_when_there_are_any() {
 fn a_recorded_image_digest_is_the_image_the_job_runs() {
     let mut inputs = inline_inputs();
     let digest = format!("docker.io/hashicorp/terraform@sha256:{}", "0f".repeat(32));
-    inputs.runner.image_digest = Some(digest.clone());
+    inputs.ran = Some(crate::inputs::Ran {
+        image_digest: Some(digest.clone()),
+        ..Default::default()
+    });
     let (job, _) = rendered(&Templates::embedded(), &request(&inputs));
     assert_eq!(container(&job).image.as_deref(), Some(digest.as_str()));
 }

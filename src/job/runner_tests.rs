@@ -46,6 +46,9 @@ init)
     done
     if [ -f captf_backend_override.tf ]; then
         echo "OVERRIDE $(tr '\n' ' ' < captf_backend_override.tf)" >> "$rec"
+        if [ -n "${FAKE_TF_LOCK:-}" ]; then
+            printf '%s\n' "$FAKE_TF_LOCK" > .terraform.lock.hcl
+        fi
     fi
     echo "FILES $(find . -type f | sort | tr '\n' ' ')" >> "$rec"
     if [ -n "${FAKE_TF_FAIL_INIT:-}" ]; then
@@ -132,6 +135,7 @@ const BUSYBOX: &str = "/usr/bin/busybox";
 const BUSYBOX_APPLETS: &[&str] = &[
     "sh", "cp", "mkdir", "rm", "cat", "tee", "mkfifo", "sed", "tail", "tr", "date", "setsid",
     "kill", "sleep", "printf", "find", "ls", "sort", "pwd", "env", "head", "cut", "hostname",
+    "base64", "wc",
 ];
 
 /// The shells to run each test under: busybox too when it is installed.
@@ -690,6 +694,63 @@ fn a_runtime_the_image_lacks_fails_naming_it() {
             r.termination_log()
         );
         assert_eq!(r.record(), "", "nothing ran");
+    }
+}
+
+#[test]
+fn an_apply_reports_the_lock_file_init_wrote_and_the_files_it_fetched() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let mut inputs = inline_inputs();
+        inputs.module = Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into());
+        inputs.lock_file = None;
+        let mut req = request(&inputs);
+        req.operation = names::OPERATION_APPLY;
+        let r = Runner::new(rendered(&Templates::embedded(), &req), shell);
+        let mut command = r.command();
+        command.env(
+            "FAKE_TF_LOCK",
+            "provider \"registry.terraform.io/hashicorp/null\" {}",
+        );
+        let out = command.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            r.record()
+        );
+        let report = super::report::parse(&stdout).expect("a report");
+        assert_eq!(
+            report.lock_file.as_deref(),
+            Some("provider \"registry.terraform.io/hashicorp/null\" {}\n")
+        );
+        let files = report.module_files.expect("the fetched files");
+        assert_eq!(
+            files.keys().collect::<Vec<_>>(),
+            ["main.tf"],
+            "the module's files, not CAPTF's own nor the lock file"
+        );
+        assert_eq!(files["main.tf"], "resource \"terraform_data\" \"x\" {}\n");
+
+        // A destroy reports nothing; nor does an apply of inline files with a lock file.
+        let r = Runner::destroy(shell);
+        let out = r.command().output().unwrap();
+        assert!(out.status.success());
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("captf-runner: ran"));
+        let inputs = inline_inputs();
+        let mut req = request(&inputs);
+        req.operation = names::OPERATION_APPLY;
+        let r = Runner::new(rendered(&Templates::embedded(), &req), shell);
+        let out = r.command().output().unwrap();
+        assert!(out.status.success());
+        let report = super::report::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
+        assert_eq!(
+            report,
+            super::report::Reported::default(),
+            "an empty report"
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("captf-runner: ran end 0"));
     }
 }
 

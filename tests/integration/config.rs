@@ -72,6 +72,7 @@ fn kustomize_builds_the_install_manifests() {
         "- terraformclusters/status\n",
         "- machines\n",
         "- machinepools\n",
+        "- pods/log\n",
         "- secrets\n",
         "- leases\n",
         "- roles\n",

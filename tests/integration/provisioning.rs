@@ -180,7 +180,7 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
             .ok()??;
         captf::inputs::from_secret(&secret, &env.ns, &suffix)
             .ok()?
-            .runner
+            .ran?
             .image_digest
     };
     wait_for("the image digest in the inputs Secret", long(), || async {
@@ -851,6 +851,68 @@ async fn opentofu_applies_and_destroys_as_terraform_does() {
 
     delete_and_wait_released(&env).await;
     assert!(env.destroyed("prod"), "tofu destroyed the instances");
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
+    env.shutdown().await;
+}
+
+/// A module given by source address: the apply fetches it, and its runner reports the
+/// files it fetched, which the manager records with the inputs. The source then goes (a
+/// git host retired, a path removed) and the destroy still runs, from the recorded files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_module_fetched_by_the_apply_is_kept_and_the_destroy_needs_no_source() {
+    if envtest_only("the module's source is a path on this machine") {
+        return;
+    }
+    let env = Env::start_provisioning("apply-fetched", None).await;
+    let source = env.dir.join("module-source");
+    std::fs::create_dir_all(source.join("modules/extra")).expect("module dir");
+    std::fs::write(source.join("main.tf"), apply_module(0)).expect("main.tf");
+    std::fs::write(
+        source.join("modules/extra/README"),
+        "not Terraform, kept all the same\n",
+    )
+    .expect("README");
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        "",
+        json!({"module": {"source": source.display().to_string()}}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    assert!(created(&env, "prod"));
+    let suffix = names::state_suffix(Kind::TerraformCluster, "prod");
+    let ran = || async {
+        let secret = env
+            .secrets()
+            .get_opt(&names::inputs_secret_name(&suffix))
+            .await
+            .ok()??;
+        captf::inputs::from_secret(&secret, &env.ns, &suffix)
+            .ok()?
+            .ran
+    };
+    wait_for("the apply's run to be recorded", long(), || async {
+        ran().await.is_some()
+    })
+    .await;
+    let files = ran()
+        .await
+        .and_then(|r| r.module_files)
+        .expect("the fetched files");
+    assert_eq!(
+        files.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["main.tf", "modules/extra/README"]
+    );
+    assert_eq!(files["main.tf"], apply_module(0));
+
+    // The source is gone for good; the destroy runs from what the apply fetched.
+    std::fs::remove_dir_all(&source).expect("remove the source");
+    delete_and_wait_released(&env).await;
+    assert!(env.destroyed("prod"), "Terraform destroyed the instances");
     env.assert_nothing_left(Kind::TerraformCluster, "prod")
         .await;
     env.shutdown().await;

@@ -938,7 +938,6 @@ impl Env {
             runner: Runner {
                 image: runner_image(),
                 runtime: None,
-                image_digest: None,
             },
             module: Module::Files([("main.tf".to_string(), module_body.to_string())].into()),
             variables: variables.clone(),
@@ -950,6 +949,7 @@ impl Env {
             timeout_seconds: Some(self.job_timeout_seconds),
             lock_file: None,
             contract_variables: Default::default(),
+            ran: None,
         };
         let secret = inputs::inputs_secret(
             &inputs,

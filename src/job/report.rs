@@ -1,0 +1,162 @@
+//! What a successful apply's runner reports of its run on stdout, for the destroy to run
+//! the same offline: the provider lock file `init` wrote, and the module's files when they
+//! came from a source address. Between markers at the end of the Pod's log:
+//!
+//! ```text
+//! captf-runner: ran begin
+//! captf-runner: ran lock <base64>
+//! captf-runner: ran module-file <path> <base64>
+//! captf-runner: ran end <count of the lines between>
+//! ```
+//!
+//! The log is untrusted (the module's own output is in it): the last complete report is
+//! read, with every limit of inline module files, or none.
+
+use std::collections::BTreeMap;
+
+use crate::inputs::{RAN_MODULE_MAX_BYTES, bad_file_name};
+
+const BEGIN: &str = "captf-runner: ran begin";
+const LOCK: &str = "captf-runner: ran lock ";
+const FILE: &str = "captf-runner: ran module-file ";
+const END: &str = "captf-runner: ran end ";
+
+/// The most a lock file may take.
+pub const LOCK_MAX_BYTES: usize = 64 * 1024;
+
+/// What a runner reported of its run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reported {
+    pub lock_file: Option<String>,
+    pub module_files: Option<BTreeMap<String, String>>,
+}
+
+/// The last complete report in `log`; an empty one when the log has none (a runner from
+/// before the report, a log cut short); an error naming what is wrong with a report that
+/// breaks its form or its limits.
+pub fn parse(log: &str) -> Result<Reported, String> {
+    let lines: Vec<&str> = log.lines().collect();
+    let Some(end) = lines.iter().rposition(|l| l.starts_with(END)) else {
+        return Ok(Reported::default());
+    };
+    let Some(begin) = lines[..end].iter().rposition(|l| *l == BEGIN) else {
+        return Err("the report of the run has an end and no beginning".into());
+    };
+    let body = &lines[begin + 1..end];
+    let count: usize = lines[end][END.len()..]
+        .trim()
+        .parse()
+        .map_err(|_| format!("the report's end line is {:?}", lines[end]))?;
+    if count != body.len() {
+        return Err(format!(
+            "the report says {count} lines and has {}: the log is cut or mixed",
+            body.len()
+        ));
+    }
+    let decode = |b64: &str, what: &str| -> Result<String, String> {
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(serde_json::json!(b64))
+            .map_err(|e| format!("{what}: not base64: {e}"))?;
+        String::from_utf8(bytes.0).map_err(|_| format!("{what}: not UTF-8 text"))
+    };
+    let mut out = Reported::default();
+    let mut size = 0;
+    for line in body {
+        if let Some(b64) = line.strip_prefix(LOCK) {
+            let lock = decode(b64.trim(), "the lock file")?;
+            if lock.len() > LOCK_MAX_BYTES {
+                return Err(format!(
+                    "the lock file is {} bytes, more than {LOCK_MAX_BYTES}",
+                    lock.len()
+                ));
+            }
+            out.lock_file = Some(lock);
+        } else if let Some(rest) = line.strip_prefix(FILE) {
+            let (path, b64) = rest
+                .split_once(' ')
+                .ok_or_else(|| format!("a module file line without content: {line:?}"))?;
+            if let Some(why) = bad_file_name(path) {
+                return Err(format!("module file {path:?}: {why}"));
+            }
+            let content = decode(b64.trim(), &format!("module file {path}"))?;
+            size += path.len() + content.len();
+            if size > RAN_MODULE_MAX_BYTES {
+                return Err(format!(
+                    "the module's files take more than {RAN_MODULE_MAX_BYTES} bytes"
+                ));
+            }
+            out.module_files
+                .get_or_insert_default()
+                .insert(path.to_string(), content);
+        } else {
+            return Err(format!("an unknown line in the report: {line:?}"));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b64(s: &str) -> String {
+        serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec()))
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn the_last_complete_report_is_read() {
+        let log = format!(
+            "Apply complete!\ncaptf-runner: ran begin\ncaptf-runner: ran end 0\n\
+             captf-runner: ran begin\ncaptf-runner: ran lock {}\n\
+             captf-runner: ran module-file main.tf {}\ncaptf-runner: ran module-file modules/net/main.tf {}\n\
+             captf-runner: ran end 3\n",
+            b64("# lock\n"),
+            b64("resource \"terraform_data\" \"x\" {}\n"),
+            b64("# net\n")
+        );
+        let r = parse(&log).unwrap();
+        assert_eq!(r.lock_file.as_deref(), Some("# lock\n"));
+        let files = r.module_files.unwrap();
+        assert_eq!(files.len(), 2);
+        assert_eq!(files["modules/net/main.tf"], "# net\n");
+        assert_eq!(parse("no report here\n").unwrap(), Reported::default());
+    }
+
+    #[test]
+    fn a_report_that_breaks_its_form_or_limits_is_refused_naming_why() {
+        let cases = [
+            (
+                "captf-runner: ran begin\ncaptf-runner: ran lock eA==\ncaptf-runner: ran end 2\n"
+                    .to_string(),
+                "says 2 lines and has 1",
+            ),
+            (
+                format!(
+                    "captf-runner: ran begin\ncaptf-runner: ran module-file ../x.tf {}\ncaptf-runner: ran end 1\n",
+                    b64("x")
+                ),
+                "contains `..`",
+            ),
+            (
+                "captf-runner: ran begin\ncaptf-runner: ran lock !!!\ncaptf-runner: ran end 1\n"
+                    .to_string(),
+                "not base64",
+            ),
+            (
+                format!(
+                    "captf-runner: ran begin\ncaptf-runner: ran module-file big.tf {}\ncaptf-runner: ran end 1\n",
+                    b64(&"x".repeat(RAN_MODULE_MAX_BYTES + 1))
+                ),
+                "more than",
+            ),
+            ("captf-runner: ran end 0\n".to_string(), "no beginning"),
+        ];
+        for (log, want) in cases {
+            let err = parse(&log).unwrap_err();
+            assert!(err.contains(want), "{err} (wanted {want})");
+        }
+    }
+}
