@@ -22,9 +22,9 @@ use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
 use crate::contract::HANDOFF_OUTPUT;
 use crate::contract::Role;
-use crate::contract::values::{Sources, handoff_source, values};
+use crate::contract::values::handoff_source;
 use crate::gather::Observed;
-use crate::gather::apply::{self as gather_apply, ApplyObserved, apply_facts, capi_owner};
+use crate::gather::apply::{self as gather_apply, ApplySources, apply_facts, capi_owner};
 use crate::rules::Decision;
 use crate::rules::apply::{
     ApplyAction, ApplyFacts, ApplyRow, INPUTS_APPLIED, Prerequisite, decide_apply,
@@ -65,54 +65,38 @@ pub async fn live_pass<K: TerraformObject>(
     }
     // The Cluster API objects the module contract's values come from: the Cluster (from
     // the cache), and for a machine or pool its owner and bootstrap data Secret (read),
-    // then the TerraformCluster's hand-off. A provisioned machine keeps the values it was
-    // applied with (Cluster API's Machine does not change; a new cluster hand-off
-    // re-applies pools, not machines), read from its inputs Secret.
+    // then the TerraformCluster's hand-off; a provisioned machine's from its inputs
+    // Secret instead (it keeps them).
     let cluster = read_cluster(ctx, scope, &observed).await?;
-    let recorded = if provisioned && observed.kind == Kind::TerraformMachine {
-        recorded_contract(scope).await?
-    } else {
-        None
-    };
-    let (prerequisite, contract) = match recorded {
-        Some(values) => (None, Ok(values)),
-        None => {
-            let owner = read_owner(ctx, &observed).await?;
-            let bootstrap = read_bootstrap(scope, observed.kind, owner.as_ref()).await?;
-            let mut prerequisite = if provisioned {
-                None
-            } else {
-                gather_apply::prerequisite(&observed, owner.as_ref(), bootstrap.as_ref())
-            };
-            let handoff = if observed.kind == Kind::TerraformCluster || prerequisite.is_some() {
-                Ok(None)
-            } else {
-                cluster_outputs(ctx, scope, cluster.as_ref()).await?
-            };
-            if let (false, None, Err(detail)) = (provisioned, &prerequisite, &handoff) {
-                prerequisite = Some(Prerequisite::ClusterOutputs {
-                    detail: detail.clone(),
-                });
-            }
-            let contract = handoff.and_then(|h| {
-                contract_values(
-                    scope,
-                    &observed,
-                    cluster.as_ref(),
-                    owner.as_ref(),
-                    bootstrap.as_ref(),
-                    h.as_ref(),
-                )
-            });
-            (prerequisite, contract)
-        }
-    };
-    let seen = ApplyObserved {
-        provisioned,
+    let mut sources = ApplySources {
+        latched,
         state_exists,
-        prerequisite,
-        contract,
+        cluster: cluster.as_ref(),
+        ..Default::default()
     };
+    if gather_apply::keeps_recorded_values(observed.kind, provisioned) {
+        let name = names::inputs_secret_name(&scope.suffix);
+        sources.recorded = scope
+            .secrets
+            .get_opt(&name)
+            .await?
+            .and_then(|s| gather_apply::recorded_values(&s, &scope.namespace, &scope.suffix));
+    }
+    let (owner, bootstrap) = if sources.recorded.is_some() {
+        (None, None)
+    } else {
+        let owner = read_owner(ctx, &observed).await?;
+        let bootstrap = read_bootstrap(scope, observed.kind, owner.as_ref()).await?;
+        (owner, bootstrap)
+    };
+    sources.owner = owner.as_ref();
+    sources.bootstrap = bootstrap.as_ref();
+    if sources.recorded.is_none()
+        && gather_apply::needs_handoff(&observed, provisioned, sources.owner, sources.bootstrap)
+    {
+        sources.handoff = Some(cluster_outputs(ctx, scope, cluster.as_ref()).await?);
+    }
+    let seen = gather_apply::apply_observed(&observed, &sources);
 
     // Decide. Starting an attempt needs its Job, which only the manager can render: one
     // that does not render keeps the apply from starting, as inputs that do not resolve.
@@ -318,60 +302,6 @@ async fn read_bootstrap<K: TerraformObject>(
         Some(name) => Ok(scope.secrets.get_opt(name).await?),
         None => Ok(None),
     }
-}
-
-/// The module contract's variables for the object, or why they cannot be built: a
-/// machine or pool without its bootstrap data (its gate keeps a first apply from
-/// starting; a provisioned one keeps what it applied rather than re-apply without it).
-fn contract_values<K: TerraformObject>(
-    scope: &Scope<K>,
-    o: &Observed,
-    cluster: Option<&serde_json::Value>,
-    owner: Option<&serde_json::Value>,
-    bootstrap: Option<&Secret>,
-    cluster_outputs: Option<&serde_json::Value>,
-) -> Result<serde_json::Map<String, serde_json::Value>, String> {
-    let role = Role::from(o.kind);
-    let data = bootstrap.and_then(|s| s.data.as_ref());
-    let value = data.and_then(|d| d.get("value")).map(|v| v.0.as_slice());
-    let format = data
-        .and_then(|d| d.get("format"))
-        .and_then(|v| std::str::from_utf8(&v.0).ok());
-    if role != Role::Cluster && value.is_none() {
-        return Err(match owner {
-            None => "the owning Machine or MachinePool cannot be read".to_string(),
-            Some(_) => "the bootstrap data Secret or its key value is missing".to_string(),
-        });
-    }
-    let cluster_name = crate::gather::owning_cluster(&o.meta).unwrap_or_default();
-    Ok(values(&Sources {
-        role,
-        namespace: &scope.namespace,
-        object_name: &scope.name,
-        object_kind: K::KIND.as_str(),
-        cluster_name: &cluster_name,
-        cluster,
-        owner,
-        bootstrap: value.map(|v| (v, format)),
-        cluster_outputs,
-    }))
-}
-
-/// The contract's values a machine's inputs Secret records (none when it has none: an
-/// apply made by hand, or before the contract).
-async fn recorded_contract<K: TerraformObject>(
-    scope: &Scope<K>,
-) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Error> {
-    let name = names::inputs_secret_name(&scope.suffix);
-    let Some(secret) = scope.secrets.get_opt(&name).await? else {
-        return Ok(None);
-    };
-    Ok(
-        crate::inputs::from_secret(&secret, &scope.namespace, &scope.suffix)
-            .ok()
-            .map(|i| i.contract_variables)
-            .filter(|c| !c.is_empty()),
-    )
 }
 
 /// The `machine_inputs` output of the TerraformCluster the Cluster names (`Ok(None)`: its

@@ -16,6 +16,7 @@ use crate::api::Kind;
 use crate::api::names;
 use crate::api::object::AnyObject;
 use crate::gather::{self, ClusterView, Observed, Settings};
+use crate::rules::apply::{ApplyAction, ApplyDecision, decide_apply};
 use crate::rules::{Action, Decision, Row};
 use crate::state::StateSecrets;
 use inventory::Inventory;
@@ -32,6 +33,64 @@ pub struct Explained {
     pub conditions: Vec<ExplainedCondition>,
     pub runbook: Option<String>,
     pub next_retry_at: Option<String>,
+    /// For a live object (not being deleted): the apply table's decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub apply: Option<ExplainedApply>,
+}
+
+/// The apply table's row, action and conditions for a live object.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExplainedApply {
+    pub row: String,
+    pub situation: String,
+    pub action: String,
+    pub conditions: Vec<ExplainedCondition>,
+    pub runbook: Option<String>,
+    pub next_retry_at: Option<String>,
+}
+
+impl ExplainedApply {
+    pub fn new(d: &ApplyDecision) -> ExplainedApply {
+        let conditions: Vec<ExplainedCondition> = d
+            .conditions
+            .iter()
+            .map(|c| ExplainedCondition {
+                type_: c.type_.to_string(),
+                status: c.status.as_str().to_string(),
+                reason: c.reason.to_string(),
+                message: c.message.clone(),
+            })
+            .collect();
+        // The runbook the conditions' messages name.
+        let runbook = conditions.iter().find_map(|c| {
+            let at = c.message.find("runbooks/")?;
+            let rest = &c.message[at..];
+            rest.find(".md").map(|end| rest[..end + 3].to_string())
+        });
+        let (action, next_retry_at) = match d.action {
+            ApplyAction::Nothing => (
+                "nothing: the cluster's infrastructure is someone else's".to_string(),
+                None,
+            ),
+            ApplyAction::Wait => ("wait".to_string(), None),
+            ApplyAction::StartApply { attempt } => (format!("start apply attempt {attempt}"), None),
+            ApplyAction::RetryLater { at, start: Some(n) } => {
+                (format!("start apply attempt {n}"), Some(at.to_string()))
+            }
+            ApplyAction::RetryLater { at, start: None } => {
+                ("retry later".to_string(), Some(at.to_string()))
+            }
+        };
+        ExplainedApply {
+            row: d.row.label(),
+            situation: d.row.situation().to_string(),
+            action,
+            conditions,
+            runbook,
+            next_retry_at,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -62,6 +121,7 @@ impl Explained {
                 .collect(),
             runbook: d.runbook.map(str::to_string),
             next_retry_at: d.action.next_retry_at().map(|t| t.to_string()),
+            apply: None,
         }
     }
 }
@@ -233,7 +293,8 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
     }
 }
 
-/// Explains every CAPTF object of the inventory, in the order they were read.
+/// Explains every CAPTF object of the inventory, in the order they were read: the
+/// deletion's rule table, and for a live object the apply table too.
 pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Explained> {
     inv.objects
         .iter()
@@ -241,14 +302,135 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
             let observed = observe(inv, object, now);
             let (decision, _, _) = gather::decide(&observed, settings);
             let meta = object.meta();
-            Explained::new(
+            let mut e = Explained::new(
                 object.kind(),
                 meta.namespace.as_deref().unwrap_or_default(),
                 meta.name.as_deref().unwrap_or_default(),
                 &decision,
-            )
+            );
+            if meta.deletion_timestamp.is_none() {
+                let d = decide_live(inv, object, &observed, settings);
+                let apply = ExplainedApply::new(&d);
+                // As the live pass writes them: the apply table's conditions win (Ready).
+                e.conditions
+                    .retain(|c| !apply.conditions.iter().any(|a| a.type_ == c.type_));
+                e.apply = Some(apply);
+            }
+            e
         })
         .collect()
+}
+
+/// The apply table's decision for a live object, from what the inventory holds, as the
+/// live pass decides it (`gather::apply::apply_observed`).
+fn decide_live(
+    inv: &Inventory,
+    object: &AnyObject,
+    o: &Observed,
+    settings: &Settings,
+) -> ApplyDecision {
+    use gather::apply::{self as ga, ApplySources};
+    let namespace = o.meta.namespace.clone().unwrap_or_default();
+    let name = o.meta.name.clone().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, &name);
+    let in_ns = |v: &serde_json::Value| v["metadata"]["namespace"].as_str() == Some(&namespace);
+    let secret = |n: &str| {
+        inv.secrets.iter().find(|s| {
+            s.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && s.metadata.name.as_deref() == Some(n)
+        })
+    };
+    let latched = object
+        .status()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+        == Some(true);
+    let provisioned = ga::provisioned(&o.meta, latched);
+    let cluster = gather::owning_cluster(&o.meta).and_then(|c| {
+        inv.clusters
+            .iter()
+            .find(|v| v["metadata"]["name"].as_str() == Some(c.as_str()) && in_ns(v))
+    });
+    let owner_kind = match o.kind {
+        Kind::TerraformMachine => Some("Machine"),
+        Kind::TerraformMachinePool => Some("MachinePool"),
+        Kind::TerraformCluster => None,
+    };
+    let owner = owner_kind
+        .zip(ga::capi_owner(o.kind, &o.meta))
+        .and_then(|(k, n)| {
+            inv.machines.iter().find(|v| {
+                v["kind"].as_str() == Some(k)
+                    && v["metadata"]["name"].as_str() == Some(&n)
+                    && in_ns(v)
+            })
+        });
+    let bootstrap_name = owner.and_then(|v| {
+        let b = match o.kind {
+            Kind::TerraformMachinePool => &v["spec"]["template"]["spec"]["bootstrap"],
+            _ => &v["spec"]["bootstrap"],
+        };
+        b["dataSecretName"].as_str().map(str::to_string)
+    });
+    let mut sources = ApplySources {
+        latched,
+        state_exists: secret(&names::state_secret_name(&suffix)).is_some(),
+        cluster,
+        owner,
+        bootstrap: bootstrap_name.as_deref().and_then(secret),
+        ..Default::default()
+    };
+    if ga::keeps_recorded_values(o.kind, provisioned) {
+        sources.recorded = o
+            .inputs_secret
+            .as_ref()
+            .and_then(|s| ga::recorded_values(s, &namespace, &suffix));
+    }
+    if sources.recorded.is_none()
+        && ga::needs_handoff(o, provisioned, sources.owner, sources.bootstrap)
+    {
+        sources.handoff = Some(handoff(inv, &namespace, cluster));
+    }
+    let seen = ga::apply_observed(o, &sources);
+    decide_apply(&ga::apply_facts(o, &seen, settings))
+}
+
+/// The `machine_inputs` of the TerraformCluster the Cluster names, from the inventory's
+/// Secrets (as the live pass reads it from the cluster).
+fn handoff(
+    inv: &Inventory,
+    namespace: &str,
+    cluster: Option<&serde_json::Value>,
+) -> Result<Option<serde_json::Value>, String> {
+    let Some(name) = cluster.and_then(crate::contract::values::handoff_source) else {
+        return Ok(None);
+    };
+    let suffix = names::state_suffix(Kind::TerraformCluster, name);
+    let base = names::state_secret_name(&suffix);
+    let secrets: Vec<_> = inv
+        .secrets
+        .iter()
+        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
+        .cloned()
+        .collect();
+    if !secrets
+        .iter()
+        .any(|s| s.metadata.name.as_deref() == Some(base.as_str()))
+    {
+        return Err(format!(
+            "TerraformCluster {name} has no state Secret {base} yet"
+        ));
+    }
+    let state = StateSecrets::from_secrets(&base, &secrets);
+    crate::state::outputs(&state, crate::state::DEFAULT_DECOMPRESSION_CAP)
+        .map(|o| {
+            Some(
+                o.get(crate::contract::HANDOFF_OUTPUT)
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        })
+        .map_err(|why| format!("the outputs of TerraformCluster {name} cannot be read: {why}"))
 }
 
 /// The human-readable form.
@@ -278,6 +460,26 @@ pub fn render_text(items: &[Explained]) -> String {
         }
         if let Some(at) = &e.next_retry_at {
             out.push_str(&format!("  next retry: {at}\n"));
+        }
+        if let Some(a) = &e.apply {
+            out.push_str(&format!("  apply row {}: {}\n", a.row, a.situation));
+            out.push_str(&format!("  apply action: {}\n", a.action));
+            for c in &a.conditions {
+                if c.message.is_empty() {
+                    out.push_str(&format!("  {}={} {}\n", c.type_, c.status, c.reason));
+                } else {
+                    out.push_str(&format!(
+                        "  {}={} {}: {}\n",
+                        c.type_, c.status, c.reason, c.message
+                    ));
+                }
+            }
+            if let Some(at) = &a.next_retry_at {
+                out.push_str(&format!("  next apply attempt: {at}\n"));
+            }
+            if let Some(rb) = &a.runbook {
+                out.push_str(&format!("  apply runbook: {rb}\n"));
+            }
         }
         out.push_str(&format!(
             "  runbook: {}\n\n",

@@ -239,6 +239,137 @@ pub fn apply_ran_to_record(o: &Observed) -> Option<ApplyRan> {
     })
 }
 
+/// What the apply table's observation is built from, as a pass (or `captf explain`) read
+/// it: see [`apply_observed`].
+#[derive(Clone, Debug, Default)]
+pub struct ApplySources<'a> {
+    /// `status.initialization.provisioned` as on the object.
+    pub latched: bool,
+    /// A base state Secret of the object's suffix exists.
+    pub state_exists: bool,
+    /// The owning Cluster, as read (any version).
+    pub cluster: Option<&'a serde_json::Value>,
+    /// A machine's or pool's owning Machine or MachinePool, as read.
+    pub owner: Option<&'a serde_json::Value>,
+    /// The bootstrap data Secret the owner names, as read.
+    pub bootstrap: Option<&'a k8s_openapi::api::core::v1::Secret>,
+    /// The `machine_inputs` of the TerraformCluster the Cluster names (`Ok(None)`: its
+    /// infrastructure is not a TerraformCluster), or why it cannot be read; `None` when
+    /// not read (see [`needs_handoff`]).
+    pub handoff: Option<Result<Option<serde_json::Value>, String>>,
+    /// The contract's values a provisioned machine's inputs Secret records (it keeps
+    /// them: see [`keeps_recorded_values`]).
+    pub recorded: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Whether a pass takes a machine's contract values from its inputs Secret rather than
+/// from Cluster API's objects: a provisioned machine keeps the values it was applied with
+/// (Cluster API replaces a Machine rather than changing it, and a new hand-off from its
+/// cluster re-applies pools, not machines).
+pub fn keeps_recorded_values(kind: Kind, provisioned: bool) -> bool {
+    provisioned && kind == Kind::TerraformMachine
+}
+
+/// The contract's values an inputs Secret records (none when it records none: an apply
+/// made by hand, or before the contract).
+pub fn recorded_values(
+    secret: &k8s_openapi::api::core::v1::Secret,
+    namespace: &str,
+    suffix: &str,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    crate::inputs::from_secret(secret, namespace, suffix)
+        .ok()
+        .map(|i| i.contract_variables)
+        .filter(|c| !c.is_empty())
+}
+
+/// Whether a pass needs the TerraformCluster's hand-off: a machine or pool whose gates
+/// before it are met (or that is provisioned, whose inputs carry it).
+pub fn needs_handoff(
+    o: &Observed,
+    provisioned: bool,
+    owner: Option<&serde_json::Value>,
+    bootstrap: Option<&k8s_openapi::api::core::v1::Secret>,
+) -> bool {
+    o.kind != Kind::TerraformCluster && (provisioned || prerequisite(o, owner, bootstrap).is_none())
+}
+
+/// The apply table's observation of `o` from what was read (one function for the
+/// controllers and `captf explain`): provisioned (latched, or an apply's success
+/// recorded), the first gate not met (until provisioned; the hand-off last), and the
+/// contract's values (recorded ones for a provisioned machine).
+pub fn apply_observed(o: &Observed, s: &ApplySources) -> ApplyObserved {
+    let provisioned = provisioned(&o.meta, s.latched);
+    if let Some(values) = s
+        .recorded
+        .clone()
+        .filter(|_| keeps_recorded_values(o.kind, provisioned))
+    {
+        return ApplyObserved {
+            provisioned,
+            state_exists: s.state_exists,
+            prerequisite: None,
+            contract: Ok(values),
+        };
+    }
+    let handoff = s.handoff.clone().unwrap_or(Ok(None));
+    let prerequisite = if provisioned {
+        None
+    } else {
+        prerequisite(o, s.owner, s.bootstrap).or_else(|| {
+            handoff
+                .as_ref()
+                .err()
+                .map(|detail| Prerequisite::ClusterOutputs {
+                    detail: detail.clone(),
+                })
+        })
+    };
+    let contract = handoff.and_then(|h| contract_values(o, s, h.as_ref()));
+    ApplyObserved {
+        provisioned,
+        state_exists: s.state_exists,
+        prerequisite,
+        contract,
+    }
+}
+
+/// The module contract's variables for the object, or why they cannot be built: a
+/// machine or pool without its bootstrap data (its gate keeps a first apply from
+/// starting; a provisioned pool keeps what it applied rather than re-apply without it).
+fn contract_values(
+    o: &Observed,
+    s: &ApplySources,
+    cluster_outputs: Option<&serde_json::Value>,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    use crate::contract::Role;
+    use crate::contract::values::{Sources, values};
+    let role = Role::from(o.kind);
+    let data = s.bootstrap.and_then(|b| b.data.as_ref());
+    let value = data.and_then(|d| d.get("value")).map(|v| v.0.as_slice());
+    let format = data
+        .and_then(|d| d.get("format"))
+        .and_then(|v| std::str::from_utf8(&v.0).ok());
+    if role != Role::Cluster && value.is_none() {
+        return Err(match s.owner {
+            None => "the owning Machine or MachinePool cannot be read".to_string(),
+            Some(_) => "the bootstrap data Secret or its key value is missing".to_string(),
+        });
+    }
+    let cluster_name = super::owning_cluster(&o.meta).unwrap_or_default();
+    Ok(values(&Sources {
+        role,
+        namespace: o.meta.namespace.as_deref().unwrap_or_default(),
+        object_name: o.meta.name.as_deref().unwrap_or_default(),
+        object_kind: o.kind.as_str(),
+        cluster_name: &cluster_name,
+        cluster: s.cluster,
+        owner: s.owner,
+        bootstrap: value.map(|v| (v, format)),
+        cluster_outputs,
+    }))
+}
+
 /// Whether the object is provisioned: `status.initialization.provisioned` as latched, or
 /// an apply's success recorded on the object (what survives a move).
 pub fn provisioned(meta: &ObjectMeta, latched: bool) -> bool {

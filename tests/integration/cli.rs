@@ -198,6 +198,55 @@ fn explain_text_output_names_row_action_and_runbook() {
     assert!(text.contains("runbooks/StateLost.md"), "{text}");
 }
 
+/// An object not being deleted gets the apply table's verdict beside the deletion's: in
+/// text, and as `apply` in JSON, from the function the live pass uses. The example's
+/// machine is owned by its Cluster, not by a Machine: Cluster API has not named it yet.
+#[test]
+fn explain_shows_the_apply_table_for_an_object_not_being_deleted() {
+    let out = captf(&["explain", "-f", "examples/not-deleting.yaml", "--now", NOW]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  not being deleted\n"), "{text}");
+    assert!(
+        text.contains("  apply row A3: Cluster API has not set the object's owner yet\n")
+            && text.contains("  apply action: wait\n")
+            && text.contains("  Provisioned=Unknown WaitingForOwner: waiting for Cluster API to set the owner: the object must be named by a Machine's spec.infrastructureRef\n"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("  Ready=").count(),
+        1,
+        "one Ready, the apply table's: {text}"
+    );
+
+    let out = captf(&[
+        "explain",
+        "-f",
+        "examples/not-deleting.yaml",
+        "-o",
+        "json",
+        "--now",
+        NOW,
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let apply = &v[0]["apply"];
+    assert_eq!(apply["row"], "A3", "{v}");
+    assert_eq!(apply["action"], "wait");
+    assert_eq!(apply["conditions"][0]["reason"], "WaitingForOwner");
+    // An object being deleted has none.
+    let out = captf(&[
+        "explain",
+        "-f",
+        "examples/row5-state-lost.yaml",
+        "-o",
+        "json",
+        "--now",
+        NOW,
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(v[0].get("apply").is_none(), "{v}");
+}
+
 fn misuse(args: &[&str], needle: &str) {
     let out = captf(args);
     assert_eq!(
