@@ -85,6 +85,35 @@ pub struct Ran {
 /// annotations as inline files do, beside the runner script and the variables).
 pub const RAN_MODULE_MAX_BYTES: usize = 160 * 1024;
 
+/// `inputs` with as much of `record` as leaves them readable (within
+/// [`INPUTS_MAX_BYTES`]) and renderable (`renders`: the destroy Job renders from them):
+/// the fetched module files are left out first, then the lock file. None when even the
+/// rest does not fit: the destroy then runs from the inputs as they were.
+pub fn with_ran(
+    inputs: &Inputs,
+    mut record: Ran,
+    renders: impl Fn(&Inputs) -> bool,
+) -> Option<Inputs> {
+    loop {
+        let mut with = inputs.clone();
+        with.ran = Some(record.clone());
+        if with.to_json_bytes().len() <= INPUTS_MAX_BYTES && renders(&with) {
+            return Some(with);
+        }
+        if record.module_files.take().is_some() {
+            tracing::warn!(
+                "the apply's fetched module files are not kept: the destroy would not start with them"
+            );
+        } else if record.lock_file.take().is_some() {
+            tracing::warn!(
+                "the apply's lock file is not kept: the destroy would not start with it"
+            );
+        } else {
+            return None;
+        }
+    }
+}
+
 /// The image reference a container status's `imageID` names by digest: `<name>@sha256:<64
 /// hex>` (Docker's `docker-pullable://` prefix dropped); none when it names no pullable
 /// digest (an image ID without a repository, a runtime that reports none).

@@ -512,3 +512,44 @@ fn what_an_apply_ran_is_what_the_jobs_run_and_is_checked() {
         assert!(msg.contains(&format!("ran.{field}")), "{msg}");
     }
 }
+
+#[test]
+fn what_ran_is_kept_only_as_far_as_the_destroy_can_still_read_and_render_it() {
+    let digest = format!("docker.io/hashicorp/terraform@sha256:{}", "cd".repeat(32));
+    let record = Ran {
+        image_digest: Some(digest.clone()),
+        module_files: Some([("main.tf".to_string(), "# fetched\n".to_string())].into()),
+        lock_file: Some("# lock\n".into()),
+    };
+    let mut v = example();
+    v["lockFile"] = json!(null);
+    let inputs = parse_value(&v).unwrap();
+    // Everything fits.
+    let all = with_ran(&inputs, record.clone(), |_| true).unwrap();
+    assert_eq!(all.ran.as_ref(), Some(&record));
+    // The files would not render (too large for the Pod's annotations): left out first.
+    let no_files = with_ran(&inputs, record.clone(), |i| {
+        i.ran.as_ref().is_some_and(|r| r.module_files.is_none())
+    })
+    .unwrap();
+    let kept = no_files.ran.unwrap();
+    assert_eq!(
+        (kept.module_files, kept.lock_file.as_deref()),
+        (None, Some("# lock\n"))
+    );
+    // Inputs already near their size limit: nothing large is added.
+    let mut big = example();
+    big["lockFile"] = json!(null);
+    big["variables"]["blob"] = json!("x".repeat(INPUTS_MAX_BYTES - 2_000));
+    let big = parse_value(&big).unwrap();
+    let huge = Ran {
+        module_files: Some([("main.tf".to_string(), "y".repeat(10_000))].into()),
+        ..record.clone()
+    };
+    let fitted = with_ran(&big, huge, |_| true).unwrap();
+    let kept = fitted.ran.clone().unwrap();
+    assert!(kept.module_files.is_none() && kept.image_digest.is_some());
+    assert!(fitted.to_json_bytes().len() <= INPUTS_MAX_BYTES);
+    // Nothing renders: no record at all.
+    assert_eq!(with_ran(&inputs, record, |_| false), None);
+}

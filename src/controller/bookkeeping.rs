@@ -391,7 +391,7 @@ pub async fn apply<K: TerraformObject>(
     ops.extend(spec_ops);
     let written = guarded_patch(&scope.api, obj.meta(), ops).await?;
     if let (Some(ran), Some(secret)) = (&plan.ran, &o.inputs_secret) {
-        record_ran(scope, secret, ran).await?;
+        record_ran(ctx, scope, obj, secret, ran).await?;
     }
     if let Some(f) = &plan.fields {
         let first = obj
@@ -425,11 +425,13 @@ pub async fn apply<K: TerraformObject>(
 /// module's files fetched from a source address). A report that cannot be read is left
 /// out, with a warning: the destroy then fetches what the inputs name, as before.
 async fn record_ran<K: TerraformObject>(
+    ctx: &Context,
     scope: &Scope<K>,
+    obj: &K,
     secret: &Secret,
     ran: &gather::apply::ApplyRan,
 ) -> Result<(), Error> {
-    let Ok(mut inputs) = crate::inputs::from_secret(secret, &scope.namespace, &scope.suffix) else {
+    let Ok(inputs) = crate::inputs::from_secret(secret, &scope.namespace, &scope.suffix) else {
         return Ok(());
     };
     let pods: Api<k8s_openapi::api::core::v1::Pod> = scope.api_of();
@@ -449,11 +451,18 @@ async fn record_ran<K: TerraformObject>(
         Err(e) => return Err(e.into()),
     };
     let from_source = matches!(inputs.module, crate::inputs::Module::Source(_));
-    inputs.ran = Some(crate::inputs::Ran {
+    let record = crate::inputs::Ran {
         image_digest: ran.image_digest.clone(),
         module_files: reported.module_files.filter(|_| from_source),
         lock_file: reported.lock_file.filter(|_| inputs.lock_file.is_none()),
-    });
+    };
+    let renders = |i: &crate::inputs::Inputs| {
+        super::act::destroy::render_operation(ctx, scope, obj, names::OPERATION_DESTROY, 1, i)
+            .is_ok()
+    };
+    let Some(inputs) = crate::inputs::with_ran(&inputs, record, renders) else {
+        return Ok(());
+    };
     let mut updated = secret.clone();
     updated.metadata.managed_fields = None;
     updated.data.get_or_insert_default().insert(

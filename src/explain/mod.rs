@@ -52,16 +52,8 @@ pub struct ExplainedApply {
 
 impl ExplainedApply {
     pub fn new(d: &ApplyDecision) -> ExplainedApply {
-        let conditions: Vec<ExplainedCondition> = d
-            .conditions
-            .iter()
-            .map(|c| ExplainedCondition {
-                type_: c.type_.to_string(),
-                status: c.status.as_str().to_string(),
-                reason: c.reason.to_string(),
-                message: c.message.clone(),
-            })
-            .collect();
+        let conditions: Vec<ExplainedCondition> =
+            d.conditions.iter().map(ExplainedCondition::from).collect();
         // The runbook the conditions' messages name.
         let runbook = conditions.iter().find_map(|c| {
             let at = c.message.find("runbooks/")?;
@@ -102,6 +94,17 @@ pub struct ExplainedCondition {
     pub message: String,
 }
 
+impl From<&crate::api::conditions::Desired> for ExplainedCondition {
+    fn from(c: &crate::api::conditions::Desired) -> Self {
+        ExplainedCondition {
+            type_: c.type_.to_string(),
+            status: c.status.as_str().to_string(),
+            reason: c.reason.to_string(),
+            message: c.message.clone(),
+        }
+    }
+}
+
 impl Explained {
     pub fn new(kind: Kind, namespace: &str, name: &str, d: &Decision) -> Explained {
         Explained {
@@ -110,15 +113,7 @@ impl Explained {
             name: name.to_string(),
             row: d.row,
             action: d.action,
-            conditions: d
-                .conditions()
-                .map(|c| ExplainedCondition {
-                    type_: c.type_.to_string(),
-                    status: c.status.as_str().to_string(),
-                    reason: c.reason.to_string(),
-                    message: c.message.clone(),
-                })
-                .collect(),
+            conditions: d.conditions().map(ExplainedCondition::from).collect(),
             runbook: d.runbook.map(str::to_string),
             next_retry_at: d.action.next_retry_at().map(|t| t.to_string()),
             apply: None,
@@ -433,6 +428,20 @@ fn handoff(
         .map_err(|why| format!("the outputs of TerraformCluster {name} cannot be read: {why}"))
 }
 
+/// One line per condition, with its message when it has one.
+fn push_conditions(out: &mut String, conditions: &[ExplainedCondition]) {
+    for c in conditions {
+        if c.message.is_empty() {
+            out.push_str(&format!("  {}={} {}\n", c.type_, c.status, c.reason));
+        } else {
+            out.push_str(&format!(
+                "  {}={} {}: {}\n",
+                c.type_, c.status, c.reason, c.message
+            ));
+        }
+    }
+}
+
 /// The human-readable form.
 pub fn render_text(items: &[Explained]) -> String {
     let mut out = String::new();
@@ -448,32 +457,14 @@ pub fn render_text(items: &[Explained]) -> String {
             None => out.push_str("  not being deleted\n"),
         }
         out.push_str(&format!("  action: {}\n", e.action.name()));
-        for c in &e.conditions {
-            if c.message.is_empty() {
-                out.push_str(&format!("  {}={} {}\n", c.type_, c.status, c.reason));
-            } else {
-                out.push_str(&format!(
-                    "  {}={} {}: {}\n",
-                    c.type_, c.status, c.reason, c.message
-                ));
-            }
-        }
+        push_conditions(&mut out, &e.conditions);
         if let Some(at) = &e.next_retry_at {
             out.push_str(&format!("  next retry: {at}\n"));
         }
         if let Some(a) = &e.apply {
             out.push_str(&format!("  apply row {}: {}\n", a.row, a.situation));
             out.push_str(&format!("  apply action: {}\n", a.action));
-            for c in &a.conditions {
-                if c.message.is_empty() {
-                    out.push_str(&format!("  {}={} {}\n", c.type_, c.status, c.reason));
-                } else {
-                    out.push_str(&format!(
-                        "  {}={} {}: {}\n",
-                        c.type_, c.status, c.reason, c.message
-                    ));
-                }
-            }
+            push_conditions(&mut out, &a.conditions);
             if let Some(at) = &a.next_retry_at {
                 out.push_str(&format!("  next apply attempt: {at}\n"));
             }

@@ -391,30 +391,41 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     env.shutdown().await;
 }
 
+/// A machine module of `count` instances that declares `variables` and writes `record`
+/// (a shell word list of Terraform expressions) into each instance's created marker, with
+/// the machine's contract outputs.
+fn recording_machine_module(count: u32, variables: &str, record: &str) -> String {
+    format!(
+        r#"variable "name" {{ type = string }}
+variable "marker_dir" {{ type = string }}
+{variables}
+resource "terraform_data" "vm" {{
+  count = {count}
+  input = "${{var.marker_dir}}/${{var.name}}-${{count.index}}"
+  provisioner "local-exec" {{
+    command = "printf '%s' {record} > '${{self.input}}.created'"
+  }}
+  provisioner "local-exec" {{
+    when    = destroy
+    command = "touch '${{self.input}}.destroyed'"
+  }}
+}}
+"#
+    ) + contract_outputs(Kind::TerraformMachine)
+}
+
 /// A machine module that uses the contract's variables: the Machine's name and its
 /// bootstrap data, written into each instance's created marker.
 fn contract_module() -> String {
-    r#"variable "name" { type = string }
-variable "marker_dir" { type = string }
-variable "captf_machine_name" { type = string }
+    recording_machine_module(
+        2,
+        r#"variable "captf_machine_name" { type = string }
 variable "captf_bootstrap_data" {
   type      = string
   sensitive = true
-}
-resource "terraform_data" "vm" {
-  count = 2
-  input = "${var.marker_dir}/${var.name}-${count.index}"
-  provisioner "local-exec" {
-    command = "printf '%s %s' '${var.captf_machine_name}' '${nonsensitive(base64decode(var.captf_bootstrap_data))}' > '${self.input}.created'"
-  }
-  provisioner "local-exec" {
-    when    = destroy
-    command = "touch '${self.input}.destroyed'"
-  }
-}
-"#
-    .to_string()
-        + contract_outputs(Kind::TerraformMachine)
+}"#,
+        "'${var.captf_machine_name} ${nonsensitive(base64decode(var.captf_bootstrap_data))}'",
+    )
 }
 
 /// A cluster's outputs set its endpoint once: a later apply that gives another is refused
@@ -423,12 +434,7 @@ resource "terraform_data" "vm" {
 async fn the_control_plane_endpoint_is_set_once_and_a_change_is_refused() {
     let env = Env::start_provisioning("apply-endpoint", None).await;
     let uid = env.create_cluster("prod").await;
-    let module = apply_module(0)
-        + r#"variable "endpoint" { type = string }
-output "control_plane_endpoint" {
-  value = { host = var.endpoint, port = 6443 }
-}
-"#;
+    let module = endpoint_module();
     let variables = |endpoint: &str| json!({"name": "prod", "marker_dir": env.markers().display().to_string(), "endpoint": endpoint});
     env.create_owned::<Tfc>(
         "prod",
@@ -665,22 +671,11 @@ fn handoff_cluster_module(subnet: &str) -> String {
 
 /// A machine module that writes what its cluster handed it into its created marker.
 fn handoff_machine_module() -> String {
-    r#"variable "name" { type = string }
-variable "marker_dir" { type = string }
-variable "captf_cluster_outputs" { type = any }
-resource "terraform_data" "vm" {
-  input = "${var.marker_dir}/${var.name}-0"
-  provisioner "local-exec" {
-    command = "printf '%s' '${jsonencode(var.captf_cluster_outputs)}' > '${self.input}.created'"
-  }
-  provisioner "local-exec" {
-    when    = destroy
-    command = "touch '${self.input}.destroyed'"
-  }
-}
-"#
-    .to_string()
-        + contract_outputs(Kind::TerraformMachine)
+    recording_machine_module(
+        1,
+        r#"variable "captf_cluster_outputs" { type = any }"#,
+        "'${jsonencode(var.captf_cluster_outputs)}'",
+    )
 }
 
 /// A machine of a Cluster whose infrastructure is a TerraformCluster waits for that

@@ -1323,12 +1323,7 @@ fn the_apply_event_reasons_are_the_documented_ones() {
 async fn runbook_change_refused() {
     const RB: &str = "runbooks/ChangeRefused.md";
     check_vars(RB, "terraformcluster", "prod");
-    let module = apply_module(0)
-        + r#"variable "endpoint" { type = string }
-output "control_plane_endpoint" {
-  value = { host = var.endpoint, port = 6443 }
-}
-"#;
+    let module = endpoint_module();
     let env = Env::start_provisioning("rb-change-refused", Some(Duration::from_secs(1))).await;
     let variables = |endpoint: &str| json!({"name": "prod", "marker_dir": env.markers().display().to_string(), "endpoint": endpoint});
     let uid = env.create_cluster("prod").await;

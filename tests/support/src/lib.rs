@@ -77,6 +77,16 @@ resource "terraform_data" "vm" {{
     )
 }
 
+/// [`apply_module`] with a cluster's endpoint from the variable `endpoint` (port 6443).
+pub fn endpoint_module() -> String {
+    apply_module(0)
+        + r#"variable "endpoint" { type = string }
+output "control_plane_endpoint" {
+  value = { host = var.endpoint, port = 6443 }
+}
+"#
+}
+
 /// The outputs module contract v1 reads from a module of `kind`, as a stand-in module
 /// of two `terraform_data` instances (`vm`) gives them: a cluster's endpoint and failure
 /// domains, a machine's provider ID and address, a pool's provider IDs and instances.
