@@ -390,9 +390,6 @@ pub async fn apply<K: TerraformObject>(
     let mut ops = annotation_ops(obj.meta(), &edits);
     ops.extend(spec_ops);
     let written = guarded_patch(&scope.api, obj.meta(), ops).await?;
-    if let (Some(ran), Some(secret)) = (&plan.ran, &o.inputs_secret) {
-        record_ran(ctx, scope, obj, secret, ran).await?;
-    }
     if let Some(f) = &plan.fields {
         let first = obj
             .status()
@@ -412,6 +409,10 @@ pub async fn apply<K: TerraformObject>(
             )
             .await;
         }
+    }
+    // Last: nothing above waits for it (provisioned never does).
+    if let (Some(ran), Some(secret)) = (&plan.ran, &o.inputs_secret) {
+        record_ran(ctx, scope, obj, secret, ran).await?;
     }
     Ok(Kept {
         written: written.is_some(),
@@ -448,6 +449,16 @@ async fn record_ran<K: TerraformObject>(
         }),
         // Gone with its Pod: nothing more to learn.
         Err(kube::Error::Api(e)) if e.code == 404 => Default::default(),
+        // Not allowed (an installation whose ClusterRole lacks pods/log): the digest is
+        // still recorded, and the destroy fetches the module as the inputs name it.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::warn!(
+                pod = %ran.pod,
+                message = %e.message,
+                "the apply's report of its run cannot be read: the manager's ClusterRole needs get on pods/log (config/rbac/role.yaml)"
+            );
+            Default::default()
+        }
         Err(e) => return Err(e.into()),
     };
     let from_source = matches!(inputs.module, crate::inputs::Module::Source(_));

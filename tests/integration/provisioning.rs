@@ -912,3 +912,106 @@ async fn a_module_fetched_by_the_apply_is_kept_and_the_destroy_needs_no_source()
         .await;
     env.shutdown().await;
 }
+
+/// The manager as an installation from `config/` runs it: as its ServiceAccount under the
+/// ClusterRole of `config/rbac/role.yaml`, not with the admin's credentials every other
+/// scenario gives it. A cluster from a module source and a machine with bootstrap data
+/// and the cluster's hand-off are applied (the apply's run recorded from its Pod's log),
+/// then destroyed and released: every read and write of the apply and the deletion is one
+/// the ClusterRole allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_manager_applies_and_destroys_under_its_own_cluster_role() {
+    if envtest_only("the module's source is a path on this machine") {
+        return;
+    }
+    let mut env = Env::start("apply-rbac").await;
+    let binding = env.run_manager_as_installed().await;
+    env.config.provision = true;
+    env.start_manager();
+
+    let source = env.dir.join("cluster-module");
+    std::fs::create_dir_all(&source).expect("module dir");
+    std::fs::write(
+        source.join("main.tf"),
+        format!(
+            "{}output \"machine_inputs\" {{\n  value = {{ subnet = \"s-1\" }}\n}}\n",
+            apply_module(0)
+        ),
+    )
+    .expect("main.tf");
+    let cluster_uid = env.create_cluster("prod").await;
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infrastructureRef": {
+                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
+        )
+        .await
+        .expect("the Cluster's infrastructureRef");
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &cluster_uid, false)],
+        "",
+        json!({"module": {"source": source.display().to_string()}}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    // Cluster API's part: the Cluster's infrastructure and control plane are ready.
+    env.cluster_api()
+        .patch_status(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"initialization": {
+                "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
+        )
+        .await
+        .expect("Cluster status");
+    // The run of the cluster's apply is recorded, from its Pod's log (pods/log).
+    let suffix = names::state_suffix(Kind::TerraformCluster, "prod");
+    wait_for("the apply's run to be recorded", long(), || async {
+        let Ok(Some(secret)) = env
+            .secrets()
+            .get_opt(&names::inputs_secret_name(&suffix))
+            .await
+        else {
+            return false;
+        };
+        captf::inputs::from_secret(&secret, &env.ns, &suffix)
+            .ok()
+            .and_then(|i| i.ran)
+            .is_some_and(|r| r.module_files.is_some() && r.image_digest.is_some())
+    })
+    .await;
+
+    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
+        .await;
+    let machine_uid = env
+        .create_machine("web-1", "prod", Some("web-1-bootstrap"))
+        .await;
+    env.create_owned::<Tfm>(
+        "web-1",
+        "prod",
+        &[("Machine", "web-1", &machine_uid, true)],
+        &handoff_machine_module(),
+        json!({}),
+    )
+    .await;
+    wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
+    let handed = std::fs::read_to_string(env.markers().join("web-1-0.created"))
+        .expect("the machine's created marker");
+    assert_eq!(handed, r#"{"subnet":"s-1"}"#);
+
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.markers().join("web-1-0.destroyed").exists());
+    delete_and_wait_released(&env).await;
+    assert!(env.destroyed("prod"));
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
+    env.assert_nothing_left(Kind::TerraformMachine, "web-1")
+        .await;
+    env.remove_manager_binding(&binding).await;
+    env.shutdown().await;
+}

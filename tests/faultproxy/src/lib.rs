@@ -336,6 +336,19 @@ impl FaultProxy {
         kube::Client::try_from(config).expect("proxy client")
     }
 
+    /// A client whose requests go through the proxy as `user`: they carry
+    /// `Impersonate-User`, which the proxy forwards with the upstream's (admin)
+    /// credentials, so the API server authorises each as `user` (a ServiceAccount's
+    /// name gets its groups).
+    pub fn client_as(&self, user: &str) -> kube::Client {
+        let mut config = kube::Config::new(self.url().parse().expect("proxy url"));
+        config.headers.push((
+            http::HeaderName::from_static("impersonate-user"),
+            http::HeaderValue::from_str(user).expect("a user name"),
+        ));
+        kube::Client::try_from(config).expect("proxy client")
+    }
+
     pub fn faults(&self) -> &Faults {
         &self.faults
     }

@@ -183,6 +183,9 @@ pub struct Env {
     pub job_timeout_seconds: i64,
     /// Cluster API's part in a deletion (see [`capi_stand_in`]).
     pub capi: Option<tokio::task::JoinHandle<()>>,
+    /// The user the manager's requests impersonate (see [`Env::run_manager_as_installed`]);
+    /// none: the admin's credentials.
+    pub manager_as: Option<String>,
 }
 
 /// The finalizer Cluster API's Cluster controller keeps on a Cluster until its
@@ -602,6 +605,7 @@ impl Env {
             manager_ns,
             job_timeout_seconds,
             capi,
+            manager_as: None,
         }
     }
 
@@ -636,7 +640,10 @@ impl Env {
     /// Starts the real manager in this process; its requests go through [`Env::proxy`].
     pub fn start_manager(&mut self) {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let client = self.proxy.client();
+        let client = match &self.manager_as {
+            Some(user) => self.proxy.client_as(user),
+            None => self.proxy.client(),
+        };
         let cfg = self.config.clone();
         let handle = tokio::spawn(async move {
             let shutdown = async move {
@@ -647,6 +654,59 @@ impl Env {
             }
         });
         self.manager = Some((tx, handle));
+    }
+
+    /// Makes the manager started from now on run as an installation from `config/` runs
+    /// it: as the ServiceAccount `captf-manager` of its namespace, bound to the ClusterRole
+    /// of `config/rbac/role.yaml` (applied with kubectl), its requests impersonating that
+    /// ServiceAccount through the proxy. A permission the ClusterRole lacks fails its
+    /// request as on a real installation. Returns the ClusterRoleBinding's name (remove it
+    /// with [`Env::remove_manager_binding`]).
+    pub async fn run_manager_as_installed(&mut self) -> String {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_path())
+            .args(["apply", "-f"])
+            .arg(repo_root().join("config/rbac/role.yaml"))
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl apply config/rbac/role.yaml: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let sa: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": "captf-manager"}})).expect("sa");
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+            self.client.clone(),
+            &self.manager_ns,
+        )
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("create the manager's ServiceAccount");
+        let binding = format!("captf-manager-{}", self.manager_ns);
+        let crb: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "captf-manager"},
+            "subjects": [{"kind": "ServiceAccount", "name": "captf-manager", "namespace": self.manager_ns}]
+        }))
+        .expect("binding");
+        Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.client.clone())
+            .create(&PostParams::default(), &crb)
+            .await
+            .expect("bind the manager's ClusterRole");
+        self.manager_as = Some(format!(
+            "system:serviceaccount:{}:captf-manager",
+            self.manager_ns
+        ));
+        binding
+    }
+
+    /// Removes a binding of [`Env::run_manager_as_installed`].
+    pub async fn remove_manager_binding(&self, binding: &str) {
+        let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.client.clone())
+            .delete(binding, &DeleteParams::default())
+            .await;
     }
 
     /// Stops the manager (as a crash would: nothing is flushed on the way out).
