@@ -48,6 +48,33 @@ async fn delete_and_wait_released(env: &Env) {
     .await;
 }
 
+/// Names the TerraformCluster `prod` as the Cluster `prod`'s infrastructure, as Cluster
+/// API's `spec.infrastructureRef` does (its machines are then given its hand-off).
+async fn name_terraform_cluster(env: &Env) {
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infrastructureRef": {
+                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
+        )
+        .await
+        .expect("the Cluster's infrastructureRef");
+}
+
+/// What the inputs Secret of `kind`/`name` records of its latest successful apply's run.
+async fn recorded_ran(env: &Env, kind: Kind, name: &str) -> Option<captf::inputs::Ran> {
+    let suffix = names::state_suffix(kind, name);
+    let secret = env
+        .secrets()
+        .get_opt(&names::inputs_secret_name(&suffix))
+        .await
+        .ok()??;
+    captf::inputs::from_secret(&secret, &env.ns, &suffix)
+        .ok()?
+        .ran
+}
+
 fn created(env: &Env, name: &str) -> bool {
     (0..2).all(|i| env.markers().join(format!("{name}-{i}.created")).exists())
 }
@@ -173,14 +200,8 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     // The image the apply's Pod ran is recorded by digest (its imageID), for the destroy,
     // and the inputs' hash stays the one on the object.
     let recorded = || async {
-        let secret = env
-            .secrets()
-            .get_opt(&names::inputs_secret_name(&suffix))
-            .await
-            .ok()??;
-        captf::inputs::from_secret(&secret, &env.ns, &suffix)
-            .ok()?
-            .ran?
+        recorded_ran(&env, Kind::TerraformCluster, "prod")
+            .await?
             .image_digest
     };
     wait_for("the image digest in the inputs Secret", long(), || async {
@@ -689,26 +710,10 @@ async fn a_machine_is_given_its_clusters_machine_inputs_once_they_exist() {
     }
     let env = Env::start_provisioning("apply-handoff", None).await;
     let cluster_uid = env.create_cluster("prod").await;
-    env.cluster_api()
-        .patch(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"infrastructureRef": {
-                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
-        )
-        .await
-        .expect("the Cluster's infrastructureRef");
+    name_terraform_cluster(&env).await;
     // Cluster API's side is ready: the Cluster says its infrastructure is provisioned
     // (here before the TerraformCluster exists), the Machine has its bootstrap data.
-    env.cluster_api()
-        .patch_status(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"initialization": {
-                "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
-        )
-        .await
-        .expect("Cluster status");
+    env.mark_cluster_ready("prod").await;
     env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
         .await;
     let machine_uid = env
@@ -879,17 +884,7 @@ async fn a_module_fetched_by_the_apply_is_kept_and_the_destroy_needs_no_source()
     .await;
     wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
     assert!(created(&env, "prod"));
-    let suffix = names::state_suffix(Kind::TerraformCluster, "prod");
-    let ran = || async {
-        let secret = env
-            .secrets()
-            .get_opt(&names::inputs_secret_name(&suffix))
-            .await
-            .ok()??;
-        captf::inputs::from_secret(&secret, &env.ns, &suffix)
-            .ok()?
-            .ran
-    };
+    let ran = || recorded_ran(&env, Kind::TerraformCluster, "prod");
     wait_for("the apply's run to be recorded", long(), || async {
         ran().await.is_some()
     })
@@ -940,15 +935,7 @@ async fn the_manager_applies_and_destroys_under_its_own_cluster_role() {
     )
     .expect("main.tf");
     let cluster_uid = env.create_cluster("prod").await;
-    env.cluster_api()
-        .patch(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"infrastructureRef": {
-                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
-        )
-        .await
-        .expect("the Cluster's infrastructureRef");
+    name_terraform_cluster(&env).await;
     env.create_owned::<Tfc>(
         "prod",
         "prod",
@@ -959,28 +946,11 @@ async fn the_manager_applies_and_destroys_under_its_own_cluster_role() {
     .await;
     wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
     // Cluster API's part: the Cluster's infrastructure and control plane are ready.
-    env.cluster_api()
-        .patch_status(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"initialization": {
-                "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
-        )
-        .await
-        .expect("Cluster status");
+    env.mark_cluster_ready("prod").await;
     // The run of the cluster's apply is recorded, from its Pod's log (pods/log).
-    let suffix = names::state_suffix(Kind::TerraformCluster, "prod");
     wait_for("the apply's run to be recorded", long(), || async {
-        let Ok(Some(secret)) = env
-            .secrets()
-            .get_opt(&names::inputs_secret_name(&suffix))
+        recorded_ran(&env, Kind::TerraformCluster, "prod")
             .await
-        else {
-            return false;
-        };
-        captf::inputs::from_secret(&secret, &env.ns, &suffix)
-            .ok()
-            .and_then(|i| i.ran)
             .is_some_and(|r| r.module_files.is_some() && r.image_digest.is_some())
     })
     .await;
