@@ -61,6 +61,9 @@ pub struct Runner {
     /// `terraform` or `tofu`; absent: the runner's choice (`terraform`, else `tofu`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<crate::api::types::Runtime>,
+    /// The providers' directory in the image (`init -plugin-dir`), when given.
+    #[serde(default, rename = "pluginDir", skip_serializing_if = "Option::is_none")]
+    pub plugin_dir: Option<String>,
 }
 
 /// What the latest successful apply ran, recorded after it for the destroy (absent until
@@ -137,24 +140,29 @@ pub fn image_digest_of(image_id: &str) -> Option<String> {
 pub enum Module {
     Source(String),
     Files(BTreeMap<String, String>),
+    /// A directory in the runner image.
+    Path(String),
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Default)]
 struct ModuleRepr {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     source: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     files: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    path: Option<String>,
 }
 
 impl TryFrom<ModuleRepr> for Module {
     type Error = String;
     fn try_from(r: ModuleRepr) -> Result<Self, String> {
-        match (r.source, r.files) {
-            (Some(s), None) => Ok(Module::Source(s)),
-            (None, Some(f)) => Ok(Module::Files(f)),
-            (Some(_), Some(_)) => Err("`module` has both `source` and `files`".into()),
-            (None, None) => Err("`module` has neither `source` nor `files`".into()),
+        match (r.source, r.files, r.path) {
+            (Some(s), None, None) => Ok(Module::Source(s)),
+            (None, Some(f), None) => Ok(Module::Files(f)),
+            (None, None, Some(p)) => Ok(Module::Path(p)),
+            (None, None, None) => Err("`module` has none of `source`, `files` and `path`".into()),
+            _ => Err("`module` has more than one of `source`, `files` and `path`".into()),
         }
     }
 }
@@ -164,11 +172,15 @@ impl From<Module> for ModuleRepr {
         match m {
             Module::Source(s) => ModuleRepr {
                 source: Some(s),
-                files: None,
+                ..Default::default()
             },
             Module::Files(f) => ModuleRepr {
-                source: None,
                 files: Some(f),
+                ..Default::default()
+            },
+            Module::Path(p) => ModuleRepr {
+                path: Some(p),
+                ..Default::default()
             },
         }
     }
@@ -214,9 +226,11 @@ pub enum InputsError {
         expected_namespace: String,
         expected_suffix: String,
     },
-    #[error("{origin}: `module` has both `source` and `files`; exactly one is allowed")]
+    #[error(
+        "{origin}: `module` has more than one of `source`, `files` and `path`; exactly one is allowed"
+    )]
     ModuleBoth { origin: String },
-    #[error("{origin}: `module` has neither `source` nor `files`; exactly one is required")]
+    #[error("{origin}: `module` has none of `source`, `files` and `path`; exactly one is required")]
     ModuleNeither { origin: String },
     #[error("{origin}: `module.source` is empty")]
     EmptySource { origin: String },
@@ -298,10 +312,14 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
     }
     if let Some(Value::Object(m)) = obj.get("module") {
         let has = |k: &str| m.get(k).is_some_and(|v| !v.is_null());
-        match (has("source"), has("files")) {
-            (true, true) => return Err(InputsError::ModuleBoth { origin }),
-            (false, false) => return Err(InputsError::ModuleNeither { origin }),
-            _ => {}
+        match ["source", "files", "path"]
+            .into_iter()
+            .filter(|k| has(k))
+            .count()
+        {
+            0 => return Err(InputsError::ModuleNeither { origin }),
+            1 => {}
+            _ => return Err(InputsError::ModuleBoth { origin }),
         }
     }
     // Each field on its own, so that a wrong type names its field.
@@ -431,11 +449,31 @@ fn check(inputs: &Inputs, namespace: &str, suffix: &str, origin: &str) -> Result
             message: format!("{t} is not a positive number of seconds"),
         });
     }
+    for (field, dir) in [
+        (
+            "module.path",
+            match &inputs.module {
+                Module::Path(p) => Some(p),
+                _ => None,
+            },
+        ),
+        ("runner.pluginDir", inputs.runner.plugin_dir.as_ref()),
+    ] {
+        if let Some(dir) = dir
+            && let Some(why) = bad_image_dir(dir)
+        {
+            return Err(InputsError::InvalidField {
+                origin: origin.to_string(),
+                field: field.into(),
+                message: format!("{dir:?}: {why}"),
+            });
+        }
+    }
     match &inputs.module {
         Module::Source(s) if s.trim().is_empty() => Err(InputsError::EmptySource {
             origin: origin.to_string(),
         }),
-        Module::Source(_) => Ok(()),
+        Module::Source(_) | Module::Path(_) => Ok(()),
         Module::Files(files) => {
             for name in files.keys() {
                 if let Some(why) = bad_file_name(name) {
@@ -466,6 +504,21 @@ pub fn bad_file_name(name: &str) -> Option<&'static str> {
         return Some("it has an empty or `.` path element");
     }
     if name.chars().any(char::is_control) {
+        return Some("it contains a control character");
+    }
+    None
+}
+
+/// Why `dir` cannot name a directory in the runner image: it must be absolute, without
+/// `..` or control characters.
+fn bad_image_dir(dir: &str) -> Option<&'static str> {
+    if !dir.starts_with('/') {
+        return Some("not an absolute path");
+    }
+    if dir.split('/').any(|c| c == "..") {
+        return Some("it contains `..`");
+    }
+    if dir.chars().any(char::is_control) {
         return Some("it contains a control character");
     }
     None
@@ -507,11 +560,12 @@ pub fn build_from_spec(
     lookup: &VariablesLookup,
 ) -> Result<Inputs, InputsError> {
     let origin = "spec".to_string();
-    let module = match (&spec.module.source, &spec.module.files) {
-        (Some(_), Some(_)) => return Err(InputsError::ModuleBoth { origin }),
-        (None, None) => return Err(InputsError::ModuleNeither { origin }),
-        (Some(s), None) => Module::Source(s.clone()),
-        (None, Some(f)) => Module::Files(f.clone()),
+    let module = match (&spec.module.source, &spec.module.files, &spec.module.path) {
+        (Some(s), None, None) => Module::Source(s.clone()),
+        (None, Some(f), None) => Module::Files(f.clone()),
+        (None, None, Some(p)) => Module::Path(p.clone()),
+        (None, None, None) => return Err(InputsError::ModuleNeither { origin }),
+        _ => return Err(InputsError::ModuleBoth { origin }),
     };
     let mut variables = Map::new();
     for from in &spec.variables_from {
@@ -543,6 +597,7 @@ pub fn build_from_spec(
         runner: Runner {
             image: spec.runner.image.clone(),
             runtime: spec.runner.runtime,
+            plugin_dir: spec.runner.plugin_dir.clone(),
         },
         module,
         variables,

@@ -154,13 +154,13 @@ fn a_foreign_backend_is_unusable() {
 }
 
 #[test]
-fn a_module_needs_exactly_one_of_source_and_files() {
+fn a_module_needs_exactly_one_of_source_files_and_path() {
     let mut v = example();
     v["module"]["files"] = json!({"main.tf": ""});
-    assert!(unusable(v).contains("both `source` and `files`"));
+    assert!(unusable(v).contains("more than one of `source`, `files` and `path`"));
     let mut v = example();
     v["module"] = json!({});
-    assert!(unusable(v).contains("neither `source` nor `files`"));
+    assert!(unusable(v).contains("none of `source`, `files` and `path`"));
     let mut v = example();
     v["module"] = json!({"source": ""});
     assert!(unusable(v).contains("`module.source` is empty"));
@@ -254,6 +254,7 @@ fn spec() -> TerraformSpec {
         module: ModuleSpec {
             source: None,
             files: Some(BTreeMap::from([("main.tf".into(), "# main".into())])),
+            path: None,
         },
         variables: Some(
             json!({"b": "spec", "d": "spec"})
@@ -283,6 +284,7 @@ fn spec() -> TerraformSpec {
         runner: RunnerSpec {
             image: "example/terraform:1".into(),
             timeout_seconds: 120,
+            plugin_dir: None,
             runtime: None,
         },
         lock_file: Some("# lock".into()),
@@ -552,4 +554,35 @@ fn what_ran_is_kept_only_as_far_as_the_destroy_can_still_read_and_render_it() {
     assert!(fitted.to_json_bytes().len() <= INPUTS_MAX_BYTES);
     // Nothing renders: no record at all.
     assert_eq!(with_ran(&inputs, record, |_| false), None);
+}
+
+#[test]
+fn a_module_in_the_runner_image_and_its_providers_are_absolute_directories() {
+    let mut v = example();
+    v["module"] = json!({"path": "/modules/vm"});
+    v["runner"]["pluginDir"] = json!("/providers");
+    let i = parse_value(&v).unwrap();
+    assert_eq!(i.module, Module::Path("/modules/vm".into()));
+    assert_eq!(i.runner.plugin_dir.as_deref(), Some("/providers"));
+    for (field, bad) in [
+        ("module.path", json!({"module": {"path": "modules/vm"}})),
+        (
+            "module.path",
+            json!({"module": {"path": "/modules/../etc"}}),
+        ),
+        (
+            "runner.pluginDir",
+            json!({"runner": {"image": "x", "pluginDir": "providers"}}),
+        ),
+    ] {
+        let mut v = example();
+        for (k, val) in bad.as_object().unwrap() {
+            v[k] = val.clone();
+        }
+        let msg = unusable(v);
+        assert!(msg.contains(field), "{msg}");
+    }
+    let mut v = example();
+    v["module"] = json!({"source": "x", "path": "/m"});
+    assert!(unusable(v).contains("more than one of `source`, `files` and `path`"));
 }

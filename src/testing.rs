@@ -36,6 +36,7 @@ pub fn spec() -> TerraformSpec {
         module: ModuleSpec {
             source: None,
             files: Some([("main.tf".to_string(), "# module".to_string())].into()),
+            path: None,
         },
         variables: Some(
             [("name".to_string(), serde_json::json!("prod"))]

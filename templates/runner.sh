@@ -13,13 +13,15 @@
 #   errored-backend.hcl    the backend settings for saving an errored.tfstate: the same
 #                          namespace, and the labels of an errored state
 #   module/...             the module's inline files, or
-#   module-source          the module's source address (terraform init -from-module)
+#   module-source          the module's source address (terraform init -from-module), or
+#   module-path            the module's directory in this image (a module image)
 #   terraform.lock.hcl     the provider lock file, when the inputs carry one
 # Environment: CAPTF_OPERATION, CAPTF_NAMESPACE, CAPTF_SUFFIX,
 # CAPTF_ERRORED_SUFFIX_BEFORE_TAG and _AFTER_TAG (the backend suffix an errored.tfstate is
 # saved under, around the Pod's name tag),
 # CAPTF_JOB_NAME (the Job's name: a lock left by an earlier Pod of it is broken),
-# CAPTF_RUNTIME (terraform or tofu, when the inputs name one),
+# CAPTF_RUNTIME (terraform or tofu, when the inputs name one), CAPTF_PLUGIN_DIR (the
+# providers' directory in this image: every init takes them from there, no registry),
 # CAPTF_RENDER_DIR, CAPTF_WORKSPACE (an emptyDir: HOME, TF_DATA_DIR, TMPDIR and the
 # working copy live there, the root filesystem is read-only), and optionally
 # CAPTF_TERMINATION_LOG (default /dev/termination-log), KUBE_CONFIG_PATH (a local runner:
@@ -258,9 +260,16 @@ stop_if_signalled
 
 # 1. The module. `init -from-module` needs an empty directory: it runs first, without
 # the backend, and the second init below configures the backend.
-if [ -f "$RENDER/module-source" ]; then
+if [ -f "$RENDER/module-source" ] && [ -n "${CAPTF_PLUGIN_DIR:-}" ]; then
+    run_tf init -input=false -no-color -backend=false -plugin-dir="$CAPTF_PLUGIN_DIR" \
+        -from-module="$(cat "$RENDER/module-source")" || tf_failed init $?
+elif [ -f "$RENDER/module-source" ]; then
     run_tf init -input=false -no-color -backend=false -from-module="$(cat "$RENDER/module-source")" ||
         tf_failed init $?
+elif [ -f "$RENDER/module-path" ]; then
+    m_path=$(cat "$RENDER/module-path")
+    [ -d "$m_path" ] || fail 1 "the module's directory $m_path (module.path) is not in the runner image"
+    cp -R "$m_path/." "$WORK/" || fail 1 "cannot copy the module from $m_path"
 elif [ -d "$RENDER/module" ]; then
     cp -R "$RENDER/module/." "$WORK/" || fail 1 "cannot copy the module files from $RENDER/module"
 else
@@ -288,7 +297,13 @@ if [ -z "${KUBE_CONFIG_PATH:-}" ]; then
 fi
 
 # 3. init, then the operation.
-run_tf init -input=false -no-color -backend-config="$BACKEND" || tf_failed init $?
+if [ -n "${CAPTF_PLUGIN_DIR:-}" ]; then
+    [ -d "$CAPTF_PLUGIN_DIR" ] || fail 1 "the providers' directory $CAPTF_PLUGIN_DIR (runner.pluginDir) is not in the runner image"
+    run_tf init -input=false -no-color -plugin-dir="$CAPTF_PLUGIN_DIR" -backend-config="$BACKEND" ||
+        tf_failed init $?
+else
+    run_tf init -input=false -no-color -backend-config="$BACKEND" || tf_failed init $?
+fi
 stop_if_signalled
 run_tf "$OP" -auto-approve -input=false -no-color -var-file="$VARS"
 status=$?

@@ -52,7 +52,7 @@ fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// Either `source` or `files`.
+/// One of `source`, `files` or `path`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ModuleSpec {
@@ -62,6 +62,10 @@ pub struct ModuleSpec {
     /// The module's files, by file name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<BTreeMap<String, String>>,
+    /// An absolute directory in the runner image that holds the module: a module image
+    /// (with `runner.pluginDir`, its providers too), run by digest once applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// A ConfigMap or Secret key holding a JSON object of variables.
@@ -106,6 +110,11 @@ pub struct RunnerSpec {
     /// The deadline of one attempt, in seconds (the Job's `activeDeadlineSeconds`).
     #[serde(default = "default_timeout")]
     pub timeout_seconds: i64,
+    /// An absolute directory in the runner image holding the providers the module needs,
+    /// in a provider mirror's layout (`terraform init -plugin-dir`): `init` reaches no
+    /// registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_dir: Option<String>,
     /// The command the runner runs: `terraform`, or `tofu` (OpenTofu). Unset: `terraform`,
     /// or `tofu` in an image that has no `terraform`. Recorded with the inputs: the destroy
     /// runs the same one.
@@ -144,6 +153,7 @@ impl Default for RunnerSpec {
         RunnerSpec {
             image: default_image(),
             timeout_seconds: default_timeout(),
+            plugin_dir: None,
             runtime: None,
         }
     }

@@ -24,6 +24,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "CAPTF_ERRORED_SUFFIX_AFTER_TAG",
     "CAPTF_JOB_NAME",
     "CAPTF_RUNTIME",
+    "CAPTF_PLUGIN_DIR",
     "CHECKPOINT_DISABLE",
 ];
 
@@ -122,6 +123,9 @@ pub(super) fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>
     ]);
     if let Some(runtime) = req.inputs.runner.runtime {
         out.push(plain("CAPTF_RUNTIME", runtime.command().to_string()));
+    }
+    if let Some(dir) = &req.inputs.runner.plugin_dir {
+        out.push(plain("CAPTF_PLUGIN_DIR", dir.clone()));
     }
     Ok(out)
 }

@@ -29,4 +29,6 @@ pub const FILE_CONTRACT: &str = "captf.auto.tfvars.json";
 pub const FILE_ERRORED_BACKEND: &str = "errored-backend.hcl";
 pub const FILE_LOCK: &str = "terraform.lock.hcl";
 pub const FILE_MODULE_SOURCE: &str = "module-source";
+/// The module's directory in the runner image (`module.path`).
+pub const FILE_MODULE_PATH: &str = "module-path";
 pub const DIR_MODULE: &str = "module";

@@ -139,6 +139,7 @@ pub fn runner_files(
     }
     match inputs.run_module().as_ref() {
         Module::Source(source) => files.push((FILE_MODULE_SOURCE.to_string(), source.clone())),
+        Module::Path(path) => files.push((FILE_MODULE_PATH.to_string(), path.clone())),
         Module::Files(module_files) => {
             for (name, content) in module_files {
                 if let Some(why) = inputs::bad_file_name(name) {

@@ -24,6 +24,7 @@ pub(crate) fn inline_inputs() -> Inputs {
         runner: Runner {
             image: "hashicorp/terraform:1.11.4".into(),
             runtime: None,
+            plugin_dir: None,
         },
         module: Module::Files(BTreeMap::from([
             (

@@ -755,6 +755,56 @@ fn an_apply_reports_the_lock_file_init_wrote_and_the_files_it_fetched() {
 }
 
 #[test]
+fn a_module_image_runs_from_its_directory_with_its_providers() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let mut inputs = inline_inputs();
+        inputs.lock_file = None;
+        let r0 = TempDir::new("module-image");
+        let module_dir = r0.path().join("modules/vm");
+        std::fs::create_dir_all(module_dir.join("sub")).unwrap();
+        std::fs::write(module_dir.join("main.tf"), "# from the image\n").unwrap();
+        std::fs::write(module_dir.join("sub/x.tf"), "# nested\n").unwrap();
+        let plugins = r0.path().join("providers");
+        std::fs::create_dir_all(&plugins).unwrap();
+        inputs.module = Module::Path(module_dir.display().to_string());
+        inputs.runner.plugin_dir = Some(plugins.display().to_string());
+        let r = Runner::new(rendered(&Templates::embedded(), &request(&inputs)), shell);
+        let (status, stderr) = r.run(r.command());
+        let record = r.record();
+        assert!(status.success(), "{status:?}\n{stderr}\n{record}");
+        let ws = r.path("workspace").display().to_string();
+        let args: Vec<&str> = record.lines().filter(|l| l.starts_with("ARGS ")).collect();
+        assert_eq!(
+            args[0],
+            format!(
+                "ARGS init -input=false -no-color -plugin-dir={} -backend-config={ws}/backend.hcl",
+                plugins.display()
+            )
+        );
+        assert!(
+            record.contains("FILES ./captf_backend_override.tf ./main.tf ./sub/x.tf"),
+            "{record}"
+        );
+
+        // A directory the image does not have: named, and nothing runs.
+        let mut missing = inputs.clone();
+        missing.module = Module::Path("/no/such/module".into());
+        let r = Runner::new(rendered(&Templates::embedded(), &request(&missing)), shell);
+        let (status, _) = r.run(r.command());
+        assert_eq!(status.code(), Some(1));
+        assert!(
+            r.termination_log().contains(
+                "the module's directory /no/such/module (module.path) is not in the runner image"
+            ),
+            "{}",
+            r.termination_log()
+        );
+        assert_eq!(r.record(), "");
+    }
+}
+
+#[test]
 fn the_script_is_valid_posix_sh() {
     // `sh -n` parses without running (dash here: stricter than busybox ash).
     let dir = TempDir::new("syntax");

@@ -62,17 +62,20 @@ async fn name_terraform_cluster(env: &Env) {
         .expect("the Cluster's infrastructureRef");
 }
 
-/// What the inputs Secret of `kind`/`name` records of its latest successful apply's run.
-async fn recorded_ran(env: &Env, kind: Kind, name: &str) -> Option<captf::inputs::Ran> {
+/// The inputs the inputs Secret of `kind`/`name` records.
+async fn recorded_inputs(env: &Env, kind: Kind, name: &str) -> Option<captf::inputs::Inputs> {
     let suffix = names::state_suffix(kind, name);
     let secret = env
         .secrets()
         .get_opt(&names::inputs_secret_name(&suffix))
         .await
         .ok()??;
-    captf::inputs::from_secret(&secret, &env.ns, &suffix)
-        .ok()?
-        .ran
+    captf::inputs::from_secret(&secret, &env.ns, &suffix).ok()
+}
+
+/// What the inputs Secret of `kind`/`name` records of its latest successful apply's run.
+async fn recorded_ran(env: &Env, kind: Kind, name: &str) -> Option<captf::inputs::Ran> {
+    recorded_inputs(env, kind, name).await?.ran
 }
 
 fn created(env: &Env, name: &str) -> bool {
@@ -983,5 +986,54 @@ async fn the_manager_applies_and_destroys_under_its_own_cluster_role() {
     env.assert_nothing_left(Kind::TerraformMachine, "web-1")
         .await;
     env.remove_manager_binding(&binding).await;
+    env.shutdown().await;
+}
+
+/// A module image: the module is a directory of the runner image (`module.path`) and its
+/// providers another (`runner.pluginDir`, `init -plugin-dir`), so neither the apply nor the
+/// destroy reaches a git host or a registry. (The local kubelet's "image" is this
+/// machine's root.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_module_image_with_its_providers_applies_and_destroys() {
+    if envtest_only("the module image is a directory of this machine") {
+        return;
+    }
+    let env = Env::start_provisioning("apply-module-image", None).await;
+    let image = env.dir.join("image");
+    std::fs::create_dir_all(image.join("modules/cluster")).expect("module dir");
+    std::fs::create_dir_all(image.join("providers")).expect("providers dir");
+    std::fs::write(image.join("modules/cluster/main.tf"), apply_module(0)).expect("main.tf");
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        "",
+        json!({
+            "module": {"path": image.join("modules/cluster").display().to_string()},
+            "runner": {"pluginDir": image.join("providers").display().to_string()}
+        }),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    assert!(created(&env, "prod"));
+    // The destroy will run the same image, by digest, with the module and providers in it.
+    wait_for("the apply's run to be recorded", long(), || async {
+        recorded_ran(&env, Kind::TerraformCluster, "prod")
+            .await
+            .is_some()
+    })
+    .await;
+    let inputs = recorded_inputs(&env, Kind::TerraformCluster, "prod")
+        .await
+        .expect("the inputs");
+    assert!(
+        matches!(&inputs.module, captf::inputs::Module::Path(p) if p.ends_with("modules/cluster"))
+    );
+    assert!(inputs.run_image().contains("@sha256:"), "run by digest");
+    delete_and_wait_released(&env).await;
+    assert!(env.destroyed("prod"));
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
     env.shutdown().await;
 }

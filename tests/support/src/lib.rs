@@ -1008,6 +1008,7 @@ impl Env {
             runner: Runner {
                 image: runner_image(),
                 runtime: None,
+                plugin_dir: None,
             },
             module: Module::Files([("main.tf".to_string(), module_body.to_string())].into()),
             variables: variables.clone(),
