@@ -471,8 +471,18 @@ async fn record_ran<K: TerraformObject>(
         super::act::destroy::render_operation(ctx, scope, obj, names::OPERATION_DESTROY, 1, i)
             .is_ok()
     };
-    let Some(inputs) = crate::inputs::with_ran(&inputs, record, renders) else {
-        return Ok(());
+    // Even the digest alone would not do: an empty record, so that the run is not read
+    // again on every pass (when it fits; the inputs must stay readable above all).
+    let inputs = match crate::inputs::with_ran(&inputs, record, renders) {
+        Some(i) => i,
+        None => {
+            let mut empty = inputs.clone();
+            empty.ran = Some(Default::default());
+            if empty.to_json_bytes().len() > crate::inputs::INPUTS_MAX_BYTES {
+                return Ok(());
+            }
+            empty
+        }
     };
     let mut updated = secret.clone();
     updated.metadata.managed_fields = None;
