@@ -20,9 +20,7 @@ use super::status::{write_provisioned, write_status_keeping_with};
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
-use crate::contract::HANDOFF_OUTPUT;
 use crate::contract::Role;
-use crate::contract::values::handoff_source;
 use crate::gather::Observed;
 use crate::gather::apply::{self as gather_apply, ApplySources, apply_facts, capi_owner};
 use crate::rules::Decision;
@@ -75,12 +73,16 @@ pub async fn live_pass<K: TerraformObject>(
         ..Default::default()
     };
     if gather_apply::keeps_recorded_values(observed.kind, provisioned) {
-        let name = names::inputs_secret_name(&scope.suffix);
-        sources.recorded = scope
-            .secrets
-            .get_opt(&name)
-            .await?
-            .and_then(|s| gather_apply::recorded_values(&s, &scope.namespace, &scope.suffix));
+        // The pass read it already when it read the state; else one GET.
+        let secret = match &observed.inputs_secret {
+            Some(s) => Some(s.clone()),
+            None => {
+                let name = names::inputs_secret_name(&scope.suffix);
+                scope.secrets.get_opt(&name).await?
+            }
+        };
+        sources.recorded =
+            secret.and_then(|s| gather_apply::recorded_values(&s, &scope.namespace, &scope.suffix));
     }
     let (owner, bootstrap) = if sources.recorded.is_some() {
         (None, None)
@@ -231,10 +233,8 @@ async fn read_owner(ctx: &Context, o: &Observed) -> Result<Option<serde_json::Va
     let (Some(ar), Some(name)) = (ctx.cluster_api.resource(), capi_owner(o.kind, &o.meta)) else {
         return Ok(None);
     };
-    let kind = match o.kind {
-        Kind::TerraformCluster => return Ok(None),
-        Kind::TerraformMachine => "Machine",
-        Kind::TerraformMachinePool => "MachinePool",
+    let Some(kind) = gather_apply::owner_kind(o.kind) else {
+        return Ok(None);
     };
     let owner_ar = ApiResource {
         kind: kind.to_string(),
@@ -287,20 +287,9 @@ async fn read_bootstrap<K: TerraformObject>(
     kind: Kind,
     owner: Option<&serde_json::Value>,
 ) -> Result<Option<Secret>, Error> {
-    let Some(owner) = owner else {
-        return Ok(None);
-    };
-    let bootstrap = match kind {
-        Kind::TerraformCluster => return Ok(None),
-        Kind::TerraformMachine => &owner["spec"]["bootstrap"],
-        Kind::TerraformMachinePool => &owner["spec"]["template"]["spec"]["bootstrap"],
-    };
-    match bootstrap["dataSecretName"]
-        .as_str()
-        .filter(|n| !n.is_empty())
-    {
-        Some(name) => Ok(scope.secrets.get_opt(name).await?),
-        None => Ok(None),
+    match owner.and_then(|o| gather_apply::bootstrap_secret_name(kind, o)) {
+        Some(name) if kind != Kind::TerraformCluster => Ok(scope.secrets.get_opt(name).await?),
+        _ => Ok(None),
     }
 }
 
@@ -312,11 +301,9 @@ async fn cluster_outputs<K: TerraformObject>(
     scope: &Scope<K>,
     cluster: Option<&serde_json::Value>,
 ) -> Result<Result<Option<serde_json::Value>, String>, Error> {
-    let Some(name) = cluster.and_then(handoff_source) else {
+    let Some((name, base)) = gather_apply::handoff_state(cluster) else {
         return Ok(Ok(None));
     };
-    let suffix = names::state_suffix(Kind::TerraformCluster, name);
-    let base = names::state_secret_name(&suffix);
     // The TerraformCluster controller's cache holds its state Secrets' metadata.
     let meta = match ctx.caches(Kind::TerraformCluster) {
         Some(c) => c
@@ -329,9 +316,7 @@ async fn cluster_outputs<K: TerraformObject>(
             .map(|m| m.metadata),
     };
     let Some(meta) = meta else {
-        return Ok(Err(format!(
-            "TerraformCluster {name} has no state Secret {base} yet"
-        )));
+        return Ok(Err(gather_apply::no_handoff_state(name, &base)));
     };
     let version = meta.resource_version.unwrap_or_default();
     let key = format!("{}/{name}", scope.namespace);
@@ -346,14 +331,11 @@ async fn cluster_outputs<K: TerraformObject>(
         return Ok(Ok(Some(out)));
     }
     let _permit = ctx.state_reads.clone().acquire_owned().await.ok();
+    let suffix = names::state_suffix(Kind::TerraformCluster, name);
     let secrets = crate::state::secrets::read(&scope.secrets, &base, Some(&suffix)).await?;
-    let out = match crate::state::outputs(&secrets, crate::state::DEFAULT_DECOMPRESSION_CAP) {
-        Ok(o) => o.get(HANDOFF_OUTPUT).cloned().unwrap_or_default(),
-        Err(why) => {
-            return Ok(Err(format!(
-                "the outputs of TerraformCluster {name} cannot be read: {why}"
-            )));
-        }
+    let out = match gather_apply::handoff_of(name, &secrets) {
+        Ok(out) => out,
+        Err(why) => return Ok(Err(why)),
     };
     ctx.handoffs
         .lock()

@@ -346,12 +346,7 @@ fn decide_live(
             .iter()
             .find(|v| v["metadata"]["name"].as_str() == Some(c.as_str()) && in_ns(v))
     });
-    let owner_kind = match o.kind {
-        Kind::TerraformMachine => Some("Machine"),
-        Kind::TerraformMachinePool => Some("MachinePool"),
-        Kind::TerraformCluster => None,
-    };
-    let owner = owner_kind
+    let owner = ga::owner_kind(o.kind)
         .zip(ga::capi_owner(o.kind, &o.meta))
         .and_then(|(k, n)| {
             inv.machines.iter().find(|v| {
@@ -360,19 +355,13 @@ fn decide_live(
                     && in_ns(v)
             })
         });
-    let bootstrap_name = owner.and_then(|v| {
-        let b = match o.kind {
-            Kind::TerraformMachinePool => &v["spec"]["template"]["spec"]["bootstrap"],
-            _ => &v["spec"]["bootstrap"],
-        };
-        b["dataSecretName"].as_str().map(str::to_string)
-    });
+    let bootstrap_name = owner.and_then(|v| ga::bootstrap_secret_name(o.kind, v));
     let mut sources = ApplySources {
         latched,
         state_exists: secret(&names::state_secret_name(&suffix)).is_some(),
         cluster,
         owner,
-        bootstrap: bootstrap_name.as_deref().and_then(secret),
+        bootstrap: bootstrap_name.and_then(secret),
         ..Default::default()
     };
     if ga::keeps_recorded_values(o.kind, provisioned) {
@@ -397,11 +386,9 @@ fn handoff(
     namespace: &str,
     cluster: Option<&serde_json::Value>,
 ) -> Result<Option<serde_json::Value>, String> {
-    let Some(name) = cluster.and_then(crate::contract::values::handoff_source) else {
+    let Some((name, base)) = gather::apply::handoff_state(cluster) else {
         return Ok(None);
     };
-    let suffix = names::state_suffix(Kind::TerraformCluster, name);
-    let base = names::state_secret_name(&suffix);
     let secrets: Vec<_> = inv
         .secrets
         .iter()
@@ -412,20 +399,9 @@ fn handoff(
         .iter()
         .any(|s| s.metadata.name.as_deref() == Some(base.as_str()))
     {
-        return Err(format!(
-            "TerraformCluster {name} has no state Secret {base} yet"
-        ));
+        return Err(gather::apply::no_handoff_state(name, &base));
     }
-    let state = StateSecrets::from_secrets(&base, &secrets);
-    crate::state::outputs(&state, crate::state::DEFAULT_DECOMPRESSION_CAP)
-        .map(|o| {
-            Some(
-                o.get(crate::contract::HANDOFF_OUTPUT)
-                    .cloned()
-                    .unwrap_or_default(),
-            )
-        })
-        .map_err(|why| format!("the outputs of TerraformCluster {name} cannot be read: {why}"))
+    gather::apply::handoff_of(name, &StateSecrets::from_secrets(&base, &secrets)).map(Some)
 }
 
 /// One line per condition, with its message when it has one.

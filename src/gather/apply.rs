@@ -34,11 +34,8 @@ pub struct ApplyObserved {
 /// MachineSet's or control plane's reference comes first and does not count), the
 /// MachinePool of a TerraformMachinePool.
 pub fn capi_owner(kind: Kind, meta: &ObjectMeta) -> Option<String> {
-    let (owner_kind, controller_only) = match kind {
-        Kind::TerraformCluster => ("Cluster", false),
-        Kind::TerraformMachine => ("Machine", true),
-        Kind::TerraformMachinePool => ("MachinePool", false),
-    };
+    let owner_kind = owner_kind(kind).unwrap_or("Cluster");
+    let controller_only = kind == Kind::TerraformMachine;
     meta.owner_references
         .iter()
         .flatten()
@@ -48,6 +45,32 @@ pub fn capi_owner(kind: Kind, meta: &ObjectMeta) -> Option<String> {
                 && (!controller_only || r.controller == Some(true))
         })
         .map(|r| r.name.clone())
+}
+
+/// The Cluster API kind that owns a machine (`Machine`) or a pool (`MachinePool`); none
+/// for a TerraformCluster.
+pub fn owner_kind(kind: Kind) -> Option<&'static str> {
+    match kind {
+        Kind::TerraformCluster => None,
+        Kind::TerraformMachine => Some("Machine"),
+        Kind::TerraformMachinePool => Some("MachinePool"),
+    }
+}
+
+/// Where a machine's or pool's owner names its bootstrap data Secret.
+fn bootstrap_path(kind: Kind) -> &'static str {
+    match kind {
+        Kind::TerraformMachinePool => "spec.template.spec.bootstrap.dataSecretName",
+        _ => "spec.bootstrap.dataSecretName",
+    }
+}
+
+/// The bootstrap data Secret a machine's or pool's `owner` names, if it names one.
+pub fn bootstrap_secret_name(kind: Kind, owner: &serde_json::Value) -> Option<&str> {
+    let at = bootstrap_path(kind)
+        .split('.')
+        .fold(owner, |v, field| &v[field]);
+    at.as_str().filter(|n| !n.is_empty())
 }
 
 /// The number of the latest apply attempt, and how it ended: from its Job while the Job
@@ -125,21 +148,10 @@ pub fn prerequisite(
         _ => return Some(Prerequisite::ClusterInfrastructure { cluster }),
     }
     let owner = owner?;
-    let (owner_kind, bootstrap_ref) = match o.kind {
-        Kind::TerraformMachinePool => (
-            "MachinePool",
-            &owner["spec"]["template"]["spec"]["bootstrap"],
-        ),
-        _ => ("Machine", &owner["spec"]["bootstrap"]),
-    };
-    let data_secret = bootstrap_ref["dataSecretName"]
-        .as_str()
-        .filter(|n| !n.is_empty());
+    let owner_kind = owner_kind(o.kind).unwrap_or_default();
+    let data_secret = bootstrap_secret_name(o.kind, owner);
     let name = owner["metadata"]["name"].as_str().unwrap_or_default();
-    let path = match o.kind {
-        Kind::TerraformMachinePool => "spec.template.spec.bootstrap.dataSecretName",
-        _ => "spec.bootstrap.dataSecretName",
-    };
+    let path = bootstrap_path(o.kind);
     if let Some(secret) = data_secret {
         let has_value = bootstrap
             .and_then(|s| s.data.as_ref())
@@ -281,6 +293,35 @@ pub fn recorded_values(
         .ok()
         .map(|i| i.contract_variables)
         .filter(|c| !c.is_empty())
+}
+
+/// The TerraformCluster whose `machine_inputs` the machines and pools of `cluster` are
+/// given, and the name of its base state Secret; none when the Cluster's infrastructure
+/// is not a TerraformCluster.
+pub fn handoff_state(cluster: Option<&serde_json::Value>) -> Option<(&str, String)> {
+    let name = cluster.and_then(crate::contract::values::handoff_source)?;
+    let base = names::state_secret_name(&names::state_suffix(Kind::TerraformCluster, name));
+    Some((name, base))
+}
+
+/// Why the hand-off of TerraformCluster `name` cannot be read yet: it has no state.
+pub fn no_handoff_state(name: &str, base: &str) -> String {
+    format!("TerraformCluster {name} has no state Secret {base} yet")
+}
+
+/// The `machine_inputs` output in TerraformCluster `name`'s state (null when it has
+/// none), or why its outputs cannot be read.
+pub fn handoff_of(
+    name: &str,
+    state: &crate::state::StateSecrets,
+) -> Result<serde_json::Value, String> {
+    crate::state::outputs(state, crate::state::DEFAULT_DECOMPRESSION_CAP)
+        .map(|o| {
+            o.get(crate::contract::HANDOFF_OUTPUT)
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map_err(|why| format!("the outputs of TerraformCluster {name} cannot be read: {why}"))
 }
 
 /// Whether a pass needs the TerraformCluster's hand-off: a machine or pool whose gates

@@ -228,28 +228,28 @@ pub fn failure_message(reason: &str, error_tail: Option<&str>, job: &Job, pods: 
     }
 }
 
+/// The runner's container of a Job (by its name, else the first: a template may rename
+/// it).
+pub fn runner_container(job: &Job) -> Option<&k8s_openapi::api::core::v1::Container> {
+    let pod = job.spec.as_ref()?.template.spec.as_ref()?;
+    pod.containers
+        .iter()
+        .find(|c| c.name == CONTAINER_NAME)
+        .or(pod.containers.first())
+}
+
 /// What an operator reads for a failure without Terraform output: the reason, or for a
 /// runner that never started, what kept it, and where to look.
 pub fn reason_text(reason: &str, job: &Job, pods: &[Pod]) -> String {
     if reason == OOM_KILLED {
-        let limit = job
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
-            .and_then(|p| {
-                p.containers
-                    .iter()
-                    .find(|c| c.name == CONTAINER_NAME)
-                    .or(p.containers.first())
-            })
-            .and_then(|c| {
-                c.resources
-                    .as_ref()?
-                    .limits
-                    .as_ref()?
-                    .get("memory")
-                    .cloned()
-            });
+        let limit = runner_container(job).and_then(|c| {
+            c.resources
+                .as_ref()?
+                .limits
+                .as_ref()?
+                .get("memory")
+                .cloned()
+        });
         let limit = match limit {
             Some(q) => format!("its memory limit is {}", q.0),
             None => "it has no memory limit, so the node ran out".to_string(),

@@ -1633,15 +1633,7 @@ impl Witness {
             while let Some(ev) = stream.next().await {
                 if let Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) = ev {
                     let label = |k: &str| job.labels().get(k).cloned().unwrap_or_default();
-                    let image = job
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.template.spec.as_ref())
-                        .and_then(|p| {
-                            p.containers
-                                .iter()
-                                .find(|c| c.name == captf::job::layout::CONTAINER_NAME)
-                        })
+                    let image = captf::job::outcome::runner_container(&job)
                         .and_then(|c| c.image.clone())
                         .unwrap_or_default();
                     let entry = (
