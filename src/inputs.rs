@@ -22,10 +22,18 @@ use crate::api::types::{EnvFromSecret, TerraformSpec, VariablesSourceKind};
 
 /// `inputs.json` larger than this is refused before it is parsed.
 pub const INPUTS_MAX_BYTES: usize = 1024 * 1024;
-/// The only version this controller reads and writes.
-pub const INPUTS_VERSION: u32 = 1;
+/// The version this controller writes: 2, the inputs that may record what an apply ran
+/// (`ran`, read by no CAPTF before it), so that an older CAPTF, which would fetch the
+/// module and pull the image anew, refuses them instead of destroying with other code.
+pub const INPUTS_VERSION: u32 = 2;
+/// The versions this controller reads: 1 (SPEC section 3; what an older CAPTF wrote, or
+/// another tool) and 2 (version 1's fields, and `ran`).
+pub const INPUTS_VERSIONS_READ: std::ops::RangeInclusive<u32> = 1..=INPUTS_VERSION;
+/// The version the hash `A/inputs-sha256` is taken in: the same inputs hash the same in
+/// either version, so a new version re-applies nothing.
+const HASHED_VERSION: u32 = 1;
 
-/// Version 1 of `inputs.json` (SPEC section 3).
+/// `inputs.json`, version 1 or 2 (SPEC section 3; docs/provisioning/04-reproducibility.md).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Inputs {
@@ -100,6 +108,8 @@ pub fn with_ran(
     loop {
         let mut with = inputs.clone();
         with.ran = Some(record.clone());
+        // `ran` is version 2's: an older CAPTF refuses the inputs rather than ignore it.
+        with.version = INPUTS_VERSION;
         if with.to_json_bytes().len() <= INPUTS_MAX_BYTES && renders(&with) {
             return Some(with);
         }
@@ -206,7 +216,9 @@ pub enum InputsError {
     NotJson { origin: String, message: String },
     #[error("{origin}: not a JSON object")]
     NotObject { origin: String },
-    #[error("{origin}: unsupported version {found} (this CAPTF reads version {INPUTS_VERSION})")]
+    #[error(
+        "{origin}: unsupported version {found} (this CAPTF reads versions 1 to {INPUTS_VERSION})"
+    )]
     UnsupportedVersion { origin: String, found: String },
     #[error("{origin}: missing required field `{field}`")]
     MissingField { origin: String, field: &'static str },
@@ -271,7 +283,7 @@ fn secret_origin(namespace: &str, suffix: &str) -> String {
 }
 
 /// Parses and checks `inputs.json` for the object whose namespace and state suffix are
-/// given. Unknown fields are ignored; another version, a missing required field (`runner`,
+/// given. Unknown fields are ignored; a version other than 1 and 2, a missing required field (`runner`,
 /// `module`, `backend`), a module with both or neither of `source` and `files`, a bad
 /// module file name, or a backend that is not the object's own make the inputs unusable.
 pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, InputsError> {
@@ -297,7 +309,10 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
                 field: "version",
             });
         }
-        Some(v) if v.as_u64() == Some(u64::from(INPUTS_VERSION)) => {}
+        Some(v)
+            if v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .is_some_and(|n| INPUTS_VERSIONS_READ.contains(&n)) => {}
         Some(v) => {
             return Err(InputsError::UnsupportedVersion {
                 origin,
@@ -345,11 +360,16 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
             }),
         }
     }
+    let version = obj
+        .get("version")
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .expect("checked above");
     let runner: Runner = field(obj, "runner", &origin)?.expect("checked above");
     let module: Module = field(obj, "module", &origin)?.expect("checked above");
     let backend: Backend = field(obj, "backend", &origin)?.expect("checked above");
     let inputs = Inputs {
-        version: INPUTS_VERSION,
+        version,
         runner,
         module,
         variables: field(obj, "variables", &origin)?.unwrap_or_default(),
@@ -649,15 +669,16 @@ impl Inputs {
             .collect()
     }
 
-    /// The hash of [`Inputs::to_json_bytes`], without what a run recorded (the image
-    /// digest): the hash is of what the spec asked for, and recording the digest must not
-    /// make the inputs look changed.
+    /// The hash of [`Inputs::to_json_bytes`] in version 1, without what a run recorded
+    /// (`ran`): the hash is of what the spec asked for, so neither recording what ran nor
+    /// a new version of the format makes the inputs look changed.
     pub fn sha256(&self) -> String {
-        if self.ran.is_none() {
+        if self.ran.is_none() && self.version == HASHED_VERSION {
             return Self::sha256_hex(&self.to_json_bytes());
         }
         let mut asked = self.clone();
         asked.ran = None;
+        asked.version = HASHED_VERSION;
         Self::sha256_hex(&asked.to_json_bytes())
     }
 

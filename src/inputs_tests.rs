@@ -100,12 +100,47 @@ fn the_runtime_is_terraform_or_tofu_and_absent_leaves_the_bytes_as_before() {
 }
 
 #[test]
+fn versions_1_and_2_are_read_and_hash_the_same() {
+    let v1 = parse_value(&example()).unwrap();
+    let mut doc = example();
+    doc["version"] = json!(2);
+    let v2 = parse_value(&doc).unwrap();
+    assert_eq!((v1.version, v2.version), (1, 2));
+    // An upgrade that writes version 2 re-applies nothing: the hash is the same.
+    assert_eq!(v1.sha256(), v2.sha256());
+    assert_eq!(v1.sha256(), Inputs::sha256_hex(&v1.to_json_bytes()));
+    assert_ne!(v2.sha256(), Inputs::sha256_hex(&v2.to_json_bytes()));
+}
+
+#[test]
+fn recording_what_ran_writes_version_2() {
+    let v1 = parse_value(&example()).unwrap();
+    let ran = Ran {
+        image_digest: Some(format!(
+            "docker.io/hashicorp/terraform@sha256:{}",
+            "a".repeat(64)
+        )),
+        ..Default::default()
+    };
+    let with = with_ran(&v1, ran, |_| true).expect("fits");
+    assert_eq!(with.version, INPUTS_VERSION);
+    assert_eq!(INPUTS_VERSION, 2);
+    assert_eq!(with.sha256(), v1.sha256(), "what ran is not in the hash");
+    let again = parse(&with.to_json_bytes(), NS, SUFFIX).expect("version 2 is read");
+    assert_eq!(again, with);
+}
+
+#[test]
 fn another_version_is_unusable() {
     let mut v = example();
-    v["version"] = json!(2);
+    v["version"] = json!(3);
     let msg = unusable(v);
-    assert!(msg.contains("unsupported version 2"), "{msg}");
+    assert!(msg.contains("unsupported version 3"), "{msg}");
+    assert!(msg.contains("versions 1 to 2"), "{msg}");
     assert!(msg.contains("captf-inputs-web-1.tfm"), "{msg}");
+    let mut v = example();
+    v["version"] = json!(0);
+    assert!(unusable(v).contains("unsupported version 0"));
     let mut v = example();
     v["version"] = json!("1");
     assert!(unusable(v).contains("unsupported version \"1\""));
@@ -382,7 +417,8 @@ fn the_rebuilt_hash_matches_what_the_inputs_secret_holds_and_a_changed_variable_
         suffix: SUFFIX,
     };
     let written = inputs_secret(&i, &owner);
-    let recorded = Inputs::sha256_hex(&written.data.unwrap()[names::INPUTS_KEY].0);
+    let bytes = &written.data.unwrap()[names::INPUTS_KEY].0;
+    let recorded = parse(bytes, NS, SUFFIX).unwrap().sha256();
     let rebuilt = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
     assert!(rebuilt_matches(&rebuilt, Some(&recorded)));
     assert!(rebuilt_matches(&rebuilt, None));

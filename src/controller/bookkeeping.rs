@@ -478,6 +478,7 @@ async fn record_ran<K: TerraformObject>(
         None => {
             let mut empty = inputs.clone();
             empty.ran = Some(Default::default());
+            empty.version = crate::inputs::INPUTS_VERSION;
             if empty.to_json_bytes().len() > crate::inputs::INPUTS_MAX_BYTES {
                 return Ok(());
             }

@@ -1046,10 +1046,7 @@ impl Env {
             name,
             &[
                 (names::APPLIED_AT, Some(jiff::Timestamp::now().to_string())),
-                (
-                    names::INPUTS_SHA256,
-                    Some(Inputs::sha256_hex(&inputs.to_json_bytes())),
-                ),
+                (names::INPUTS_SHA256, Some(inputs.sha256())),
             ],
         )
         .await;
