@@ -35,6 +35,8 @@ async fn a_cluster_pause_is_not_missed_when_cluster_api_comes_after_the_manager(
         .await
         .expect("create");
     env.wait_finalizer::<Tfm>("web-1").await;
+    // Applied by hand: the manager applies nothing without a Cluster API owner, and
+    // Cluster API is not installed yet.
     env.apply::<Tfm>("web-1", &module(0), &markers).await;
     env.delete::<Tfm>("web-1").await;
     let msg = env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;

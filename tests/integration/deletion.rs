@@ -53,43 +53,22 @@ impl EnvExt for Env {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_01_clean_teardown_destroys_everything_in_order() {
-    let mut env = Env::start("clean").await;
-    env.start_manager();
-    let markers = env.markers();
-    let uid = env.create_cluster("prod").await;
-    env.create_object::<Tfc>("prod", "prod", &uid, &markers)
-        .await;
-    env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
-        .await;
-    env.create_object::<Tfm>("web-2", "prod", &uid, &markers)
-        .await;
-    env.create_object::<Tfmp>("pool", "prod", &uid, &markers)
-        .await;
-    wait_for("finalizers on first sight", long(), || async {
-        env.object::<Tfm>("web-1").await.is_some_and(|o| {
-            o.metadata
-                .finalizers
-                .as_deref()
-                .unwrap_or_default()
-                .contains(&Kind::TerraformMachine.finalizer().to_string())
-        }) && env
-            .object::<Tfc>("prod")
+    // Everything made by the product: the manager applies the cluster, two machines and a
+    // pool, each owned as Cluster API owns them, then the Cluster is deleted.
+    let env = Env::start_provisioning("clean", None).await;
+    env.create_cluster("prod").await;
+    env.provision::<Tfc>("prod", "prod", &module(0)).await;
+    env.mark_cluster_ready("prod").await;
+    env.provision::<Tfm>("web-1", "prod", &module(0)).await;
+    env.provision::<Tfm>("web-2", "prod", &module(0)).await;
+    env.provision::<Tfmp>("pool", "prod", &module(0)).await;
+    assert_eq!(env.jobs_created(), 4, "one apply each");
+    assert!(
+        env.object::<Tfmp>("pool")
             .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-            && env
-                .object::<Tfmp>("pool")
-                .await
-                .is_some_and(|o| o.metadata.finalizers.is_some())
-            && env
-                .object::<Tfm>("web-2")
-                .await
-                .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
-    env.apply::<Tfc>("prod", &module(0), &markers).await;
-    env.apply::<Tfm>("web-1", &module(0), &markers).await;
-    env.apply::<Tfm>("web-2", &module(0), &markers).await;
-    env.apply::<Tfmp>("pool", &module(0), &markers).await;
+            .is_some_and(|p| p.spec.provider_id_list.len() == 2),
+        "the pool's providerIDList is set from its apply"
+    );
 
     env.delete_cluster("prod").await;
 
@@ -298,7 +277,7 @@ async fn scenario_06_lost_state_holds_and_abandon_releases_keeping_the_secrets()
         .expect("StateReadable");
     assert_eq!(reason, "StateLost");
     assert_eq!(
-        env.jobs_created(),
+        env.destroy_jobs_created(),
         0,
         "never a destroy against a missing state"
     );
@@ -371,7 +350,7 @@ async fn scenario_02_paused_cluster_starts_nothing_until_unpaused() {
     let msg = env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
     assert!(msg.contains("prod"), "{msg}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(env.jobs_created(), 0, "nothing starts while paused");
+    assert_eq!(env.destroy_jobs_created(), 0, "nothing starts while paused");
     assert!(env.exists::<Tfm>("web-1").await);
     env.cluster_api()
         .patch(
@@ -720,49 +699,21 @@ async fn scenario_02b_foreground_deletion_keeps_the_running_destroy_job() {
     env.shutdown().await;
 }
 
-/// Starts the apply Job `captf-web-1-tfm-apply-1` of `web-1` as the apply path would (owner
-/// labels, operation `apply`), running `sleep seconds`; returns the Jobs API.
-async fn start_apply_job(env: &Env, seconds: u32) -> Api<Job> {
-    let obj = env.object::<Tfm>("web-1").await.expect("object");
-    let uid = obj.metadata.uid.clone().unwrap_or_default();
-    let labels = serde_json::json!({
-        names::LABEL_OWNER_KIND: "TerraformMachine", names::LABEL_OWNER_NAME: "web-1",
-        names::LABEL_OWNER_UID: uid, names::LABEL_OPERATION: "apply", names::LABEL_ATTEMPT: "1"
-    });
-    let job: Job = serde_json::from_value(serde_json::json!({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": env.ns, "labels": labels},
-        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never",
-            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sh", "-c", format!("sleep {seconds}")]}]}}}
-    }))
-    .expect("job");
-    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
-    jobs.create(&Default::default(), &job)
-        .await
-        .expect("apply job");
-    jobs
-}
-
-/// Whether the apply Job started by [`start_apply_job`] runs.
-async fn apply_job_active(jobs: &Api<Job>) -> bool {
-    jobs.get_opt("captf-web-1-tfm-apply-1")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|j| j.status?.active)
-        == Some(1)
-}
-
+/// The deletion of an object whose re-apply runs waits for that apply (Terraform holds
+/// the state), then destroys from what it left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_03_a_running_apply_job_is_waited_for() {
     let env = machine_env("applyjob", 0, FAST).await;
-    let jobs = start_apply_job(&env, 2).await;
-    wait_for("the apply Job to run", long(), || apply_job_active(&jobs)).await;
+    env.reapply_slowly("web-1", 8).await;
+    wait_for("the re-apply's Job to run", long(), || {
+        env.apply_job_active("web-1", 2)
+    })
+    .await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "WaitingForJob", long())
         .await;
-    assert!(msg.contains("captf-web-1-tfm-apply-1"), "{msg}");
+    assert!(msg.contains("captf-web-1-tfm-apply-2"), "{msg}");
     assert!(
         env.destroy_jobs().await.is_empty(),
         "the destroy waits for the apply Job"
@@ -866,13 +817,13 @@ async fn a_move_that_left_the_objects_to_the_garbage_collector_destroys_nothing(
     // Cluster, strips its finalizers and deletes it, and the garbage collector deletes
     // the TerraformMachine it owned. The infrastructure now belongs to the target.
     let env = machine_env("gc-move", 0, FAST).await;
-    let jobs_before = env.jobs_created();
+    let jobs_before = env.destroy_jobs_created();
     env.move_cluster_away("prod").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
         .await;
     assert!(
-        msg.contains("Cluster prod")
+        msg.contains("Machine web-1")
             && msg.contains("no longer exists")
             && msg.contains("runbooks/OwnerGone.md"),
         "{msg}"
@@ -883,7 +834,7 @@ async fn a_move_that_left_the_objects_to_the_garbage_collector_destroys_nothing(
         .expect("DeletionBlocked");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "OwnerGone"));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(env.jobs_created(), jobs_before, "no destroy Job");
+    assert_eq!(env.destroy_jobs_created(), jobs_before, "no destroy Job");
     assert!(!env.destroyed("web-1"));
     // An operator who means it names the object, and the destroy runs.
     let uid = env
@@ -903,38 +854,23 @@ async fn a_machine_owner_taken_first_holds_the_destroy() {
     // A TerraformMachine owned by its Machine (as Cluster API makes it), whose Machine
     // went first (its finalizer stripped): the garbage collector deletes the object.
     let env = machine_env("machine-gone", 0, FAST).await;
-    let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        env.client.clone(),
-        &env.ns,
-        &kube::api::ApiResource {
-            group: "cluster.x-k8s.io".into(),
-            version: "v1beta2".into(),
-            api_version: "cluster.x-k8s.io/v1beta2".into(),
-            kind: "Machine".into(),
-            plural: "machines".into(),
-        },
-    );
-    let machine: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {"name": "web-1", "namespace": env.ns}, "spec": {}
-    }))
-    .expect("machine");
-    let machine = machines
-        .create(&Default::default(), &machine)
+    let machines = env.capi_api("Machine");
+    let muid = machines
+        .get("web-1")
         .await
-        .expect("create machine");
-    let muid = machine.metadata.uid.clone().expect("uid");
-    env.api::<Tfm>()
+        .expect("the Machine")
+        .metadata
+        .uid
+        .expect("uid");
+    machines
         .patch(
             "web-1",
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"ownerReferences": [
-                {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "web-1", "uid": muid, "controller": true}
-            ]}})),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
         )
         .await
-        .expect("owned by the machine");
-    let jobs_before = env.jobs_created();
+        .expect("strip the Machine's finalizer");
+    let jobs_before = env.destroy_jobs_created();
     machines
         .delete("web-1", &kube::api::DeleteParams::background())
         .await
@@ -947,7 +883,7 @@ async fn a_machine_owner_taken_first_holds_the_destroy() {
         "{msg}"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(env.jobs_created(), jobs_before, "no destroy Job");
+    assert_eq!(env.destroy_jobs_created(), jobs_before, "no destroy Job");
     env.abandon::<Tfm>("web-1").await;
     env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(!env.destroyed("web-1"));
@@ -997,7 +933,7 @@ async fn a_copy_with_the_states_labels_holds_the_deletion_until_it_is_gone() {
         .create(&Default::default(), &copy)
         .await
         .expect("copy");
-    let jobs_before = env.jobs_created();
+    let jobs_before = env.destroy_jobs_created();
     env.delete::<Tfm>("web-1").await;
     env.wait_deleting::<Tfm>("web-1", "Held", long()).await;
     let (_, reason, msg) = env
@@ -1007,7 +943,7 @@ async fn a_copy_with_the_states_labels_holds_the_deletion_until_it_is_gone() {
     assert_eq!(reason, "StateInconsistent");
     assert!(msg.contains(&copy_name), "{msg}");
     assert_eq!(
-        env.jobs_created(),
+        env.destroy_jobs_created(),
         jobs_before,
         "no destroy against two states"
     );
@@ -1109,7 +1045,7 @@ async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attemp
         2,
         "interrupted once, then the next attempt finished it"
     );
-    assert!(env.jobs_created() >= 2);
+    assert!(env.destroy_jobs_created() >= 2);
     assert!(
         env.event_reasons("web-1")
             .await
@@ -1124,7 +1060,7 @@ async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attemp
 async fn scenario_09c_a_job_that_does_not_render_cannot_start_until_the_inputs_are_fixed() {
     // An inline module too large for the Pod's annotations (at most 256 KiB of files).
     let huge = format!("{}\n# {}\n", module(0), "x".repeat(300 * 1024));
-    let env = Env::with_machine("norender", &huge, FAST).await;
+    let env = Env::with_machine_applied_by_hand("norender", &huge, FAST).await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
@@ -1152,9 +1088,9 @@ async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
     let env = machine_env("protect-running", 0, FAST).await;
     let state = names::state_secret_name("web-1.tfm");
     env.wait_protected(&state).await;
-    let jobs = start_apply_job(&env, 4).await;
-    let active = || apply_job_active(&jobs);
-    wait_for("the apply Job to run", long(), active).await;
+    env.reapply_slowly("web-1", 6).await;
+    let active = || env.apply_job_active("web-1", 2);
+    wait_for("the re-apply's Job to run", long(), active).await;
     // As after a restore, or a state Terraform wrote anew: no protection finalizer.
     let protected = || async {
         env.secrets()

@@ -63,7 +63,12 @@ async fn an_earlier_objects_running_destroy_is_waited_for_not_raced() {
         "{msg}"
     );
     // While it runs, no destroy of this object's starts.
-    let own = ListParams::default().labels(&format!("{}={uid}", names::LABEL_OWNER_UID));
+    let own = ListParams::default().labels(&format!(
+        "{}={uid},{}={}",
+        names::LABEL_OWNER_UID,
+        names::LABEL_OPERATION,
+        names::OPERATION_DESTROY
+    ));
     let earlier_done = || async {
         jobs.get(&job_name).await.ok().is_some_and(|j| {
             j.status
@@ -356,7 +361,7 @@ async fn an_evicted_runner_is_replaced_within_the_same_attempt() {
         2,
         "the evicted run, then its replacement"
     );
-    assert_eq!(env.jobs_created(), 1, "one attempt, one Job");
+    assert_eq!(env.destroy_jobs_created(), 1, "one attempt, one Job");
     assert!(
         !env.event_reasons("web-1")
             .await
@@ -472,7 +477,11 @@ async fn a_runner_pod_stuck_on_a_lost_node_is_named() {
     let env = Env::with_machine_in(env, &sleepy_module(120), Duration::from_millis(300)).await;
     env.delete::<Tfm>("web-1").await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    let lp = ListParams::default().labels(names::LABEL_OPERATION);
+    let lp = ListParams::default().labels(&format!(
+        "{}={}",
+        names::LABEL_OPERATION,
+        names::OPERATION_DESTROY
+    ));
     wait_for("the runner Pod", long(), || async {
         !pods.list(&lp).await.expect("pods").items.is_empty()
     })

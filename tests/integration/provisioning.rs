@@ -1,7 +1,8 @@
 //! The apply path end to end: the manager applies a live object's module in a Job (the
 //! real `terraform` through the kubernetes backend), records what the apply left, and
 //! the deletion destroys what the product itself made. The manager runs with
-//! `provision` on here; the deletion scenarios apply by hand.
+//! `provision` on here, as in the deletion scenarios, which start from such an apply
+//! (`Env::provision`).
 
 use captf::api::TerraformObject;
 use captf::api::names::{self, Kind};

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use captf::api::names;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
@@ -339,40 +338,15 @@ async fn runbook_waiting_for_job() {
     const RB: &str = "runbooks/WaitingForJob.md";
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     let env = machine("rb-waiting", 0, Duration::from_millis(300)).await;
-    let uid = env
-        .object::<Tfm>("web-1")
-        .await
-        .and_then(|o| o.metadata.uid)
-        .expect("uid");
-    // An apply Job still running when the object is deleted.
-    let job: Job = serde_json::from_value(json!({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": env.ns, "labels": {
-            names::LABEL_OWNER_KIND: "TerraformMachine",
-            names::LABEL_OWNER_NAME: "web-1",
-            names::LABEL_OWNER_UID: uid,
-            names::LABEL_OPERATION: names::OPERATION_APPLY,
-        }},
-        "spec": {"backoffLimit": 0, "template": {
-            "metadata": {"labels": {
-                names::LABEL_OWNER_KIND: "TerraformMachine",
-                names::LABEL_OWNER_NAME: "web-1",
-                names::LABEL_OWNER_UID: uid,
-                names::LABEL_OPERATION: names::OPERATION_APPLY,
-            }},
-            "spec": {"restartPolicy": "Never", "containers": [
-                {"name": "terraform", "image": "hashicorp/terraform:1.11.4", "command": ["sleep", "3"]}
-            ]}
-        }}
-    }))
-    .expect("job");
-    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.ns);
-    jobs.create(&PostParams::default(), &job)
-        .await
-        .expect("create the apply Job");
+    // A re-apply still running when the object is deleted.
+    env.reapply_slowly("web-1", 4).await;
+    wait_for("the re-apply's Job to run", LONG, || {
+        env.apply_job_active("web-1", 2)
+    })
+    .await;
     env.delete::<Tfm>("web-1").await;
     let msg = wait_deleting(&env, "WaitingForJob").await;
-    assert!(msg.contains("apply Job captf-web-1-tfm-apply-1"), "{msg}");
+    assert!(msg.contains("apply Job captf-web-1-tfm-apply-2"), "{msg}");
     run_runbook(&env, RB).await;
     assert_destroyed_and_cleaned(&env, &suffix).await;
     env.shutdown().await;
@@ -382,26 +356,11 @@ async fn runbook_waiting_for_job() {
 async fn runbook_dependents_exist() {
     const RB: &str = "runbooks/DependentsExist.md";
     let suffix = check_vars(RB, "terraformcluster", "prod");
-    let mut env = Env::start("rb-dependents").await;
-    env.start_manager();
-    let markers = env.markers();
-    let uid = env.create_cluster("prod").await;
-    env.create_object::<Tfc>("prod", "prod", &uid, &markers)
-        .await;
-    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
-        .await;
-    wait_for("the finalizers", LONG, || async {
-        env.object::<Tfc>("prod")
-            .await
-            .is_some_and(|o| o.metadata.finalizers.is_some())
-            && env
-                .object::<Tfm>("web-1")
-                .await
-                .is_some_and(|o| o.metadata.finalizers.is_some())
-    })
-    .await;
-    env.apply::<Tfc>("prod", &module(0), &markers).await;
-    env.apply::<Tfm>("web-1", &module(0), &markers).await;
+    let env = Env::start_provisioning("rb-dependents", None).await;
+    env.create_cluster("prod").await;
+    env.provision::<Tfc>("prod", "prod", &module(0)).await;
+    env.mark_cluster_ready("prod").await;
+    env.provision::<Tfm>("web-1", "prod", &module(0)).await;
     // The TerraformCluster alone is deleted: its machine was never asked to go.
     env.delete::<Tfc>("prod").await;
     env.wait_deleting::<Tfc>("prod", "WaitingForDependents", LONG)
@@ -784,10 +743,10 @@ async fn runbook_owner_gone() {
         "{}",
         run.stdout
     );
-    assert!(run.stdout.contains("Cluster prod uid="), "{}", run.stdout);
+    assert!(run.stdout.contains("Machine web-1 uid="), "{}", run.stdout);
     assert!(!env.exists::<Tfm>("web-1").await, "released");
     assert!(!env.destroyed("web-1"), "nothing destroyed");
-    assert_eq!(env.jobs_created(), 0, "no destroy Job");
+    assert_eq!(env.destroy_jobs_created(), 0, "no destroy Job");
     assert!(
         run.stdout.contains(&format!(
             "{} abandoned-at=",
@@ -869,7 +828,7 @@ async fn runbook_errored_state() {
         .await
         .expect("DeletionBlocked");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "ErroredState"));
-    assert_eq!(env.jobs_created(), 0, "no destroy while held");
+    assert_eq!(env.destroy_jobs_created(), 0, "no destroy while held");
 
     let run = run_runbook(&env, RB).await;
     assert!(

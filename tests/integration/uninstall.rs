@@ -84,7 +84,6 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
     // triggered by an edit of the object (counted by the manager's metrics: the CRD comes
     // from its cache, and a paused pass makes no request).
     let port = crate::manager::restart_with_metrics(&mut env).await;
-    let log = env.proxy.request_log().clone();
     for i in 0..PASSES {
         let before = crate::manager::passes(port).await;
         env.annotate::<Tfm>("web-1", &[("test.captf.dev/nudge", Some(i.to_string()))])
@@ -97,7 +96,7 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
     let msg = env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
     assert!(msg.contains("CustomResourceDefinition"), "{msg}");
     assert_eq!(
-        log.count("create", "jobs", ""),
+        env.destroy_jobs_created(),
         0,
         "no destroy Job during an uninstall"
     );
@@ -134,7 +133,7 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
         crds.get_opt(&crd_name).await.expect("get CRD").is_none()
     })
     .await;
-    assert_eq!(log.count("create", "jobs", ""), 0, "still no Job");
+    assert_eq!(env.destroy_jobs_created(), 0, "still no Job");
     assert_eq!(env.tries("web-1"), 0, "still nothing destroyed");
     assert!(
         env.secret_exists(&state_secret).await,
@@ -191,7 +190,7 @@ async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing
     .await;
     env.wait_deleting::<Tfm>("web-1", "Paused", long()).await;
     assert_eq!(
-        log.count("create", "jobs", ""),
+        env.destroy_jobs_created(),
         0,
         "no destroy Job on a failed read"
     );

@@ -192,51 +192,105 @@ pub struct Env {
 /// infrastructure is gone; the test Clusters carry it on the local control plane.
 pub const CAPI_CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
 
-/// What Cluster API's controllers do when a Cluster is deleted, for the tests' clusters,
-/// which run none of them: the Cluster stays (its finalizer) while the CAPTF
-/// objects it owns are deleted, and goes once they are gone. Deleting a Cluster, or its
-/// namespace, then tears down in Cluster API's order: an owner never goes before its
-/// infrastructure (CAPTF holds an object whose owner is gone, as after clusterctl move).
+/// The finalizers Cluster API's Machine and MachinePool controllers keep until the
+/// infrastructure object the Machine or MachinePool owns is gone.
+pub const CAPI_MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
+pub const CAPI_MACHINE_POOL_FINALIZER: &str = "machinepool.cluster.x-k8s.io";
+
+/// What Cluster API's controllers do when a Cluster, Machine or MachinePool is deleted,
+/// for the tests' clusters, which run none of them. A Machine or MachinePool being
+/// deleted keeps its finalizer while the CAPTF objects it owns are deleted, and loses it
+/// once they are gone. A Cluster being deleted keeps its finalizer while its Machines and
+/// MachinePools (by the cluster-name label) and the CAPTF objects it owns are deleted, and
+/// loses it once they are all gone. Deleting a Cluster, or its namespace, then tears down
+/// in Cluster API's order: an owner never goes before its infrastructure (CAPTF holds an
+/// object whose owner is gone, as after clusterctl move).
 async fn capi_stand_in(client: Client, ns: String) {
+    /// Deletes what `owner` (a uid) owns; how many are left, none when unlistable.
     async fn owned_left<K>(api: Api<K>, owner: &str) -> Option<usize>
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
         let list = api.list(&Default::default()).await.ok()?;
-        let mut left = 0;
-        for o in list.items {
-            let owned = o
-                .meta()
+        let owned = list.items.into_iter().filter(|o| {
+            o.meta()
                 .owner_references
                 .iter()
                 .flatten()
-                .any(|r| r.uid == owner);
-            if !owned {
-                continue;
-            }
+                .any(|r| r.uid == owner)
+        });
+        Some(delete_all(&api, owned).await)
+    }
+    /// Deletes the objects that are not being deleted yet; how many there are.
+    async fn delete_all<K>(api: &Api<K>, objects: impl Iterator<Item = K>) -> usize
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let mut left = 0;
+        for o in objects {
             left += 1;
             if o.meta().deletion_timestamp.is_none() {
                 let name = o.meta().name.clone().unwrap_or_default();
                 let _ = api.delete(&name, &DeleteParams::background()).await;
             }
         }
-        Some(left)
+        left
     }
+    /// The objects of `api` being deleted that still carry `finalizer`.
+    async fn deleting(api: &Api<DynamicObject>, finalizer: &str) -> Vec<DynamicObject> {
+        let Ok(list) = api.list(&Default::default()).await else {
+            return Vec::new();
+        };
+        list.items
+            .into_iter()
+            .filter(|o| {
+                o.metadata.deletion_timestamp.is_some()
+                    && o.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == finalizer)
+            })
+            .collect()
+    }
+    async fn release(api: &Api<DynamicObject>, o: &DynamicObject, finalizer: &str) {
+        let rest: Vec<String> = o
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != finalizer)
+            .cloned()
+            .collect();
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let patch = Patch::Merge(json!({"metadata": {"finalizers": rest}}));
+        let _ = api.patch(&name, &PatchParams::default(), &patch).await;
+    }
+    let machines = capi_api(&client, &ns, "Machine");
+    let pools = capi_api(&client, &ns, "MachinePool");
+    let clusters = cluster_api(&client, &ns);
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let clusters = cluster_api(&client, &ns);
-        let Ok(list) = clusters.list(&Default::default()).await else {
-            continue;
-        };
-        for c in list.items {
-            let finalizers = c.metadata.finalizers.clone().unwrap_or_default();
-            if c.metadata.deletion_timestamp.is_none()
-                || !finalizers.iter().any(|f| f == CAPI_CLUSTER_FINALIZER)
-            {
-                continue;
+        for m in deleting(&machines, CAPI_MACHINE_FINALIZER).await {
+            let uid = m.metadata.uid.clone().unwrap_or_default();
+            let api = Api::<TerraformMachine>::namespaced(client.clone(), &ns);
+            if owned_left(api, &uid).await == Some(0) {
+                release(&machines, &m, CAPI_MACHINE_FINALIZER).await;
             }
+        }
+        for p in deleting(&pools, CAPI_MACHINE_POOL_FINALIZER).await {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            let api = Api::<TerraformMachinePool>::namespaced(client.clone(), &ns);
+            if owned_left(api, &uid).await == Some(0) {
+                release(&pools, &p, CAPI_MACHINE_POOL_FINALIZER).await;
+            }
+        }
+        for c in deleting(&clusters, CAPI_CLUSTER_FINALIZER).await {
             let uid = c.metadata.uid.clone().unwrap_or_default();
-            let left = [
+            let name = c.metadata.name.clone().unwrap_or_default();
+            let of_cluster =
+                ListParams::default().labels(&format!("{}={name}", names::CAPI_CLUSTER_NAME_LABEL));
+            let mut left = vec![
                 owned_left(
                     Api::<TerraformCluster>::namespaced(client.clone(), &ns),
                     &uid,
@@ -253,14 +307,15 @@ async fn capi_stand_in(client: Client, ns: String) {
                 )
                 .await,
             ];
+            for api in [&machines, &pools] {
+                // Absent when Cluster API's Machine CRDs are not installed: none left.
+                left.push(match api.list(&of_cluster).await {
+                    Ok(list) => Some(delete_all(api, list.items.into_iter()).await),
+                    Err(_) => Some(0),
+                });
+            }
             if left.iter().all(|l| *l == Some(0)) {
-                let rest: Vec<String> = finalizers
-                    .into_iter()
-                    .filter(|f| f != CAPI_CLUSTER_FINALIZER)
-                    .collect();
-                let name = c.metadata.name.clone().unwrap_or_default();
-                let patch = Patch::Merge(json!({"metadata": {"finalizers": rest}}));
-                let _ = clusters.patch(&name, &PatchParams::default(), &patch).await;
+                release(&clusters, &c, CAPI_CLUSTER_FINALIZER).await;
             }
         }
     }
@@ -739,7 +794,8 @@ impl Env {
     }
 
     /// Creates Cluster API's Machine `name` of the Cluster `cluster`, naming its bootstrap
-    /// data Secret `data_secret` when given; returns its uid.
+    /// data Secret `data_secret` when given, with the finalizer Cluster API's Machine
+    /// controller keeps until its infrastructure is gone; returns its uid.
     pub async fn create_machine(
         &self,
         name: &str,
@@ -753,7 +809,8 @@ impl Env {
         let machine: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {"name": name, "namespace": self.ns,
-                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster}},
+                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster},
+                "finalizers": [CAPI_MACHINE_FINALIZER]},
             "spec": {"clusterName": cluster, "bootstrap": bootstrap}
         }))
         .expect("machine");
@@ -764,6 +821,124 @@ impl Env {
             .metadata
             .uid
             .unwrap_or_default()
+    }
+
+    /// Creates Cluster API's MachinePool `name` of the Cluster `cluster` with `replicas`,
+    /// its template naming the bootstrap data Secret `data_secret`, with the finalizer
+    /// Cluster API's MachinePool controller keeps until its infrastructure is gone;
+    /// returns its uid.
+    pub async fn create_machine_pool(
+        &self,
+        name: &str,
+        cluster: &str,
+        replicas: u32,
+        data_secret: &str,
+    ) -> String {
+        let pool: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+            "metadata": {"name": name, "namespace": self.ns,
+                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster},
+                "finalizers": [CAPI_MACHINE_POOL_FINALIZER]},
+            "spec": {"clusterName": cluster, "replicas": replicas, "template": {"spec": {
+                "clusterName": cluster,
+                "bootstrap": {"dataSecretName": data_secret}}}}
+        }))
+        .expect("machine pool");
+        self.capi_api("MachinePool")
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("create the MachinePool")
+            .metadata
+            .uid
+            .unwrap_or_default()
+    }
+
+    /// What Cluster API and a bootstrap provider make before CAPTF applies a machine or
+    /// pool of the Cluster `cluster` (already created and marked ready): the bootstrap
+    /// data Secret `<name>-bootstrap`, then the Machine or MachinePool `name` naming it;
+    /// then the CAPTF object `name` of `module_body` (with the contract's outputs of its
+    /// kind) owned by it. For a TerraformCluster, the object owned by the Cluster. Waits
+    /// until the manager has applied it (`Provisioned` True).
+    pub async fn provision<K: TerraformObject>(
+        &self,
+        name: &str,
+        cluster: &str,
+        module_body: &str,
+    ) {
+        let owner_uid;
+        let owner = match K::KIND {
+            Kind::TerraformCluster => {
+                let c = self.cluster_api().get(cluster).await.expect("the Cluster");
+                owner_uid = c.metadata.uid.unwrap_or_default();
+                ("Cluster", cluster, owner_uid.as_str(), true)
+            }
+            Kind::TerraformMachine => {
+                let secret = format!("{name}-bootstrap");
+                self.create_bootstrap_secret(&secret, &format!("#cloud-config {name}"))
+                    .await;
+                owner_uid = self.create_machine(name, cluster, Some(&secret)).await;
+                ("Machine", name, owner_uid.as_str(), true)
+            }
+            Kind::TerraformMachinePool => {
+                let secret = format!("{name}-bootstrap");
+                self.create_bootstrap_secret(&secret, &format!("#cloud-config {name}"))
+                    .await;
+                owner_uid = self.create_machine_pool(name, cluster, 2, &secret).await;
+                ("MachinePool", name, owner_uid.as_str(), true)
+            }
+        };
+        let module = format!("{module_body}{}", contract_outputs(K::KIND));
+        self.create_owned::<K>(name, cluster, &[owner], &module, json!({}))
+            .await;
+        self.wait_provisioned::<K>(name).await;
+    }
+
+    /// Changes the spec of the TerraformMachine `name` (made by [`Env::with_machine`] of
+    /// [`module`]`(0)`) so that the manager re-applies it: the same module, with one more
+    /// instance whose create sleeps `seconds`.
+    pub async fn reapply_slowly(&self, name: &str, seconds: u32) {
+        let body = format!(
+            r#"{}{}
+resource "terraform_data" "slow" {{
+  provisioner "local-exec" {{
+    command = "sleep {seconds}"
+  }}
+}}
+"#,
+            module(0),
+            contract_outputs(Kind::TerraformMachine)
+        );
+        self.api::<TerraformMachine>()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"module": {"files": {"main.tf": body}}}})),
+            )
+            .await
+            .expect("change the module");
+    }
+
+    /// Whether the manager's apply Job of attempt `n` of the TerraformMachine `name` runs.
+    pub async fn apply_job_active(&self, name: &str, n: u32) -> bool {
+        let suffix = names::state_suffix(Kind::TerraformMachine, name);
+        let job = names::job_name(&suffix, names::OPERATION_APPLY, n);
+        Api::<Job>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(&job)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|j| j.status?.active)
+            == Some(1)
+    }
+
+    /// Waits until the manager has applied `K`/`name` (`Provisioned` True).
+    pub async fn wait_provisioned<K: TerraformObject>(&self, name: &str) {
+        wait_for(&format!("{name} to be provisioned"), long(), || async {
+            self.condition::<K>(name, "Provisioned")
+                .await
+                .is_some_and(|(s, _, _)| s == "True")
+        })
+        .await;
     }
 
     /// Creates the bootstrap data Secret `name` with `value`, as a bootstrap provider does.
@@ -796,12 +971,7 @@ impl Env {
 
     /// Cluster API's `kind` (`Machine`, `MachinePool`) in the test's namespace.
     pub fn capi_api(&self, kind: &str) -> Api<DynamicObject> {
-        let ar = ApiResource {
-            kind: kind.into(),
-            plural: format!("{}s", kind.to_lowercase()),
-            ..cluster_resource()
-        };
-        Api::namespaced_with(self.client.clone(), &self.ns, &ar)
+        capi_api(&self.client, &self.ns, kind)
     }
 
     /// Creates the CAPI Cluster `name`; returns its uid.
@@ -1123,8 +1293,8 @@ impl Env {
 
     /// What `clusterctl move` does to the source Cluster when CAPTF's kinds were not moved
     /// (a kustomize install without the clusterctl label on the CRDs): pauses it, strips
-    /// its finalizers and deletes it; the garbage collector then deletes the CAPTF objects
-    /// it owned.
+    /// its finalizers and deletes it, and its Machines and MachinePools the same way; the
+    /// garbage collector then deletes the CAPTF objects they owned.
     pub async fn move_cluster_away(&self, name: &str) {
         let clusters = self.cluster_api();
         for patch in [
@@ -1140,6 +1310,21 @@ impl Env {
             .delete(name, &DeleteParams::background())
             .await
             .expect("delete cluster");
+        // And so it does with the Cluster's Machines and MachinePools.
+        let of_cluster =
+            ListParams::default().labels(&format!("{}={name}", names::CAPI_CLUSTER_NAME_LABEL));
+        for kind in ["Machine", "MachinePool"] {
+            let api = self.capi_api(kind);
+            let Ok(list) = api.list(&of_cluster).await else {
+                continue;
+            };
+            for o in list.items {
+                let o_name = o.metadata.name.clone().unwrap_or_default();
+                let strip = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+                let _ = api.patch(&o_name, &PatchParams::default(), &strip).await;
+                let _ = api.delete(&o_name, &DeleteParams::background()).await;
+            }
+        }
     }
 
     /// Deletes the CAPI Cluster. It stays while the objects it owns are deleted, as
@@ -1410,6 +1595,11 @@ impl Env {
         self.witness.jobs() as u64
     }
 
+    /// Destroy Jobs created so far in the test's namespace (the witness saw them).
+    pub fn destroy_jobs_created(&self) -> u64 {
+        self.witness.operation_jobs(names::OPERATION_DESTROY) as u64
+    }
+
     /// The destroy Jobs in the namespace now.
     pub async fn destroy_jobs(&self) -> Vec<Job> {
         let lp = ListParams::default().labels(&format!(
@@ -1475,9 +1665,9 @@ impl Env {
 }
 
 impl Env {
-    /// A Cluster `prod` with one applied TerraformMachine `web-1` of `module_body`, the
-    /// manager running (its finalizer is on the object) with the given retry backoff base
-    /// (capped at four times it).
+    /// A Cluster `prod` with one TerraformMachine `web-1` of `module_body` that the
+    /// manager applied (see [`Env::provision`]), the manager running (applying live
+    /// objects) with the given retry backoff base (capped at four times it).
     pub async fn with_machine(tag: &str, module_body: &str, backoff_base: Duration) -> Env {
         Env::with_machine_in(Env::start(tag).await, module_body, backoff_base).await
     }
@@ -1496,13 +1686,34 @@ impl Env {
     ) -> Env {
         env.config.settings.backoff.base = backoff_base;
         env.config.settings.backoff.max = backoff_base * 4;
+        env.config.provision = true;
+        env.start_manager();
+        env.create_cluster("prod").await;
+        env.mark_cluster_ready("prod").await;
+        env.provision::<TerraformMachine>(name, "prod", module_body)
+            .await;
+        env
+    }
+
+    /// As [`Env::with_machine`], with `web-1` applied by hand ([`Env::apply`]) while the
+    /// manager only deletes: for a scenario whose inputs the product itself would refuse
+    /// to apply (an inline module too large to render), as an older CAPTF may have
+    /// written them.
+    pub async fn with_machine_applied_by_hand(
+        tag: &str,
+        module_body: &str,
+        backoff_base: Duration,
+    ) -> Env {
+        let mut env = Env::start(tag).await;
+        env.config.settings.backoff.base = backoff_base;
+        env.config.settings.backoff.max = backoff_base * 4;
         env.start_manager();
         let markers = env.markers();
         let uid = env.create_cluster("prod").await;
-        env.create_object::<TerraformMachine>(name, "prod", &uid, &markers)
+        env.create_object::<TerraformMachine>("web-1", "prod", &uid, &markers)
             .await;
-        env.wait_finalizer::<TerraformMachine>(name).await;
-        env.apply::<TerraformMachine>(name, module_body, &markers)
+        env.wait_finalizer::<TerraformMachine>("web-1").await;
+        env.apply::<TerraformMachine>("web-1", module_body, &markers)
             .await;
         env
     }
@@ -1545,6 +1756,16 @@ async fn client_for(kubeconfig: &Path) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// Cluster API's `kind` (`Machine`, `MachinePool`) in `ns`.
+fn capi_api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+        ..cluster_resource()
+    };
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
 fn cluster_resource() -> ApiResource {
     ApiResource {
         group: "cluster.x-k8s.io".into(),
@@ -1582,6 +1803,8 @@ async fn strip_finalizers(client: &Client, ns: &str) {
     strip(Api::<TerraformMachinePool>::namespaced(client.clone(), ns)).await;
     strip(Api::<Secret>::namespaced(client.clone(), ns)).await;
     strip(cluster_api(client, ns)).await;
+    strip(capi_api(client, ns, "Machine")).await;
+    strip(capi_api(client, ns, "MachinePool")).await;
 }
 
 /// What the cluster shows of the deletions in one namespace, recorded by watches from the
@@ -1681,6 +1904,14 @@ impl Witness {
             .filter(|(owner, op, _)| owner == name && op == operation)
             .map(|(_, _, image)| image.clone())
             .collect()
+    }
+
+    fn operation_jobs(&self, operation: &str) -> usize {
+        let seen = self.seen.lock().expect("witness");
+        seen.jobs
+            .values()
+            .filter(|(_, op, _)| op == operation)
+            .count()
     }
 
     fn jobs(&self) -> usize {
