@@ -374,8 +374,10 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
 }
 
 /// A gate holds the apply: Unknown, so that no False window starts Cluster API's
-/// health-check timeouts; a provisioned object stays provisioned and Ready.
+/// health-check timeouts; a provisioned object stays provisioned and Ready. Each gate's
+/// reason has its runbook, of its name.
 fn gated(f: &ApplyFacts, row: ApplyRow, why: &'static str, msg: String) -> ApplyDecision {
+    let msg = format!("{msg}; see runbooks/{why}.md");
     decision(f, row, ApplyAction::Wait, Status::Unknown, why, msg)
 }
 

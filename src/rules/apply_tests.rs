@@ -109,10 +109,11 @@ fn a3_no_owner_yet_waits_unknown() {
             (Status::Unknown, reason::WAITING_FOR_OWNER)
         );
     }
+    let msg = &condition(&d, cond::READY).message;
     assert!(
-        condition(&d, cond::READY)
-            .message
-            .contains("a Machine's spec.infrastructureRef")
+        msg.contains("a Machine's spec.infrastructureRef")
+            && msg.ends_with("; see runbooks/WaitingForOwner.md"),
+        "{msg}"
     );
 }
 
@@ -152,6 +153,14 @@ fn a4_a_machine_waits_for_its_prerequisites_in_order_of_the_gates() {
         assert_eq!(d.action, ApplyAction::Wait);
         let r = condition(&d, cond::READY);
         assert_eq!((r.status, r.reason), (Status::Unknown, why));
+        let runbook = format!("see runbooks/{why}.md");
+        assert!(r.message.ends_with(&runbook), "{}", r.message);
+        assert!(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(&runbook[4..])
+                .is_file(),
+            "{runbook} exists"
+        );
     }
     // A gate before it wins: no owner yet says so, not the prerequisite.
     let d = decide_apply(&ApplyFacts {

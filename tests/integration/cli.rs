@@ -210,7 +210,8 @@ fn explain_shows_the_apply_table_for_an_object_not_being_deleted() {
     assert!(
         text.contains("  apply row A3: Cluster API has not set the object's owner yet\n")
             && text.contains("  apply action: wait\n")
-            && text.contains("  Provisioned=Unknown WaitingForOwner: waiting for Cluster API to set the owner: the object must be named by a Machine's spec.infrastructureRef\n"),
+            && text.contains("  Provisioned=Unknown WaitingForOwner: waiting for Cluster API to set the owner: the object must be named by a Machine's spec.infrastructureRef; see runbooks/WaitingForOwner.md\n")
+            && text.contains("  apply runbook: runbooks/WaitingForOwner.md\n"),
         "{text}"
     );
     assert_eq!(

@@ -1349,3 +1349,155 @@ async fn runbook_change_refused() {
     );
     env.shutdown().await;
 }
+
+/// The gates' runbooks, in the order a machine meets them. Each runs while the machine
+/// waits at its gate, with the fix (what Cluster API, a bootstrap provider or the
+/// TerraformCluster does) made while its commands run; its verification ends once the
+/// machine has moved on to the next gate, which it then prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_waiting_for_the_gates() {
+    use kube::api::{Patch, PatchParams};
+    const GATES: [(&str, &str); 5] = [
+        ("WaitingForOwner", "WaitingForClusterInfrastructureReady"),
+        (
+            "WaitingForClusterInfrastructureReady",
+            "WaitingForControlPlaneInitialized",
+        ),
+        (
+            "WaitingForControlPlaneInitialized",
+            "WaitingForBootstrapData",
+        ),
+        ("WaitingForBootstrapData", "WaitingForClusterOutputs"),
+        ("WaitingForClusterOutputs", ""),
+    ];
+    for (reason, _) in GATES {
+        check_vars(
+            &format!("runbooks/{reason}.md"),
+            "terraformmachine",
+            "web-1",
+        );
+    }
+    let env = Env::start_provisioning("rb-gates", None).await;
+    let cluster_uid = env.create_cluster("prod").await;
+    // The Cluster's infrastructure is the TerraformCluster `prod`, made last.
+    let merge = |v: Value| Patch::Merge(v);
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"infrastructureRef": {
+                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
+        )
+        .await
+        .expect("the Cluster's infrastructureRef");
+    let machine_uid = env.create_machine("web-1", "prod", None).await;
+    let machine_module = apply_module(0) + contract_outputs(names::Kind::TerraformMachine);
+    env.create_owned::<Tfm>("web-1", "prod", &[], &machine_module, json!({}))
+        .await;
+
+    for (reason, next) in GATES {
+        let rb = format!("runbooks/{reason}.md");
+        let msg = wait_reason::<Tfm>(&env, "web-1", "Provisioned", reason).await;
+        assert!(msg.ends_with(&format!("see {rb}")), "{msg}");
+        assert_eq!(env.jobs_created(), 0, "no apply at {reason}");
+        let fix = async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            match reason {
+                // Cluster API's Machine controller sets the owner.
+                "WaitingForOwner" => {
+                    env.api::<Tfm>()
+                        .patch(
+                            "web-1",
+                            &PatchParams::default(),
+                            &merge(json!({"metadata": {"ownerReferences": [{
+                                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                                "name": "web-1", "uid": machine_uid, "controller": true}]}})),
+                        )
+                        .await
+                        .expect("the owner");
+                }
+                "WaitingForClusterInfrastructureReady" | "WaitingForControlPlaneInitialized" => {
+                    let cp = reason == "WaitingForControlPlaneInitialized";
+                    env.cluster_api()
+                        .patch_status(
+                            "prod",
+                            &PatchParams::default(),
+                            &merge(json!({"status": {"initialization": {
+                                "infrastructureProvisioned": true,
+                                "controlPlaneInitialized": cp}}})),
+                        )
+                        .await
+                        .expect("the Cluster's status");
+                }
+                "WaitingForBootstrapData" => {
+                    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
+                        .await;
+                    env.capi_api("Machine")
+                        .patch(
+                            "web-1",
+                            &PatchParams::default(),
+                            &merge(json!({"spec": {"bootstrap": {
+                                "dataSecretName": "web-1-bootstrap"}}})),
+                        )
+                        .await
+                        .expect("the bootstrap data");
+                }
+                _ => {
+                    let cluster_module =
+                        apply_module(0) + contract_outputs(names::Kind::TerraformCluster);
+                    env.create_owned::<Tfc>(
+                        "prod",
+                        "prod",
+                        &[("Cluster", "prod", &cluster_uid, false)],
+                        &cluster_module,
+                        json!({}),
+                    )
+                    .await;
+                }
+            }
+        };
+        let (run, ()) = tokio::join!(run_runbook(&env, &rb), fix);
+        assert!(
+            run.stdout.contains(&format!("{reason}: ")),
+            "{rb} shows the condition: {}",
+            run.stdout
+        );
+        // What its Confirm step shows: the Machine among Cluster API's objects, the
+        // Cluster's infrastructure, the bootstrap data Secret the Machine names.
+        let shown = match reason {
+            "WaitingForOwner" => "Machine web-1",
+            "WaitingForBootstrapData" => "Machine web-1 names the bootstrap data Secret",
+            "WaitingForClusterOutputs" => "Cluster prod's infrastructure: TerraformCluster prod",
+            // The test's Cluster has no spec.controlPlaneRef.
+            "WaitingForControlPlaneInitialized" => "initialized=",
+            _ => "TerraformCluster prod provisioned=",
+        };
+        let squeezed: Vec<String> = run
+            .stdout
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        assert!(
+            squeezed.iter().any(|l| l.starts_with(shown)),
+            "{rb} shows {shown:?}: {}",
+            run.stdout
+        );
+        let left = run
+            .stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("Provisioned: "))
+            .unwrap_or_default()
+            .to_string();
+        if next.is_empty() {
+            assert!(
+                left == "Applying" || left == "Provisioned",
+                "{rb}: the machine's apply goes on: {left:?}"
+            );
+        } else {
+            assert_eq!(left, next, "{rb}: the machine moved on to the next gate");
+        }
+    }
+    wait_reason::<Tfm>(&env, "web-1", "Provisioned", "Provisioned").await;
+    env.shutdown().await;
+}
