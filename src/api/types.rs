@@ -166,7 +166,8 @@ pub struct ApiEndpoint {
     pub port: i32,
 }
 
-/// The status shared by the three kinds. A cache: the deletion never depends on it.
+/// The status of the three kinds, one type: each kind's CRD serves only the shared fields
+/// and its own ([`super::status_fields`]). A cache: the deletion never depends on it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TerraformStatus {

@@ -51,3 +51,50 @@ fn committed_crds_are_what_the_binary_prints() {
         assert!(printed.contains(short), "short name {short}");
     }
 }
+
+/// Each kind's CRD serves its own status fields: the API server prunes another kind's
+/// (a cluster's `failureDomains` written on a machine), and keeps the kind's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_api_server_prunes_a_status_field_of_another_kind() {
+    use captf::api::{TerraformCluster, TerraformMachine};
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    let env = crate::support::Env::start("status-per-kind").await;
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<TerraformMachine>("web-1", "prod", &uid, &env.markers())
+        .await;
+    env.create_object::<TerraformCluster>("prod", "prod", &uid, &env.markers())
+        .await;
+    let both = json!({"status": {
+        "failureDomains": [{"name": "az-1", "controlPlane": true}],
+        "addresses": [{"type": "InternalIP", "address": "10.0.1.1"}]
+    }});
+    let machine = env
+        .api::<TerraformMachine>()
+        .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&both))
+        .await
+        .expect("the machine's status");
+    let status = machine.status.expect("status");
+    assert_eq!(status.addresses.len(), 1, "a machine's own field is kept");
+    assert!(
+        status.failure_domains.is_empty(),
+        "a cluster's field is pruned from a machine"
+    );
+    let cluster = env
+        .api::<TerraformCluster>()
+        .patch_status("prod", &PatchParams::default(), &Patch::Merge(&both))
+        .await
+        .expect("the cluster's status");
+    let status = cluster.status.expect("status");
+    assert_eq!(
+        status.failure_domains.len(),
+        1,
+        "a cluster's own field is kept"
+    );
+    assert!(
+        status.addresses.is_empty(),
+        "a machine's field is pruned from a cluster"
+    );
+    env.shutdown().await;
+}
