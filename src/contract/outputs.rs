@@ -80,6 +80,26 @@ fn instances(v: &Value, listed: &Value) -> Result<Vec<Value>, String> {
         .collect()
 }
 
+/// The longest provider ID Cluster API takes (its Machine's `spec.providerID` and each
+/// item of its MachinePool's `spec.providerIDList`, v1beta2 validation): a longer one
+/// would be refused when Cluster API copies it, after CAPTF had set it.
+pub const PROVIDER_ID_MAX_CHARS: usize = 512;
+/// The most provider IDs a MachinePool's `spec.providerIDList` holds (v1beta2 validation).
+pub const PROVIDER_ID_LIST_MAX_ITEMS: usize = 10_000;
+
+fn provider_id_fits(id: &str) -> bool {
+    (1..=PROVIDER_ID_MAX_CHARS).contains(&id.chars().count())
+}
+
+/// An output's value for a message: at most 200 characters of its JSON.
+fn shortened(v: &Value) -> String {
+    let text = v.to_string();
+    match text.char_indices().nth(200) {
+        Some((at, _)) => format!("{}… ({} characters)", &text[..at], text.chars().count()),
+        None => text,
+    }
+}
+
 /// The spec fields the outputs set once: Cluster API copies them (the endpoint to the
 /// Cluster, the provider ID to the Machine and the Node's match) and never reads them
 /// again, so a later different value would change nothing but the record.
@@ -199,12 +219,13 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
         }
         Role::Machine => {
             if let Some(v) = required("provider_id", &mut errors) {
-                match v.as_str().filter(|s| !s.is_empty()) {
+                match v.as_str().filter(|s| provider_id_fits(s)) {
                     Some(id) => {
                         f.spec.insert("providerID".into(), json!(id));
                     }
                     None => errors.push(format!(
-                        "output provider_id must be a non-empty string, not {v}"
+                        "output provider_id must be a string of 1 to {PROVIDER_ID_MAX_CHARS} characters, not {}",
+                        shortened(v)
                     )),
                 }
             }
@@ -238,18 +259,22 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
         Role::MachinePool => {
             let mut count = None;
             if let Some(v) = required("provider_id_list", &mut errors) {
-                let ids: Option<Vec<&str>> = v.as_array().and_then(|l| {
-                    l.iter()
-                        .map(|i| i.as_str().filter(|s| !s.is_empty()))
-                        .collect()
-                });
+                let ids: Option<Vec<&str>> = v
+                    .as_array()
+                    .filter(|l| l.len() <= PROVIDER_ID_LIST_MAX_ITEMS)
+                    .and_then(|l| {
+                        l.iter()
+                            .map(|i| i.as_str().filter(|s| provider_id_fits(s)))
+                            .collect()
+                    });
                 match ids {
                     Some(ids) => {
                         count = Some(ids.len());
                         f.spec.insert("providerIDList".into(), json!(ids));
                     }
                     None => errors.push(format!(
-                        "output provider_id_list must be a list of non-empty strings, not {v}"
+                        "output provider_id_list must be a list of at most {PROVIDER_ID_LIST_MAX_ITEMS} strings of 1 to {PROVIDER_ID_MAX_CHARS} characters, not {}",
+                        shortened(v)
                     )),
                 }
             }

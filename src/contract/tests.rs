@@ -657,3 +657,54 @@ fn a_pools_instances_are_shown_in_its_status_each_one_of_its_provider_ids() {
         );
     }
 }
+
+#[test]
+fn provider_ids_within_cluster_apis_limits_and_none_beyond() {
+    use super::outputs::{PROVIDER_ID_LIST_MAX_ITEMS, PROVIDER_ID_MAX_CHARS, fields};
+    let out = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+    let longest = format!("captf:///{}", "x".repeat(PROVIDER_ID_MAX_CHARS - 9));
+    let f = fields(
+        Role::Machine,
+        &out(serde_json::json!({"provider_id": longest})),
+    )
+    .expect("512 characters fit");
+    assert_eq!(f.spec["providerID"], serde_json::json!(longest));
+    let too_long = format!("{longest}x");
+    let e = fields(
+        Role::Machine,
+        &out(serde_json::json!({"provider_id": too_long})),
+    )
+    .expect_err("513 characters do not");
+    assert!(
+        e[0].contains("1 to 512 characters") && e[0].contains("(515 characters)"),
+        "{e:?}"
+    );
+
+    let many: Vec<String> = (0..PROVIDER_ID_LIST_MAX_ITEMS)
+        .map(|i| format!("captf:///p-{i}"))
+        .collect();
+    let f = fields(
+        Role::MachinePool,
+        &out(serde_json::json!({"provider_id_list": many})),
+    )
+    .expect("10000 fit");
+    assert_eq!(
+        f.status["replicas"],
+        serde_json::json!(PROVIDER_ID_LIST_MAX_ITEMS)
+    );
+    let mut more = many.clone();
+    more.push("captf:///p-last".into());
+    let e = fields(
+        Role::MachinePool,
+        &out(serde_json::json!({"provider_id_list": more})),
+    )
+    .expect_err("10001 do not");
+    assert!(e[0].contains("at most 10000 strings"), "{e:?}");
+    // Nothing of an invalid list is set: the pool's list is never shrunk by it.
+    let e = fields(
+        Role::MachinePool,
+        &out(serde_json::json!({"provider_id_list": ["captf:///p-0", null]})),
+    )
+    .expect_err("a null item");
+    assert!(e[0].starts_with("output provider_id_list must be"), "{e:?}");
+}
