@@ -90,7 +90,18 @@ pub struct Ran {
     /// The provider lock file `init` wrote, when the inputs gave none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock_file: Option<String>,
+    /// The modules `init` installed for the module's `module` blocks with a remote source
+    /// (a git host, a registry), as it left them under its data directory's `modules/`:
+    /// their files and its `modules.json` (its own paths written as
+    /// [`INSTALLED_MODULES_DIR_PLACEHOLDER`]). Put back before `init`, they are used as
+    /// they are, and nothing is fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed_modules: Option<BTreeMap<String, String>>,
 }
+
+/// How a recorded `modules.json` names the directory the modules were installed in; the
+/// runner writes the directory of the run that puts them back.
+pub const INSTALLED_MODULES_DIR_PLACEHOLDER: &str = "@CAPTF_MODULES_DIR@";
 
 /// The most the fetched module files of a [`Ran`] may take (they go into the Pod's
 /// annotations as inline files do, beside the runner script and the variables).
@@ -98,8 +109,9 @@ pub const RAN_MODULE_MAX_BYTES: usize = 160 * 1024;
 
 /// `inputs` with as much of `record` as leaves them readable (within
 /// [`INPUTS_MAX_BYTES`]) and renderable (`renders`: the destroy Job renders from them):
-/// the fetched module files are left out first, then the lock file. None when even the
-/// rest does not fit: the destroy then runs from the inputs as they were.
+/// the installed modules are left out first, then the fetched module files, then the
+/// lock file. None when even the rest does not fit: the destroy then runs from the
+/// inputs as they were.
 pub fn with_ran(
     inputs: &Inputs,
     mut record: Ran,
@@ -113,7 +125,11 @@ pub fn with_ran(
         if with.to_json_bytes().len() <= INPUTS_MAX_BYTES && renders(&with) {
             return Some(with);
         }
-        if record.module_files.take().is_some() {
+        if record.installed_modules.take().is_some() {
+            tracing::warn!(
+                "the modules the apply's init installed are not kept: the destroy would not start with them, and fetches them again"
+            );
+        } else if record.module_files.take().is_some() {
             tracing::warn!(
                 "the apply's fetched module files are not kept: the destroy would not start with them"
             );
@@ -433,24 +449,26 @@ fn check(inputs: &Inputs, namespace: &str, suffix: &str, origin: &str) -> Result
             message: format!("{d:?} is not <name>@sha256:<64 hex digits>"),
         });
     }
-    if let Some(files) = inputs.ran.as_ref().and_then(|r| r.module_files.as_ref()) {
-        let size: usize = files.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if let Some((name, why)) = files.keys().find_map(|k| bad_file_name(k).map(|w| (k, w))) {
-            return Err(InputsError::InvalidField {
-                origin: origin.to_string(),
-                field: "ran.moduleFiles".into(),
-                message: format!("file name {name:?}: {why}"),
-            });
-        }
-        if files.is_empty() || size > RAN_MODULE_MAX_BYTES {
-            return Err(InputsError::InvalidField {
-                origin: origin.to_string(),
-                field: "ran.moduleFiles".into(),
-                message: format!(
-                    "{} files of {size} bytes: between 1 file and {RAN_MODULE_MAX_BYTES} bytes",
-                    files.len()
-                ),
-            });
+    if let Some(ran) = &inputs.ran {
+        // The fetched files: at least one; the installed modules: with their manifest.
+        let sets = [
+            (&ran.module_files, "ran.moduleFiles", None),
+            (
+                &ran.installed_modules,
+                "ran.installedModules",
+                Some("modules.json"),
+            ),
+        ];
+        for (files, field, required) in sets {
+            if let Some(files) = files {
+                check_ran_files(files, field, required).map_err(|message| {
+                    InputsError::InvalidField {
+                        origin: origin.to_string(),
+                        field: field.into(),
+                        message,
+                    }
+                })?;
+            }
         }
     }
     if inputs.runner.image.trim().is_empty() {
@@ -527,6 +545,28 @@ pub fn bad_file_name(name: &str) -> Option<&'static str> {
         return Some("it contains a control character");
     }
     None
+}
+
+/// Why a set of files `ran` recorded is unusable: a bad file name, none, `required`
+/// missing, or more than [`RAN_MODULE_MAX_BYTES`].
+fn check_ran_files(
+    files: &BTreeMap<String, String>,
+    field: &str,
+    required: Option<&str>,
+) -> Result<(), String> {
+    if let Some((name, why)) = files.keys().find_map(|k| bad_file_name(k).map(|w| (k, w))) {
+        return Err(format!("file name {name:?}: {why}"));
+    }
+    let size: usize = files.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let has_required = required.is_none_or(|r| files.contains_key(r));
+    if files.is_empty() || !has_required || size > RAN_MODULE_MAX_BYTES {
+        let needs = required.map_or("1 file".to_string(), str::to_string);
+        return Err(format!(
+            "{field}: {} files of {size} bytes: {needs} at least, and at most {RAN_MODULE_MAX_BYTES} bytes",
+            files.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Why `dir` cannot name a directory in the runner image: it must be absolute, without
@@ -702,6 +742,11 @@ impl Inputs {
             }
             (m, _) => std::borrow::Cow::Borrowed(m),
         }
+    }
+
+    /// The modules a Job puts back before `init`: those the apply's `init` installed.
+    pub fn run_installed_modules(&self) -> Option<&BTreeMap<String, String>> {
+        self.ran.as_ref().and_then(|r| r.installed_modules.as_ref())
     }
 
     /// The provider lock file a Job uses: the one given, else the one the apply's `init`

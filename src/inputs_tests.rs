@@ -527,6 +527,7 @@ fn what_an_apply_ran_is_what_the_jobs_run_and_is_checked() {
         &Module::Files([("main.tf".to_string(), "# fetched\n".to_string())].into())
     );
     assert_eq!(i.run_lock_file(), Some("# the lock init wrote\n"));
+    assert_eq!(i.run_installed_modules(), None);
     let mut asked = example();
     asked["lockFile"] = json!(null);
     assert_eq!(
@@ -543,6 +544,14 @@ fn what_an_apply_ran_is_what_the_jobs_run_and_is_checked() {
         ("imageDigest", json!("x@sha256:ABC")),
         ("moduleFiles", json!({"../main.tf": ""})),
         ("moduleFiles", json!({})),
+        (
+            "installedModules",
+            json!({"inner/main.tf": "# no manifest\n"}),
+        ),
+        (
+            "installedModules",
+            json!({"modules.json": "{}", "/etc/passwd": ""}),
+        ),
     ] {
         let mut v = example();
         v["ran"] = json!({ field: bad });
@@ -558,6 +567,13 @@ fn what_ran_is_kept_only_as_far_as_the_destroy_can_still_read_and_render_it() {
         image_digest: Some(digest.clone()),
         module_files: Some([("main.tf".to_string(), "# fetched\n".to_string())].into()),
         lock_file: Some("# lock\n".into()),
+        installed_modules: Some(
+            [
+                ("modules.json".to_string(), "{}".to_string()),
+                ("inner/main.tf".to_string(), "# inner\n".to_string()),
+            ]
+            .into(),
+        ),
     };
     let mut v = example();
     v["lockFile"] = json!(null);
@@ -565,15 +581,28 @@ fn what_ran_is_kept_only_as_far_as_the_destroy_can_still_read_and_render_it() {
     // Everything fits.
     let all = with_ran(&inputs, record.clone(), |_| true).unwrap();
     assert_eq!(all.ran.as_ref(), Some(&record));
-    // The files would not render (too large for the Pod's annotations): left out first.
+    // The installed modules would not render: left out first, the rest kept.
+    let no_installed = with_ran(&inputs, record.clone(), |i| {
+        i.ran
+            .as_ref()
+            .is_some_and(|r| r.installed_modules.is_none())
+    })
+    .unwrap();
+    let kept = no_installed.ran.unwrap();
+    assert!(kept.installed_modules.is_none() && kept.module_files.is_some());
+    // The files would not render (too large for the Pod's annotations): left out next.
     let no_files = with_ran(&inputs, record.clone(), |i| {
         i.ran.as_ref().is_some_and(|r| r.module_files.is_none())
     })
     .unwrap();
     let kept = no_files.ran.unwrap();
     assert_eq!(
-        (kept.module_files, kept.lock_file.as_deref()),
-        (None, Some("# lock\n"))
+        (
+            kept.module_files,
+            kept.installed_modules,
+            kept.lock_file.as_deref()
+        ),
+        (None, None, Some("# lock\n"))
     );
     // Inputs already near their size limit: nothing large is added.
     let mut big = example();

@@ -296,6 +296,18 @@ if [ -z "${KUBE_CONFIG_PATH:-}" ]; then
     printf 'in_cluster_config = true\n' >> "$BACKEND"
 fi
 
+# The modules the apply's init installed for the module's remote `module` blocks: put
+# back where init looks first, so that it uses them and fetches nothing (their
+# modules.json names the directory they are in).
+if [ -d "$RENDER/installed-modules" ]; then
+    i_dir="${TF_DATA_DIR:-.terraform}/modules"
+    mkdir -p "$i_dir" && cp -R "$RENDER/installed-modules/." "$i_dir/" ||
+        fail 1 "cannot put back the modules the apply installed"
+    rm -f "$i_dir/modules.json"
+    sed "s#@CAPTF_MODULES_DIR@#$i_dir#g" "$RENDER/installed-modules/modules.json" > "$i_dir/modules.json" ||
+        fail 1 "cannot write the installed modules' modules.json"
+fi
+
 # 3. init, then the operation.
 if [ -n "${CAPTF_PLUGIN_DIR:-}" ]; then
     [ -d "$CAPTF_PLUGIN_DIR" ] || fail 1 "the providers' directory $CAPTF_PLUGIN_DIR (runner.pluginDir) is not in the runner image"
@@ -339,7 +351,8 @@ log "$TF $OP succeeded"
 
 # 5. What an apply ran, for the destroy to run the same offline (job/report.rs reads it
 # from the Pod's log): the lock file init wrote when the inputs gave none, and the
-# module's files when they came from a source address; base64, one line each, counted.
+# module's files when they came from a source address, and the modules init installed
+# for its remote `module` blocks; base64, one line each, counted.
 if [ "$OP" = apply ]; then
     r_lines="$WS/ran.report"
     : > "$r_lines"
@@ -352,6 +365,19 @@ if [ "$OP" = apply ]; then
             ! -name 'terraform.tfstate*' | sort) | while IFS= read -r r_file; do
             r_file=${r_file#./}
             printf 'captf-runner: ran module-file %s %s\n' "$r_file" "$(base64 < "$WORK/$r_file" | tr -d '\n')"
+        done >> "$r_lines"
+    fi
+    i_dir="${TF_DATA_DIR:-.terraform}/modules"
+    if [ -f "$i_dir/modules.json" ] &&
+        [ -n "$(cd "$i_dir" && find . -type f ! -name modules.json ! -path '*/.git/*' | head -n 1)" ]; then
+        (cd "$i_dir" && find . -type f ! -path '*/.git/*' | sort) | while IFS= read -r r_file; do
+            r_file=${r_file#./}
+            if [ "$r_file" = modules.json ]; then
+                r_b64=$(sed "s#$i_dir#@CAPTF_MODULES_DIR@#g" "$i_dir/modules.json" | base64 | tr -d '\n')
+            else
+                r_b64=$(base64 < "$i_dir/$r_file" | tr -d '\n')
+            fi
+            printf 'captf-runner: ran installed-module %s %s\n' "$r_file" "$r_b64"
         done >> "$r_lines"
     fi
     printf 'captf-runner: ran begin\n'

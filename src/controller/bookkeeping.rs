@@ -466,6 +466,7 @@ async fn record_ran<K: TerraformObject>(
         image_digest: ran.image_digest.clone(),
         module_files: reported.module_files.filter(|_| from_source),
         lock_file: reported.lock_file.filter(|_| inputs.lock_file.is_none()),
+        installed_modules: reported.installed_modules,
     };
     let renders = |i: &crate::inputs::Inputs| {
         super::act::destroy::render_operation(ctx, scope, obj, names::OPERATION_DESTROY, 1, i)

@@ -32,3 +32,6 @@ pub const FILE_MODULE_SOURCE: &str = "module-source";
 /// The module's directory in the runner image (`module.path`).
 pub const FILE_MODULE_PATH: &str = "module-path";
 pub const DIR_MODULE: &str = "module";
+/// The modules the apply's `init` installed (`ran.installedModules`), put back under the
+/// data directory's `modules/` before `init`.
+pub const DIR_INSTALLED_MODULES: &str = "installed-modules";

@@ -137,6 +137,15 @@ pub fn runner_files(
     if let Some(lock) = inputs.run_lock_file() {
         files.push((FILE_LOCK.to_string(), lock.to_string()));
     }
+    for (name, content) in inputs.run_installed_modules().into_iter().flatten() {
+        if let Some(why) = inputs::bad_file_name(name) {
+            return Err(RenderError::BadFileName {
+                name: name.clone(),
+                why,
+            });
+        }
+        files.push((format!("{DIR_INSTALLED_MODULES}/{name}"), content.clone()));
+    }
     match inputs.run_module().as_ref() {
         Module::Source(source) => files.push((FILE_MODULE_SOURCE.to_string(), source.clone())),
         Module::Path(path) => files.push((FILE_MODULE_PATH.to_string(), path.clone())),

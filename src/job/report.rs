@@ -1,11 +1,13 @@
 //! What a successful apply's runner reports of its run on stdout, for the destroy to run
 //! the same offline: the provider lock file `init` wrote, and the module's files when they
-//! came from a source address. Between markers at the end of the Pod's log:
+//! came from a source address, and the modules `init` installed for the module's remote
+//! `module` blocks (under its data directory's `modules/`). Between markers at the end of the Pod's log:
 //!
 //! ```text
 //! captf-runner: ran begin
 //! captf-runner: ran lock <base64>
 //! captf-runner: ran module-file <path> <base64>
+//! captf-runner: ran installed-module <path> <base64>
 //! captf-runner: ran end <count of the lines between>
 //! ```
 //!
@@ -19,6 +21,7 @@ use crate::inputs::{RAN_MODULE_MAX_BYTES, bad_file_name};
 const BEGIN: &str = "captf-runner: ran begin";
 const LOCK: &str = "captf-runner: ran lock ";
 const FILE: &str = "captf-runner: ran module-file ";
+const INSTALLED: &str = "captf-runner: ran installed-module ";
 const END: &str = "captf-runner: ran end ";
 
 /// The most a lock file may take.
@@ -29,6 +32,7 @@ pub const LOCK_MAX_BYTES: usize = 64 * 1024;
 pub struct Reported {
     pub lock_file: Option<String>,
     pub module_files: Option<BTreeMap<String, String>>,
+    pub installed_modules: Option<BTreeMap<String, String>>,
 }
 
 /// The last complete report in `log`; an empty one when the log has none (a runner from
@@ -60,6 +64,8 @@ pub fn parse(log: &str) -> Result<Reported, String> {
     };
     let mut out = Reported::default();
     let mut size = 0;
+    let mut installed_size = 0;
+    let mut installed_unreadable = false;
     for line in body {
         if let Some(b64) = line.strip_prefix(LOCK) {
             let lock = decode(b64.trim(), "the lock file")?;
@@ -71,27 +77,72 @@ pub fn parse(log: &str) -> Result<Reported, String> {
             }
             out.lock_file = Some(lock);
         } else if let Some(rest) = line.strip_prefix(FILE) {
-            let (path, b64) = rest
-                .split_once(' ')
-                .ok_or_else(|| format!("a module file line without content: {line:?}"))?;
-            if let Some(why) = bad_file_name(path) {
-                return Err(format!("module file {path:?}: {why}"));
-            }
-            let content = decode(b64.trim(), &format!("module file {path}"))?;
-            size += path.len() + content.len();
-            if size > RAN_MODULE_MAX_BYTES {
-                return Err(format!(
-                    "the module's files take more than {RAN_MODULE_MAX_BYTES} bytes"
-                ));
-            }
-            out.module_files
-                .get_or_insert_default()
-                .insert(path.to_string(), content);
+            let (path, content) = file_line(rest, "module file", &decode)?;
+            add_file(&mut out.module_files, &mut size, path, content).map_err(|()| {
+                format!("the module's files take more than {RAN_MODULE_MAX_BYTES} bytes")
+            })?;
+        } else if let Some(rest) = line.strip_prefix(INSTALLED) {
+            // A file that is not text (an image in a registry module's docs) is not kept,
+            // and then none of them: the destroy fetches them again, as before the record.
+            let Ok((path, content)) = file_line(rest, "installed module file", &decode) else {
+                installed_unreadable = true;
+                continue;
+            };
+            add_file(
+                &mut out.installed_modules,
+                &mut installed_size,
+                path,
+                content,
+            )
+            .map_err(|()| {
+                format!("the installed modules take more than {RAN_MODULE_MAX_BYTES} bytes")
+            })?;
         } else {
             return Err(format!("an unknown line in the report: {line:?}"));
         }
     }
+    if installed_unreadable {
+        out.installed_modules = None;
+    } else if out
+        .installed_modules
+        .as_ref()
+        .is_some_and(|m| !m.contains_key("modules.json"))
+    {
+        return Err("the installed modules come without their modules.json".into());
+    }
     Ok(out)
+}
+
+/// Adds a file to a set, counting its bytes in `size`; Err when the set would take more
+/// than [`RAN_MODULE_MAX_BYTES`].
+fn add_file(
+    set: &mut Option<BTreeMap<String, String>>,
+    size: &mut usize,
+    path: &str,
+    content: String,
+) -> Result<(), ()> {
+    *size += path.len() + content.len();
+    if *size > RAN_MODULE_MAX_BYTES {
+        return Err(());
+    }
+    set.get_or_insert_default()
+        .insert(path.to_string(), content);
+    Ok(())
+}
+
+/// A file line's path and text: `<path> <base64>`, a path an inline module file may have.
+fn file_line<'a>(
+    rest: &'a str,
+    what: &str,
+    decode: &dyn Fn(&str, &str) -> Result<String, String>,
+) -> Result<(&'a str, String), String> {
+    let (path, b64) = rest
+        .split_once(' ')
+        .ok_or_else(|| format!("a {what} line without content: {rest:?}"))?;
+    if let Some(why) = bad_file_name(path) {
+        return Err(format!("{what} {path:?}: {why}"));
+    }
+    Ok((path, decode(b64.trim(), &format!("{what} {path}"))?))
 }
 
 #[cfg(test)]
@@ -158,5 +209,51 @@ mod tests {
             let err = parse(&log).unwrap_err();
             assert!(err.contains(want), "{err} (wanted {want})");
         }
+    }
+
+    #[test]
+    fn the_installed_modules_are_read_with_their_manifest_or_not_at_all() {
+        let manifest = r#"{"Modules":[{"Key":"inner","Source":"git::https://example.com/inner.git","Dir":"@CAPTF_MODULES_DIR@/inner"}]}"#;
+        let log = format!(
+            "captf-runner: ran begin\ncaptf-runner: ran installed-module inner/main.tf {}\n\
+             captf-runner: ran installed-module modules.json {}\ncaptf-runner: ran end 2\n",
+            b64("resource \"terraform_data\" \"y\" {}\n"),
+            b64(manifest)
+        );
+        let r = parse(&log).unwrap();
+        let installed = r.installed_modules.unwrap();
+        assert_eq!(installed["modules.json"], manifest);
+        assert!(installed.contains_key("inner/main.tf"));
+        assert_eq!(r.module_files, None);
+
+        let without = format!(
+            "captf-runner: ran begin\ncaptf-runner: ran installed-module inner/main.tf {}\ncaptf-runner: ran end 1\n",
+            b64("x")
+        );
+        assert!(
+            parse(&without)
+                .unwrap_err()
+                .contains("without their modules.json")
+        );
+        let big = format!(
+            "captf-runner: ran begin\ncaptf-runner: ran installed-module inner/big.tf {}\ncaptf-runner: ran end 1\n",
+            b64(&"x".repeat(RAN_MODULE_MAX_BYTES + 1))
+        );
+        assert!(
+            parse(&big)
+                .unwrap_err()
+                .contains("installed modules take more than")
+        );
+        // A file that is not text: the rest of the report stands, without the modules.
+        let binary = format!(
+            "captf-runner: ran begin\ncaptf-runner: ran lock {}\n\
+             captf-runner: ran installed-module modules.json {}\n\
+             captf-runner: ran installed-module inner/logo.png /w==\ncaptf-runner: ran end 3\n",
+            b64("# lock\n"),
+            b64(manifest)
+        );
+        let r = parse(&binary).unwrap();
+        assert_eq!(r.lock_file.as_deref(), Some("# lock\n"));
+        assert_eq!(r.installed_modules, None);
     }
 }

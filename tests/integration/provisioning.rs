@@ -860,18 +860,72 @@ async fn opentofu_applies_and_destroys_as_terraform_does() {
     env.shutdown().await;
 }
 
-/// A module given by source address: the apply fetches it, and its runner reports the
-/// files it fetched, which the manager records with the inputs. The source then goes (a
-/// git host retired, a path removed) and the destroy still runs, from the recorded files.
+/// A module given by source address, with a `module` block of its own from a git
+/// repository: the apply fetches both, and its runner reports the files it fetched and
+/// the module `init` installed, which the manager records with the inputs. Both sources
+/// then go (a git host retired, a path removed) and the destroy still runs, from the
+/// recorded files, its `init` using the installed module as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_module_fetched_by_the_apply_is_kept_and_the_destroy_needs_no_source() {
     if envtest_only("the module's source is a path on this machine") {
         return;
     }
     let env = Env::start_provisioning("apply-fetched", None).await;
+    // The inner module, in a git repository.
+    let repo = env.dir.join("inner-repo");
+    std::fs::create_dir_all(&repo).expect("repo dir");
+    std::fs::write(
+        repo.join("main.tf"),
+        r#"variable "marker" { type = string }
+resource "terraform_data" "inner" {
+  input = var.marker
+  provisioner "local-exec" {
+    when    = destroy
+    command = "touch '${self.input}.destroyed'"
+  }
+}
+"#,
+    )
+    .expect("inner main.tf");
+    // The repository is owned by the runner's user, or its git refuses it ("dubious
+    // ownership").
+    let owner = format!("{0}:{0}", 65532);
+    for (program, args) in [
+        ("git", &["init", "-q"][..]),
+        ("git", &["add", "main.tf"]),
+        (
+            "git",
+            &[
+                "-c",
+                "user.email=t@captf.dev",
+                "-c",
+                "user.name=t",
+                "commit",
+                "-qm",
+                "inner",
+            ],
+        ),
+        ("chown", &["-R", &owner, "."]),
+    ] {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .current_dir(&repo)
+            .output()
+            .expect(program);
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let source = env.dir.join("module-source");
     std::fs::create_dir_all(source.join("modules/extra")).expect("module dir");
-    std::fs::write(source.join("main.tf"), apply_module(0)).expect("main.tf");
+    let root = format!(
+        "{}module \"inner\" {{\n  source = \"git::file://{}\"\n  marker = \"${{var.marker_dir}}/${{var.name}}-inner\"\n}}\n",
+        apply_module(0),
+        repo.display()
+    );
+    std::fs::write(source.join("main.tf"), &root).expect("main.tf");
     std::fs::write(
         source.join("modules/extra/README"),
         "not Terraform, kept all the same\n",
@@ -901,12 +955,36 @@ async fn a_module_fetched_by_the_apply_is_kept_and_the_destroy_needs_no_source()
         files.keys().map(String::as_str).collect::<Vec<_>>(),
         ["main.tf", "modules/extra/README"]
     );
-    assert_eq!(files["main.tf"], apply_module(0));
+    assert_eq!(files["main.tf"], root);
+    let installed = ran()
+        .await
+        .and_then(|r| r.installed_modules)
+        .expect("the installed module");
+    assert!(
+        installed
+            .get("inner/main.tf")
+            .is_some_and(|f| f.contains("terraform_data")),
+        "{installed:?}"
+    );
+    let manifest = &installed["modules.json"];
+    assert!(
+        manifest.contains("@CAPTF_MODULES_DIR@/inner") && !manifest.contains(".terraform-data"),
+        "the manifest names the modules' directory by its placeholder: {manifest}"
+    );
+    assert!(
+        !installed.keys().any(|k| k.contains(".git/")),
+        "{installed:?}"
+    );
 
-    // The source is gone for good; the destroy runs from what the apply fetched.
+    // Both sources are gone for good; the destroy runs from what the apply fetched.
     std::fs::remove_dir_all(&source).expect("remove the source");
+    std::fs::remove_dir_all(&repo).expect("remove the inner module's repository");
     delete_and_wait_released(&env).await;
     assert!(env.destroyed("prod"), "Terraform destroyed the instances");
+    assert!(
+        env.markers().join("prod-inner.destroyed").exists(),
+        "Terraform destroyed the inner module's instance"
+    );
     env.assert_nothing_left(Kind::TerraformCluster, "prod")
         .await;
     env.shutdown().await;
