@@ -204,6 +204,24 @@ impl Context {
     pub fn clear_refusal(&self, uid: &str) {
         self.refusals().remove(uid);
     }
+
+    /// Forgets what the manager remembers of an object it released: its refusal, what its
+    /// backup held and, for a TerraformCluster, its hand-off. A released object never needs
+    /// them again, and kept they would grow with every object a fleet ever deleted, for
+    /// the life of the process.
+    pub fn forget(&self, kind: Kind, namespace: &str, name: &str, uid: &str) {
+        self.clear_refusal(uid);
+        self.backups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+        if kind == Kind::TerraformCluster {
+            self.handoffs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&format!("{namespace}/{name}"));
+        }
+    }
 }
 
 /// The uids of the objects this manager released (removed its finalizer from), for ten

@@ -1195,8 +1195,18 @@ async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
         .object::<Tfm>("web-1")
         .await
         .expect("the deleting object");
+    let uid = stale.metadata.uid.clone().expect("uid");
+    ctx.set_refusal(&uid, "a refusal remembered of the object");
     wait_for("the release, pass by pass", long(), || pass(&env, &ctx)).await;
     assert!(env.destroyed("web-1"));
+    // The manager forgot what it remembered of the object: its backup's fingerprint (the
+    // passes wrote the backup before the destroy) and its refusal.
+    assert_eq!(
+        ctx.backed_up(&uid),
+        None,
+        "the backup's fingerprint is forgotten"
+    );
+    assert_eq!(ctx.refusal(&uid), None, "the refusal is forgotten");
     let before = env.event_reasons("web-1").await;
     assert!(before.contains(&"CleanedUp".to_string()), "{before:?}");
 
@@ -1527,4 +1537,30 @@ async fn remove_labels(env: &Env, name: &str, labels: &[&str]) {
         )
         .await
         .unwrap_or_else(|e| panic!("remove {labels:?} from Secret {name}: {e}"));
+}
+
+/// What the manager remembers of a TerraformCluster's hand-off goes with the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_released_clusters_hand_off_is_forgotten() {
+    let env = Env::start("forget-handoff").await;
+    let ctx = hand_context(&env).await;
+    let key = |name: &str| format!("{}/{name}", env.ns);
+    for name in ["prod", "other"] {
+        ctx.handoffs
+            .lock()
+            .expect("handoffs")
+            .insert(key(name), ("1".into(), serde_json::json!({"subnet": name})));
+    }
+    ctx.forget(Kind::TerraformMachine, &env.ns, "prod", "uid-of-a-machine");
+    assert!(
+        ctx.handoffs
+            .lock()
+            .expect("handoffs")
+            .contains_key(&key("prod"))
+    );
+    ctx.forget(Kind::TerraformCluster, &env.ns, "prod", "uid-of-prod");
+    let left = ctx.handoffs.lock().expect("handoffs").clone();
+    assert!(!left.contains_key(&key("prod")), "{left:?}");
+    assert!(left.contains_key(&key("other")), "{left:?}");
+    env.shutdown().await;
 }

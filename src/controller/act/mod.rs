@@ -27,7 +27,8 @@ use crate::gather::Observed;
 use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::state::lock::{self, Lock};
 
-/// Removes the object finalizer and block-move in one write, and remembers the release.
+/// Removes the object finalizer and block-move in one write, remembers the release, and
+/// forgets the rest the manager remembered of the object.
 pub async fn release<K: TerraformObject>(
     ctx: &Context,
     scope: &Scope<K>,
@@ -41,6 +42,7 @@ pub async fn release<K: TerraformObject>(
         Err(e) => return Err(e),
     }
     ctx.released.insert(&scope.uid);
+    ctx.forget(K::KIND, &scope.namespace, &scope.name, &scope.uid);
     Ok(())
 }
 
