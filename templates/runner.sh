@@ -49,6 +49,8 @@ STDERR_LOG="$WS/terraform-stderr.log"
 FIFO="$WS/terraform-stderr.fifo"
 VARS="$WS/captf.tfvars.json"
 BACKEND="$WS/backend.hcl"
+# Where init installs the modules of remote `module` blocks, as its modules.json names it.
+MODULES_DIR="${TF_DATA_DIR:-.terraform}/modules"
 ESC=$(printf '\033')
 # Kubelet keeps 4096 bytes of the termination message; keep well below.
 TAIL_BYTES=2800
@@ -300,11 +302,10 @@ fi
 # back where init looks first, so that it uses them and fetches nothing (their
 # modules.json names the directory they are in).
 if [ -d "$RENDER/installed-modules" ]; then
-    i_dir="${TF_DATA_DIR:-.terraform}/modules"
-    mkdir -p "$i_dir" && cp -R "$RENDER/installed-modules/." "$i_dir/" ||
+    mkdir -p "$MODULES_DIR" && cp -R "$RENDER/installed-modules/." "$MODULES_DIR/" ||
         fail 1 "cannot put back the modules the apply installed"
-    rm -f "$i_dir/modules.json"
-    sed "s#@CAPTF_MODULES_DIR@#$i_dir#g" "$RENDER/installed-modules/modules.json" > "$i_dir/modules.json" ||
+    rm -f "$MODULES_DIR/modules.json"
+    sed "s#@CAPTF_MODULES_DIR@#$MODULES_DIR#g" "$RENDER/installed-modules/modules.json" > "$MODULES_DIR/modules.json" ||
         fail 1 "cannot write the installed modules' modules.json"
 fi
 
@@ -367,15 +368,14 @@ if [ "$OP" = apply ]; then
             printf 'captf-runner: ran module-file %s %s\n' "$r_file" "$(base64 < "$WORK/$r_file" | tr -d '\n')"
         done >> "$r_lines"
     fi
-    i_dir="${TF_DATA_DIR:-.terraform}/modules"
-    if [ -f "$i_dir/modules.json" ] &&
-        [ -n "$(cd "$i_dir" && find . -type f ! -name modules.json ! -path '*/.git/*' | head -n 1)" ]; then
-        (cd "$i_dir" && find . -type f ! -path '*/.git/*' | sort) | while IFS= read -r r_file; do
+    if [ -f "$MODULES_DIR/modules.json" ] &&
+        [ -n "$(cd "$MODULES_DIR" && find . -type f ! -name modules.json ! -path '*/.git/*' | head -n 1)" ]; then
+        (cd "$MODULES_DIR" && find . -type f ! -path '*/.git/*' | sort) | while IFS= read -r r_file; do
             r_file=${r_file#./}
             if [ "$r_file" = modules.json ]; then
-                r_b64=$(sed "s#$i_dir#@CAPTF_MODULES_DIR@#g" "$i_dir/modules.json" | base64 | tr -d '\n')
+                r_b64=$(sed "s#$MODULES_DIR#@CAPTF_MODULES_DIR@#g" "$MODULES_DIR/modules.json" | base64 | tr -d '\n')
             else
-                r_b64=$(base64 < "$i_dir/$r_file" | tr -d '\n')
+                r_b64=$(base64 < "$MODULES_DIR/$r_file" | tr -d '\n')
             fi
             printf 'captf-runner: ran installed-module %s %s\n' "$r_file" "$r_b64"
         done >> "$r_lines"

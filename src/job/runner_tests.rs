@@ -274,6 +274,18 @@ impl Runner {
         std::fs::read_to_string(self.path("termination-log")).unwrap_or_default()
     }
 
+    /// Asserts that the runner stopped before running anything: with `code`, and
+    /// `message` in its termination log.
+    fn assert_stopped_before_running(&self, status: ExitStatus, code: i32, message: &str) {
+        assert_eq!(status.code(), Some(code));
+        assert!(
+            self.termination_log().contains(message),
+            "{}",
+            self.termination_log()
+        );
+        assert_eq!(self.record(), "", "nothing ran");
+    }
+
     /// Waits until the fake terraform sleeps.
     fn wait_for_sleep(&self) {
         let start = Instant::now();
@@ -685,15 +697,11 @@ fn a_runtime_the_image_lacks_fails_naming_it() {
         let mut command = r.command();
         without_host_terraform(&r, &mut command);
         let (status, _) = r.run(command);
-        assert_eq!(status.code(), Some(127));
-        assert!(
-            r.termination_log().contains(
-                "tofu is not on PATH in the runner image (the inputs' runner.runtime names it)"
-            ),
-            "{}",
-            r.termination_log()
+        r.assert_stopped_before_running(
+            status,
+            127,
+            "tofu is not on PATH in the runner image (the inputs' runner.runtime names it)",
         );
-        assert_eq!(r.record(), "", "nothing ran");
     }
 }
 
@@ -792,15 +800,11 @@ fn a_module_image_runs_from_its_directory_with_its_providers() {
         missing.module = Module::Path("/no/such/module".into());
         let r = Runner::new(rendered(&Templates::embedded(), &request(&missing)), shell);
         let (status, _) = r.run(r.command());
-        assert_eq!(status.code(), Some(1));
-        assert!(
-            r.termination_log().contains(
-                "the module's directory /no/such/module (module.path) is not in the runner image"
-            ),
-            "{}",
-            r.termination_log()
+        r.assert_stopped_before_running(
+            status,
+            1,
+            "the module's directory /no/such/module (module.path) is not in the runner image",
         );
-        assert_eq!(r.record(), "");
     }
 }
 

@@ -865,28 +865,28 @@ impl Env {
         cluster: &str,
         module_body: &str,
     ) {
-        let owner_uid;
-        let owner = match K::KIND {
+        let secret = format!("{name}-bootstrap");
+        if K::KIND != Kind::TerraformCluster {
+            self.create_bootstrap_secret(&secret, &format!("#cloud-config {name}"))
+                .await;
+        }
+        let (owner_kind, owner_name, owner_uid) = match K::KIND {
             Kind::TerraformCluster => {
                 let c = self.cluster_api().get(cluster).await.expect("the Cluster");
-                owner_uid = c.metadata.uid.unwrap_or_default();
-                ("Cluster", cluster, owner_uid.as_str(), true)
+                ("Cluster", cluster, c.metadata.uid.unwrap_or_default())
             }
-            Kind::TerraformMachine => {
-                let secret = format!("{name}-bootstrap");
-                self.create_bootstrap_secret(&secret, &format!("#cloud-config {name}"))
-                    .await;
-                owner_uid = self.create_machine(name, cluster, Some(&secret)).await;
-                ("Machine", name, owner_uid.as_str(), true)
-            }
-            Kind::TerraformMachinePool => {
-                let secret = format!("{name}-bootstrap");
-                self.create_bootstrap_secret(&secret, &format!("#cloud-config {name}"))
-                    .await;
-                owner_uid = self.create_machine_pool(name, cluster, 2, &secret).await;
-                ("MachinePool", name, owner_uid.as_str(), true)
-            }
+            Kind::TerraformMachine => (
+                "Machine",
+                name,
+                self.create_machine(name, cluster, Some(&secret)).await,
+            ),
+            Kind::TerraformMachinePool => (
+                "MachinePool",
+                name,
+                self.create_machine_pool(name, cluster, 2, &secret).await,
+            ),
         };
+        let owner = (owner_kind, owner_name, owner_uid.as_str(), true);
         let module = format!("{module_body}{}", contract_outputs(K::KIND));
         self.create_owned::<K>(name, cluster, &[owner], &module, json!({}))
             .await;
