@@ -25,6 +25,8 @@
 //! control plane and the Jobs' processes. The manager logs to
 //! `captf-scale-manager.log` in the temp directory, at `CAPTF_SCALE_RUST_LOG` (default
 //! `info,kube=warn`). `CAPTF_SCALE_MANAGER_WRAP` runs the manager under a profiler.
+//! `CAPTF_SCALE_TIMES=FILE` writes each object's Job-Complete and release times, and the
+//! fault proxy's `CAPTF_PROXY_TRACE=FILE` each of the manager's requests with its time.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -773,6 +775,28 @@ async fn measure(
         .collect();
     slowest.sort();
     slowest.reverse();
+    // `CAPTF_SCALE_TIMES=FILE`: each object's name, when its Job was seen Complete and
+    // when it went, in milliseconds since the Unix epoch (beside the fault proxy's
+    // `CAPTF_PROXY_TRACE`, to see where a slow release spent its time).
+    if let Some(path) = std::env::var_os("CAPTF_SCALE_TIMES") {
+        let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+        let unix_ms = |t: Instant| {
+            (wall - now.saturating_duration_since(t))
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis()
+        };
+        let lines: String = names
+            .iter()
+            .filter_map(|name| {
+                let (c, g) = (complete_seen.get(name)?, gone.get(name)?);
+                Some(format!("{name} {} {}\n", unix_ms(*c), unix_ms(*g)))
+            })
+            .collect();
+        if let Err(e) = std::fs::write(&path, lines) {
+            eprintln!("CAPTF_SCALE_TIMES: {}: {e}", path.to_string_lossy());
+        }
+    }
     slowest.truncate(3);
 
     // (d) reconcile passes: the manager's `decision` lines during the deletion.

@@ -24,6 +24,30 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub use faults::Faults;
 pub use requestlog::{RequestLog, WRITE_VERBS};
 
+/// `CAPTF_PROXY_TRACE=FILE`: one line per request that is not a watch, appended to FILE
+/// when its response headers came back: its start (milliseconds since the Unix epoch),
+/// how long the API server took (ms), the status, the method, the path with its query and
+/// the User-Agent, and how long the request's body took to arrive (ms). For finding where a slow pass spends its time.
+fn trace_line(line: &str) {
+    use std::io::Write;
+    static TRACE: std::sync::OnceLock<Option<std::sync::Mutex<std::fs::File>>> =
+        std::sync::OnceLock::new();
+    let file = TRACE.get_or_init(|| {
+        let path = std::env::var_os("CAPTF_PROXY_TRACE")?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+            .map(std::sync::Mutex::new)
+    });
+    if let Some(f) = file
+        && let Ok(mut f) = f.lock()
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
 /// The largest request body forwarded (kube-apiserver's own limit is 3 MiB).
 const MAX_REQUEST_BODY: usize = 8 * 1024 * 1024;
 
@@ -182,6 +206,7 @@ async fn forward(
             .and_then(|v| v.to_str().ok()),
     );
     let class = classify(&method, &path, query.as_deref());
+    let (started, received) = (std::time::SystemTime::now(), std::time::Instant::now());
     let latency = faults.latency();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -211,7 +236,7 @@ async fn forward(
         Some(q) => format!("{path}?{q}"),
         None => path.clone(),
     };
-    let mut out = Request::builder().method(method).uri(uri);
+    let mut out = Request::builder().method(method.clone()).uri(&uri);
     for (k, v) in parts.headers.iter() {
         if !hop_by_hop(k) {
             out = out.header(k, v);
@@ -228,7 +253,21 @@ async fn forward(
         .as_ref()
         .filter(|(v, _, _)| requestlog::WRITE_VERBS.contains(&v.as_str()))
         .and_then(|(verb, _, _)| object_name(&path, verb, &sent));
-    match upstream.send(out).await {
+    let sent_at = std::time::Instant::now();
+    let result = upstream.send(out).await;
+    if !watch {
+        let since = started
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let status = result.as_ref().map_or(0, |r| r.status().as_u16());
+        trace_line(&format!(
+            "{} {} {status} {method} {uri} {client} body-ms={}",
+            since.as_millis(),
+            sent_at.elapsed().as_millis(),
+            sent_at.duration_since(received).as_millis(),
+        ));
+    }
+    match result {
         Ok(resp) => {
             if let Some((verb, resource, sub)) = &class
                 && resp.status().is_success()
