@@ -135,9 +135,10 @@ pub struct ManagerArgs {
     /// How often runner RBAC is swept from namespaces without CAPTF objects.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub rbac_sweep_interval: std::time::Duration,
-    /// How many passes may hold an object's state in memory at once (the others wait):
-    /// the manager's memory grows with this times the largest state, not with the number
-    /// of objects.
+    /// How many passes may hold an object's state in memory at once (the others wait;
+    /// one is kept for the pass after a Job, which cleans up or records a failure): the
+    /// manager's memory grows with this times the largest state, not with the number of
+    /// objects.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_state_reads: u16,
     /// Apply live objects' modules (`--provision=false`: only delete what someone else

@@ -20,6 +20,7 @@ use crate::api::names::{self, Kind};
 use crate::gather::Settings;
 use crate::job::Templates;
 use crate::metrics::Metrics;
+use crate::state::permits::StateReads;
 
 /// The manager's settings (SPEC section 10).
 #[derive(Clone, Debug)]
@@ -101,7 +102,7 @@ pub struct Context {
     /// A permit per state a pass may hold in memory at once: taken before a pass reads the
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
-    pub state_reads: Arc<tokio::sync::Semaphore>,
+    pub state_reads: StateReads,
     /// Each controller's caches, by kind (empty for passes a test runs without them: those
     /// read the API server).
     caches: Mutex<BTreeMap<Kind, Arc<Caches>>>,
@@ -140,7 +141,7 @@ impl Context {
             refused: Mutex::default(),
             backups: Mutex::default(),
             handoffs: Mutex::default(),
-            state_reads: Arc::new(tokio::sync::Semaphore::new(cfg.max_state_reads.max(1))),
+            state_reads: StateReads::new(cfg.max_state_reads),
             caches: Mutex::default(),
             runner_accounts: std::sync::OnceLock::new(),
         }

@@ -14,6 +14,8 @@ use kube::Resource;
 use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use crate::state::permits::Lane;
+
 /// How long a turn handed back to the controller is kept for its pass. The pass comes
 /// within milliseconds; a turn not taken by then (its object left the cache on the way,
 /// so the controller dropped it) goes back to the head of the queue.
@@ -293,13 +295,14 @@ where
         }
     }
 
-    /// Runs `pass` on the newest cached copy of `obj` with how long it waited, once its
-    /// lane has room, in the order the passes came; an object gone from the cache
-    /// meanwhile needs no pass. A pass that finds the first lane full returns at once; its
-    /// object's turn comes back through [`Gate::turns`].
+    /// Runs `pass` on the newest cached copy of `obj` with how long it waited and whether
+    /// it is the pass after a Job ([`Lane`], which its state read keeps), once its lane
+    /// has room, in the order the passes came; an object gone from the cache meanwhile
+    /// needs no pass. A pass that finds the first lane full returns at once; its object's
+    /// turn comes back through [`Gate::turns`].
     pub(crate) async fn run<F, Fut, E>(&self, obj: Arc<K>, pass: F) -> Result<Requeue, E>
     where
-        F: FnOnce(Arc<K>, Duration) -> Fut,
+        F: FnOnce(Arc<K>, Duration, Lane) -> Fut,
         Fut: Future<Output = Result<Requeue, E>>,
     {
         let arrived = Instant::now();
@@ -325,7 +328,14 @@ where
         // The pass's future is boxed: a pass waiting in the second lane holds a pointer,
         // not the whole state of a pass.
         let result = match self.store.get(&ObjectRef::from_obj(obj.as_ref())) {
-            Some(current) => Box::pin(pass(current, waited)).await,
+            Some(current) => {
+                let lane = if after_job {
+                    Lane::AfterJob
+                } else {
+                    Lane::Ordinary
+                };
+                Box::pin(pass(current, waited, lane)).await
+            }
             None => Ok(Requeue::await_change()),
         };
         // The pass after a Job failed (a conflict, an API error): its retry keeps the lane,

@@ -40,7 +40,8 @@ fn gate(concurrency: u16, objects: &[&str]) -> Setup {
     (Arc::new(Gate::new(concurrency, store)), objs, writer)
 }
 
-/// Starts a pass of `obj` through `gate` that records its name, then waits for `hold`.
+/// Starts a pass of `obj` through `gate` that records its name (and "after its Job" when
+/// the gate gave it that lane), then waits for `hold`.
 fn start(
     gate: &Arc<Gate<ConfigMap>>,
     obj: &Arc<ConfigMap>,
@@ -50,8 +51,12 @@ fn start(
     let (gate, obj, order) = (gate.clone(), obj.clone(), order.clone());
     tokio::spawn(async move {
         let _ = gate
-            .run(obj, |o, _waited| async move {
-                order.lock().unwrap().push(o.name_any());
+            .run(obj, |o, _waited, lane| async move {
+                let name = match lane {
+                    Lane::AfterJob => format!("{} after its Job", o.name_any()),
+                    Lane::Ordinary => o.name_any(),
+                };
+                order.lock().unwrap().push(name);
                 if let Some(h) = hold {
                     let _ = h.await;
                 }
@@ -177,11 +182,14 @@ async fn a_queued_pass_whose_job_finished_takes_the_second_lane() {
     settle().await;
     assert_eq!(
         *order.lock().unwrap(),
-        ["busy", "job-done"],
+        ["busy", "job-done after its Job"],
         "the pass after the Job ran while the first lane was still full"
     );
     release.send(()).unwrap();
-    assert_eq!(ran(&order, 4).await, ["busy", "job-done", "a", "b"]);
+    assert_eq!(
+        ran(&order, 4).await,
+        ["busy", "job-done after its Job", "a", "b"]
+    );
     settle().await;
     assert_eq!(
         order.lock().unwrap().len(),
@@ -207,7 +215,7 @@ async fn the_retry_of_a_failed_pass_after_a_job_keeps_the_second_lane() {
         ))
     };
     let failed = gate
-        .run(objs[2].clone(), |_, _| async {
+        .run(objs[2].clone(), |_, _, _| async {
             Err::<Requeue, _>(conflict())
         })
         .await;
@@ -218,15 +226,18 @@ async fn the_retry_of_a_failed_pass_after_a_job_keeps_the_second_lane() {
     settle().await;
     assert_eq!(
         *order.lock().unwrap(),
-        ["busy", "job-done"],
+        ["busy", "job-done after its Job"],
         "the retry ran while the first lane was still full"
     );
     // A pass that succeeds leaves no mark behind: the next one waits its turn.
     start(&gate, &objs[2], &order, None);
     settle().await;
-    assert_eq!(*order.lock().unwrap(), ["busy", "job-done"]);
+    assert_eq!(*order.lock().unwrap(), ["busy", "job-done after its Job"]);
     release.send(()).unwrap();
-    assert_eq!(ran(&order, 4).await, ["busy", "job-done", "a", "job-done"]);
+    assert_eq!(
+        ran(&order, 4).await,
+        ["busy", "job-done after its Job", "a", "job-done"]
+    );
 }
 
 #[tokio::test]
@@ -235,7 +246,7 @@ async fn a_pass_of_an_object_gone_from_the_cache_does_not_run() {
     let gate: Gate<ConfigMap> = Gate::new(1, store);
     let gone = Arc::new(config_map("gone"));
     let ran = gate
-        .run(gone, |_, _| async {
+        .run(gone, |_, _, _| async {
             Ok::<_, Error>(Requeue::requeue(RESYNC_FOR_TEST))
         })
         .await
@@ -293,7 +304,7 @@ const RESYNC_FOR_TEST: Duration = Duration::from_secs(1);
 #[tokio::test]
 async fn a_waiting_pass_holds_a_small_future_whatever_the_pass() {
     let (gate, objs, _w) = gate(1, &["a"]);
-    let big_pass = |_o: Arc<ConfigMap>, _: Duration| async move {
+    let big_pass = |_o: Arc<ConfigMap>, _: Duration, _: Lane| async move {
         let buffer = [7u8; 64 * 1024];
         tokio::task::yield_now().await;
         Ok::<_, Error>(if buffer[0] == 7 {
@@ -302,7 +313,10 @@ async fn a_waiting_pass_holds_a_small_future_whatever_the_pass() {
             Requeue::requeue(RESYNC_FOR_TEST)
         })
     };
-    assert!(std::mem::size_of_val(&big_pass(objs[0].clone(), Duration::ZERO)) >= 64 * 1024);
+    assert!(
+        std::mem::size_of_val(&big_pass(objs[0].clone(), Duration::ZERO, Lane::Ordinary))
+            >= 64 * 1024
+    );
     let waiting = gate.run(objs[0].clone(), big_pass);
     let size = std::mem::size_of_val(&waiting);
     assert!(size < 4096, "a waiting pass holds {size} bytes");

@@ -27,6 +27,7 @@ use crate::rules::Decision;
 use crate::rules::apply::{
     ApplyAction, ApplyFacts, ApplyRow, INPUTS_APPLIED, Prerequisite, decide_apply,
 };
+use crate::state::permits::Lane;
 
 /// Runs the apply side of a pass on a live object; `shown` is the deletion table's
 /// decision (not deleting), whose conditions are written with the apply table's.
@@ -330,7 +331,7 @@ async fn cluster_outputs<K: TerraformObject>(
     if let Some(out) = known {
         return Ok(Ok(Some(out)));
     }
-    let _permit = ctx.state_reads.clone().acquire_owned().await.ok();
+    let _permit = ctx.state_reads.acquire(Lane::Ordinary).await;
     let suffix = names::state_suffix(Kind::TerraformCluster, name);
     let secrets = crate::state::secrets::read(&scope.secrets, &base, Some(&suffix)).await?;
     let out = match gather_apply::handoff_of(name, &secrets) {

@@ -297,12 +297,12 @@ where
         move |obj, ctx| {
             let gate = gate.clone();
             async move {
-                gate.run(obj, |o, waited| async move {
+                gate.run(obj, |o, waited, lane| async move {
                     let kind = [K::KIND.as_str()];
                     ctx.metrics.gate_wait_seconds.observe(&kind, waited);
                     let started = std::time::Instant::now();
                     let metrics = ctx.metrics.clone();
-                    let result = reconcile::reconcile::<K>(o, ctx).await;
+                    let result = reconcile::reconcile::<K>(o, ctx, lane).await;
                     metrics.pass_seconds.observe(&kind, started.elapsed());
                     result
                 })

@@ -16,7 +16,6 @@ use kube::core::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 
 use kube::Client;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::caches;
 use super::{Caches, ClusterKind, Error};
@@ -26,6 +25,7 @@ use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, Variab
 use crate::gather::{self, ClusterView, Observed, Settings};
 use crate::inputs;
 use crate::job::{self, JobOutcome};
+use crate::state::permits::{Lane, StatePermit, StateReads};
 use crate::state::secrets as chunked;
 use crate::state::{self, StateSecrets};
 
@@ -47,12 +47,17 @@ pub async fn observe<K: TerraformObject>(
     cluster_api: &ClusterKind,
     obj: &K,
 ) -> Result<Observed, Error> {
-    let unused = Arc::new(Semaphore::new(1));
-    Ok(
-        observe_rounds(client, None, cluster_api, obj, |_| false, &unused)
-            .await?
-            .0,
+    let unused = StateReads::new(1);
+    Ok(observe_rounds(
+        client,
+        None,
+        cluster_api,
+        obj,
+        |_| false,
+        (&unused, Lane::Ordinary),
     )
+    .await?
+    .0)
 }
 
 /// The base state Secret's metadata as a pass read it: `None` when the pass did not read
@@ -72,7 +77,7 @@ pub async fn observe_pass<K: TerraformObject>(
     cluster_api: &ClusterKind,
     obj: &K,
     settings: &Settings,
-    state_reads: &Arc<Semaphore>,
+    state_reads: (&StateReads, Lane),
 ) -> Result<(Observed, StateMeta), Error> {
     // The state is read when the deletion's table needs it, and once after an apply
     // succeeded, for the fingerprint its bookkeeping records.
@@ -106,7 +111,7 @@ async fn observe_rounds<K: TerraformObject>(
     cluster_api: &ClusterKind,
     obj: &K,
     secrets_now: impl Fn(&Observed) -> bool,
-    state_reads: &Arc<Semaphore>,
+    state_reads: (&StateReads, Lane),
 ) -> Result<(Observed, Option<SecretsRead>), Error> {
     let meta = obj.meta().clone();
     let ns = obj.namespace().unwrap_or_default();
@@ -481,7 +486,7 @@ async fn dependents(client: &Client, ns: &str, cluster: &str) -> Result<Vec<Stri
 /// The Secrets, ConfigMaps and lock of one object, as read for a pass.
 pub struct SecretsRead {
     /// The permit this read holds (see [`super::Context::state_reads`]).
-    permit: OwnedSemaphorePermit,
+    permit: StatePermit,
     state: StateSecrets,
     errored: Vec<state::Errored>,
     state_meta: Option<ObjectMeta>,
@@ -508,8 +513,10 @@ impl SecretsRead {
 
 /// Reads the state Secrets, the inputs Secret, what they reference, and the lock.
 pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Error> {
-    let one = Arc::new(Semaphore::new(1));
-    read_secrets(client, None, o, &one).await?.apply(o);
+    let one = StateReads::new(1);
+    read_secrets(client, None, o, (&one, Lane::Ordinary))
+        .await?
+        .apply(o);
     Ok(())
 }
 
@@ -522,14 +529,10 @@ async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
     o: &Observed,
-    state_reads: &Arc<Semaphore>,
+    (state_reads, lane): (&StateReads, Lane),
 ) -> Result<SecretsRead, Error> {
     // Waits its turn: at most as many states in memory as there are permits.
-    let permit = state_reads
-        .clone()
-        .acquire_owned()
-        .await
-        .expect("the state-read semaphore is never closed");
+    let permit = state_reads.acquire(lane).await;
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let name = o.meta.name.clone().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, &name);

@@ -23,6 +23,7 @@ use crate::api::names;
 use crate::gather;
 use crate::io::writes::{self, guarded_patch};
 use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts};
+use crate::state::permits::Lane;
 
 /// How often an object is looked at again when nothing it watches changes.
 const RESYNC: Duration = Duration::from_secs(600);
@@ -42,10 +43,13 @@ fn annotation<'a, K: ResourceExt>(obj: &'a K, key: &str) -> Option<&'a str> {
     obj.annotations().get(key).map(String::as_str)
 }
 
-#[instrument(skip(obj, ctx), fields(kind = %K::KIND, namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
+/// One pass over `obj`. `lane` says whether it is the pass after a Job of the object
+/// finished, which takes its state-read permit before the others ([`Lane`]).
+#[instrument(skip(obj, ctx, lane), fields(kind = %K::KIND, namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
 pub async fn reconcile<K: TerraformObject>(
     obj: Arc<K>,
     ctx: Arc<Context>,
+    lane: Lane,
 ) -> Result<Requeue, Error> {
     let caches = ctx.caches(K::KIND);
     let scope = Scope::new(&ctx.client, obj.as_ref())?.with_caches(caches.clone());
@@ -81,7 +85,7 @@ pub async fn reconcile<K: TerraformObject>(
         &ctx.cluster_api,
         obj.as_ref(),
         &ctx.settings,
-        &ctx.state_reads,
+        (&ctx.state_reads, lane),
     )
     .await?;
     // Starting an attempt needs its Job, which only the manager can render (its templates):

@@ -124,7 +124,7 @@ pub struct Observed {
     pub errored: Vec<state::Errored>,
     /// The manager's permit to hold this pass's state in memory (see
     /// `Context::state_reads`), released with the observation.
-    pub state_permit: Option<std::sync::Arc<tokio::sync::OwnedSemaphorePermit>>,
+    pub state_permit: Option<std::sync::Arc<crate::state::permits::StatePermit>>,
     pub inputs_secret: Option<Secret>,
     /// Secrets and ConfigMaps the inputs or the spec reference (credentials, variablesFrom).
     pub referenced_secrets: BTreeMap<String, Secret>,

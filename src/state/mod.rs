@@ -10,6 +10,7 @@ mod classify;
 mod errored;
 pub mod instances;
 pub mod lock;
+pub mod permits;
 mod scan;
 pub mod secrets;
 

@@ -11,6 +11,7 @@ use kube::api::{Api, ListParams};
 
 use crate::support::*;
 use captf::controller::{Context, discover_cluster, reconcile::reconcile};
+use captf::state::permits::Lane;
 use std::sync::Arc;
 
 /// What only integration tests can do with an [`Env`]: run the `captf` binary (only they
@@ -1155,7 +1156,9 @@ async fn hand_context(env: &Env) -> Arc<Context> {
 pub(crate) async fn pass(env: &Env, ctx: &Arc<Context>) -> bool {
     match env.object::<Tfm>("web-1").await {
         Some(o) => {
-            reconcile(Arc::new(o), ctx.clone()).await.expect("a pass");
+            reconcile(Arc::new(o), ctx.clone(), Lane::Ordinary)
+                .await
+                .expect("a pass");
             false
         }
         None => true,
@@ -1210,7 +1213,7 @@ async fn a_pass_on_a_copy_older_than_the_release_does_nothing() {
     let before = env.event_reasons("web-1").await;
     assert!(before.contains(&"CleanedUp".to_string()), "{before:?}");
 
-    reconcile(Arc::new(stale), ctx.clone())
+    reconcile(Arc::new(stale), ctx.clone(), Lane::Ordinary)
         .await
         .expect("the pass on the stale copy");
     assert_eq!(
@@ -1285,7 +1288,7 @@ async fn a_cleanup_pass_on_a_copy_without_the_latest_status_releases() {
     writes::patch_status(&api, "web-1", status)
         .await
         .expect("a status write");
-    reconcile(Arc::new(stale), ctx.clone())
+    reconcile(Arc::new(stale), ctx.clone(), Lane::Ordinary)
         .await
         .expect("the cleanup pass on the copy without the latest status");
     assert!(

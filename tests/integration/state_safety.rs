@@ -459,7 +459,6 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
     use captf::controller::{ClusterKind, discover_cluster};
-    use std::sync::Arc;
     let env = Env::start("state-permits").await;
     let uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
@@ -514,10 +513,18 @@ async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
     let cluster_api = discover_cluster(&env.client).await;
     assert!(matches!(cluster_api, ClusterKind::Known(_)));
     let settings = captf::gather::Settings::default();
-    let permits = Arc::new(tokio::sync::Semaphore::new(0));
+    let permits = captf::state::permits::StateReads::new(1);
+    let held = permits.acquire(captf::state::permits::Lane::AfterJob).await;
     let client = env.proxy.client();
     let (observed, state_meta) = {
-        let pass = observe::observe_pass(&client, None, &cluster_api, &obj, &settings, &permits);
+        let pass = observe::observe_pass(
+            &client,
+            None,
+            &cluster_api,
+            &obj,
+            &settings,
+            (&permits, captf::state::permits::Lane::Ordinary),
+        );
         tokio::pin!(pass);
         assert!(
             tokio::time::timeout(Duration::from_secs(2), &mut pass)
@@ -525,7 +532,7 @@ async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
                 .is_err(),
             "with no permit free, the pass waits before reading the state"
         );
-        permits.add_permits(1);
+        drop(held);
         tokio::time::timeout(Duration::from_secs(20), pass)
             .await
             .expect("with a permit, the pass reads")
@@ -556,12 +563,12 @@ async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
         log.snapshot()
     );
     assert_eq!(
-        permits.available_permits(),
+        permits.available(),
         0,
         "the pass holds its permit while its observation lives"
     );
     drop(observed);
-    assert_eq!(permits.available_permits(), 1, "and gives it back after");
+    assert_eq!(permits.available(), 1, "and gives it back after");
     objects
         .patch(
             "web-1",
