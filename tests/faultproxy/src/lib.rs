@@ -338,6 +338,10 @@ impl FaultProxy {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
+                // As kube-apiserver's Go server has on every connection: without it, a
+                // response the proxy passes on in pieces (its head, then its body as it
+                // comes from upstream) waited for the client's delayed ACK, about 40 ms.
+                let _ = tcp.set_nodelay(true);
                 let (upstream, faults, log) = (upstream_client.clone(), f.clone(), l.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
