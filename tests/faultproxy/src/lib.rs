@@ -4,7 +4,8 @@
 //! verb and resource with a chosen status, adds latency and drops open watches
 //! ([`Faults`]). A test points only the client under test (the manager) at it, through
 //! [`FaultProxy::client`] or [`FaultProxy::kubeconfig_path`], so that the counts and the
-//! faults are that client's alone.
+//! faults are that client's alone. `CAPTF_PROXY_TRACE=FILE` logs each request's timing
+//! (the scale bench's tool for finding where a slow pass spends its time).
 
 pub mod faults;
 pub mod requestlog;
