@@ -102,6 +102,7 @@ pub struct Context {
     /// A permit per state a pass may hold in memory at once: taken before a pass reads the
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
+    /// One is kept for the pass after a Job ([`StateReads`]).
     pub state_reads: StateReads,
     /// Each controller's caches, by kind (empty for passes a test runs without them: those
     /// read the API server).
