@@ -1,4 +1,4 @@
-//! The fault switch: fail the next N matching requests with a given status, add latency to
+//! The fault switch: fail or delay the next N matching requests, add latency to
 //! every request, and close every open watch stream. Models API server and etcd trouble
 //! and network interruptions as a client sees them: a failed request never reaches the
 //! API server, so nothing stored changes.
@@ -16,9 +16,20 @@ struct Rule {
     status: u16,
 }
 
+/// Hold the next `remaining` matching requests for `delay` before they reach the API
+/// server.
+#[derive(Debug)]
+struct Delay {
+    remaining: usize,
+    verb: Option<String>,
+    resource: Option<String>,
+    delay: Duration,
+}
+
 #[derive(Debug, Default)]
 struct State {
     rules: Vec<Rule>,
+    delays: Vec<Delay>,
     latency: Duration,
     /// API groups whose discovery fails, with the status.
     discovery: Vec<(String, u16)>,
@@ -93,6 +104,24 @@ impl Faults {
         });
     }
 
+    /// Hold the next `n` requests whose verb and resource match (as for
+    /// [`Faults::fail_next`]) for `delay` before they go on to the API server: a slow
+    /// request, during which the test changes the world under the client's feet.
+    pub fn delay_next(
+        &self,
+        n: usize,
+        verb: Option<&str>,
+        resource: Option<&str>,
+        delay: Duration,
+    ) {
+        self.lock().delays.push(Delay {
+            remaining: n,
+            verb: verb.map(str::to_string),
+            resource: resource.map(str::to_string),
+            delay,
+        });
+    }
+
     /// Add `latency` before every request is answered (replaces any earlier latency).
     pub fn add_latency(&self, latency: Duration) {
         self.lock().latency = latency;
@@ -114,6 +143,7 @@ impl Faults {
     pub fn clear(&self) {
         let mut s = self.lock();
         s.rules.clear();
+        s.delays.clear();
         s.discovery.clear();
         s.latency = Duration::ZERO;
     }
@@ -140,6 +170,31 @@ impl Faults {
             reason: reason_for(status).to_string(),
             message: format!("injected fault: discovery of {group} failed with {status}"),
         })
+    }
+
+    /// Consume one matching delay, if any.
+    pub(crate) fn take_delay(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+    ) -> Option<Duration> {
+        let mut s = self.lock();
+        let full = format!("{resource}/{subresource}");
+        let idx = s.delays.iter().position(|r| {
+            r.remaining > 0
+                && r.verb.as_deref().is_none_or(|v| v == verb)
+                && r.resource
+                    .as_deref()
+                    .is_none_or(|x| x == resource || x == full)
+        })?;
+        let rule = &mut s.delays[idx];
+        rule.remaining -= 1;
+        let delay = rule.delay;
+        if rule.remaining == 0 {
+            s.delays.remove(idx);
+        }
+        Some(delay)
     }
 
     /// Consume one matching failure, if any.
@@ -193,6 +248,13 @@ mod tests {
             f.take("update", "jobs", "status").map(|e| e.code),
             Some(409)
         );
+        f.delay_next(1, Some("patch"), Some("secrets"), Duration::from_secs(3));
+        assert_eq!(f.take_delay("patch", "leases", ""), None);
+        assert_eq!(
+            f.take_delay("patch", "secrets", ""),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(f.take_delay("patch", "secrets", ""), None);
         f.fail_discovery("cluster.x-k8s.io", 503);
         assert_eq!(
             f.discovery("/apis/cluster.x-k8s.io/v1beta2")

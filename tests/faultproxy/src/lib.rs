@@ -214,6 +214,9 @@ async fn forward(
     }
     if let Some((verb, resource, sub)) = &class {
         log.record(&client, verb, resource, sub);
+        if let Some(delay) = faults.take_delay(verb, resource, sub) {
+            tokio::time::sleep(delay).await;
+        }
         if let Some(injected) = faults.take(verb, resource, sub) {
             return status_response(injected.code, injected.body());
         }
