@@ -82,33 +82,39 @@ pub fn parse(log: &str) -> Result<Reported, String> {
                 format!("the module's files take more than {RAN_MODULE_MAX_BYTES} bytes")
             })?;
         } else if let Some(rest) = line.strip_prefix(INSTALLED) {
-            // A file that is not text (an image in a registry module's docs) is not kept,
-            // and then none of them: the destroy fetches them again, as before the record.
+            // A file that is not text (an image in a registry module's docs), or a set
+            // larger than the limit (a registry module comes with its whole repository),
+            // is not kept, and then none of them: the destroy fetches them again, as
+            // before the record. The rest of the report stands.
+            if installed_unreadable {
+                continue;
+            }
             let Ok((path, content)) = file_line(rest, "installed module file", &decode) else {
                 installed_unreadable = true;
                 continue;
             };
-            add_file(
+            if add_file(
                 &mut out.installed_modules,
                 &mut installed_size,
                 path,
                 content,
             )
-            .map_err(|()| {
-                format!("the installed modules take more than {RAN_MODULE_MAX_BYTES} bytes")
-            })?;
+            .is_err()
+            {
+                installed_unreadable = true;
+            }
         } else {
             return Err(format!("an unknown line in the report: {line:?}"));
         }
     }
-    if installed_unreadable {
-        out.installed_modules = None;
-    } else if out
-        .installed_modules
-        .as_ref()
-        .is_some_and(|m| !m.contains_key("modules.json"))
+    // Installed modules are put back only with the manifest that says where each goes.
+    if installed_unreadable
+        || out
+            .installed_modules
+            .as_ref()
+            .is_some_and(|m| !m.contains_key("modules.json"))
     {
-        return Err("the installed modules come without their modules.json".into());
+        out.installed_modules = None;
     }
     Ok(out)
 }
@@ -230,20 +236,27 @@ mod tests {
             "captf-runner: ran begin\ncaptf-runner: ran installed-module inner/main.tf {}\ncaptf-runner: ran end 1\n",
             b64("x")
         );
-        assert!(
-            parse(&without)
-                .unwrap_err()
-                .contains("without their modules.json")
+        assert_eq!(
+            parse(&without).unwrap().installed_modules,
+            None,
+            "installed modules without their modules.json are not kept"
         );
+        // A set over the limit (a registry module with its docs and examples) is left
+        // out as one that is not text is: the lock file and the module's files stand.
         let big = format!(
-            "captf-runner: ran begin\ncaptf-runner: ran installed-module inner/big.tf {}\ncaptf-runner: ran end 1\n",
+            "captf-runner: ran begin\ncaptf-runner: ran lock {}\n\
+             captf-runner: ran module-file main.tf {}\n\
+             captf-runner: ran installed-module modules.json {}\n\
+             captf-runner: ran installed-module inner/big.tf {}\ncaptf-runner: ran end 4\n",
+            b64("# lock\n"),
+            b64("module \"inner\" {}\n"),
+            b64(manifest),
             b64(&"x".repeat(RAN_MODULE_MAX_BYTES + 1))
         );
-        assert!(
-            parse(&big)
-                .unwrap_err()
-                .contains("installed modules take more than")
-        );
+        let r = parse(&big).expect("the rest of the report stands");
+        assert_eq!(r.lock_file.as_deref(), Some("# lock\n"));
+        assert!(r.module_files.is_some_and(|f| f.contains_key("main.tf")));
+        assert_eq!(r.installed_modules, None);
         // A file that is not text: the rest of the report stands, without the modules.
         let binary = format!(
             "captf-runner: ran begin\ncaptf-runner: ran lock {}\n\
