@@ -278,22 +278,75 @@ impl Read for Chain<'_> {
 /// The largest top-level `outputs` CAPTF reads (its JSON, as serde_json writes it back).
 pub const OUTPUTS_MAX_BYTES: usize = 1024 * 1024;
 
+/// How many bytes of the state the `outputs` member may take where it stands (its values
+/// with their types and `sensitive` flags): read past this, it is refused before any of it
+/// is held whole.
+const OUTPUTS_MAX_RAW_BYTES: u64 = 4 * OUTPUTS_MAX_BYTES as u64;
+
+/// A reader that counts what it hands on and fails once the `outputs` member it is in
+/// has taken more than its budget.
+struct Budgeted<R> {
+    inner: R,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+    until: std::rc::Rc<std::cell::Cell<Option<u64>>>,
+}
+
+impl<R: Read> Read for Budgeted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let total = self.read.get() + n as u64;
+        self.read.set(total);
+        if self.until.get().is_some_and(|until| total > until) {
+            return Err(io::Error::other(format!(
+                "the outputs take more than {OUTPUTS_MAX_RAW_BYTES} bytes of the state"
+            )));
+        }
+        Ok(n)
+    }
+}
+
 /// The values of the state's top-level `outputs`, by name: streamed through gunzip under
-/// the decompression cap with serde_json, everything but `outputs` skipped. Read once
-/// after an apply succeeded, not on every pass, so the scanner's speed is not needed here.
+/// the decompression cap with serde_json, everything but `outputs` skipped without being
+/// held, and `outputs` read under a budget of its own ([`OUTPUTS_MAX_RAW_BYTES`]), so that
+/// an output of hundreds of megabytes (a gzip of a few hundred kilobytes) is refused
+/// before it is held whole. Read once after an apply succeeded and for a hand-off, not on
+/// every pass, so the scanner's speed is not needed here.
 pub fn outputs(
     secrets: &StateSecrets,
     cap: u64,
 ) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
     #[derive(serde::Deserialize)]
     struct Output {
         #[serde(default)]
         value: serde_json::Value,
     }
-    #[derive(serde::Deserialize)]
+    /// The top-level object: `outputs` read under the budget, the rest skipped.
     struct Doc {
-        #[serde(default)]
-        outputs: BTreeMap<String, Output>,
+        until: std::rc::Rc<std::cell::Cell<Option<u64>>>,
+        read: std::rc::Rc<std::cell::Cell<u64>>,
+    }
+    impl<'de> Visitor<'de> for Doc {
+        type Value = BTreeMap<String, Output>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a Terraform state (a JSON object)")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut outputs = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "outputs" {
+                    self.until
+                        .set(Some(self.read.get() + OUTPUTS_MAX_RAW_BYTES));
+                    outputs = map
+                        .next_value::<Option<BTreeMap<String, Output>>>()?
+                        .unwrap_or_default();
+                    self.until.set(None);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(outputs)
+        }
     }
     let Some(chunks) = secrets.chunks() else {
         return Err(format!(
@@ -301,11 +354,20 @@ pub fn outputs(
             secrets.base_name
         ));
     };
+    let read = std::rc::Rc::new(std::cell::Cell::new(0));
+    let until = std::rc::Rc::new(std::cell::Cell::new(None));
     let gunzip = flate2::read::GzDecoder::new(Chain { chunks, index: 0 }).take(cap);
-    let doc: Doc = serde_json::from_reader(gunzip)
+    let reader = Budgeted {
+        inner: gunzip,
+        read: read.clone(),
+        until: until.clone(),
+    };
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    let doc = de
+        .deserialize_map(Doc { until, read })
         .map_err(|e| format!("state Secret {}: {e}", secrets.base_name))?;
     let out: serde_json::Map<String, serde_json::Value> =
-        doc.outputs.into_iter().map(|(k, o)| (k, o.value)).collect();
+        doc.into_iter().map(|(k, o)| (k, o.value)).collect();
     let size = serde_json::to_vec(&out)
         .map(|v| v.len())
         .unwrap_or(usize::MAX);

@@ -1206,3 +1206,42 @@ fn whole_stale_parts_after_the_gzip_stream_are_read_past_as_terraform_does() {
     );
     assert!(matches!(read(&torn, CAP), StateContent::Corrupt { .. }));
 }
+
+#[test]
+fn outputs_are_read_whatever_their_order_and_a_huge_one_is_refused_on_the_way() {
+    let base = state_secret_name("prod.tfc");
+    let set = |json: &[u8]| StateSecrets::from_secrets(&base, &[secret(&base, Some(&gz(json)))]);
+    // Outputs after the resources, nested values, sensitive ones.
+    let ok = set(
+        br#"{"version":4,"serial":1,"lineage":"l","resources":[{"mode":"managed","instances":[]}],
+        "outputs":{"endpoint":{"value":{"host":"10.0.0.1","port":6443},"type":"object"},
+        "secret":{"value":"s","type":"string","sensitive":true}}}"#,
+    );
+    let out = outputs(&ok, DEFAULT_DECOMPRESSION_CAP).unwrap();
+    assert_eq!(out["endpoint"]["port"], 6443);
+    assert_eq!(out["secret"], "s");
+    assert_eq!(
+        outputs(
+            &set(br#"{"version":4,"outputs":null}"#),
+            DEFAULT_DECOMPRESSION_CAP
+        )
+        .unwrap(),
+        serde_json::Map::new()
+    );
+    // One output of 64 MiB (a gzip of about 64 KB): refused once the budget is passed,
+    // before the value is held whole.
+    let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
+    enc.write_all(br#"{"version":4,"outputs":{"x":{"value":""#)
+        .unwrap();
+    let block = vec![b'a'; 1024 * 1024];
+    for _ in 0..64 {
+        enc.write_all(&block).unwrap();
+    }
+    enc.write_all(br#""}},"resources":[]}"#).unwrap();
+    let huge = StateSecrets::from_secrets(&base, &[secret(&base, Some(&enc.finish().unwrap()))]);
+    let err = outputs(&huge, DEFAULT_DECOMPRESSION_CAP).unwrap_err();
+    assert!(err.contains("more than"), "{err}");
+    // Not JSON, not an object: errors naming the Secret.
+    let err = outputs(&set(b"[1,2]"), DEFAULT_DECOMPRESSION_CAP).unwrap_err();
+    assert!(err.contains(&base), "{err}");
+}
