@@ -141,6 +141,11 @@ pub struct ManagerArgs {
     /// objects.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_state_reads: u16,
+    /// How long a pass may wait for a state-read permit before /healthz fails: a read
+    /// takes seconds, so a wait this long means the manager is stuck (and a restart by
+    /// the kubelet frees it).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub state_read_starved_after: std::time::Duration,
     /// Apply live objects' modules (`--provision=false`: only delete what someone else
     /// applied).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -319,6 +324,7 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
             .unwrap_or_else(|_| "captf-manager".into()),
         rbac_sweep_every: args.rbac_sweep_interval,
         max_state_reads: usize::from(args.max_state_reads),
+        state_read_starved_after: args.state_read_starved_after,
         provision: args.provision,
         ..Default::default()
     };
@@ -391,21 +397,23 @@ fn run_orphans(args: &OrphansArgs) -> Result<(), Misuse> {
     })?;
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&list)?),
-        Output::Text if list.is_empty() => println!("no orphaned CAPTF Secrets"),
+        Output::Text if list.is_empty() => {
+            println!("nothing CAPTF made is left of an object that is gone")
+        }
         Output::Text => {
             println!(
-                "{:<20} {:<50} {:<19} {:<22} {:<20} ABANDONED-AT",
-                "NAMESPACE", "SECRET", "ROLE", "KIND", "NAME"
+                "{:<20} {:<58} {:<19} {:<22} {:<20} ABANDONED-AT",
+                "NAMESPACE", "WHAT", "ROLE", "KIND", "NAME"
             );
             for o in &list {
-                let secret = match &o.secret_namespace {
-                    Some(there) => format!("{there}/{}", o.secret),
-                    None => o.secret.clone(),
+                let what = match &o.secret_namespace {
+                    Some(there) => format!("{}/{there}/{}", o.resource, o.object),
+                    None => format!("{}/{}", o.resource, o.object),
                 };
                 println!(
-                    "{:<20} {:<50} {:<19} {:<22} {:<20} {}",
+                    "{:<20} {:<58} {:<19} {:<22} {:<20} {}",
                     o.namespace,
-                    secret,
+                    what,
                     o.role,
                     o.kind,
                     o.name,

@@ -722,6 +722,21 @@ impl Inputs {
         Self::sha256_hex(&asked.to_json_bytes())
     }
 
+    /// These inputs with the runner image `image` in place of what the apply ran (an
+    /// operator's word: see [`names::RUNNER_IMAGE`]); an empty one changes nothing.
+    pub fn with_runner_image(&self, image: &str) -> Inputs {
+        let mut i = self.clone();
+        let image = image.trim();
+        if image.is_empty() {
+            return i;
+        }
+        i.runner.image = image.to_string();
+        if let Some(ran) = i.ran.as_mut() {
+            ran.image_digest = None;
+        }
+        i
+    }
+
     /// The image a Job runs: the digest the apply ran, else the image as given.
     pub fn run_image(&self) -> &str {
         self.ran

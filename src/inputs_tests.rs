@@ -651,3 +651,26 @@ fn a_module_in_the_runner_image_and_its_providers_are_absolute_directories() {
     v["module"] = json!({"source": "x", "path": "/m"});
     assert!(unusable(v).contains("more than one of `source`, `files` and `path`"));
 }
+
+#[test]
+fn an_operators_runner_image_replaces_the_digest_the_apply_ran() {
+    let mut i = parse(
+        br#"{"version":2,"runner":{"image":"hashicorp/terraform:1.11.4"},"module":{"source":"git::https://example.com/m.git"},"backend":{"namespace":"team-a","secretSuffix":"web-1.tfm"},
+            "ran":{"imageDigest":"docker.io/hashicorp/terraform@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}}"#,
+        "team-a",
+        "web-1.tfm",
+    )
+    .unwrap();
+    assert!(
+        i.run_image().contains("@sha256:"),
+        "the digest the apply ran"
+    );
+    let replaced = i.with_runner_image(" registry.example.com/terraform:1.11.4 ");
+    assert_eq!(
+        replaced.run_image(),
+        "registry.example.com/terraform:1.11.4"
+    );
+    assert_eq!(i.with_runner_image("  ").run_image(), i.run_image());
+    i.ran = None;
+    assert_eq!(i.with_runner_image("x:1").run_image(), "x:1");
+}

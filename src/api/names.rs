@@ -43,6 +43,22 @@ pub const APPLY_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply
 /// When the latest apply attempt failed; cleared when the next one starts (as
 /// `destroy-failed-at`), so that its own failure is recorded again.
 pub const APPLY_FAILED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failed-at";
+/// On the inputs Secret: the apply attempt whose inputs it holds, the latest that wrote
+/// the state. An attempt's inputs travel in its own variables Secret (under
+/// [`INPUTS_KEY`]) and become the destroy's only once that attempt wrote the state: an
+/// apply refused, failed before Terraform touched the state, or never started leaves the
+/// destroy the inputs that made the state.
+pub const INPUTS_OF_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-of-attempt";
+/// On a TerraformCluster: the control-plane endpoint its latest recorded apply was given
+/// (`captf_control_plane_endpoint`, `<host>:<port>`), empty when it was given none (its
+/// module made the endpoint). Cluster API copies the endpoint the module made into the
+/// Cluster: that copy coming back is not a new input (see `contract::values`).
+pub const ENDPOINT_GIVEN: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/control-plane-endpoint-given";
+/// On the object, set by an operator: the runner image a destroy runs, in place of the one
+/// the apply ran (recorded by digest). For a registry that no longer serves that digest
+/// (a lifecycle rule expired it), where every destroy would otherwise never start.
+pub const RUNNER_IMAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/runner-image";
 /// How many apply attempts in a row failed (the retry schedule's count).
 pub const APPLY_FAILURES: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failures";
 /// The latest apply attempt that succeeded, written with its state's fingerprint once the
@@ -301,6 +317,24 @@ pub fn errored_suffix_around_tag(suffix: &str, attempt: u32) -> (String, String)
         format!(".{}", short_hash(suffix))
     };
     (before, tail)
+}
+
+/// Whether `backend_suffix` is that of an errored state of the object of `suffix`
+/// ([`errored_suffix`], any attempt and tag): another object's errored states are not its.
+pub fn is_errored_suffix_of(backend_suffix: &str, suffix: &str) -> bool {
+    let Some((attempt, rest)) = backend_suffix
+        .strip_prefix("errored-")
+        .and_then(|r| r.split_once('-'))
+    else {
+        return false;
+    };
+    let Ok(attempt) = attempt.parse::<u32>() else {
+        return false;
+    };
+    let (before, after) = errored_suffix_around_tag(suffix, attempt);
+    backend_suffix.starts_with(&before)
+        && rest.len() == 5 + after.len()
+        && backend_suffix.ends_with(&after)
 }
 
 /// [`errored_suffix_around_tag`] with the tag in place.

@@ -247,3 +247,23 @@ fn kinds_parse_from_what_people_type() {
     );
     assert_eq!(Kind::parse("Machine"), None);
 }
+
+#[test]
+fn an_errored_suffix_is_its_own_objects_only() {
+    let long = format!("web-{}", "x".repeat(60));
+    for suffix in ["web-1.tfm", long.as_str()] {
+        let mine = errored_suffix(suffix, 3, "ab1cd");
+        assert!(is_errored_suffix_of(&mine, suffix), "{mine}");
+        assert!(!is_errored_suffix_of(&mine, "web-2.tfm"), "{mine}");
+        assert!(!is_errored_suffix_of(suffix, suffix));
+    }
+    // Another object whose suffix ends in this one's.
+    assert!(!is_errored_suffix_of(
+        &errored_suffix("a-web-1.tfm", 1, "ab1cd"),
+        "web-1.tfm"
+    ));
+    assert!(!is_errored_suffix_of(
+        "errored-x-ab1cd.web-1.tfm",
+        "web-1.tfm"
+    ));
+}

@@ -24,11 +24,14 @@ pub trait TerraformObject:
     const KIND: Kind;
     fn terraform(&self) -> &TerraformSpec;
     fn status(&self) -> Option<&TerraformStatus>;
+    /// A TerraformCluster's `spec.controlPlaneEndpoint` (set from its module's outputs);
+    /// none for the other kinds.
+    fn control_plane_endpoint(&self) -> Option<&ApiEndpoint>;
 }
 
 /// The three impls, alike but for the type, its kind and its variant of [`AnyObject`].
 macro_rules! terraform_object {
-    ($($type:ty => $kind:expr, $variant:ident);+ $(;)?) => {$(
+    ($($type:ty => $kind:expr, $variant:ident, |$o:ident| $endpoint:expr);+ $(;)?) => {$(
         impl From<$type> for AnyObject {
             fn from(o: $type) -> Self {
                 AnyObject::$variant(o)
@@ -43,14 +46,18 @@ macro_rules! terraform_object {
             fn status(&self) -> Option<&TerraformStatus> {
                 self.status.as_ref()
             }
+            fn control_plane_endpoint(&self) -> Option<&ApiEndpoint> {
+                let $o = self;
+                $endpoint
+            }
         }
     )+};
 }
 
 terraform_object! {
-    TerraformCluster => Kind::TerraformCluster, Cluster;
-    TerraformMachine => Kind::TerraformMachine, Machine;
-    TerraformMachinePool => Kind::TerraformMachinePool, Pool;
+    TerraformCluster => Kind::TerraformCluster, Cluster, |o| o.spec.control_plane_endpoint.as_ref();
+    TerraformMachine => Kind::TerraformMachine, Machine, |_o| None;
+    TerraformMachinePool => Kind::TerraformMachinePool, Pool, |_o| None;
 }
 
 /// The one dispatcher from a [`Kind`] to its type: evaluates `$body` with `$k` naming the
@@ -113,6 +120,10 @@ impl AnyObject {
 
     pub fn status(&self) -> Option<&TerraformStatus> {
         any!(self, o => o.status.as_ref())
+    }
+
+    pub fn control_plane_endpoint(&self) -> Option<&ApiEndpoint> {
+        any!(self, o => o.control_plane_endpoint())
     }
 
     /// Builds the typed object from a JSON value whose `kind` is one of the three.

@@ -53,7 +53,9 @@ fn addresses_valid(v: &Value) -> bool {
 /// wrong with it.
 fn instances(v: &Value, listed: &Value) -> Result<Vec<Value>, String> {
     let shape = "output instances must be a list of { provider_id = a string of provider_id_list, addresses = optional(list of addresses), failure_domain = optional(string) }";
-    let list = v.as_array().ok_or_else(|| format!("{shape}, not {v}"))?;
+    let list = v
+        .as_array()
+        .ok_or_else(|| format!("{shape}, not {}", described(v)))?;
     let listed: Vec<&str> = listed
         .as_array()
         .map(|l| l.iter().filter_map(Value::as_str).collect())
@@ -63,17 +65,17 @@ fn instances(v: &Value, listed: &Value) -> Result<Vec<Value>, String> {
             let id = i["provider_id"]
                 .as_str()
                 .filter(|id| listed.contains(id))
-                .ok_or_else(|| format!("{shape}, not {i}"))?;
+                .ok_or_else(|| format!("{shape}, not {}", described(i)))?;
             let mut out = json!({ "providerID": id });
             match &i["addresses"] {
                 Value::Null => {}
                 a if addresses_valid(a) => out["addresses"] = a.clone(),
-                _ => return Err(format!("{shape}, not {i}")),
+                _ => return Err(format!("{shape}, not {}", described(i))),
             }
             match &i["failure_domain"] {
                 Value::Null => {}
                 Value::String(d) => out["failureDomain"] = json!(d),
-                _ => return Err(format!("{shape}, not {i}")),
+                _ => return Err(format!("{shape}, not {}", described(i))),
             }
             Ok(out)
         })
@@ -91,12 +93,21 @@ fn provider_id_fits(id: &str) -> bool {
     (1..=PROVIDER_ID_MAX_CHARS).contains(&id.chars().count())
 }
 
-/// An output's value for a message: at most 200 characters of its JSON.
-fn shortened(v: &Value) -> String {
-    let text = v.to_string();
-    match text.char_indices().nth(200) {
-        Some((at, _)) => format!("{}… ({} characters)", &text[..at], text.chars().count()),
-        None => text,
+/// What an output's value is, for a message, without the value: the message goes into
+/// the object's annotations and an Event, which whoever may read the object reads, and a
+/// module may put a secret where an address belongs.
+fn described(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(_) => "a bool".into(),
+        Value::Number(_) => "a number".into(),
+        Value::String(s) => format!("a string of {} characters", s.chars().count()),
+        Value::Array(l) => format!("a list of {} item(s)", l.len()),
+        Value::Object(m) => {
+            let keys: Vec<&str> = m.keys().map(String::as_str).take(8).collect();
+            let more = if m.len() > keys.len() { ", …" } else { "" };
+            format!("an object with keys {}{more}", keys.join(", "))
+        }
     }
 }
 
@@ -178,7 +189,8 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                         );
                     }
                     _ => errors.push(format!(
-                        "output control_plane_endpoint must be {{ host = a non-empty string, port = 1 to 65535 }}, not {v}"
+                        "output control_plane_endpoint must be {{ host = a non-empty string, port = 1 to 65535 }}, not {}",
+                        described(v)
                     )),
                 }
             }
@@ -201,19 +213,24 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                                             fd["attributes"] = Value::Object(a.clone());
                                         }
                                         Some(a) => errors.push(format!(
-                                            "output failure_domains: the attributes of {name} must be a map of strings, not {a}"
+                                            "output failure_domains: the attributes of {name} must be a map of strings, not {}",
+                                            described(a)
                                         )),
                                     }
                                     out.push(fd);
                                 }
                                 None => errors.push(format!(
-                                    "output failure_domains: every entry needs a non-empty name, not {d}"
+                                    "output failure_domains: every entry needs a non-empty name, not {}",
+                                    described(d)
                                 )),
                             }
                         }
                         f.status.insert("failureDomains".into(), Value::Array(out));
                     }
-                    None => errors.push(format!("output failure_domains must be a list, not {v}")),
+                    None => errors.push(format!(
+                        "output failure_domains must be a list, not {}",
+                        described(v)
+                    )),
                 }
             }
         }
@@ -225,7 +242,7 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                     }
                     None => errors.push(format!(
                         "output provider_id must be a string of 1 to {PROVIDER_ID_MAX_CHARS} characters, not {}",
-                        shortened(v)
+                        described(v)
                     )),
                 }
             }
@@ -234,8 +251,9 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                     f.status.insert("addresses".into(), v.clone());
                 } else {
                     errors.push(format!(
-                        "output addresses must be a list of {{ type = one of {}, address = a non-empty string }}, not {v}",
-                        ADDRESS_TYPES.join(", ")
+                        "output addresses must be a list of {{ type = one of {}, address = a non-empty string }}, not {}",
+                        ADDRESS_TYPES.join(", "),
+                        described(v)
                     ));
                 }
             }
@@ -244,7 +262,10 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                     Some(d) => {
                         f.status.insert("failureDomain".into(), json!(d));
                     }
-                    None => errors.push(format!("output failure_domain must be a string, not {v}")),
+                    None => errors.push(format!(
+                        "output failure_domain must be a string, not {}",
+                        described(v)
+                    )),
                 }
             }
             if let Some(v) = get("interruptible") {
@@ -252,7 +273,10 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                     Some(b) => {
                         f.status.insert("interruptible".into(), json!(b));
                     }
-                    None => errors.push(format!("output interruptible must be a bool, not {v}")),
+                    None => errors.push(format!(
+                        "output interruptible must be a bool, not {}",
+                        described(v)
+                    )),
                 }
             }
         }
@@ -274,7 +298,7 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                     }
                     None => errors.push(format!(
                         "output provider_id_list must be a list of at most {PROVIDER_ID_LIST_MAX_ITEMS} strings of 1 to {PROVIDER_ID_MAX_CHARS} characters, not {}",
-                        shortened(v)
+                        described(v)
                     )),
                 }
             }
@@ -283,7 +307,8 @@ pub fn fields(role: Role, outputs: &Map<String, Value>) -> Result<Fields, Vec<St
                     Some(n) => Some(n),
                     None => {
                         errors.push(format!(
-                            "output replicas must be a whole number of at least 0, not {v}"
+                            "output replicas must be a whole number of at least 0, not {}",
+                            described(v)
                         ));
                         None
                     }

@@ -357,6 +357,8 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
             owner,
             bootstrap: Some((b"#cloud-config\n", None)),
             cluster_outputs: None,
+            own_endpoint: None,
+            endpoint_given_before: None,
         };
         let got = values(&s);
         let mut names: Vec<&str> = got.keys().map(String::as_str).collect();
@@ -382,6 +384,8 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
         owner: Some(&machine),
         bootstrap: Some((b"#cloud-config\n", Some("ignition"))),
         cluster_outputs: None,
+        own_endpoint: None,
+        endpoint_given_before: None,
     };
     let got = values(&s);
     assert_eq!(got["captf_bootstrap_data"], "I2Nsb3VkLWNvbmZpZwo=");
@@ -417,6 +421,32 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
         ..s
     });
     assert_eq!(p["captf_cluster_outputs"], handed);
+
+    // The endpoint the module made, copied into the Cluster by Cluster API, comes back: no
+    // new input. One given before the module ran, or changed since, stays an input.
+    let cluster_role = |own, before| {
+        values(&Sources {
+            role: Role::Cluster,
+            owner: None,
+            bootstrap: None,
+            own_endpoint: own,
+            endpoint_given_before: before,
+            ..s
+        })["captf_control_plane_endpoint"]
+            .clone()
+    };
+    let copied = Some(("10.0.0.1", 6443));
+    assert_eq!(cluster_role(copied, Some(false)), serde_json::Value::Null);
+    assert_eq!(cluster_role(copied, Some(true))["host"], "10.0.0.1");
+    assert_eq!(
+        cluster_role(Some(("10.9.9.9", 6443)), Some(false))["host"],
+        "10.0.0.1"
+    );
+    assert_eq!(
+        cluster_role(copied, None)["host"],
+        "10.0.0.1",
+        "nothing recorded yet"
+    );
 }
 
 #[test]
@@ -676,9 +706,18 @@ fn provider_ids_within_cluster_apis_limits_and_none_beyond() {
     )
     .expect_err("513 characters do not");
     assert!(
-        e[0].contains("1 to 512 characters") && e[0].contains("(515 characters)"),
+        e[0].contains("1 to 512 characters") && e[0].contains("not a string of 513 characters"),
         "{e:?}"
     );
+    // The value itself is never in the message (it goes into an annotation and an
+    // Event): only what it is.
+    let e = fields(
+        Role::Machine,
+        &out(serde_json::json!({"provider_id": "aws:///x", "addresses": [{"type": "Carrier", "address": "hunter2-secret"}]})),
+    )
+    .expect_err("an address of an unknown type");
+    assert!(!e.join(" ").contains("hunter2-secret"), "{e:?}");
+    assert!(e.join(" ").contains("a list of 1 item(s)"), "{e:?}");
 
     let many: Vec<String> = (0..PROVIDER_ID_LIST_MAX_ITEMS)
         .map(|i| format!("captf:///p-{i}"))

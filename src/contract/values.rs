@@ -24,6 +24,12 @@ pub struct Sources<'a> {
     pub bootstrap: Option<(&'a [u8], Option<&'a str>)>,
     /// The TerraformCluster's `machine_inputs` output, for a machine or pool (none: null).
     pub cluster_outputs: Option<&'a Value>,
+    /// For a TerraformCluster: its own `spec.controlPlaneEndpoint` (`host`, `port`), set from
+    /// its module's outputs, when it has one.
+    pub own_endpoint: Option<(&'a str, i64)>,
+    /// For a TerraformCluster whose apply succeeded before: whether that apply was given an
+    /// endpoint (`captf_control_plane_endpoint` not null). None before any success.
+    pub endpoint_given_before: Option<bool>,
 }
 
 /// The name of the TerraformCluster whose `machine_inputs` output a machine or pool of
@@ -85,12 +91,20 @@ pub fn values(s: &Sources) -> Map<String, Value> {
                 text(&cluster["spec"]["topology"]["version"]),
             );
             let endpoint = &cluster["spec"]["controlPlaneEndpoint"];
+            let given = endpoint["host"]
+                .as_str()
+                .filter(|h| !h.is_empty())
+                .map(|host| (host, endpoint["port"].as_i64().unwrap_or(6443)));
+            // The endpoint the module made comes back: Cluster API copies the
+            // TerraformCluster's into the Cluster. That is no new input (the module, given
+            // none, made it), or every cluster would be applied again once provisioned.
+            let copied_back = given.is_some()
+                && given == s.own_endpoint
+                && s.endpoint_given_before == Some(false);
             set(
                 "captf_control_plane_endpoint",
-                match endpoint["host"].as_str().filter(|h| !h.is_empty()) {
-                    Some(host) => {
-                        json!({"host": host, "port": endpoint["port"].as_i64().unwrap_or(6443)})
-                    }
+                match given.filter(|_| !copied_back) {
+                    Some((host, port)) => json!({"host": host, "port": port}),
                     None => Value::Null,
                 },
             );

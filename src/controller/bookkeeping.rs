@@ -19,7 +19,7 @@ use super::observe::StateMeta;
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::names;
-use crate::gather::{self, Observed};
+use crate::gather::{self, Observed, Settings};
 use crate::io::writes::{self, annotation_ops, guarded_patch};
 use crate::job::{self, JobOutcome};
 use crate::rules::{Action, Decision, Facts, StateFacts};
@@ -61,7 +61,15 @@ pub struct Bookkeeping {
     /// The fields a successful apply's outputs set (the set-once ones are checked against
     /// the object when written): their presence is what provisions the object.
     pub fields: Option<crate::contract::outputs::Fields>,
-    /// The Pod of the latest apply, whose run is to be recorded in the inputs Secret.
+    /// The apply attempt whose inputs become the destroy's (it wrote the state), with
+    /// its Pod when it succeeded, whose report of what it ran is recorded with them.
+    pub promote: Option<Promote>,
+}
+
+/// See [`Bookkeeping::promote`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Promote {
+    pub attempt: u32,
     pub ran: Option<gather::apply::ApplyRan>,
 }
 
@@ -74,7 +82,7 @@ impl Bookkeeping {
 }
 
 /// Decides the bookkeeping of a pass; `o.now` stands for "now".
-pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
+pub fn plan(o: &Observed, settings: &Settings, facts: &Facts, decision: &Decision) -> Bookkeeping {
     let meta = &o.meta;
     let ann = |key: &str| {
         meta.annotations
@@ -132,120 +140,160 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         }
     }
 
-    // The latest apply attempt's outcome, recorded once: a failure with its time and the
+    // The latest apply attempt's end, recorded once: a failure with its time and the
     // count of failures in a row (the retry schedule's); a success with the fingerprint of
-    // the state it left (read in this pass for it), which latches `provisioned`.
+    // the state it left (read in this pass for it), which latches `provisioned`. An
+    // apply that wrote the state (every success; a failure whose state moved on) makes
+    // its inputs the destroy's (`promote`); one that did not leaves the destroy the
+    // inputs that made the state.
     let mut apply_failure = None;
     let mut recorded_fingerprint = false;
     let mut fields = None;
+    let mut promote = None;
     let unrecorded = gather::apply::unrecorded_apply(o);
-    let apply_job_ran = unrecorded.and_then(|(_, j, succeeded)| {
-        job::ran_for(j).map(|d| (d, if succeeded { "succeeded" } else { "failed" }))
+    let apply_job_ran = unrecorded.as_ref().and_then(|u| {
+        let outcome = if u.succeeded() { "succeeded" } else { "failed" };
+        u.job.and_then(job::ran_for).map(|d| (d, outcome))
     });
-    match unrecorded {
-        Some((n, j, false)) => {
-            if let JobOutcome::Failed {
-                reason,
-                error_tail,
-                interrupted,
-                ..
-            } = job::outcome(j, &o.pods)
-            {
-                let failures: u32 = ann(names::APPLY_FAILURES)
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                let at = job::finished_at(j).unwrap_or(o.now);
-                edits.push((names::APPLY_FAILED_AT, Some(at.to_string())));
-                edits.push((names::APPLY_FAILURES, Some((failures + 1).to_string())));
-                // Terraform did not exit by itself: what it was creating may not be in the
-                // state. Written with the failure, once: an operator who has dealt with it
-                // removes it (the runbook's step), and it stays removed.
-                if interrupted && ann(names::APPLY_INTERRUPTED).is_none() {
-                    edits.push((names::APPLY_INTERRUPTED, Some(at.to_string())));
+    let left = gather::apply::state_left_by_apply(o, settings);
+    let promoted_already = |n: u32| gather::apply::inputs_secret_attempt(o) == Some(n);
+    match &unrecorded {
+        Some(gather::apply::UnrecordedApply {
+            attempt: n,
+            job,
+            outcome:
+                JobOutcome::Failed {
+                    reason,
+                    error_tail,
+                    interrupted,
+                    ..
+                },
+        }) => {
+            let n = *n;
+            let failures: u32 = ann(names::APPLY_FAILURES)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            let at = job.and_then(job::finished_at).unwrap_or(o.now);
+            edits.push((names::APPLY_FAILED_AT, Some(at.to_string())));
+            edits.push((names::APPLY_FAILURES, Some((failures + 1).to_string())));
+            // Terraform did not exit by itself: what it was creating may not be in the
+            // state. Written with the failure, once: an operator who has dealt with it
+            // removes it (the runbook's step), and it stays removed.
+            if *interrupted && ann(names::APPLY_INTERRUPTED).is_none() {
+                edits.push((names::APPLY_INTERRUPTED, Some(at.to_string())));
+            }
+            let text = match job {
+                Some(j) => job::failure_message(reason, error_tail.as_deref(), j, &o.pods),
+                None => format!(
+                    "its Job was deleted before it was seen to end, and its Pod says: {}",
+                    error_tail.as_deref().unwrap_or(reason)
+                ),
+            };
+            notes.push(Note::warning(
+                events::APPLY_FAILED,
+                "Apply",
+                format!("apply attempt {n} failed: {text}"),
+            ));
+            apply_failure = Some(reason.clone());
+            // It wrote the state before it failed: the state's fingerprint moves on, and
+            // what the state now holds was made with these inputs.
+            if let Some((lineage, serial)) = gather::apply::written_by_apply(o, &left) {
+                edits.push((names::STATE_LINEAGE, Some(lineage)));
+                edits.push((names::STATE_SERIAL, Some(serial.to_string())));
+                recorded_fingerprint = true;
+                if !promoted_already(n) {
+                    promote = Some(Promote {
+                        attempt: n,
+                        ran: None,
+                    });
                 }
-                let text = job::failure_message(&reason, error_tail.as_deref(), j, &o.pods);
-                notes.push(Note::warning(
-                    events::APPLY_FAILED,
-                    "Apply",
-                    format!("apply attempt {n} failed: {text}"),
-                ));
-                apply_failure = Some(reason);
             }
         }
-        Some((n, _, true)) => {
-            if let StateFacts::Readable {
-                lineage, serial, ..
-            } = &facts.state
-            {
-                edits.push((names::STATE_LINEAGE, Some(lineage.clone())));
-                edits.push((names::STATE_SERIAL, Some(serial.to_string())));
-                edits.push((names::APPLY_FAILED_AT, None));
-                edits.push((names::APPLY_FAILURES, None));
-                if ann(names::APPLY_INTERRUPTED).is_some() {
-                    edits.push((names::APPLY_INTERRUPTED, None));
-                }
-                recorded_fingerprint = true;
-                notes.push(Note::normal(
-                    events::APPLY_SUCCEEDED,
-                    "Apply",
-                    format!("apply attempt {n} succeeded; its state is lineage {lineage}, serial {serial}"),
-                ));
-                // Its outputs set Cluster API's fields; outputs that break the contract
-                // leave the object unprovisioned and say how.
-                let read = o
-                    .state
-                    .as_ref()
-                    .ok_or_else(|| vec!["the state was not read".to_string()])
-                    .and_then(|st| {
-                        crate::state::outputs(st, crate::state::DEFAULT_DECOMPRESSION_CAP)
-                            .map_err(|e| vec![e])
-                    })
-                    .and_then(|out| {
-                        let given = o
-                            .inputs_secret
-                            .as_ref()
-                            .and_then(|s| {
-                                let ns = o.meta.namespace.as_deref().unwrap_or_default();
-                                let name = o.meta.name.as_deref().unwrap_or_default();
-                                crate::inputs::from_secret(
-                                    s,
-                                    ns,
-                                    &names::state_suffix(o.kind, name),
-                                )
-                                .ok()
-                            })
-                            .map(|i| i.contract_variables)
-                            .unwrap_or_default();
-                        let role = o.kind.into();
-                        let mut breaches =
-                            crate::contract::outputs::against_inputs(role, &out, &given);
-                        match crate::contract::outputs::fields(role, &out) {
-                            Ok(f) if breaches.is_empty() => Ok(f),
-                            Ok(_) => Err(breaches),
-                            Err(mut e) => {
-                                e.append(&mut breaches);
-                                Err(e)
+        Some(gather::apply::UnrecordedApply { attempt: n, .. }) => {
+            let n = *n;
+            // Terraform ran these inputs to completion and wrote the state with them,
+            // whether or not the state can be read now.
+            if !promoted_already(n) {
+                promote = Some(Promote {
+                    attempt: n,
+                    ran: gather::apply::apply_ran(o, n),
+                });
+            }
+            match &left {
+                StateFacts::Readable {
+                    lineage, serial, ..
+                } => {
+                    edits.push((names::STATE_LINEAGE, Some(lineage.clone())));
+                    edits.push((names::STATE_SERIAL, Some(serial.to_string())));
+                    edits.push((names::APPLY_FAILED_AT, None));
+                    edits.push((names::APPLY_FAILURES, None));
+                    // This apply wrote the whole state after any that was interrupted.
+                    if ann(names::APPLY_INTERRUPTED).is_some() {
+                        edits.push((names::APPLY_INTERRUPTED, None));
+                    }
+                    recorded_fingerprint = true;
+                    notes.push(Note::normal(
+                        events::APPLY_SUCCEEDED,
+                        "Apply",
+                        format!("apply attempt {n} succeeded; its state is lineage {lineage}, serial {serial}"),
+                    ));
+                    // Its outputs set Cluster API's fields; outputs that break the
+                    // contract leave the object unprovisioned and say how.
+                    let ran = gather::apply::inputs_of_attempt(o, n);
+                    match success_fields(o, ran.as_ref()) {
+                        Ok(f) => {
+                            edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));
+                            edits.push((names::OUTPUTS_INVALID, None));
+                            // What endpoint a cluster's module was given (none: it made
+                            // one), so that Cluster API's copy of it is no new input.
+                            if o.kind == crate::api::Kind::TerraformCluster {
+                                let given = ran
+                                    .as_ref()
+                                    .and_then(|i| {
+                                        i.contract_variables.get("captf_control_plane_endpoint")
+                                    })
+                                    .filter(|v| !v.is_null())
+                                    .map(|v| {
+                                        format!(
+                                            "{}:{}",
+                                            v["host"].as_str().unwrap_or_default(),
+                                            v["port"]
+                                        )
+                                    })
+                                    .unwrap_or_default();
+                                if Some(given.as_str()) != ann(names::ENDPOINT_GIVEN) {
+                                    edits.push((names::ENDPOINT_GIVEN, Some(given)));
+                                }
                             }
+                            fields = Some(f);
                         }
-                    });
-                match read {
-                    Ok(f) => {
-                        edits.push((names::APPLIED_ATTEMPT, Some(n.to_string())));
-                        edits.push((names::OUTPUTS_INVALID, None));
-                        fields = Some(f);
-                    }
-                    Err(errors) => {
-                        let why = job::cut(&errors.join("; "), 900);
-                        edits.push((names::OUTPUTS_INVALID, Some(format!("{n}: {why}"))));
-                        notes.push(Note::warning(
-                            events::OUTPUTS_INVALID,
-                            "Apply",
-                            format!(
-                                "the outputs of apply attempt {n} break module contract v1: {why}"
-                            ),
-                        ));
+                        Err(errors) => {
+                            let why = job::cut(&errors.join("; "), 900);
+                            edits.push((names::OUTPUTS_INVALID, Some(format!("{n}: {why}"))));
+                            notes.push(Note::warning(
+                                events::OUTPUTS_INVALID,
+                                "Apply",
+                                format!(
+                                    "the outputs of apply attempt {n} break module contract v1: {why}"
+                                ),
+                            ));
+                        }
                     }
                 }
+                // Read, and not recordable: the object holds (apply row A7), and says so.
+                StateFacts::Missing | StateFacts::Unreadable { .. } => {
+                    let why = gather::apply::apply_state_seen(o, settings)
+                        .not_recordable
+                        .unwrap_or_default();
+                    notes.push(Note::warning(
+                        events::APPLY_UNRECORDED,
+                        "Apply",
+                        format!(
+                            "apply attempt {n} succeeded, but its state cannot be recorded: {why}; see runbooks/ApplyUnrecorded.md"
+                        ),
+                    ));
+                }
+                StateFacts::NotRead => {}
             }
         }
         None => {}
@@ -292,23 +340,108 @@ pub fn plan(o: &Observed, facts: &Facts, decision: &Decision) -> Bookkeeping {
         notes,
         failure,
         failed_job_ran,
-        prune: prunable(o, facts.attempt),
+        prune: [
+            prunable(o, names::OPERATION_DESTROY, facts.attempt),
+            prunable(
+                o,
+                names::OPERATION_APPLY,
+                ann(names::APPLY_ATTEMPT)
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0),
+            ),
+        ]
+        .concat(),
         protect,
         apply_failure,
         apply_job_ran,
         fields,
-        ran: gather::apply::apply_ran_to_record(o),
+        promote,
     }
 }
 
-/// The finished destroy Jobs past the last three, oldest first: the last three stay for
-/// their logs. Only attempts before the current one, whose outcome is recorded, are ever
-/// pruned.
-fn prunable(o: &Observed, current: u32) -> Vec<String> {
+/// The decision the manager reaches on `o`: it records what Jobs did first, and a pass that
+/// writes ends there, so the decision is that of the next pass, on the object as written
+/// (what `captf explain` shows). Returns the observation as it will be, with its decision.
+pub fn decide_after_bookkeeping(
+    o: &Observed,
+    settings: &Settings,
+) -> (Observed, Decision, Facts, gather::Findings) {
+    let (decision, facts, findings) = gather::decide(o, settings);
+    let planned = plan(o, settings, &facts, &decision);
+    if planned.edits.is_empty() && planned.promote.is_none() {
+        return (o.clone(), decision, facts, findings);
+    }
+    let mut next = o.clone();
+    let annotations = next.meta.annotations.get_or_insert_default();
+    for (key, value) in &planned.edits {
+        match value {
+            Some(v) => annotations.insert(key.to_string(), v.clone()),
+            None => annotations.remove(*key),
+        };
+    }
+    if let Some(p) = &planned.promote
+        && let Some(inputs) = gather::apply::inputs_of_attempt(o, p.attempt)
+    {
+        let name = o.meta.name.as_deref().unwrap_or_default();
+        let namespace = o.meta.namespace.as_deref().unwrap_or_default();
+        let suffix = names::state_suffix(o.kind, name);
+        let uid = o.meta.uid.as_deref().unwrap_or_default();
+        let mut secret = crate::inputs::inputs_secret(
+            &inputs,
+            &crate::api::labels::OwnerRef {
+                kind: o.kind,
+                name,
+                uid,
+                namespace,
+                suffix: &suffix,
+            },
+        );
+        secret.metadata.annotations =
+            Some([(names::INPUTS_OF_ATTEMPT.to_string(), p.attempt.to_string())].into());
+        next.inputs_secret = Some(secret);
+    }
+    let (decision, facts, findings) = gather::decide(&next, settings);
+    (next, decision, facts, findings)
+}
+
+/// The fields a successful apply's outputs set, read from the state this pass read and
+/// checked against the contract's values the apply was given (its inputs); or every way
+/// they break the contract.
+fn success_fields(
+    o: &Observed,
+    inputs: Option<&crate::inputs::Inputs>,
+) -> Result<crate::contract::outputs::Fields, Vec<String>> {
+    let out = o
+        .state
+        .as_ref()
+        .ok_or_else(|| vec!["the state was not read".to_string()])
+        .and_then(|st| {
+            crate::state::outputs(st, crate::state::DEFAULT_DECOMPRESSION_CAP).map_err(|e| vec![e])
+        })?;
+    let given = inputs
+        .map(|i| i.contract_variables.clone())
+        .unwrap_or_default();
+    let role = o.kind.into();
+    let mut breaches = crate::contract::outputs::against_inputs(role, &out, &given);
+    match crate::contract::outputs::fields(role, &out) {
+        Ok(f) if breaches.is_empty() => Ok(f),
+        Ok(_) => Err(breaches),
+        Err(mut e) => {
+            e.append(&mut breaches);
+            Err(e)
+        }
+    }
+}
+
+/// The finished Jobs of `operation` past its last three attempts, oldest first: the last
+/// three stay for their logs. Only attempts before the current one, whose outcome is
+/// recorded, are ever pruned. (A pool re-applies at each rotation of its bootstrap token,
+/// every few minutes with kubeadm: kept, its apply Jobs would grow without bound.)
+fn prunable(o: &Observed, operation: &str, current: u32) -> Vec<String> {
     let mut finished: Vec<(&Job, u32)> = o
         .jobs
         .iter()
-        .filter(|j| job::operation_of(j) == Some(names::OPERATION_DESTROY))
+        .filter(|j| job::operation_of(j) == Some(operation))
         .filter_map(|j| job::attempt_of(j).map(|a| (j, a)))
         .filter(|(j, a)| {
             *a < current && !matches!(job::outcome(j, &o.pods), JobOutcome::Unfinished { .. })
@@ -368,6 +501,19 @@ pub async fn apply<K: TerraformObject>(
         Protect::Base => protect_state(scope, obj, o, state_meta, false).await?,
         Protect::BaseAndParts => protect_state(scope, obj, o, state_meta, true).await?,
     };
+    // A state of several Secrets just written (by an apply, ours or by hand): its parts
+    // cannot have their protection finalizer yet, and a namespace deletion in the
+    // meantime would take them. The backup, protected and whole, is made current first.
+    let just_applied = plan.edits.iter().any(|(k, _)| *k == names::STATE_SERIAL);
+    if young_parts || (just_applied && o.state.as_ref().is_some_and(|s| !s.parts.is_empty())) {
+        backup_chunked(ctx, scope, obj, o).await?;
+    }
+    // The inputs of an apply that wrote the state become the destroy's before its end is
+    // recorded on the object: a crash in between leaves the end unrecorded, and the next
+    // pass finds these inputs promoted already.
+    if let Some(p) = &plan.promote {
+        promote_inputs(ctx, scope, obj, o, p).await?;
+    }
     // The spec's fields with the annotations in one guarded write, then the status: a
     // reader never sees `provisioned` before the fields it goes with (a machine's
     // providerID), and a crash in between leaves a recorded success whose status the next
@@ -410,31 +556,98 @@ pub async fn apply<K: TerraformObject>(
             .await;
         }
     }
-    // Last: nothing above waits for it (provisioned never does).
-    if let (Some(ran), Some(secret)) = (&plan.ran, &o.inputs_secret) {
-        record_ran(ctx, scope, obj, secret, ran).await?;
-    }
     Ok(Kept {
         written: written.is_some(),
         young_parts,
     })
 }
 
-/// Records in the inputs Secret, as read in this pass (a write since then makes this one
-/// fail, and the next pass decides again), what the successful apply ran: its image by
-/// digest, and what its runner reported in the Pod's log (the lock file `init` wrote, the
-/// module's files fetched from a source address). A report that cannot be read is left
-/// out, with a warning: the destroy then fetches what the inputs name, as before.
-async fn record_ran<K: TerraformObject>(
+/// Makes the inputs of apply attempt `p.attempt` the destroy's: the inputs Secret is
+/// written with them (created at the first apply that wrote a state), with what the
+/// attempt ran when it succeeded (its image by digest, and what its runner reported in
+/// the Pod's log: the lock file `init` wrote, the module's files fetched from a source
+/// address), and `inputs-of-attempt` naming the attempt. The attempt's inputs are those
+/// its own variables Secret carries; an attempt an older CAPTF started wrote them into the
+/// inputs Secret before its Job, where they are taken when they hash as the object says.
+/// The write is guarded by the inputs Secret as this pass read it: one changed since
+/// fails the pass, and the next one decides again. A report that cannot be read is left
+/// out, with a warning, and the destroy fetches what the inputs name; a log that cannot
+/// be read for now (a kubelet restarting) fails the pass, and it is read again.
+async fn promote_inputs<K: TerraformObject>(
     ctx: &Context,
     scope: &Scope<K>,
     obj: &K,
-    secret: &Secret,
-    ran: &gather::apply::ApplyRan,
+    o: &Observed,
+    p: &Promote,
 ) -> Result<(), Error> {
-    let Ok(inputs) = crate::inputs::from_secret(secret, &scope.namespace, &scope.suffix) else {
+    let Some(inputs) = gather::apply::inputs_of_attempt(o, p.attempt) else {
+        tracing::warn!(
+            attempt = p.attempt,
+            "the inputs of the apply that wrote the state cannot be read (its variables Secret is gone); the inputs Secret keeps those before it"
+        );
         return Ok(());
     };
+    let inputs = match &p.ran {
+        Some(ran) => with_what_it_ran(ctx, scope, obj, inputs, ran).await?,
+        None => inputs,
+    };
+    let mut secret = crate::inputs::inputs_secret(
+        &inputs,
+        &crate::api::labels::OwnerRef {
+            kind: K::KIND,
+            name: &scope.name,
+            uid: &scope.uid,
+            namespace: &scope.namespace,
+            suffix: &scope.suffix,
+        },
+    );
+    secret.metadata.annotations =
+        Some([(names::INPUTS_OF_ATTEMPT.to_string(), p.attempt.to_string())].into());
+    let name = names::inputs_secret_name(&scope.suffix);
+    match &o.inputs_secret {
+        Some(current) => {
+            // As read: a Secret changed since is not overwritten (409, and the pass fails).
+            let mut updated = current.clone();
+            updated.metadata.managed_fields = None;
+            updated.data = secret.data;
+            updated
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(names::INPUTS_OF_ATTEMPT.to_string(), p.attempt.to_string());
+            scope
+                .secrets
+                .replace(&name, &kube::api::PostParams::default(), &updated)
+                .await?;
+        }
+        None => {
+            scope
+                .secrets
+                .create(&kube::api::PostParams::default(), &secret)
+                .await?;
+        }
+    }
+    let r = inputs.ran.as_ref();
+    tracing::info!(
+        attempt = p.attempt,
+        digest = ?r.and_then(|r| r.image_digest.as_deref()),
+        module_files = r.and_then(|r| r.module_files.as_ref()).map_or(0, |f| f.len()),
+        lock_file = r.is_some_and(|r| r.lock_file.is_some()),
+        "the inputs of the apply that wrote the state are the destroy's now"
+    );
+    Ok(())
+}
+
+/// `inputs` with what the successful apply ran, as its Pod reported it (see
+/// [`promote_inputs`]); an empty record when even the digest would not fit, so that the
+/// run is not read again.
+async fn with_what_it_ran<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    inputs: crate::inputs::Inputs,
+    ran: &gather::apply::ApplyRan,
+) -> Result<crate::inputs::Inputs, Error> {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = scope.api_of();
     let params = kube::api::LogParams {
         container: Some(crate::job::layout::CONTAINER_NAME.to_string()),
@@ -472,45 +685,56 @@ async fn record_ran<K: TerraformObject>(
         super::act::destroy::render_operation(ctx, scope, obj, names::OPERATION_DESTROY, 1, i)
             .is_ok()
     };
-    // Even the digest alone would not do: an empty record, so that the run is not read
-    // again on every pass (when it fits; the inputs must stay readable above all).
-    let inputs = match crate::inputs::with_ran(&inputs, record, renders) {
+    Ok(match crate::inputs::with_ran(&inputs, record, renders) {
         Some(i) => i,
         None => {
             let mut empty = inputs.clone();
             empty.ran = Some(Default::default());
             empty.version = crate::inputs::INPUTS_VERSION;
             if empty.to_json_bytes().len() > crate::inputs::INPUTS_MAX_BYTES {
-                return Ok(());
+                inputs
+            } else {
+                empty
             }
-            empty
+        }
+    })
+}
+
+/// Makes the backup a copy of the object's chunked state (see `act::backup`), as this
+/// pass read it, or read now (with a state-read permit: this pass holds none then).
+async fn backup_chunked<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+) -> Result<(), Error> {
+    let mut read = None;
+    let _permit;
+    let state = match &o.state {
+        Some(s) => s,
+        None => {
+            _permit = ctx
+                .state_reads
+                .acquire(crate::state::permits::Lane::Ordinary)
+                .await;
+            let base = names::state_secret_name(&scope.suffix);
+            read = Some(
+                crate::state::secrets::read(&scope.secrets, &base, Some(&scope.suffix)).await?,
+            );
+            read.as_ref().expect("just read")
         }
     };
-    let mut updated = secret.clone();
-    updated.metadata.managed_fields = None;
-    updated.data.get_or_insert_default().insert(
-        names::INPUTS_KEY.to_string(),
-        k8s_openapi::ByteString(inputs.to_json_bytes()),
-    );
-    let name = names::inputs_secret_name(&scope.suffix);
-    match scope
-        .secrets
-        .replace(&name, &kube::api::PostParams::default(), &updated)
-        .await
-    {
-        Ok(_) => {
-            let r = inputs.ran.as_ref();
-            tracing::info!(
-                digest = ?r.and_then(|r| r.image_digest.as_deref()),
-                module_files = r.and_then(|r| r.module_files.as_ref()).map_or(0, |f| f.len()),
-                lock_file = r.is_some_and(|r| r.lock_file.is_some()),
-                "recorded what the apply ran, for the destroy"
-            );
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
+    if state.parts.is_empty() {
+        return Ok(());
     }
+    if let crate::state::StateContent::Parsed {
+        lineage, serial, ..
+    } = crate::state::read(state, ctx.settings.decompression_cap)
+    {
+        super::act::backup::ensure_backup(ctx, scope, obj, state, (&lineage, serial)).await?;
+    }
+    drop(read);
+    Ok(())
 }
 
 /// How much of an apply Pod's log is read for its report: the report is at its end.
@@ -523,7 +747,7 @@ const REPORT_LOG_MAX_BYTES: i64 = 1024 * 1024;
 const PART_SETTLES: i64 = 10;
 
 /// Puts the protection finalizer on the base state Secret and, with `parts`, on its part
-/// Secrets, so that a namespace deletion, which deletes every Secret in one call, leaves
+/// Secrets and its errored states, so that a namespace deletion, which deletes every Secret in one call, leaves
 /// the whole state. (While a Job runs they stay off the parts: Terraform deletes parts
 /// itself when a state shrinks, and a part held in deletion would corrupt the next read;
 /// the backup is the protected copy then.) Uses the metadata this pass read with the
@@ -585,6 +809,12 @@ async fn protect_state<K: TerraformObject>(
             found
         }
     };
+    // The errored states too (what Terraform could not save may be the only record of
+    // what a failed run made), with the parts: never while a Job runs.
+    let mut metas = metas;
+    if parts {
+        metas.extend(super::act::errored_metas(scope, o).await?);
+    }
     let mut young = false;
     for meta in metas {
         let is_base = meta.name.as_deref() == Some(base.as_str());

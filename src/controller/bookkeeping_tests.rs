@@ -26,7 +26,7 @@ fn deleting_at_attempt(n: u32, extra: &[(&str, &str)]) -> Observed {
 
 fn plan_of(o: &Observed) -> Bookkeeping {
     let (decision, facts, _) = gather::decide(o, &Settings::default());
-    plan(o, &facts, &decision)
+    plan(o, &Settings::default(), &facts, &decision)
 }
 
 fn failed(kind: Kind, operation: &str, n: u32, reason: &str) -> Job {
@@ -109,8 +109,7 @@ fn an_attempt_with_neither_job_nor_pod_records_nothing() {
 
 #[test]
 fn an_interrupted_apply_is_recorded_once_and_cleared_by_a_later_success() {
-    let mut o = observed(Kind::TerraformMachine, &[(names::APPLY_ATTEMPT, "2")]);
-    o.meta.deletion_timestamp = None;
+    let mut o = applying(2, &[]);
     o.jobs = vec![
         failed(Kind::TerraformMachine, "apply", 1, "BackoffLimitExceeded"),
         failed(Kind::TerraformMachine, "apply", 2, "DeadlineExceeded"),
@@ -149,15 +148,16 @@ fn an_interrupted_apply_is_recorded_once_and_cleared_by_a_later_success() {
         3,
         &[("Complete", "True", "", NOW)],
     ));
-    let (decision, mut facts, _) = gather::decide(&later, &Settings::default());
-    facts.state = StateFacts::Readable {
-        managed_instances: 1,
-        lineage: "lin-1".into(),
-        serial: 7,
-        secret: "tfstate-default-prod.tfm".into(),
-    };
+    later.state = Some(crate::testing::state_with_outputs(
+        "prod.tfm",
+        serde_json::json!({"provider_id": "aws:///eu-west-1a/i-0abc"}),
+    ));
+    let (decision, facts, _) = gather::decide(&later, &Settings::default());
     assert_eq!(
-        edit(&plan(&later, &facts, &decision), names::APPLY_INTERRUPTED),
+        edit(
+            &plan(&later, &Settings::default(), &facts, &decision),
+            names::APPLY_INTERRUPTED
+        ),
         Some(&None),
         "a later apply succeeded"
     );
@@ -173,7 +173,7 @@ fn an_adopted_states_fingerprint_is_recorded_once() {
         serial: 7,
         secret: "tfstate-default-prod.tfm".into(),
     };
-    let p = plan(&o, &facts, &decision);
+    let p = plan(&o, &Settings::default(), &facts, &decision);
     assert_eq!(edit(&p, names::STATE_LINEAGE), Some(&Some("lin-1".into())));
     assert_eq!(edit(&p, names::STATE_SERIAL), Some(&Some("7".into())));
 
@@ -185,7 +185,7 @@ fn an_adopted_states_fingerprint_is_recorded_once() {
             (names::STATE_SERIAL, "5"),
         ],
     );
-    let p = plan(&recorded, &facts, &decision);
+    let p = plan(&recorded, &Settings::default(), &facts, &decision);
     assert_eq!(edit(&p, names::STATE_LINEAGE), None);
     assert_eq!(edit(&p, names::STATE_SERIAL), None);
 }
@@ -232,7 +232,7 @@ fn block_move_is_on_while_deleting_or_a_job_runs_and_rides_on_the_actions_own_wr
         } else {
             Action::WaitForJob
         };
-        let p = plan(&o, &f, &d);
+        let p = plan(&o, &Settings::default(), &f, &d);
         assert_eq!(
             edit(&p, names::CLUSTERCTL_BLOCK_MOVE).cloned(),
             want,
@@ -262,9 +262,15 @@ fn the_state_is_protected_whole_only_when_no_job_runs_or_starts_and_never_after_
     let (decision, facts, _) = gather::decide(&o, &Settings::default());
     let mut d = decision.clone();
     d.action = Action::WaitForDependents;
-    assert_eq!(plan(&o, &facts, &d).protect, Protect::BaseAndParts);
+    assert_eq!(
+        plan(&o, &Settings::default(), &facts, &d).protect,
+        Protect::BaseAndParts
+    );
     d.action = Action::StartDestroy { attempt: 2 };
-    assert_eq!(plan(&o, &facts, &d).protect, Protect::Base);
+    assert_eq!(
+        plan(&o, &Settings::default(), &facts, &d).protect,
+        Protect::Base
+    );
 
     let mut running = facts.clone();
     running.unfinished_jobs = vec![UnfinishedJob {
@@ -272,17 +278,26 @@ fn the_state_is_protected_whole_only_when_no_job_runs_or_starts_and_never_after_
         operation: "destroy".into(),
         detail: None,
     }];
-    assert_eq!(plan(&o, &running, &decision).protect, Protect::Nothing);
+    assert_eq!(
+        plan(&o, &Settings::default(), &running, &decision).protect,
+        Protect::Nothing
+    );
 
     let mut cleaning = facts.clone();
     cleaning.cleanup = Some(CleanupMarker::Destroyed);
-    assert_eq!(plan(&o, &cleaning, &decision).protect, Protect::Nothing);
+    assert_eq!(
+        plan(&o, &Settings::default(), &cleaning, &decision).protect,
+        Protect::Nothing
+    );
 }
 
 /// A live TerraformMachine whose apply attempt `n` started, with `extra` annotations.
 fn applying(n: u32, extra: &[(&str, &str)]) -> Observed {
     let attempt = n.to_string();
-    let mut annotations = vec![(names::APPLY_ATTEMPT, attempt.as_str())];
+    let mut annotations = vec![
+        (names::APPLY_ATTEMPT, attempt.as_str()),
+        (names::APPLIED_AT, "2026-12-01T09:00:00Z"),
+    ];
     annotations.extend_from_slice(extra);
     let mut o = observed(Kind::TerraformMachine, &annotations);
     o.meta.deletion_timestamp = None;
@@ -346,7 +361,8 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
         2,
         &[
             (names::APPLY_FAILURES, "1"),
-            (names::STATE_LINEAGE, "lin-0"),
+            (names::STATE_LINEAGE, "lin-1"),
+            (names::STATE_SERIAL, "3"),
         ],
     );
     o.jobs = vec![job(
@@ -357,7 +373,7 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
     )];
     let (decision, mut facts, _) = gather::decide(&o, &Settings::default());
     // The state not read: nothing recorded, the next pass reads it.
-    let p = plan(&o, &facts, &decision);
+    let p = plan(&o, &Settings::default(), &facts, &decision);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
     assert!(!p.provisioned());
     facts.state = StateFacts::Readable {
@@ -370,7 +386,7 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
         "prod.tfm",
         serde_json::json!({"provider_id": "aws:///eu-west-1a/i-0abc", "failure_domain": "eu-west-1a"}),
     ));
-    let p = plan(&o, &facts, &decision);
+    let p = plan(&o, &Settings::default(), &facts, &decision);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), Some(&Some("2".into())));
     assert_eq!(edit(&p, names::OUTPUTS_INVALID), Some(&None));
     let fields = p.fields.as_ref().expect("the outputs' fields");
@@ -394,7 +410,7 @@ fn an_apply_success_is_recorded_with_the_state_it_left_and_latches_provisioned()
         .annotations
         .get_or_insert_default()
         .insert(names::APPLIED_ATTEMPT.into(), "2".into());
-    let p = plan(&recorded, &facts, &decision);
+    let p = plan(&recorded, &Settings::default(), &facts, &decision);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
     assert!(!p.provisioned());
     assert!(p.notes.is_empty(), "{:?}", p.notes);
@@ -421,7 +437,7 @@ fn an_apply_whose_outputs_break_the_contract_is_recorded_without_provisioning() 
         serial: 4,
         secret: "tfstate-default-prod.tfm".into(),
     };
-    let p = plan(&o, &facts, &decision);
+    let p = plan(&o, &Settings::default(), &facts, &decision);
     assert!(!p.provisioned());
     assert_eq!(p.fields, None);
     assert_eq!(edit(&p, names::APPLIED_ATTEMPT), None);
@@ -446,7 +462,7 @@ fn an_apply_whose_outputs_break_the_contract_is_recorded_without_provisioning() 
         .get_or_insert_default()
         .insert(names::OUTPUTS_INVALID.into(), invalid.clone());
     assert_eq!(gather::apply::unrecorded_apply(&recorded), None);
-    let p = plan(&recorded, &facts, &decision);
+    let p = plan(&recorded, &Settings::default(), &facts, &decision);
     assert_eq!(edit(&p, names::OUTPUTS_INVALID), None);
 }
 
@@ -483,15 +499,17 @@ fn a_machine_placed_in_another_failure_domain_is_recorded_as_outputs_invalid() {
         namespace: &ns,
         suffix: &suffix,
     };
-    o.inputs_secret = Some(crate::inputs::inputs_secret(&inputs, &owner));
-    let (decision, mut facts, _) = gather::decide(&o, &Settings::default());
-    facts.state = StateFacts::Readable {
-        managed_instances: 1,
-        lineage: "lin-1".into(),
-        serial: 2,
-        secret: format!("tfstate-default-{suffix}"),
-    };
-    let p = plan(&o, &facts, &decision);
+    // The attempt's own inputs, in its variables Secret.
+    let _ = owner;
+    o.attempt_secret = Some(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": names::job_name(&suffix, names::OPERATION_APPLY, 1)},
+            "data": {names::INPUTS_KEY: k8s_openapi::ByteString(inputs.to_json_bytes())}
+        }))
+        .unwrap(),
+    );
+    let (decision, facts, _) = gather::decide(&o, &Settings::default());
+    let p = plan(&o, &Settings::default(), &facts, &decision);
     assert_eq!(p.fields, None, "no field is set from it");
     let Some(Some(invalid)) = edit(&p, names::OUTPUTS_INVALID) else {
         panic!("{:?}", p.edits)
@@ -500,4 +518,133 @@ fn a_machine_placed_in_another_failure_domain_is_recorded_as_outputs_invalid() {
         invalid,
         "1: output failure_domain is az-2, but the Machine asks for az-1 (captf_failure_domain): the module must place the machine there"
     );
+}
+
+#[test]
+fn the_last_three_finished_apply_jobs_are_kept_with_their_variables() {
+    let mut o = applying(7, &[(names::APPLIED_ATTEMPT, "6")]);
+    o.jobs = (1..=6)
+        .map(|n| {
+            job(
+                Kind::TerraformMachine,
+                "apply",
+                n,
+                &[("Complete", "True", "", FAILED_AT)],
+            )
+        })
+        .collect();
+    // Attempt 7 runs: never pruned, nor counted among the three.
+    o.jobs.push(job(Kind::TerraformMachine, "apply", 7, &[]));
+    o.pods = vec![pod_of(&o.jobs[6], None)];
+    let p = plan_of(&o);
+    let name = |n| names::job_name("prod.tfm", "apply", n);
+    assert_eq!(p.prune, vec![name(1), name(2), name(3), name(4)]);
+}
+
+#[test]
+fn an_apply_job_gone_while_its_killed_pod_is_left_is_an_interrupted_attempt_recorded_now() {
+    // Attempt 1's Job was deleted (a cleanup policy, a hand) before a pass saw it end; its
+    // Pod, SIGKILLed (137), is still there: Terraform did not exit by itself.
+    let mut o = applying(1, &[]);
+    let gone = job(Kind::TerraformMachine, "apply", 1, &[]);
+    let mut pod = pod_of(&gone, Some((137, "")));
+    pod.status.get_or_insert_default().phase = Some("Failed".into());
+    o.pods = vec![pod];
+    let p = plan_of(&o);
+    assert!(
+        matches!(edit(&p, names::APPLY_INTERRUPTED), Some(Some(_))),
+        "{:?}",
+        p.edits
+    );
+    assert!(
+        matches!(edit(&p, names::APPLY_FAILED_AT), Some(Some(_))),
+        "{:?}",
+        p.edits
+    );
+}
+
+/// The inputs Secret of `o` as promoted for attempt `n` (its `inputs-of-attempt`).
+fn promoted_for(o: &mut Observed, n: u32) {
+    let suffix = names::state_suffix(o.kind, "prod");
+    let inputs = serde_json::json!({
+        "version": 2,
+        "runner": {"image": "hashicorp/terraform:1.11.4"},
+        "module": {"files": {"main.tf": ""}},
+        "backend": {"namespace": "team-a", "secretSuffix": suffix},
+    });
+    let mut secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": names::inputs_secret_name(&suffix),
+                "annotations": {names::INPUTS_OF_ATTEMPT: n.to_string()}},
+            "data": {names::INPUTS_KEY: k8s_openapi::ByteString(inputs.to_string().into_bytes())}
+        }))
+        .unwrap();
+    secret.metadata.namespace = Some("team-a".into());
+    o.inputs_secret = Some(secret);
+}
+
+#[test]
+fn an_applys_inputs_become_the_destroys_only_once_it_wrote_the_state() {
+    // Attempt 2 failed; the state it leaves is the one recorded before it (lin-1, 4):
+    // Terraform never touched it (init failed, a refused save, the Pod never ran). The
+    // destroy keeps the inputs that made it.
+    let failed_two = |recorded_serial: &str| {
+        let mut o = applying(
+            2,
+            &[
+                (names::STATE_LINEAGE, "lin-1"),
+                (names::STATE_SERIAL, recorded_serial),
+            ],
+        );
+        let j = failed(Kind::TerraformMachine, "apply", 2, "BackoffLimitExceeded");
+        o.pods = vec![pod_of(&j, Some((1, "Error: Unsupported argument")))];
+        o.jobs = vec![j];
+        o.state = Some(crate::testing::state_with_outputs(
+            "prod.tfm",
+            serde_json::json!({}),
+        ));
+        o
+    };
+    let untouched = failed_two("4");
+    let p = plan_of(&untouched);
+    assert_eq!(p.promote, None, "{:?}", p.edits);
+    assert_eq!(edit(&p, names::STATE_SERIAL), None);
+    assert!(matches!(edit(&p, names::APPLY_FAILED_AT), Some(Some(_))));
+    // It wrote the state before it failed (serial 3 recorded, 4 now): what the state holds
+    // was made with its inputs, and its fingerprint moves on.
+    let wrote = failed_two("3");
+    let p = plan_of(&wrote);
+    assert_eq!(
+        p.promote,
+        Some(Promote {
+            attempt: 2,
+            ran: None
+        })
+    );
+    assert_eq!(edit(&p, names::STATE_SERIAL), Some(&Some("4".into())));
+    // A success always wrote it, with what it ran; once promoted, not again.
+    let mut succeeded = applying(
+        3,
+        &[(names::STATE_LINEAGE, "lin-1"), (names::STATE_SERIAL, "3")],
+    );
+    let j = job(
+        Kind::TerraformMachine,
+        "apply",
+        3,
+        &[("Complete", "True", "", FAILED_AT)],
+    );
+    succeeded.pods = vec![pod_of(&j, Some((0, "")))];
+    succeeded.jobs = vec![j];
+    succeeded.state = Some(crate::testing::state_with_outputs(
+        "prod.tfm",
+        serde_json::json!({"provider_id": "aws:///eu-west-1a/i-0abc"}),
+    ));
+    let p = plan_of(&succeeded);
+    assert_eq!(p.promote.as_ref().map(|p| p.attempt), Some(3));
+    assert!(
+        p.promote.as_ref().and_then(|p| p.ran.as_ref()).is_some(),
+        "what it ran, from its Pod"
+    );
+    promoted_for(&mut succeeded, 3);
+    assert_eq!(plan_of(&succeeded).promote, None);
 }

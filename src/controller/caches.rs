@@ -35,10 +35,11 @@ pub struct Caches {
     pub jobs_by_owner: ByLabel,
     pub pods: Store<Pod>,
     pub pods_by_owner: ByLabel,
-    /// The metadata of the kind's Secrets (by the owner-kind label), by their owner's uid
-    /// and by Terraform's suffix label.
+    /// The metadata of the kind's Secrets (by the owner-kind label), by their owner's
+    /// uid, their owner's name label and Terraform's suffix label.
     pub secrets: Store<PartialObjectMeta<Secret>>,
     pub secrets_by_uid: ByLabel,
+    pub secrets_by_owner: ByLabel,
     pub secrets_by_suffix: ByLabel,
     /// The metadata of Terraform's state Secrets (by its state label) that lack the owner
     /// labels (the others are in `secrets`), by the suffix label.

@@ -43,6 +43,8 @@ pub struct ManagerConfig {
     pub lease_duration: Duration,
     /// How many passes may hold a state read at once (see [`Context::state_reads`]).
     pub max_state_reads: usize,
+    /// How long a pass may wait for a state-read permit before the health probe fails.
+    pub state_read_starved_after: Duration,
     /// Whether live objects are applied (the apply table); off, the manager only deletes
     /// (what was applied by someone else, as the deletion tests and benchmarks do).
     pub provision: bool,
@@ -65,6 +67,7 @@ impl Default for ManagerConfig {
             rediscover_every: Duration::from_secs(30),
             lease_duration: Duration::from_secs(15),
             max_state_reads: 4,
+            state_read_starved_after: Duration::from_secs(600),
             provision: true,
         }
     }
@@ -103,7 +106,7 @@ pub struct Context {
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
     /// One is kept for the pass after a Job ([`StateReads`]).
-    pub state_reads: StateReads,
+    pub state_reads: Arc<StateReads>,
     /// Each controller's caches, by kind (empty for passes a test runs without them: those
     /// read the API server).
     caches: Mutex<BTreeMap<Kind, Arc<Caches>>>,
@@ -142,10 +145,16 @@ impl Context {
             refused: Mutex::default(),
             backups: Mutex::default(),
             handoffs: Mutex::default(),
-            state_reads: StateReads::new(cfg.max_state_reads),
+            state_reads: Arc::new(StateReads::new(cfg.max_state_reads)),
             caches: Mutex::default(),
             runner_accounts: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The context with `state_reads` as its permits (shared with the health probe).
+    pub fn with_state_reads(mut self, state_reads: Arc<StateReads>) -> Context {
+        self.state_reads = state_reads;
+        self
     }
 
     /// What object `uid`'s backup holds, as last seen or written.

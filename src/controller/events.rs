@@ -26,6 +26,9 @@ pub const APPLY_STARTED: &str = "ApplyStarted";
 pub const APPLY_FAILED: &str = "ApplyFailed";
 /// An apply attempt's Job succeeded and the state it left was read.
 pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
+/// An apply attempt's Job succeeded, but the state it left cannot be read or trusted:
+/// its success cannot be recorded, and the object holds.
+pub const APPLY_UNRECORDED: &str = "ApplyUnrecorded";
 
 /// The API server refused what an apply needs (its Job, Secrets or runner RBAC).
 pub const APPLY_CANNOT_START: &str = "ApplyCannotStart";
@@ -40,11 +43,12 @@ pub const PROVIDER_ID_CHANGE_REFUSED: &str = "ProviderIDChangeRefused";
 
 /// The apply's reasons, as docs/provisioning/01-lifecycle.md lists them (a docs test
 /// checks it).
-pub const APPLY_REASONS: [&str; 8] = [
+pub const APPLY_REASONS: [&str; 9] = [
     APPLY_STARTED,
     APPLY_CANNOT_START,
     APPLY_FAILED,
     APPLY_SUCCEEDED,
+    APPLY_UNRECORDED,
     PROVISIONED,
     OUTPUTS_INVALID,
     CONTROL_PLANE_ENDPOINT_CHANGE_REFUSED,

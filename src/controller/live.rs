@@ -22,23 +22,48 @@ use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
 use crate::contract::Role;
 use crate::gather::Observed;
-use crate::gather::apply::{self as gather_apply, ApplySources, apply_facts, capi_owner};
+use crate::gather::apply::{
+    self as gather_apply, ApplySources, ApplyStateSeen, apply_facts_seen, capi_owner,
+};
+use crate::inputs::Inputs;
 use crate::rules::Decision;
 use crate::rules::apply::{
-    ApplyAction, ApplyFacts, ApplyRow, INPUTS_APPLIED, Prerequisite, decide_apply,
+    ApplyAction, ApplyDecision, ApplyFacts, ApplyRow, INPUTS_APPLIED, Prerequisite,
+    apply_state_needed, decide_apply,
 };
 use crate::state::permits::Lane;
 
-/// Runs the apply side of a pass on a live object; `shown` is the deletion table's
-/// decision (not deleting), whose conditions are written with the apply table's.
-pub async fn live_pass<K: TerraformObject>(
+/// What the apply side of a pass decided, and what it decided from.
+pub struct LiveDecision {
+    /// The observation, with the state when an apply was due (and its permit).
+    pub observed: Observed,
+    pub state_seen: ApplyStateSeen,
+    pub facts: ApplyFacts,
+    pub decision: ApplyDecision,
+    /// The attempt to start, rendered, with the inputs it runs.
+    pub start: Option<(Inputs, act::destroy::Attempt)>,
+}
+
+/// What [`decide_live`] came to.
+pub enum Live {
+    /// A recorded success whose status is gone (a move): rebuilt, and the next pass
+    /// decides on the object as written.
+    StatusRebuilt,
+    Decided(Box<LiveDecision>),
+}
+
+/// The apply side's decision on a live object, from what a pass reads (the same code for
+/// the manager's pass and `captf explain` without `-f`). With `rebuild`, a provisioned
+/// object whose status was dropped (by a move) has it rebuilt first, as the manager does;
+/// without, the decision is made as it will be once it is.
+pub async fn decide_live<K: TerraformObject>(
     ctx: &Context,
     scope: &Scope<K>,
-    obj: Arc<K>,
+    obj: &K,
     mut observed: Observed,
-    shown: &Decision,
-    resync: Duration,
-) -> Result<Requeue, Error> {
+    mut state_seen: ApplyStateSeen,
+    rebuild: bool,
+) -> Result<Live, Error> {
     // Observe: what the spec references (read live: an apply acts on it), whether a state
     // exists (the cache of state Secrets), whether it is provisioned; then the Cluster API
     // objects the gates (until the first success) and the contract's values read.
@@ -55,12 +80,12 @@ pub async fn live_pass<K: TerraformObject>(
         .and_then(|i| i.provisioned)
         == Some(true);
     let provisioned = gather_apply::provisioned(obj.meta(), latched);
-    if provisioned && !latched {
+    if rebuild && provisioned && !latched {
         // Rebuilt from the recorded success (after clusterctl move, which drops the
         // status), without a Job: provisioned, and the status fields of the outputs, read
         // from the state again. The next pass decides on the object as written.
-        rebuild_status(scope, obj.as_ref()).await?;
-        return Ok(Requeue::requeue(Duration::ZERO));
+        rebuild_status(ctx, scope, obj).await?;
+        return Ok(Live::StatusRebuilt);
     }
     // The Cluster API objects the module contract's values come from: the Cluster (from
     // the cache), and for a machine or pool its owner and bootstrap data Secret (read),
@@ -101,14 +126,29 @@ pub async fn live_pass<K: TerraformObject>(
     }
     let seen = gather_apply::apply_observed(&observed, &sources);
 
-    // Decide. Starting an attempt needs its Job, which only the manager can render: one
-    // that does not render keeps the apply from starting, as inputs that do not resolve.
-    let mut facts = apply_facts(&observed, &seen, &ctx.settings);
+    // Decide. An apply that is due reads its state first (with the errored states and
+    // Terraform's lock): no apply starts against a state that was lost or cannot be
+    // trusted, beside an errored state, or under another's lock (row A11). The permit
+    // is taken only now, when no other is held. Starting an attempt needs its Job, which
+    // only the manager can render: one that does not render keeps the apply from
+    // starting, as inputs that do not resolve.
+    let mut facts = apply_facts_seen(&observed, &seen, &state_seen, &ctx.settings);
+    if apply_state_needed(&facts) {
+        observe::read_state_into(
+            &ctx.client,
+            scope.caches.as_deref(),
+            &mut observed,
+            &ctx.state_reads,
+        )
+        .await?;
+        state_seen = gather_apply::apply_state_seen(&observed, &ctx.settings);
+        facts = apply_facts_seen(&observed, &seen, &state_seen, &ctx.settings);
+    }
     let mut decision = decide_apply(&facts);
     let mut start = None;
     if let Some(n) = decision.action.start_attempt() {
         let rendered = gather_apply::spec_inputs_of(&observed, &seen.contract).and_then(|inputs| {
-            act::apply::render(ctx, scope, obj.as_ref(), n, &inputs).map(|a| (inputs, a))
+            act::apply::render(ctx, scope, obj, n, &inputs).map(|a| (inputs, a))
         });
         match rendered {
             Ok(r) => start = Some(r),
@@ -118,6 +158,36 @@ pub async fn live_pass<K: TerraformObject>(
             }
         }
     }
+    Ok(Live::Decided(Box::new(LiveDecision {
+        observed,
+        state_seen,
+        facts,
+        decision,
+        start,
+    })))
+}
+
+/// Runs the apply side of a pass on a live object; `shown` is the deletion table's
+/// decision (not deleting), whose conditions are written with the apply table's.
+pub async fn live_pass<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: Arc<K>,
+    observed: Observed,
+    state_seen: ApplyStateSeen,
+    shown: &Decision,
+    resync: Duration,
+) -> Result<Requeue, Error> {
+    let LiveDecision {
+        observed,
+        state_seen,
+        facts,
+        decision,
+        start,
+    } = match decide_live(ctx, scope, obj.as_ref(), observed, state_seen, true).await? {
+        Live::StatusRebuilt => return Ok(Requeue::requeue(Duration::ZERO)),
+        Live::Decided(d) => *d,
+    };
     info!(row = %decision.row.label(), action = ?decision.action, "apply decision");
 
     // While the API server refuses what the attempt needs, each pass tries again, and the
@@ -138,8 +208,16 @@ pub async fn live_pass<K: TerraformObject>(
             ApplyAction::StartApply { attempt: n } | ApplyAction::RetryLater { start: Some(n), .. },
             Some((inputs, a)),
         ) => {
-            let started =
-                act::apply::start_apply(ctx, scope, obj.as_ref(), &observed, &inputs, a).await;
+            let started = act::apply::start_apply(
+                ctx,
+                scope,
+                obj.as_ref(),
+                &observed,
+                state_seen.stale_lock,
+                &inputs,
+                a,
+            )
+            .await;
             match started {
                 Ok(started) => {
                     ctx.clear_refusal(&refusal_key);
@@ -193,10 +271,12 @@ pub async fn live_pass<K: TerraformObject>(
         // Neither the owner's bootstrap data nor the Secrets and ConfigMaps the spec
         // references are watched (Machines, MachinePools and unlabelled Secrets are not
         // cached): looked at again soon while the pass waits for them.
+        // Nor Terraform's lock (a Lease).
         _ if matches!(
             facts.prerequisite,
             Some(Prerequisite::BootstrapData { .. } | Prerequisite::ClusterOutputs { .. })
-        ) || decision.row == ApplyRow::InputsUnresolvable =>
+        ) || decision.row == ApplyRow::InputsUnresolvable
+            || (decision.row == ApplyRow::CannotStart && facts.lock_held.is_some()) =>
         {
             Ok(Requeue::requeue(UNWATCHED_POLL.min(resync)))
         }
@@ -348,7 +428,14 @@ async fn cluster_outputs<K: TerraformObject>(
 /// Writes `initialization.provisioned` and the status fields the state's outputs set (a
 /// state that cannot be read now leaves them for the next apply, with a warning in the
 /// log: provisioned is what Cluster API waits for).
-async fn rebuild_status<K: TerraformObject>(scope: &Scope<K>, obj: &K) -> Result<(), Error> {
+async fn rebuild_status<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+) -> Result<(), Error> {
+    // Every provisioned object's first pass after a move comes here: the permits bound how
+    // many of their states are in memory at once. This pass holds none (see reconcile).
+    let _permit = ctx.state_reads.acquire(Lane::Ordinary).await;
     let base = names::state_secret_name(&scope.suffix);
     let secrets = crate::state::secrets::read(&scope.secrets, &base, Some(&scope.suffix)).await?;
     let role = Role::from(K::KIND);

@@ -17,6 +17,7 @@ pub mod error;
 pub mod events;
 mod gate;
 pub mod leader;
+pub mod leftovers;
 pub mod live;
 pub mod observe;
 pub mod rbac;
@@ -51,6 +52,7 @@ use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject};
 use crate::gather;
 use crate::job::Templates;
 use crate::metrics::Metrics;
+use crate::state::permits::StateReads;
 use gate::Gate;
 use triggers::{cached_owner, job_finished, objects_of_cluster, owner_of, scoped, state_owner};
 
@@ -102,11 +104,16 @@ where
     );
     // Secrets by metadata only: state Secrets can be megabytes.
     let secrets_by_uid = caches::ByLabel::new(names::LABEL_OWNER_UID);
+    let secrets_by_owner = caches::ByLabel::new(names::LABEL_OWNER_NAME);
     let secrets_by_suffix = caches::ByLabel::new(names::TF_LABEL_SUFFIX);
     let (secrets, secrets_stream) = caches::reflect_metadata(
         scoped::<PartialObjectMeta<Secret>>(&client, &ns),
         owned,
-        &[secrets_by_uid.clone(), secrets_by_suffix.clone()],
+        &[
+            secrets_by_uid.clone(),
+            secrets_by_owner.clone(),
+            secrets_by_suffix.clone(),
+        ],
     );
     // Terraform's state Secrets without the owner labels (written by hand, or before
     // the backend's labels were set): those with them are in `secrets` already.
@@ -271,6 +278,7 @@ where
         pods_by_owner,
         secrets,
         secrets_by_uid,
+        secrets_by_owner,
         secrets_by_suffix,
         states,
         states_by_suffix,
@@ -327,14 +335,20 @@ pub async fn run(
         None => Templates::embedded(),
     };
     let metrics = Arc::new(Metrics::default());
-    let ready = Arc::new(server::Ready::default());
+    // One set of state-read permits for the life of the process (the controllers start
+    // again when Cluster API's Cluster kind appears), which the health probe watches.
+    let state_reads = Arc::new(StateReads::new(cfg.max_state_reads));
+    let probes = Arc::new(server::Probes::new(
+        state_reads.clone(),
+        cfg.state_read_starved_after,
+    ));
     if let Some(addr) = cfg.health_addr {
-        server::serve(addr, metrics.clone(), ready.clone())
+        server::serve(addr, metrics.clone(), probes.clone())
             .await
             .map_err(|e| Error::Setup(format!("health probe address {addr}: {e}")))?;
     }
     if let Some(addr) = cfg.metrics_addr.filter(|a| Some(*a) != cfg.health_addr) {
-        server::serve(addr, metrics.clone(), ready.clone())
+        server::serve(addr, metrics.clone(), probes.clone())
             .await
             .map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
     }
@@ -374,14 +388,19 @@ pub async fn run(
         if let ClusterKind::Unknown(why) = &cluster_api {
             warn!(%why, "Cluster API's Cluster kind is unknown: objects that name a Cluster are held as paused");
         }
-        let ctx = Arc::new(Context::new(
-            client.clone(),
-            &cfg,
-            templates.clone(),
-            metrics.clone(),
-            cluster_api.clone(),
-        ));
-        ready.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        let ctx = Arc::new(
+            Context::new(
+                client.clone(),
+                &cfg,
+                templates.clone(),
+                metrics.clone(),
+                cluster_api.clone(),
+            )
+            .with_state_reads(state_reads.clone()),
+        );
+        probes
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
         // The sweep shares the controllers' context (its record of the namespaces whose
         // runner RBAC exists), so it starts again with them.

@@ -19,10 +19,10 @@ use kube::Client;
 
 use super::caches;
 use super::{Caches, ClusterKind, Error};
-use crate::api::labels::{namesake_selector, owner_selector};
+use crate::api::labels::namesake_selector;
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject, VariablesSourceKind};
-use crate::gather::{self, ClusterView, Observed, Settings};
+use crate::gather::{self, ClusterView, Observed, POD_EXPECTED_WITHIN, Settings};
 use crate::inputs;
 use crate::job::{self, JobOutcome};
 use crate::state::permits::{Lane, StatePermit, StateReads};
@@ -80,10 +80,11 @@ pub async fn observe_pass<K: TerraformObject>(
     state_reads: (&StateReads, Lane),
 ) -> Result<(Observed, StateMeta), Error> {
     // The state is read when the deletion's table needs it, and once after an apply
-    // succeeded, for the fingerprint its bookkeeping records.
+    // ended: a success for the fingerprint its bookkeeping records, either for whether
+    // the apply wrote the state (then its inputs become the destroy's).
     let needed = |o: &Observed| {
         crate::rules::state_needed(&gather::gather(o, settings).0)
-            || gather::apply::unrecorded_apply(o).is_some_and(|(_, _, succeeded)| succeeded)
+            || gather::apply::unrecorded_apply(o).is_some()
     };
     let (mut o, early) =
         observe_rounds(client, caches, cluster_api, obj, needed, state_reads).await?;
@@ -250,6 +251,7 @@ async fn observe_rounds<K: TerraformObject>(
         kind: K::KIND,
         meta,
         spec: obj.terraform().clone(),
+        control_plane_endpoint: obj.control_plane_endpoint().cloned(),
         cluster_kind_unknown: match (&cluster_name, cluster_api) {
             (Some(_), ClusterKind::Unknown(why)) => Some(why.clone()),
             _ => None,
@@ -269,6 +271,7 @@ async fn observe_rounds<K: TerraformObject>(
         errored: Vec::new(),
         state_permit: None,
         inputs_secret: None,
+        attempt_secret: None,
         referenced_secrets: BTreeMap::new(),
         referenced_config_maps: BTreeMap::new(),
         lock: None,
@@ -382,10 +385,6 @@ pub fn podless<'a>(jobs: &'a [Job], pods: &'a [Pod]) -> impl Iterator<Item = &'a
     })
 }
 
-/// How long a Job may be without a Pod before its Events are read: the Job controller
-/// makes a Pod within a moment of the Job, unless it is refused.
-const POD_EXPECTED_WITHIN: i64 = 5;
-
 /// The unfinished Jobs without a Pod for [`POD_EXPECTED_WITHIN`] seconds.
 fn refused_jobs<'a>(
     jobs: &'a [Job],
@@ -491,6 +490,7 @@ pub struct SecretsRead {
     errored: Vec<state::Errored>,
     state_meta: Option<ObjectMeta>,
     inputs_secret: Option<Secret>,
+    attempt_secret: Option<Secret>,
     referenced_secrets: BTreeMap<String, Secret>,
     referenced_config_maps: BTreeMap<String, ConfigMap>,
     lock: Option<Lease>,
@@ -503,6 +503,7 @@ impl SecretsRead {
         o.state = Some(self.state);
         o.errored = self.errored;
         o.inputs_secret = self.inputs_secret;
+        o.attempt_secret = self.attempt_secret;
         o.referenced_secrets = self.referenced_secrets;
         o.referenced_config_maps = self.referenced_config_maps;
         o.lock = self.lock;
@@ -518,6 +519,22 @@ pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Er
         .await?
         .apply(o);
     Ok(())
+}
+
+/// [`observe_secrets`] for a pass of the manager that holds no permit yet: it waits for
+/// one of `state_reads` (the observation holds it until it is dropped), and finds the
+/// errored states in `caches`. Returns the base state Secret's metadata.
+pub async fn read_state_into(
+    client: &Client,
+    caches: Option<&Caches>,
+    o: &mut Observed,
+    state_reads: &StateReads,
+) -> Result<Option<ObjectMeta>, Error> {
+    Ok(
+        read_secrets(client, caches, o, (state_reads, Lane::Ordinary))
+            .await?
+            .apply(o),
+    )
 }
 
 /// The reads of [`observe_secrets`]: the state, the inputs and the lock at once, then what
@@ -541,7 +558,6 @@ async fn read_secrets(
     let state_name = names::state_secret_name(&suffix);
     let inputs_name = names::inputs_secret_name(&suffix);
     let lock_name = names::lock_lease_name(&suffix);
-    let uid = o.meta.uid.clone().unwrap_or_default();
     let ((state, state_meta), inputs_secret, lock, errored) = futures::try_join!(
         chunked::read_with_meta(&secrets, &state_name, Some(&suffix)),
         async { Ok(secrets.get_opt(&inputs_name).await?) },
@@ -549,19 +565,29 @@ async fn read_secrets(
         read_errored(
             &secrets,
             caches.filter(|_| !gather::failed_lately(o)),
-            &suffix,
-            &uid
+            o.kind,
+            &name,
         ),
     )?;
 
     let (referenced_secrets, referenced_config_maps) =
         read_referenced(client, o, inputs_secret.as_ref()).await?;
+    // An apply attempt whose end is to be recorded: the inputs it ran, which become the
+    // destroy's if it wrote the state.
+    let attempt_secret = match gather::apply::unrecorded_apply(o) {
+        Some(u) => {
+            let job = names::job_name(&suffix, names::OPERATION_APPLY, u.attempt);
+            secrets.get_opt(&job).await?
+        }
+        None => None,
+    };
     Ok(SecretsRead {
         permit,
         state,
         errored,
         state_meta,
         inputs_secret,
+        attempt_secret,
         referenced_secrets,
         referenced_config_maps,
         lock,
@@ -616,27 +642,22 @@ pub async fn read_referenced(
 }
 
 /// The errored states a runner kept for the object (see [`state::Errored`]): the metadata
-/// of the object's Secrets (by its uid), then, only when there are any, the errored ones
-/// in full.
+/// of the Secrets of every object of its kind and name (by the owner labels, whatever the
+/// uid: after `clusterctl move` or a recreate, the errored states of the earlier uid are
+/// this object's too), then, only when there are any, the errored ones in full.
 async fn read_errored(
     secrets: &Api<Secret>,
     caches: Option<&Caches>,
-    suffix: &str,
-    uid: &str,
+    kind: Kind,
+    name: &str,
 ) -> Result<Vec<state::Errored>, Error> {
-    if uid.is_empty() {
-        return Ok(Vec::new());
-    }
-    let legacy = names::errored_secret_name(suffix);
+    let suffix = names::state_suffix(kind, name);
+    let legacy = names::errored_secret_name(&suffix);
+    let ns = secrets.namespace().unwrap_or_default().to_string();
     let metas: Vec<kube::core::PartialObjectMeta<Secret>> = match caches {
-        Some(c) => c
-            .secrets_by_uid
-            .get(&c.secrets, uid)
-            .into_iter()
-            .map(|m| m.as_ref().clone())
-            .collect(),
+        Some(c) => caches::namesakes(&c.secrets, &c.secrets_by_owner, kind, &ns, name),
         None => {
-            let lp = ListParams::default().labels(&owner_selector(uid));
+            let lp = ListParams::default().labels(&namesake_selector(kind, name));
             secrets.list_metadata(&lp).await?.items
         }
     };
@@ -644,7 +665,9 @@ async fn read_errored(
         .into_iter()
         .filter(|m| {
             m.metadata.name.as_deref() == Some(legacy.as_str())
-                || m.labels().contains_key(names::LABEL_ERRORED_STATE)
+                || m.labels()
+                    .get(names::TF_LABEL_SUFFIX)
+                    .is_some_and(|e| names::is_errored_suffix_of(e, &suffix))
         })
         .filter_map(|m| m.metadata.name)
         .collect();
@@ -655,5 +678,5 @@ async fn read_errored(
     )
     .await?;
     let found: Vec<Secret> = found.into_iter().flatten().collect();
-    Ok(state::Errored::find(suffix, &found))
+    Ok(state::Errored::find(&suffix, &found))
 }

@@ -184,10 +184,14 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
     Ok(removed)
 }
 
-/// Runs the sweep every `every`.
+/// Runs the sweeps every `every`: what gone objects left behind first (their Jobs may be
+/// what keeps the runner RBAC), then the runner RBAC.
 pub async fn sweep_forever(ctx: std::sync::Arc<Context>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
+        if let Err(e) = super::leftovers::sweep(&ctx).await {
+            warn!(error = %e, "the sweep of what gone objects left behind failed; trying again later");
+        }
         if let Err(e) = sweep(&ctx).await {
             warn!(error = %e, "RBAC sweep failed; trying again later");
         }

@@ -112,7 +112,7 @@ pub async fn reconcile<K: TerraformObject>(
     };
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
-    let plan = bookkeeping::plan(&observed, &facts, &decision);
+    let plan = bookkeeping::plan(&observed, &ctx.settings, &facts, &decision);
     let kept = bookkeeping::apply(&ctx, &scope, obj.as_ref(), &observed, &state_meta, plan).await?;
     if kept.written {
         // The object changed; the next pass decides on fresh facts.
@@ -124,9 +124,17 @@ pub async fn reconcile<K: TerraformObject>(
     } else {
         RESYNC
     };
-    // A live object: the apply table decides the rest of the pass.
+    // A live object: the apply table decides the rest of the pass. The state this pass
+    // read goes first, and its permit with it: the live pass may wait for a permit of its
+    // own (its TerraformCluster's outputs), and a pass that holds one while it waits for
+    // another can wait for ever once as many do as there are permits.
     if !deleting && ctx.provision {
-        return super::live::live_pass(&ctx, &scope, obj, observed, &shown, resync).await;
+        let state_seen = gather::apply::apply_state_seen(&observed, &ctx.settings);
+        let mut observed = observed;
+        observed.state = None;
+        observed.state_permit = None;
+        return super::live::live_pass(&ctx, &scope, obj, observed, state_seen, &shown, resync)
+            .await;
     }
     // Our status write changes the resourceVersion; the guarded writes that follow in
     // this pass (write-ahead attempt, cleanup marker, release) test the new one when
@@ -263,7 +271,7 @@ pub async fn reconcile<K: TerraformObject>(
             Ok(Requeue::await_change())
         }
         Action::Abandon if copies_first => {
-            if let Err(e) = abandon::copy_out(&ctx, &scope).await {
+            if let Err(e) = abandon::copy_out(&ctx, &scope, &observed).await {
                 let why = e.to_string();
                 warn!(%why, "the abandon's copies could not be made; nothing is released");
                 let held = rules::decide(&Facts {

@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -15,19 +16,55 @@ use tokio::net::TcpListener;
 use tracing::warn;
 
 use crate::metrics::Metrics;
+use crate::state::permits::StateReads;
 
-/// Readiness: true once the controllers run (after leader election when it is on).
-#[derive(Default)]
-pub struct Ready(pub AtomicBool);
+/// What the probes answer from: readiness (true once the controllers run, after leader
+/// election when it is on), and what makes the manager unhealthy.
+pub struct Probes {
+    pub ready: AtomicBool,
+    state_reads: Arc<StateReads>,
+    /// A pass waiting this long for a state-read permit means the manager is stuck: a read
+    /// takes seconds at most, and the passes that hold permits end.
+    starved_after: Duration,
+}
+
+impl Probes {
+    pub fn new(state_reads: Arc<StateReads>, starved_after: Duration) -> Probes {
+        Probes {
+            ready: AtomicBool::new(false),
+            state_reads,
+            starved_after,
+        }
+    }
+
+    /// Why the manager is unhealthy, if it is.
+    pub fn unhealthy(&self) -> Option<String> {
+        let waited = self.state_reads.longest_wait()?;
+        (waited >= self.starved_after).then(|| {
+            format!(
+                "a pass has waited {}s for a state-read permit (--max-state-reads {}, unhealthy after {}s): the passes holding the permits do not end",
+                waited.as_secs(),
+                self.state_reads.max(),
+                self.starved_after.as_secs()
+            )
+        })
+    }
+}
 
 async fn handle(
     req: Request<Incoming>,
     metrics: Arc<Metrics>,
-    ready: Arc<Ready>,
+    probes: Arc<Probes>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match req.uri().path() {
-        "/healthz" | "/livez" => (StatusCode::OK, "ok".to_string()),
-        "/readyz" if ready.0.load(Ordering::Relaxed) => (StatusCode::OK, "ok".to_string()),
+        "/healthz" | "/livez" => match probes.unhealthy() {
+            None => (StatusCode::OK, "ok".to_string()),
+            Some(why) => {
+                warn!(%why, "the health probe fails");
+                (StatusCode::SERVICE_UNAVAILABLE, why)
+            }
+        },
+        "/readyz" if probes.ready.load(Ordering::Relaxed) => (StatusCode::OK, "ok".to_string()),
         "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "not ready".to_string()),
         "/metrics" => (StatusCode::OK, metrics.render()),
         _ => (StatusCode::NOT_FOUND, "not found".to_string()),
@@ -50,7 +87,7 @@ async fn handle(
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
-    ready: Arc<Ready>,
+    probes: Arc<Probes>,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     tokio::spawn(async move {
@@ -58,9 +95,9 @@ pub async fn serve(
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let (metrics, ready) = (metrics.clone(), ready.clone());
+            let (metrics, probes) = (metrics.clone(), probes.clone());
             tokio::spawn(async move {
-                let svc = service_fn(move |req| handle(req, metrics.clone(), ready.clone()));
+                let svc = service_fn(move |req| handle(req, metrics.clone(), probes.clone()));
                 if let Err(e) = http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
                     .await

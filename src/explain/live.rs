@@ -1,13 +1,18 @@
 //! `captf explain` without `-f`: the objects read from the cluster as a controller's pass
-//! reads them, then the same rule table.
+//! reads them, decided by the manager's own code: the deletion's rule table on the object
+//! as the pass's bookkeeping leaves it, and for a live object the apply table, through the
+//! live pass's own reads and decision ([`crate::controller::live::decide_live`]).
+
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use super::Explained;
+use super::{Explained, ExplainedApply};
 use crate::api::{Kind, TerraformObject};
-use crate::controller::observe;
+use crate::controller::live::{Live, decide_live};
+use crate::controller::{Context, ManagerConfig, Scope, bookkeeping, observe};
 use crate::gather::{self, Settings};
 use crate::ops::ToolError;
 
@@ -18,37 +23,58 @@ pub async fn explain(
     settings: &Settings,
 ) -> Result<Vec<Explained>, ToolError> {
     let cluster_api = crate::controller::discover_cluster(client).await;
+    // The manager's context, as a pass has it (its templates the embedded ones: `explain`
+    // has no say over the manager's).
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        &ManagerConfig {
+            settings: *settings,
+            ..Default::default()
+        },
+        crate::job::Templates::embedded(),
+        Arc::default(),
+        cluster_api,
+    ));
     let mut out = Vec::new();
     for kind in Kind::ALL {
         crate::with_kind!(kind, K => {
-            explain_kind::<K>(client, ns, &cluster_api, settings, &mut out).await?
+            explain_kind::<K>(&ctx, ns, &mut out).await?
         });
     }
     Ok(out)
 }
 
 async fn explain_kind<K: TerraformObject>(
-    client: &Client,
+    ctx: &Context,
     ns: Option<&str>,
-    cluster_api: &crate::controller::ClusterKind,
-    settings: &Settings,
     out: &mut Vec<Explained>,
 ) -> Result<(), ToolError> {
+    let client = &ctx.client;
     let api: Api<K> = match ns {
         Some(n) => Api::namespaced(client.clone(), n),
         None => Api::all(client.clone()),
     };
     for obj in api.list(&ListParams::default()).await?.items {
-        let mut observed = observe::observe(client, cluster_api, &obj).await?;
+        let mut observed = observe::observe(client, &ctx.cluster_api, &obj).await?;
         observe::observe_secrets(client, &mut observed).await?;
         observed.now = Timestamp::now();
-        let (decision, _, _) = gather::decide(&observed, settings);
-        out.push(Explained::new(
+        let (observed, decision, _, _) =
+            bookkeeping::decide_after_bookkeeping(&observed, &ctx.settings);
+        let mut e = Explained::new(
             K::KIND,
             &obj.namespace().unwrap_or_default(),
             &obj.name_any(),
             &decision,
-        ));
+        );
+        if obj.meta().deletion_timestamp.is_none() {
+            let scope = Scope::new(client, &obj)?;
+            let state_seen = gather::apply::apply_state_seen(&observed, &ctx.settings);
+            let live = decide_live(ctx, &scope, &obj, observed, state_seen, false).await?;
+            if let Live::Decided(d) = live {
+                e.with_apply(ExplainedApply::new(&d.decision));
+            }
+        }
+        out.push(e);
     }
     Ok(())
 }

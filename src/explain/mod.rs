@@ -106,6 +106,14 @@ impl From<&crate::api::conditions::Desired> for ExplainedCondition {
 }
 
 impl Explained {
+    /// Adds the apply table's decision of a live object; as the live pass writes them, the
+    /// apply table's conditions win (`Ready`).
+    pub fn with_apply(&mut self, apply: ExplainedApply) {
+        self.conditions
+            .retain(|c| !apply.conditions.iter().any(|a| a.type_ == c.type_));
+        self.apply = Some(apply);
+    }
+
     pub fn new(kind: Kind, namespace: &str, name: &str, d: &Decision) -> Explained {
         Explained {
             kind: kind.as_str().to_string(),
@@ -216,6 +224,19 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         .iter()
         .find(|s| s.metadata.name.as_deref() == Some(inputs_name.as_str()))
         .cloned();
+    // The latest apply attempt's variables Secret (named as its Job), as a pass reads it.
+    let attempt_secret = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::APPLY_ATTEMPT))
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .map(|n| names::job_name(&suffix, names::OPERATION_APPLY, n))
+        .and_then(|job| {
+            secrets
+                .iter()
+                .find(|s| s.metadata.name.as_deref() == Some(job.as_str()))
+                .cloned()
+        });
     let referenced_secrets: BTreeMap<_, _> = secrets
         .iter()
         .map(|s| (s.metadata.name.clone().unwrap_or_default(), s.clone()))
@@ -264,6 +285,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         kind,
         meta,
         spec: object.terraform().clone(),
+        control_plane_endpoint: object.control_plane_endpoint().cloned(),
         owners_gone,
         // Nodes are not read from dumps: a Pod stuck on a lost node shows as unfinished.
         stuck_pods: BTreeMap::new(),
@@ -281,6 +303,7 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
         errored,
         state_permit: None,
         inputs_secret,
+        attempt_secret,
         referenced_secrets,
         referenced_config_maps,
         lock,
@@ -295,7 +318,8 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
         .iter()
         .map(|(_, object)| {
             let observed = observe(inv, object, now);
-            let (decision, _, _) = gather::decide(&observed, settings);
+            let (observed, decision, _, _) =
+                crate::controller::bookkeeping::decide_after_bookkeeping(&observed, settings);
             let meta = object.meta();
             let mut e = Explained::new(
                 object.kind(),
@@ -305,11 +329,7 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
             );
             if meta.deletion_timestamp.is_none() {
                 let d = decide_live(inv, object, &observed, settings);
-                let apply = ExplainedApply::new(&d);
-                // As the live pass writes them: the apply table's conditions win (Ready).
-                e.conditions
-                    .retain(|c| !apply.conditions.iter().any(|a| a.type_ == c.type_));
-                e.apply = Some(apply);
+                e.with_apply(ExplainedApply::new(&d));
             }
             e
         })

@@ -9,11 +9,13 @@ use kube::api::ObjectMeta;
 use super::blockers::{missing_credentials, spec_inputs};
 use super::jobs::{attempt_job, pause_cause, unfinished};
 use super::meta::annotation;
-use super::{Observed, Settings};
+use super::{Findings, Observed, Settings};
 use crate::api::names::{self, Kind};
 use crate::inputs::Inputs;
 use crate::job::{self, JobOutcome};
+use crate::rules::StateFacts;
 use crate::rules::apply::{ApplyFacts, LastApply, Prerequisite};
+use crate::state::lock::{self, Lock};
 
 /// What a pass on a live object reads beside the [`Observed`] of the deletion.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,61 +186,79 @@ pub fn prerequisite(
     })
 }
 
-/// The latest apply attempt, when its Job finished and how it ended is not recorded yet:
-/// `(n, job, true)` it succeeded (recorded with `applied-attempt` once the state is read),
-/// `(n, job, false)` it failed (recorded with `apply-failed-at`).
-pub fn unrecorded_apply(o: &Observed) -> Option<(u32, &Job, bool)> {
+/// The latest apply attempt whose end is not recorded yet: its number, its Job (none
+/// when the Job was deleted before a pass saw it end, and its Pod is what is left), and
+/// how it ended. A success is recorded with `applied-attempt` once the state is read, a
+/// failure with `apply-failed-at`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnrecordedApply<'a> {
+    pub attempt: u32,
+    pub job: Option<&'a Job>,
+    pub outcome: JobOutcome,
+}
+
+impl UnrecordedApply<'_> {
+    pub fn succeeded(&self) -> bool {
+        self.outcome == JobOutcome::Succeeded
+    }
+}
+
+/// See [`UnrecordedApply`].
+pub fn unrecorded_apply(o: &Observed) -> Option<UnrecordedApply<'_>> {
     let n: u32 = annotation(&o.meta, names::APPLY_ATTEMPT)?
         .trim()
         .parse()
         .ok()?;
+    let success_recorded = names::apply_success_recorded(o.meta.annotations.as_ref(), n);
+    let failure_recorded = annotation(&o.meta, names::APPLY_FAILED_AT).is_some();
     let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
-    let j = attempt_job(o, &suffix, names::OPERATION_APPLY, n)?;
-    match job::outcome(j, &o.pods) {
-        JobOutcome::Succeeded => {
-            (!names::apply_success_recorded(o.meta.annotations.as_ref(), n)).then_some((n, j, true))
+    let (job, outcome) = match attempt_job(o, &suffix, names::OPERATION_APPLY, n) {
+        Some(j) => (Some(j), job::outcome(j, &o.pods)),
+        // Its Job gone unseen (a cleanup policy, a hand): what its Pod left says how it
+        // ended; with neither, nothing is known (it may never have been made).
+        None => {
+            let pod = o.pods.iter().find(|p| {
+                let l = p.metadata.labels.as_ref();
+                l.and_then(|l| l.get(names::LABEL_OPERATION))
+                    .map(String::as_str)
+                    == Some(names::OPERATION_APPLY)
+                    && l.and_then(|l| l.get(names::LABEL_ATTEMPT)) == Some(&n.to_string())
+            })?;
+            (None, job::pod_outcome(pod)?)
         }
-        JobOutcome::Failed { .. } => annotation(&o.meta, names::APPLY_FAILED_AT)
-            .is_none()
-            .then_some((n, j, false)),
-        JobOutcome::Unfinished { .. } => None,
-    }
+    };
+    let unrecorded = match &outcome {
+        JobOutcome::Succeeded => !success_recorded,
+        JobOutcome::Failed { .. } => !failure_recorded && !success_recorded,
+        JobOutcome::Unfinished { .. } => false,
+    };
+    unrecorded.then_some(UnrecordedApply {
+        attempt: n,
+        job,
+        outcome,
+    })
 }
 
-/// The Pod of a successful apply whose run is to be recorded in the inputs Secret (what
-/// it ran: see [`crate::inputs::Ran`]), and the image digest its runner container names.
+/// The Pod of a successful apply whose run is recorded with its inputs (what it ran: see
+/// [`crate::inputs::Ran`]), and the image digest its runner container names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApplyRan {
     pub pod: String,
     pub image_digest: Option<String>,
 }
 
-/// The latest apply's Pod, when its run is to be recorded: the inputs read in this pass
-/// are the ones that apply ran (their hash is the object's `inputs-sha256`) and record no
-/// run yet, and its Job succeeded.
-pub fn apply_ran_to_record(o: &Observed) -> Option<ApplyRan> {
-    let name = o.meta.name.as_deref().unwrap_or_default();
-    let namespace = o.meta.namespace.as_deref().unwrap_or_default();
-    let suffix = names::state_suffix(o.kind, name);
-    let inputs = crate::inputs::from_secret(o.inputs_secret.as_ref()?, namespace, &suffix).ok()?;
-    if inputs.ran.is_some()
-        || annotation(&o.meta, names::INPUTS_SHA256) != Some(inputs.sha256().as_str())
-    {
-        return None;
-    }
-    let n: u32 = annotation(&o.meta, names::APPLY_ATTEMPT)?
-        .trim()
-        .parse()
-        .ok()?;
-    let j = attempt_job(o, &suffix, names::OPERATION_APPLY, n)?;
-    if job::outcome(j, &o.pods) != JobOutcome::Succeeded {
-        return None;
-    }
-    let pod = o
-        .pods
-        .iter()
-        .filter(|p| job::outcome::pod_of_job(j, p))
-        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))?;
+/// The Pod of successful apply attempt `n`, whose report of what it ran is recorded with
+/// its inputs, and the image digest its runner container names; none when its Pod is gone.
+pub fn apply_ran(o: &Observed, n: u32) -> Option<ApplyRan> {
+    let attempt = n.to_string();
+    let pod = o.pods.iter().find(|p| {
+        let l = p.metadata.labels.as_ref();
+        l.and_then(|l| l.get(names::LABEL_OPERATION))
+            .map(String::as_str)
+            == Some(names::OPERATION_APPLY)
+            && l.and_then(|l| l.get(names::LABEL_ATTEMPT)) == Some(&attempt)
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+    })?;
     let image_digest = pod
         .status
         .iter()
@@ -408,6 +428,12 @@ fn contract_values(
         owner: s.owner,
         bootstrap: value.map(|v| (v, format)),
         cluster_outputs,
+        own_endpoint: o
+            .control_plane_endpoint
+            .as_ref()
+            .map(|e| (e.host.as_str(), i64::from(e.port))),
+        // Empty: none was given (an older CAPTF recorded nothing: unknown).
+        endpoint_given_before: annotation(&o.meta, names::ENDPOINT_GIVEN).map(|v| !v.is_empty()),
     }))
 }
 
@@ -445,8 +471,150 @@ fn inputs_sha(o: &Observed, a: &ApplyObserved) -> Result<String, String> {
     spec_inputs_of(o, &a.contract).map(|i| i.sha256())
 }
 
+/// What a pass read of the state, in the apply table's terms: `NotRead` (and nothing
+/// else) when it did not read it.
+#[derive(Clone, Debug, Default)]
+pub struct ApplyStateSeen {
+    pub state: StateFacts,
+    /// Why the state cannot be recorded (the verdict's message), when it is not readable.
+    pub not_recordable: Option<String>,
+    pub errored: Option<String>,
+    pub lock_held: Option<String>,
+    /// Terraform's lock is held by a runner of the object that is gone: cleared before
+    /// the attempt, as a destroy clears it.
+    pub stale_lock: bool,
+}
+
+/// The state an apply that ended left, as its record reads it: the pass's read of the
+/// state, classified as if no apply had been interrupted, since this one wrote the state
+/// after any that was (`NotRead` when the pass did not read it).
+pub fn state_left_by_apply(o: &Observed, settings: &Settings) -> StateFacts {
+    if o.state.is_none() {
+        return StateFacts::NotRead;
+    }
+    let adopt = annotation(&o.meta, names::ADOPT) == Some("true");
+    let own_lineage = annotation(&o.meta, names::STATE_LINEAGE).is_some();
+    let applied = annotation(&o.meta, names::APPLIED_AT).is_some() || adopt;
+    super::tfstate::state_of_after(
+        o,
+        settings,
+        applied,
+        own_lineage,
+        false,
+        &mut Findings::default(),
+    )
+}
+
+/// The fingerprint of the state an apply that ended left, when that apply wrote it: it
+/// reads, and it is not the one the object recorded before (another lineage or a higher
+/// serial; any, when none is recorded). Its inputs are then the destroy's.
+pub fn written_by_apply(o: &Observed, left: &StateFacts) -> Option<(String, u64)> {
+    let StateFacts::Readable {
+        lineage, serial, ..
+    } = left
+    else {
+        return None;
+    };
+    let recorded_lineage = annotation(&o.meta, names::STATE_LINEAGE);
+    let recorded_serial: Option<u64> =
+        annotation(&o.meta, names::STATE_SERIAL).and_then(|v| v.trim().parse().ok());
+    let written =
+        recorded_lineage != Some(lineage.as_str()) || recorded_serial.is_none_or(|r| *serial > r);
+    written.then(|| (lineage.clone(), *serial))
+}
+
+/// The inputs apply attempt `n` ran: those its variables Secret carries (as the pass read
+/// it), or, for an attempt an older CAPTF started (it wrote them into the inputs Secret
+/// before the Job), the inputs Secret's when they hash as the object says.
+pub fn inputs_of_attempt(o: &Observed, n: u32) -> Option<Inputs> {
+    let namespace = o.meta.namespace.as_deref().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
+    let own = o.attempt_secret.as_ref().filter(|s| {
+        s.metadata.name.as_deref()
+            == Some(names::job_name(&suffix, names::OPERATION_APPLY, n).as_str())
+    });
+    if let Some(secret) = own {
+        return secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(names::INPUTS_KEY))
+            .and_then(|b| crate::inputs::parse(&b.0, namespace, &suffix).ok());
+    }
+    let legacy = crate::inputs::from_secret(o.inputs_secret.as_ref()?, namespace, &suffix).ok()?;
+    (annotation(&o.meta, names::INPUTS_SHA256) == Some(legacy.sha256().as_str())).then_some(legacy)
+}
+
+/// The attempt whose inputs the object's inputs Secret (as the pass read it) holds: what
+/// the Secret's `inputs-of-attempt` annotation says.
+pub fn inputs_secret_attempt(o: &Observed) -> Option<u32> {
+    o.inputs_secret
+        .as_ref()?
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(names::INPUTS_OF_ATTEMPT)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// [`ApplyStateSeen`] of the state the pass read (see [`Observed::state`]).
+pub fn apply_state_seen(o: &Observed, settings: &Settings) -> ApplyStateSeen {
+    if o.state.is_none() {
+        return ApplyStateSeen::default();
+    }
+    let mut findings = Findings::default();
+    let adopt = annotation(&o.meta, names::ADOPT) == Some("true");
+    let own_lineage = annotation(&o.meta, names::STATE_LINEAGE).is_some();
+    let applied = annotation(&o.meta, names::APPLIED_AT).is_some() || adopt;
+    let state = super::tfstate::state_of(o, settings, applied, own_lineage, &mut findings);
+    let not_recordable = match &state {
+        StateFacts::Readable { .. } => None,
+        StateFacts::Missing => Some(format!(
+            "its state Secret {} is missing",
+            names::state_secret_name(&names::state_suffix(
+                o.kind,
+                o.meta.name.as_deref().unwrap_or_default()
+            ))
+        )),
+        StateFacts::Unreadable { why, message } => Some(format!("{}: {message}", why.reason())),
+        StateFacts::NotRead => None,
+    };
+    let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
+    let pods: Vec<_> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
+    let (lock_held, stale_lock) = match lock::judge(o.lock.as_ref(), &suffix, &pods, o.now) {
+        Lock::Free => (None, false),
+        Lock::StaleOwn { .. } => (None, true),
+        Lock::Held { holder, age } => (
+            Some(match age {
+                Some(age) => format!("{holder} since {age}"),
+                None => holder,
+            }),
+            false,
+        ),
+    };
+    ApplyStateSeen {
+        state,
+        not_recordable,
+        errored: super::errored_uncovered(o, settings.decompression_cap),
+        lock_held,
+        stale_lock,
+    }
+}
+
 /// Gathers the apply table's facts. Pure: everything comes from `o` and `a`.
 pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> ApplyFacts {
+    apply_facts_seen(o, a, &apply_state_seen(o, settings), settings)
+}
+
+/// [`apply_facts`] with what the pass read of the state already told apart (`seen`, see
+/// [`apply_state_seen`]), which reads the state's bytes.
+pub fn apply_facts_seen(
+    o: &Observed,
+    a: &ApplyObserved,
+    seen: &ApplyStateSeen,
+    settings: &Settings,
+) -> ApplyFacts {
     let name = o.meta.name.clone().unwrap_or_default();
     let adopted = annotation(&o.meta, names::ADOPT) == Some("true");
     let applied = annotation(&o.meta, names::APPLIED_AT).is_some()
@@ -467,6 +635,16 @@ pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> Appl
         .and_then(|v| v.split_once(':'))
         .filter(|(n, _)| n.trim() == attempt.to_string())
         .map(|(_, why)| why.trim().to_string());
+    // A success the pass that read its state did not record (outputs that break the
+    // contract are recorded as such): the state it left cannot be read or trusted.
+    let unrecorded = (last == LastApply::Succeeded
+        && outputs_invalid.is_none()
+        && !names::apply_success_recorded(o.meta.annotations.as_ref(), attempt))
+    .then(|| {
+        seen.not_recordable
+            .clone()
+            .unwrap_or_else(|| "its state has not been read yet".to_string())
+    });
     ApplyFacts {
         kind: o.kind,
         uid: o.meta.uid.clone().unwrap_or_default(),
@@ -485,6 +663,11 @@ pub fn apply_facts(o: &Observed, a: &ApplyObserved, settings: &Settings) -> Appl
         outputs_invalid,
         change_refused,
         provisioned: a.provisioned,
+        unrecorded,
+        state_expected: annotation(&o.meta, names::STATE_LINEAGE).is_some(),
+        state: seen.state.clone(),
+        errored: seen.errored.clone(),
+        lock_held: seen.lock_held.clone(),
     }
 }
 

@@ -146,6 +146,21 @@ fn the_latest_apply_is_read_from_its_job_then_from_the_bookkeeping() {
         &Settings::default(),
     );
     assert_eq!(f.last, LastApply::Succeeded);
+    // Its success not recorded (the pass that read the state could not): held, never
+    // Ready on a success nothing recorded.
+    assert_eq!(decide_apply(&f).row, ApplyRow::Unrecorded);
+    o.meta
+        .annotations
+        .get_or_insert_default()
+        .insert(names::APPLIED_ATTEMPT.into(), "2".into());
+    let f = apply_facts(
+        &o,
+        &ApplyObserved {
+            provisioned: true,
+            ..ready()
+        },
+        &Settings::default(),
+    );
     assert_eq!(decide_apply(&f).row, ApplyRow::UpToDate);
     // The Job gone: its recorded success says it succeeded (a fingerprint alone, or the
     // success of an earlier attempt, does not); without it, it ended without a result,
@@ -392,23 +407,24 @@ fn applied_with_image(kind: Kind, image_id: &str) -> (Observed, crate::inputs::I
 }
 
 #[test]
-fn the_run_of_a_successful_apply_is_recorded_once_with_its_image_digest() {
+fn the_pod_of_a_successful_apply_names_the_image_it_ran_by_digest() {
     let hex = "0123456789abcdef".repeat(4);
     let id = format!("docker.io/hashicorp/terraform@sha256:{hex}");
-    let digest_of = |o: &Observed| apply_ran_to_record(o).map(|r| r.image_digest);
+    let digest_of = |o: &Observed| apply_ran(o, 1).map(|r| r.image_digest);
     let (o, inputs) = applied_with_image(Kind::TerraformMachine, &id);
-    let ran = apply_ran_to_record(&o).expect("to record");
+    let ran = apply_ran(&o, 1).expect("its Pod");
     assert!(
         ran.pod.starts_with("captf-prod-tfm-apply-1-"),
         "{}",
         ran.pod
     );
     assert_eq!(ran.image_digest, Some(id.clone()));
+    assert_eq!(apply_ran(&o, 2), None, "another attempt's Pod");
     // Docker's prefix goes.
     let (o2, _) = applied_with_image(Kind::TerraformMachine, &format!("docker-pullable://{id}"));
     assert_eq!(digest_of(&o2), Some(Some(id.clone())));
 
-    // Recorded already: nothing more; and the hash does not change with it.
+    // What ran is no input: recording it does not change the hash.
     let mut recorded = inputs.clone();
     recorded.ran = Some(crate::inputs::Ran {
         image_digest: Some(id.clone()),
@@ -419,25 +435,6 @@ fn the_run_of_a_successful_apply_is_recorded_once_with_its_image_digest() {
         inputs.sha256(),
         "what ran is not an input"
     );
-    let mut o3 = o.clone();
-    let suffix = names::state_suffix(Kind::TerraformMachine, "prod");
-    let owner = crate::api::labels::OwnerRef {
-        kind: Kind::TerraformMachine,
-        name: "prod",
-        uid: "uid-1",
-        namespace: "team-a",
-        suffix: &suffix,
-    };
-    o3.inputs_secret = Some(crate::inputs::inputs_secret(&recorded, &owner));
-    assert_eq!(apply_ran_to_record(&o3), None);
-
-    // Inputs other than the ones the apply ran (a newer spec's): not theirs to record.
-    let mut o4 = o.clone();
-    o4.meta
-        .annotations
-        .get_or_insert_default()
-        .insert(names::INPUTS_SHA256.into(), "another".into());
-    assert_eq!(apply_ran_to_record(&o4), None);
 
     // An image ID that names no pullable digest (a local image), or none at all: the run
     // is recorded without one.
@@ -449,4 +446,37 @@ fn the_run_of_a_successful_apply_is_recorded_once_with_its_image_digest() {
         let (o5, _) = applied_with_image(Kind::TerraformMachine, &id);
         assert_eq!(digest_of(&o5), Some(None), "{id}");
     }
+}
+
+#[test]
+fn an_attempts_inputs_are_those_its_variables_secret_carries_or_an_older_managers() {
+    let (mut o, inputs) = applied_with_image(Kind::TerraformMachine, "");
+    let suffix = names::state_suffix(Kind::TerraformMachine, "prod");
+    // An older CAPTF wrote the attempt's inputs into the inputs Secret before its Job:
+    // taken when they hash as the object says.
+    o.meta
+        .annotations
+        .get_or_insert_default()
+        .insert(names::INPUTS_SHA256.into(), inputs.sha256());
+    assert_eq!(inputs_of_attempt(&o, 1), Some(inputs.clone()));
+    let mut other = o.clone();
+    other
+        .meta
+        .annotations
+        .get_or_insert_default()
+        .insert(names::INPUTS_SHA256.into(), "another".into());
+    assert_eq!(inputs_of_attempt(&other, 1), None, "not the ones it ran");
+    // Its own variables Secret carries them: those, whatever the inputs Secret holds.
+    let mut newer = inputs.clone();
+    newer
+        .variables
+        .insert("size".into(), serde_json::json!("large"));
+    let attempt: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": names::job_name(&suffix, names::OPERATION_APPLY, 1)},
+        "data": {names::INPUTS_KEY: k8s_openapi::ByteString(newer.to_json_bytes())}
+    }))
+    .unwrap();
+    other.attempt_secret = Some(attempt);
+    assert_eq!(inputs_of_attempt(&other, 1), Some(newer));
+    assert_eq!(inputs_of_attempt(&other, 2), None, "another attempt's");
 }

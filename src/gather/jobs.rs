@@ -38,8 +38,19 @@ pub(super) fn pause_cause(o: &Observed) -> Option<PauseCause> {
     }
 }
 
+/// How long a Job may be without a Pod before it counts as one whose Pods cannot be
+/// made: the Job controller makes a Pod within a moment of the Job, unless it is refused.
+pub const POD_EXPECTED_WITHIN: i64 = 5;
+
 pub(super) fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
-    let mut out = unfinished_of(&o.jobs, &o.pods, &o.job_refusals, &o.stuck_pods, None);
+    let mut out = unfinished_of(
+        &o.jobs,
+        &o.pods,
+        &o.job_refusals,
+        &o.stuck_pods,
+        None,
+        o.now,
+    );
     let earlier = format!(
         "of an earlier {} {}",
         o.kind.as_str(),
@@ -51,6 +62,7 @@ pub(super) fn unfinished(o: &Observed) -> Vec<UnfinishedJob> {
         &BTreeMap::new(),
         &o.stuck_pods,
         Some(&earlier),
+        o.now,
     ));
     out
 }
@@ -63,6 +75,7 @@ pub(super) fn unfinished_of(
     refusals: &BTreeMap<String, String>,
     stuck: &BTreeMap<String, String>,
     whose: Option<&str>,
+    now: Timestamp,
 ) -> Vec<UnfinishedJob> {
     // A Pod stuck terminating: named with its node, whoever's it is.
     let stuck_note = |p: &Pod| {
@@ -93,10 +106,14 @@ pub(super) fn unfinished_of(
                 Some("the Job is suspended (spec.suspend: true; a queue such as Kueue starts it once it admits it)".to_string())
             } else if let Some(w) = waiting_reason {
                 Some(format!("its Pod is waiting: {w}"))
+            } else if let Some(m) = refusals.get(&name) {
+                Some(format!("its Pod cannot be created: {m}"))
             } else {
-                refusals
-                    .get(&name)
-                    .map(|m| format!("its Pod cannot be created: {m}"))
+                podless_for(j, pods, now).map(|(since, secs)| {
+                    format!(
+                        "it has had no Pod since it was made at {since} ({secs}s), and no FailedCreate Event of it says why (Events expire after an hour): look for what refuses its Pods (admission policies, a quota, its ServiceAccount); see runbooks/WaitingForJob.md"
+                    )
+                })
             };
             out.push(UnfinishedJob {
                 name,
@@ -123,6 +140,17 @@ pub(super) fn unfinished_of(
         }
     }
     out
+}
+
+/// When Job `j`, which has no Pod, was made, and how many seconds ago: once that is more
+/// than [`POD_EXPECTED_WITHIN`]. None while it has a Pod.
+fn podless_for(j: &Job, pods: &[Pod], now: Timestamp) -> Option<(Timestamp, i64)> {
+    if pods.iter().any(|p| job::pod_of_job(j, p)) {
+        return None;
+    }
+    let made = j.metadata.creation_timestamp.as_ref()?.0;
+    let secs = now.as_second() - made.as_second();
+    (secs >= POD_EXPECTED_WITHIN).then_some((made, secs))
 }
 
 /// The Job of `operation` attempt `attempt` of the object, by its name or its labels.

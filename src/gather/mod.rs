@@ -8,6 +8,7 @@
 pub mod apply;
 mod blockers;
 mod jobs;
+pub mod leftovers;
 mod meta;
 mod tfstate;
 
@@ -28,7 +29,7 @@ use crate::rules::{self, AbandonMark, Backoff, CleanupMarker, Facts};
 use crate::state::{self, StateSecrets, Verdict};
 
 use blockers::blocker;
-pub use jobs::{ERRORED_SETTLES, failed_lately, started_job_unseen};
+pub use jobs::{ERRORED_SETTLES, POD_EXPECTED_WITHIN, failed_lately, started_job_unseen};
 use jobs::{destroy_history, pause_cause, unfinished};
 use meta::{annotation, deletion_time, label};
 pub use meta::{
@@ -89,6 +90,8 @@ pub struct Observed {
     pub kind: Kind,
     pub meta: ObjectMeta,
     pub spec: TerraformSpec,
+    /// A TerraformCluster's own `spec.controlPlaneEndpoint` (from its module's outputs).
+    pub control_plane_endpoint: Option<crate::api::types::ApiEndpoint>,
     /// The owning Cluster when it exists.
     pub cluster: Option<ClusterView>,
     /// Why Cluster API's Cluster kind is unknown to the manager, when it is and the object
@@ -126,6 +129,9 @@ pub struct Observed {
     /// `Context::state_reads`), released with the observation.
     pub state_permit: Option<std::sync::Arc<crate::state::permits::StatePermit>>,
     pub inputs_secret: Option<Secret>,
+    /// The variables Secret of the latest apply attempt, when its end is to be recorded
+    /// (read with the state): it carries the inputs that attempt ran.
+    pub attempt_secret: Option<Secret>,
     /// Secrets and ConfigMaps the inputs or the spec reference (credentials, variablesFrom).
     pub referenced_secrets: BTreeMap<String, Secret>,
     pub referenced_config_maps: BTreeMap<String, ConfigMap>,

@@ -22,6 +22,20 @@ pub(super) fn state_of(
     own_lineage: bool,
     findings: &mut Findings,
 ) -> StateFacts {
+    let interrupted = annotation(&o.meta, names::APPLY_INTERRUPTED).is_some();
+    state_of_after(o, settings, applied, own_lineage, interrupted, findings)
+}
+
+/// [`state_of`], with `interrupted` saying whether an interrupted apply is the last to
+/// have written the state (an apply that completed since wrote it whole).
+pub(super) fn state_of_after(
+    o: &Observed,
+    settings: &Settings,
+    applied: bool,
+    own_lineage: bool,
+    interrupted: bool,
+    findings: &mut Findings,
+) -> StateFacts {
     let name = o.meta.name.clone().unwrap_or_default();
     let suffix = names::state_suffix(o.kind, &name);
     match &o.state {
@@ -35,7 +49,6 @@ pub(super) fn state_of(
                 findings.foreign_state = true;
                 StateFacts::Missing
             } else {
-                let interrupted = annotation(&o.meta, names::APPLY_INTERRUPTED).is_some();
                 // Adopt lets the object take a state while it records no fingerprint;
                 // once one is recorded (the adopted state's, written by the bookkeeping),
                 // it is checked like any other, so an older backup restored later is not

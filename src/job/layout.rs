@@ -3,6 +3,8 @@
 
 /// Kubernetes' limit on the total size of an object's annotations (keys and values).
 pub const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
+/// Kubernetes' limit of a Secret's data (`MaxSecretSize`).
+pub const SECRET_MAX_BYTES: usize = 1024 * 1024;
 /// Where the rendered files are mounted (read-only).
 pub const RENDER_DIR: &str = "/captf/render";
 /// The emptyDir holding HOME, TF_DATA_DIR, TMPDIR and the working copy.

@@ -21,7 +21,8 @@ pub use backend::secret_labels;
 pub use env::{RESERVED_ENV, env_refusal};
 pub use outcome::{
     JobOutcome, RUNNER_NEVER_STARTED, attempt_of, cut, error_summary, failure_message,
-    failure_text, finished_at, operation_of, outcome, pod_of_job, ran_for, reason_text, suspended,
+    failure_text, finished_at, operation_of, outcome, pod_of_job, pod_outcome, ran_for,
+    reason_text, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
 pub use render::{attempt_secret, render};
@@ -61,6 +62,10 @@ pub enum RenderError {
         "the files the runner needs take {size} bytes of Pod annotations, more than Kubernetes' limit of {limit}: give the module as `module.source` (a pinned source address) instead of inline `module.files`"
     )]
     TooLarge { size: usize, limit: usize },
+    #[error(
+        "the attempt's Secret (its variables, and an apply's inputs) takes {size} bytes, more than Kubernetes' limit of {limit} for a Secret: give large values to the module another way (a file of the module, a data source)"
+    )]
+    SecretTooLarge { size: usize, limit: usize },
     #[error(
         "the inputs' backend is namespace {namespace:?} / secretSuffix {suffix:?}, not the object's own {expected_namespace:?} / {expected_suffix:?}"
     )]

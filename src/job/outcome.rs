@@ -348,6 +348,30 @@ pub fn outcome(job: &Job, pods: &[Pod]) -> JobOutcome {
     }
 }
 
+/// What became of an attempt whose Job is gone (deleted by hand or by a cleanup policy
+/// before a pass saw it end), from the Pod it left: unknown while the Pod runs (the Pod
+/// of a deleted Job is waited for as unfinished); succeeded when Terraform exited 0;
+/// otherwise failed, interrupted unless the Pod shows Terraform exiting by itself.
+pub fn pod_outcome(pod: &Pod) -> Option<JobOutcome> {
+    if !pod_finished(pod) {
+        return None;
+    }
+    let t = terminated(pod);
+    if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+        && t.is_some_and(|t| t.exit_code == 0)
+    {
+        return Some(JobOutcome::Succeeded);
+    }
+    Some(JobOutcome::Failed {
+        reason: "JobDeleted".to_string(),
+        error_tail: t
+            .and_then(|t| t.message.clone())
+            .filter(|m| !m.trim().is_empty()),
+        exit_code: t.map(|t| t.exit_code),
+        interrupted: pod_interrupted(pod),
+    })
+}
+
 /// Whether the Job is suspended (by `spec.suspend`, as a queue such as Kueue does):
 /// the Job controller makes no Pod for it.
 pub fn suspended(job: &Job) -> bool {

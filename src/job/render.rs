@@ -4,14 +4,16 @@
 //! every field the deletion's correctness depends on, so that no template can remove it.
 //!
 //! How the runner gets its files: the stock `hashicorp/terraform` image has no `jq`, so
-//! the runner parses no JSON. The controller renders every file the runner needs into
-//! Pod-template annotations `A/file-<index>`, and a projected volume puts each annotation
-//! at its path under `/captf/render` (read-only). The variables, which may hold values
-//! resolved from Secrets, go instead into the attempt's own Secret (named as the Job),
-//! projected into the same directory: anyone who may read Pods may read their
-//! annotations. Annotations total at most
-//! 256 KiB (Kubernetes' limit), which bounds inline modules; a larger module must be
-//! given as `module.source`.
+//! the runner parses no JSON. The controller renders every file the runner needs, and a
+//! projected volume puts each at its path under `/captf/render` (read-only). The runner
+//! script and the backend settings are Pod-template annotations `A/file-<index>`, readable
+//! with `kubectl get pod -o yaml`. Everything else goes into the attempt's own Secret
+//! (named as the Job, keys `file-<index>`), projected into the same directory: the
+//! variables, which may hold values resolved from Secrets; the module's files and the
+//! modules `init` installed, which may be private code; the lock file. Anyone who may read
+//! Pods may read their annotations, and the manager's caches hold the Pods it watches; a
+//! Secret is 1 MiB at most, which bounds inline modules (a larger module is given as
+//! `module.source`).
 //!
 //! The script itself is one of those files, and the container runs
 //! `/bin/sh /captf/render/runner.sh` rather than `sh -c <script>`: the Pod's command stays
@@ -84,21 +86,70 @@ fn attempt_labels(req: &JobRequest) -> BTreeMap<String, String> {
     labels
 }
 
-/// The files that can hold a resolved value (the variables, which `variablesFrom` may
-/// fill from Secrets): they reach the runner through the attempt's Secret, never through
-/// the Pod template, which anyone who may read Pods can read.
-const SECRET_FILES: &[&str] = &[FILE_VARIABLES, FILE_CONTRACT];
+/// The files that stay in the Pod template's annotations, readable with `kubectl get pod
+/// -o yaml`: the runner script and the backend settings. Everything else (the variables,
+/// which `variablesFrom` may fill from Secrets; the module's files, which may be private
+/// code; the lock file; the modules `init` installed) reaches the runner through the
+/// attempt's Secret, which only those who may read Secrets can read.
+const ANNOTATION_FILES: &[&str] = &[
+    FILE_RUNNER,
+    FILE_BACKEND,
+    FILE_ERRORED_BACKEND,
+    FILE_MODULE_SOURCE,
+    FILE_MODULE_PATH,
+];
 
-/// The Secret of one attempt: the files of [`SECRET_FILES`], projected into the render
-/// directory beside the others. Named as the Job, labelled as it; the controller makes it
-/// before the Job and then hands it to the Job as its owner, so it goes with the Job.
-pub fn attempt_secret(templates: &Templates, req: &JobRequest) -> Result<Secret, RenderError> {
-    let files = runner_files(templates, req)?;
-    let data = files
+/// The key of the attempt Secret's `index`th file.
+fn secret_key(index: usize) -> String {
+    format!("file-{index}")
+}
+
+/// Every file the runner needs, by path, with where it goes: an annotation key of the Pod
+/// template (`true`), or a key of the attempt's Secret (`false`), numbered in a fixed
+/// order so that the Job and its Secret agree.
+fn placed_files(
+    templates: &Templates,
+    req: &JobRequest,
+) -> Result<Vec<(String, String, String, bool)>, RenderError> {
+    let (mut in_annotations, mut in_secret) = (0, 0);
+    Ok(runner_files(templates, req)?
         .into_iter()
-        .filter(|(path, _)| SECRET_FILES.contains(&path.as_str()))
-        .map(|(path, content)| (path, ByteString(content.into_bytes())))
+        .map(|(path, content)| {
+            if ANNOTATION_FILES.contains(&path.as_str()) {
+                in_annotations += 1;
+                (file_annotation(in_annotations - 1), path, content, true)
+            } else {
+                in_secret += 1;
+                (secret_key(in_secret - 1), path, content, false)
+            }
+        })
+        .collect())
+}
+
+/// The Secret of one attempt: the files that are not the Pod's annotations (see
+/// [`ANNOTATION_FILES`]), projected into the render directory beside them. Named as the
+/// Job, labelled as it; made before the Job, and deleted with it.
+pub fn attempt_secret(templates: &Templates, req: &JobRequest) -> Result<Secret, RenderError> {
+    let mut data: BTreeMap<String, ByteString> = placed_files(templates, req)?
+        .into_iter()
+        .filter(|(_, _, _, annotation)| !annotation)
+        .map(|(key, _, content, _)| (key, ByteString(content.into_bytes())))
         .collect();
+    // An apply's inputs travel with it: they become the destroy's (the inputs Secret)
+    // once this attempt wrote the state, and not before. Not projected into the Pod.
+    if req.operation == names::OPERATION_APPLY {
+        data.insert(
+            names::INPUTS_KEY.to_string(),
+            ByteString(req.inputs.to_json_bytes()),
+        );
+    }
+    let size: usize = data.iter().map(|(k, v)| k.len() + v.0.len()).sum();
+    if size > SECRET_MAX_BYTES {
+        return Err(RenderError::SecretTooLarge {
+            size,
+            limit: SECRET_MAX_BYTES,
+        });
+    }
     Ok(Secret {
         metadata: ObjectMeta {
             name: Some(names::job_name(req.suffix, req.operation, req.attempt)),
@@ -264,19 +315,19 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     let annotations = pod_meta.annotations.get_or_insert_with(BTreeMap::new);
     let prefix = file_annotation_prefix();
     annotations.retain(|k, _| !k.starts_with(&prefix));
-    let mut secret_keys: Vec<String> = Vec::new();
-    let mut files: Vec<(String, String)> = Vec::new();
-    for (path, content) in runner_files(templates, req)? {
-        // A key the Secret lacks would keep the Pod from starting: only those it has.
-        if SECRET_FILES.contains(&path.as_str()) {
-            secret_keys.push(path);
+    // The Secret's files by key and path (each key it has: one it lacked would keep the
+    // Pod from starting), the annotations' in the Pod template.
+    let mut secret_keys: Vec<(String, String)> = Vec::new();
+    let mut files: Vec<(String, String, String)> = Vec::new();
+    for (key, path, content, annotation) in placed_files(templates, req)? {
+        if annotation {
+            files.push((key, path, content));
         } else {
-            files.push((path, content));
+            secret_keys.push((key, path));
         }
     }
     let mut items = Vec::with_capacity(files.len());
-    for (index, (path, content)) in files.into_iter().enumerate() {
-        let key = file_annotation(index);
+    for (key, path, content) in files {
         items.push(DownwardAPIVolumeFile {
             path: path.clone(),
             field_ref: Some(ObjectFieldSelector {
@@ -344,9 +395,9 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
                         items: Some(
                             secret_keys
                                 .iter()
-                                .map(|f| KeyToPath {
-                                    key: f.clone(),
-                                    path: f.clone(),
+                                .map(|(key, path)| KeyToPath {
+                                    key: key.clone(),
+                                    path: path.clone(),
                                     mode: None,
                                 })
                                 .collect(),

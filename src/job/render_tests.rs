@@ -539,10 +539,42 @@ fn a_too_large_inline_module_is_refused() {
     let Module::Files(files) = &mut inputs.module else {
         unreachable!()
     };
+    files.insert("big.tf".into(), "#".repeat(SECRET_MAX_BYTES));
+    let err = attempt_secret(&Templates::embedded(), &request(&inputs)).unwrap_err();
+    assert!(matches!(err, RenderError::SecretTooLarge { .. }), "{err}");
+}
+
+#[test]
+fn the_modules_files_are_in_the_attempts_secret_not_in_the_pods_annotations() {
+    // Private module code (inline, or recorded from a source) is readable by whoever may
+    // read Secrets, not by whoever may read Pods; and the Pods the manager caches stay
+    // small whatever the module.
+    let mut inputs = inline_inputs();
+    let Module::Files(files) = &mut inputs.module else {
+        unreachable!()
+    };
+    files.insert("private.tf".into(), "# the-secret-sauce-7a1e\n".into());
     files.insert("big.tf".into(), "#".repeat(ANNOTATIONS_MAX_BYTES));
-    let err = render(&Templates::embedded(), &request(&inputs)).unwrap_err();
-    assert!(matches!(err, RenderError::TooLarge { .. }));
-    assert!(err.to_string().contains("module.source"), "{err}");
+    let req = request(&inputs);
+    let (job, secret) = rendered(&Templates::embedded(), &req);
+    let annotations = job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .clone()
+        .unwrap();
+    let size: usize = annotations.values().map(String::len).sum();
+    assert!(size < 64 * 1024, "{size} bytes of annotations");
+    let text = serde_json::to_string(&job).unwrap();
+    assert!(!text.contains("the-secret-sauce-7a1e"));
+    let files = projected_files(&job, &secret);
+    assert!(files["module/private.tf"].contains("the-secret-sauce-7a1e"));
+    assert!(files.contains_key("runner.sh") && files.contains_key("backend.hcl"));
 }
 
 #[test]
@@ -708,8 +740,14 @@ fn no_variable_value_is_in_the_job_only_in_the_attempts_secret() {
     // The attempt's Secret holds them, is named as the Job and labelled as it.
     assert_eq!(secret.metadata.name, job.metadata.name);
     assert_eq!(secret.metadata.labels, job.metadata.labels);
-    let vars = &secret.data.as_ref().unwrap()["terraform.tfvars.json"].0;
-    assert!(String::from_utf8_lossy(vars).contains("tok-9f2c1e-from-a-secret"));
+    assert!(
+        secret
+            .data
+            .as_ref()
+            .unwrap()
+            .values()
+            .any(|v| String::from_utf8_lossy(&v.0).contains("tok-9f2c1e-from-a-secret"))
+    );
     // And the runner finds them where it always did.
     let files = projected_files(&job, &secret);
     assert!(files["terraform.tfvars.json"].contains("tok-9f2c1e-from-a-secret"));

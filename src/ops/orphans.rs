@@ -1,4 +1,8 @@
-//! `captf orphans`: the Secrets CAPTF wrote whose object is gone.
+//! `captf orphans`: what CAPTF wrote for objects that are gone: the state, inputs, backup
+//! and errored-state Secrets and the abandon's copies; and what a gone object left behind
+//! that no state explains any more (`gather::leftovers`: finished Jobs, their Pods, the
+//! attempts' variables Secrets, the lock Lease of a state that went), which the manager's
+//! sweep deletes.
 
 use std::collections::BTreeMap;
 
@@ -11,19 +15,26 @@ use super::ToolError;
 use crate::api::labels::labelled_owner;
 use crate::api::names::{self, Kind, SecretRole};
 
-/// A Secret of CAPTF's whose object is gone.
+/// Something of CAPTF's whose object is gone.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
 pub struct Orphan {
     /// The object's namespace (for an abandoned copy, the namespace it came from).
     pub namespace: String,
+    /// `Secret`, `Job`, `Pod` or `Lease`.
+    pub resource: String,
+    /// Its name.
+    pub object: String,
+    /// Its name, for a Secret (as before `resource` and `object`).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub secret: String,
     /// The Secret's own namespace, when it is not the object's (an abandoned copy in the
     /// manager's namespace).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_namespace: Option<String>,
     /// `state`, `state-part`, `inputs`, `backup`, `backup-part`, `errored`,
-    /// `errored-part`, `abandoned-copy` or `abandoned-copy-part`.
+    /// `errored-part`, `abandoned-copy` or `abandoned-copy-part`; for what a gone object
+    /// left behind, `job`, `pod`, `variables` (an attempt's variables Secret) or `lock`.
     pub role: String,
     pub kind: String,
     /// The owner-name label: the object's name, cut and hashed when longer than 63.
@@ -115,10 +126,13 @@ pub async fn orphans(
         let owned = uid.as_ref().is_some_and(|u| uids.contains(u))
             || namesakes.contains(&(object_ns.clone(), kind, name.clone()));
         if !owned {
+            let secret = meta.name.clone().unwrap_or_default();
             out.push(Orphan {
                 secret_namespace: (secret_ns != object_ns).then_some(secret_ns),
                 namespace: object_ns,
-                secret: meta.name.clone().unwrap_or_default(),
+                resource: "Secret".into(),
+                object: secret.clone(),
+                secret,
                 role,
                 kind: kind.as_str().to_string(),
                 name,
@@ -131,7 +145,138 @@ pub async fn orphans(
             });
         }
     }
+    out.extend(left_behind(client, ns).await?);
     out.sort();
+    Ok(out)
+}
+
+/// What gone objects left behind (see `gather::leftovers`), in `ns` or everywhere.
+async fn left_behind(client: &Client, ns: Option<&str>) -> Result<Vec<Orphan>, ToolError> {
+    use crate::gather::leftovers::{Present, is_variables_secret};
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Pod;
+    fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match ns {
+            Some(n) => Api::namespaced(client.clone(), n),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ours = ListParams::default().labels(names::LABEL_OWNER_KIND);
+    let jobs = api::<Job>(client, ns).list(&ours).await?.items;
+    let pods = api::<Pod>(client, ns).list(&ours).await?.items;
+    let secrets = api::<Secret>(client, ns).list_metadata(&ours).await?.items;
+    let states = api::<Secret>(client, ns)
+        .list_metadata(&ListParams::default().labels(names::TF_LABEL_STATE))
+        .await?
+        .items;
+    let leases = api::<Lease>(client, ns)
+        .list_metadata(&ListParams::default())
+        .await?
+        .items;
+    let mut present: BTreeMap<String, Present> = BTreeMap::new();
+    for kind in Kind::ALL {
+        let metas = crate::with_kind!(kind, K => {
+            api::<K>(client, ns)
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|o| o.metadata)
+                .collect::<Vec<_>>()
+        });
+        for m in metas {
+            present
+                .entry(m.namespace.clone().unwrap_or_default())
+                .or_default()
+                .object(kind, m.name.as_deref().unwrap_or_default());
+        }
+    }
+    for s in &states {
+        present
+            .entry(s.metadata.namespace.clone().unwrap_or_default())
+            .or_default()
+            .secret(&s.metadata);
+    }
+    let at = |m: &ObjectMeta| present.get(m.namespace.as_deref().unwrap_or_default());
+    let none = Present::default();
+    let mut out = Vec::new();
+    let mut push = |m: &ObjectMeta, resource: &str, role: &str| {
+        let owner = labelled_owner(m.labels.as_ref());
+        out.push(Orphan {
+            namespace: m.namespace.clone().unwrap_or_default(),
+            resource: resource.into(),
+            object: m.name.clone().unwrap_or_default(),
+            secret: if resource == "Secret" {
+                m.name.clone().unwrap_or_default()
+            } else {
+                String::new()
+            },
+            secret_namespace: None,
+            role: role.into(),
+            kind: owner
+                .map(|o| o.kind.as_str().to_string())
+                .unwrap_or_default(),
+            name: owner.map(|o| o.name_label.to_string()).unwrap_or_default(),
+            uid: owner.and_then(|o| o.uid.map(str::to_string)),
+            abandoned_at: None,
+        });
+    };
+    for j in &jobs {
+        let finished = !matches!(
+            crate::job::outcome(j, &pods),
+            crate::job::JobOutcome::Unfinished { .. }
+        );
+        if at(&j.metadata)
+            .unwrap_or(&none)
+            .left_over(&j.metadata, finished)
+        {
+            push(&j.metadata, "Job", "job");
+        }
+    }
+    for p in &pods {
+        let finished = crate::state::lock::pod_terminated(p);
+        if at(&p.metadata)
+            .unwrap_or(&none)
+            .left_over(&p.metadata, finished)
+        {
+            push(&p.metadata, "Pod", "pod");
+        }
+    }
+    for s in &secrets {
+        if is_variables_secret(&s.metadata)
+            && at(&s.metadata)
+                .unwrap_or(&none)
+                .left_over(&s.metadata, true)
+        {
+            push(&s.metadata, "Secret", "variables");
+        }
+    }
+    for l in &leases {
+        let name = l.metadata.name.as_deref().unwrap_or_default();
+        if at(&l.metadata).unwrap_or(&none).lease_left_over(name) {
+            let (kind, object) = name
+                .strip_prefix(&format!("lock-tfstate-{}-", names::TF_WORKSPACE))
+                .and_then(names::parse_state_suffix)
+                .map(|(k, n)| (k.as_str().to_string(), n.to_string()))
+                .unwrap_or_default();
+            out.push(Orphan {
+                namespace: l.metadata.namespace.clone().unwrap_or_default(),
+                resource: "Lease".into(),
+                object: name.to_string(),
+                secret: String::new(),
+                secret_namespace: None,
+                role: "lock".into(),
+                kind,
+                name: object,
+                uid: None,
+                abandoned_at: None,
+            });
+        }
+    }
     Ok(out)
 }
 

@@ -10,7 +10,7 @@
 
 use jiff::Timestamp;
 
-use super::{Backoff, PauseCause, UnfinishedJob, add};
+use super::{Backoff, PauseCause, StateFacts, UnfinishedJob, add};
 use crate::api::Kind;
 use crate::api::conditions::{self as cond, Desired, Status};
 
@@ -29,6 +29,8 @@ pub mod reason {
     pub const APPLY_CANNOT_START: &str = "ApplyCannotStart";
     pub const APPLYING: &str = "Applying";
     pub const APPLY_FAILED: &str = "ApplyFailed";
+    pub const APPLY_UNRECORDED: &str = "ApplyUnrecorded";
+    pub const ERRORED_STATE: &str = "ErroredState";
     pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
     pub const CHANGE_REFUSED: &str = "ChangeRefused";
     pub const PROVISIONED: &str = "Provisioned";
@@ -130,6 +132,29 @@ pub struct ApplyFacts {
     pub change_refused: Option<String>,
     /// `status.initialization.provisioned` as latched, or as rebuilt from the state.
     pub provisioned: bool,
+    /// The latest apply succeeded, and its success is not recorded (the pass that would
+    /// record it cannot read or trust the state it left): why.
+    pub unrecorded: Option<String>,
+    /// What the pass knows of the state, in the deletion's words: `NotRead` unless an
+    /// apply is due (or a success is to be recorded), when it is read before anything
+    /// starts.
+    pub state: StateFacts,
+    /// An apply of the object wrote its state before (a fingerprint is recorded): a state
+    /// that is missing now was lost.
+    pub state_expected: bool,
+    /// An errored state of the object lists managed resource instances the state does not
+    /// (or cannot be read): which, for the message.
+    pub errored: Option<String>,
+    /// Terraform's lock is held by something else than a gone runner of the object: by
+    /// whom and since when.
+    pub lock_held: Option<String>,
+}
+
+/// Whether the apply table needs the state read to decide: it would start an attempt,
+/// and the state was not read (it is, before anything starts, as the deletion's table
+/// reads it before a destroy).
+pub fn apply_state_needed(f: &ApplyFacts) -> bool {
+    f.state == StateFacts::NotRead && decide_apply(f).action.start_attempt().is_some()
 }
 
 /// A row of the apply table, in the order they are evaluated.
@@ -141,29 +166,33 @@ pub enum ApplyRow {
     Prerequisite,
     JobUnfinished,
     ForeignState,
+    Unrecorded,
     InputsUnresolvable,
     OutputsInvalid,
     UpToDate,
+    CannotStart,
     Failed,
     Apply,
 }
 
 impl ApplyRow {
-    pub const ALL: [ApplyRow; 11] = [
+    pub const ALL: [ApplyRow; 13] = [
         ApplyRow::ExternallyManaged,
         ApplyRow::Paused,
         ApplyRow::NoOwner,
         ApplyRow::Prerequisite,
         ApplyRow::JobUnfinished,
         ApplyRow::ForeignState,
+        ApplyRow::Unrecorded,
         ApplyRow::InputsUnresolvable,
         ApplyRow::OutputsInvalid,
         ApplyRow::UpToDate,
+        ApplyRow::CannotStart,
         ApplyRow::Failed,
         ApplyRow::Apply,
     ];
 
-    /// The row's letter and number, `A1` to `A11`, as the docs' table names it.
+    /// The row's letter and number, `A1` to `A13`, as the docs' table names it.
     pub fn label(self) -> String {
         let n = Self::ALL.iter().position(|r| *r == self).unwrap_or(0) + 1;
         format!("A{n}")
@@ -180,11 +209,17 @@ impl ApplyRow {
             ApplyRow::Prerequisite => "a machine or pool waits for its Cluster or bootstrap data",
             ApplyRow::JobUnfinished => "a Job or Pod of the object has not finished",
             ApplyRow::ForeignState => "a state Secret the object neither created nor adopted",
+            ApplyRow::Unrecorded => {
+                "the latest apply succeeded, but the state it left cannot be read or trusted"
+            }
             ApplyRow::InputsUnresolvable => "the spec's inputs do not resolve",
             ApplyRow::OutputsInvalid => {
                 "the latest inputs are applied, but the outputs break the module contract"
             }
             ApplyRow::UpToDate => "the latest inputs are applied",
+            ApplyRow::CannotStart => {
+                "an apply is due, but its state is lost or untrusted, an errored state lists what it does not, or another holds Terraform's lock"
+            }
             ApplyRow::Failed => "the latest apply of these inputs failed",
             ApplyRow::Apply => "never applied, or the inputs changed",
         }
@@ -275,6 +310,19 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
             ApplyAction::Wait,
         );
     }
+    if let Some(why) = &f.unrecorded {
+        let msg = format!(
+            "apply attempt {} succeeded, but its state cannot be recorded: {why}; nothing more is applied, and Cluster API is not told the object is provisioned, until the state reads; see runbooks/ApplyUnrecorded.md",
+            f.attempt
+        );
+        return not_applied(
+            f,
+            ApplyRow::Unrecorded,
+            reason::APPLY_UNRECORDED,
+            msg,
+            ApplyAction::Wait,
+        );
+    }
     let sha = match &f.inputs {
         Ok(sha) => sha,
         Err(why) => {
@@ -335,6 +383,11 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
         } if same_inputs => {
             let due = add(*at, f.backoff.delay(*failures, &f.uid));
             let start = (due <= f.now).then_some(next);
+            if start.is_some()
+                && let Some(held) = cannot_start(f)
+            {
+                return held;
+            }
             let msg = match start {
                 Some(n) => format!(
                     "apply attempt {} failed: {message}; attempt {n} is starting; see runbooks/ApplyFailed.md",
@@ -354,6 +407,9 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
             )
         }
         _ => {
+            if let Some(held) = cannot_start(f) {
+                return held;
+            }
             let why = if f.attempt == 0 {
                 "first apply".to_string()
             } else if same_inputs {
@@ -371,6 +427,68 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
             )
         }
     }
+}
+
+/// Row A11: an apply is due, and what keeps it from starting, if anything: a state that
+/// was lost or cannot be trusted (an apply would make a fresh one and create everything
+/// again, or change another state as if it were the object's), an errored state that
+/// records what the state does not (an apply would create it again), another holder of
+/// Terraform's lock. Nothing when the state was not read: it is, before a start.
+fn cannot_start(f: &ApplyFacts) -> Option<ApplyDecision> {
+    let (why, msg): (&'static str, String) = match &f.state {
+        StateFacts::NotRead | StateFacts::Readable { .. } => (reason::APPLY_CANNOT_START, String::new()),
+        StateFacts::Missing if f.state_expected => (
+            crate::api::conditions::reason::STATE_LOST,
+            "the state Secret is missing although an apply of the object wrote it (its fingerprint is recorded): an apply now would make a fresh state and create everything again; restore the state; see runbooks/StateLost.md".to_string(),
+        ),
+        StateFacts::Missing => (reason::APPLY_CANNOT_START, String::new()),
+        StateFacts::Unreadable { why, message } => {
+            let runbook = format!("runbooks/{}.md", why.reason());
+            let said = if message.contains(&runbook) {
+                message.clone()
+            } else {
+                format!("{message}; see {runbook}")
+            };
+            (
+                why.reason(),
+                format!("no apply starts against a state CAPTF cannot read or trust: {said}"),
+            )
+        }
+    };
+    if !msg.is_empty() {
+        return Some(not_applied(
+            f,
+            ApplyRow::CannotStart,
+            why,
+            msg,
+            ApplyAction::Wait,
+        ));
+    }
+    if let Some(what) = &f.errored {
+        let msg = format!(
+            "{what}; an apply against the state would create them again: merge the errored state into the state with captf state restore --from-errored, or delete it once they are confirmed gone; see runbooks/ErroredState.md"
+        );
+        return Some(not_applied(
+            f,
+            ApplyRow::CannotStart,
+            reason::ERRORED_STATE,
+            msg,
+            ApplyAction::Wait,
+        ));
+    }
+    if let Some(holder) = &f.lock_held {
+        let msg = format!(
+            "Terraform's state lock is held by {holder}, and CAPTF never breaks it; the apply starts once it is free; see runbooks/ApplyCannotStart.md"
+        );
+        return Some(not_applied(
+            f,
+            ApplyRow::CannotStart,
+            reason::APPLY_CANNOT_START,
+            msg,
+            ApplyAction::Wait,
+        ));
+    }
+    None
 }
 
 /// A gate holds the apply: Unknown, so that no False window starts Cluster API's

@@ -28,6 +28,11 @@ fn machine() -> ApplyFacts {
         outputs_invalid: None,
         change_refused: None,
         provisioned: false,
+        unrecorded: None,
+        state: StateFacts::NotRead,
+        state_expected: false,
+        errored: None,
+        lock_held: None,
     }
 }
 
@@ -211,7 +216,139 @@ fn a6_a_state_the_object_did_not_make_is_never_applied_to() {
 }
 
 #[test]
-fn a7_inputs_that_do_not_resolve_say_which_and_start_nothing() {
+fn a7_a_success_that_cannot_be_recorded_holds_and_is_not_ready() {
+    let f = ApplyFacts {
+        applied_sha: Some("sha-a".into()),
+        attempt: 1,
+        last: LastApply::Succeeded,
+        unrecorded: Some("StateEncrypted: state tfstate-default-web-1.tfm is encrypted".into()),
+        ..machine()
+    };
+    let d = decide_apply(&f);
+    assert_eq!(d.row, ApplyRow::Unrecorded);
+    assert_eq!(d.action, ApplyAction::Wait);
+    for c in [PROVISIONED, INPUTS_APPLIED, cond::READY] {
+        let c = condition(&d, c);
+        assert_eq!(
+            (c.status, c.reason),
+            (Status::False, reason::APPLY_UNRECORDED),
+            "{}",
+            c.type_
+        );
+        assert!(
+            c.message.contains("StateEncrypted")
+                && c.message.contains("runbooks/ApplyUnrecorded.md"),
+            "{}",
+            c.message
+        );
+    }
+    // Whatever the inputs are now: nothing is applied over a state CAPTF cannot read.
+    let changed = decide_apply(&ApplyFacts {
+        inputs: Ok("sha-b".into()),
+        ..f.clone()
+    });
+    assert_eq!(changed.row, ApplyRow::Unrecorded);
+    // A provisioned object (an earlier success recorded) stays provisioned and Ready.
+    let latched = decide_apply(&ApplyFacts {
+        provisioned: true,
+        ..f
+    });
+    assert_eq!(condition(&latched, cond::READY).status, Status::True);
+    assert_eq!(
+        condition(&latched, INPUTS_APPLIED).reason,
+        reason::APPLY_UNRECORDED
+    );
+}
+
+#[test]
+fn a11_an_apply_that_is_due_reads_its_state_first_and_starts_only_on_one_it_can_trust() {
+    use crate::rules::Unreadable;
+    let due = machine();
+    // Not read yet: the table says the state is needed, and would start.
+    assert!(apply_state_needed(&due));
+    assert_eq!(decide_apply(&due).action.start_attempt(), Some(1));
+    // Nothing due: the state is not needed.
+    let up_to_date = ApplyFacts {
+        applied_sha: Some("sha-a".into()),
+        attempt: 1,
+        last: LastApply::Succeeded,
+        ..machine()
+    };
+    assert!(!apply_state_needed(&up_to_date));
+    let readable = StateFacts::Readable {
+        managed_instances: 2,
+        lineage: "l-1".into(),
+        serial: 3,
+        secret: "tfstate-default-web-1.tfm".into(),
+    };
+    // Readable, or not there yet before any apply wrote one: it starts.
+    for state in [readable.clone(), StateFacts::Missing] {
+        let f = ApplyFacts { state, ..machine() };
+        assert!(!apply_state_needed(&f));
+        assert_eq!(decide_apply(&f).row, ApplyRow::Apply);
+    }
+    let held = |f: ApplyFacts, reason: &str, says: &str| {
+        let d = decide_apply(&f);
+        assert_eq!(d.row, ApplyRow::CannotStart, "{reason}");
+        assert_eq!(d.action, ApplyAction::Wait, "{reason}");
+        let c = condition(&d, INPUTS_APPLIED);
+        assert_eq!((c.status, c.reason), (Status::False, reason));
+        assert!(c.message.contains(says), "{}", c.message);
+    };
+    held(
+        ApplyFacts {
+            state: StateFacts::Missing,
+            state_expected: true,
+            ..machine()
+        },
+        "StateLost",
+        "runbooks/StateLost.md",
+    );
+    held(
+        ApplyFacts {
+            state: StateFacts::Unreadable {
+                why: Unreadable::Inconsistent,
+                message: "the state has lineage l-2, but the object recorded lineage l-1".into(),
+            },
+            ..machine()
+        },
+        "StateInconsistent",
+        "runbooks/StateInconsistent.md",
+    );
+    held(
+        ApplyFacts {
+            state: readable.clone(),
+            errored: Some("the errored state X records 1 managed resource instance(s) that the state does not: vm[2]".into()),
+            ..machine()
+        },
+        "ErroredState",
+        "runbooks/ErroredState.md",
+    );
+    held(
+        ApplyFacts {
+            state: readable.clone(),
+            lock_held: Some("someone@laptop (lock 1234)".into()),
+            ..machine()
+        },
+        "ApplyCannotStart",
+        "someone@laptop",
+    );
+    // The retry of a failed apply, once due, too.
+    held(
+        ApplyFacts {
+            state: readable,
+            errored: Some("the errored state X records vm[2]".into()),
+            ..failed(1, 10)
+        },
+        "ErroredState",
+        "merge the errored state",
+    );
+    // A retry not due yet does not read the state.
+    assert!(!apply_state_needed(&failed(4, 0)));
+}
+
+#[test]
+fn a8_inputs_that_do_not_resolve_say_which_and_start_nothing() {
     let d = decide_apply(&ApplyFacts {
         inputs: Err("variablesFrom: Secret prod-vars has no key vars.json".into()),
         ..machine()
@@ -228,7 +365,7 @@ fn a7_inputs_that_do_not_resolve_say_which_and_start_nothing() {
 }
 
 #[test]
-fn a8_outputs_that_break_the_contract_hold_provisioning_and_say_how() {
+fn a9_outputs_that_break_the_contract_hold_provisioning_and_say_how() {
     let f = ApplyFacts {
         outputs_invalid: Some(
             "output provider_id is required of a machine module and is null".into(),
@@ -273,7 +410,7 @@ fn a8_outputs_that_break_the_contract_hold_provisioning_and_say_how() {
 }
 
 #[test]
-fn a9_applied_inputs_are_left_alone() {
+fn a10_applied_inputs_are_left_alone() {
     let d = decide_apply(&applied());
     assert_eq!(d.row, ApplyRow::UpToDate);
     assert_eq!(d.action, ApplyAction::Wait);
@@ -283,7 +420,7 @@ fn a9_applied_inputs_are_left_alone() {
 }
 
 #[test]
-fn a9_a_refused_change_of_a_set_once_field_shows_on_inputs_applied() {
+fn a10_a_refused_change_of_a_set_once_field_shows_on_inputs_applied() {
     let why = "the outputs give spec.controlPlaneEndpoint {\"host\":\"10.0.0.2\",\"port\":6443}, and it is {\"host\":\"10.0.0.1\",\"port\":6443}: it is set once and kept";
     let d = decide_apply(&ApplyFacts {
         change_refused: Some(why.into()),
@@ -313,7 +450,7 @@ fn a9_a_refused_change_of_a_set_once_field_shows_on_inputs_applied() {
 }
 
 #[test]
-fn a10_a_failed_apply_is_retried_on_the_schedule() {
+fn a12_a_failed_apply_is_retried_on_the_schedule() {
     // Failed a minute ago: the first retry is due after 24 to 30 s.
     let d = decide_apply(&failed(1, 1));
     assert_eq!(d.row, ApplyRow::Failed);
@@ -336,7 +473,7 @@ fn a10_a_failed_apply_is_retried_on_the_schedule() {
 }
 
 #[test]
-fn a11_a_first_apply_and_changed_inputs_start_an_attempt() {
+fn a13_a_first_apply_and_changed_inputs_start_an_attempt() {
     let d = decide_apply(&machine());
     assert_eq!(d.row, ApplyRow::Apply);
     assert_eq!(d.action, ApplyAction::StartApply { attempt: 1 });
@@ -413,7 +550,7 @@ fn provisioned_latches_through_gates_and_failed_reapplies() {
 fn the_rows_are_labelled_in_order() {
     let labels: Vec<String> = ApplyRow::ALL.iter().map(|r| r.label()).collect();
     assert_eq!(labels.first().map(String::as_str), Some("A1"));
-    assert_eq!(labels.last().map(String::as_str), Some("A11"));
+    assert_eq!(labels.last().map(String::as_str), Some("A13"));
     let mut sorted = ApplyRow::ALL.to_vec();
     sorted.sort();
     assert_eq!(

@@ -98,9 +98,10 @@ impl Unreadable {
 }
 
 /// What the pass knows of the state.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum StateFacts {
     /// Not read: rows 1 to 3 or the cleanup marker decide before the state matters.
+    #[default]
     NotRead,
     /// No base state Secret.
     Missing,

@@ -116,10 +116,13 @@ pub fn state_needed(f: &Facts) -> bool {
         state: StateFacts::NotRead,
         ..f.clone()
     });
-    !matches!(
-        unread.row,
-        None | Some(Row::Paused | Row::JobUnfinished | Row::DependentsExist | Row::CleanUp)
-    )
+    match unread.row {
+        None | Some(Row::Paused | Row::JobUnfinished | Row::DependentsExist) => false,
+        // A destroy's cleanup under way reads the state once more: the marker never sends
+        // a state that lists instances to cleanup (see `decide`).
+        Some(Row::CleanUp) => f.cleanup == Some(CleanupMarker::Destroyed),
+        Some(_) => true,
+    }
 }
 
 /// The rule table. Rows are evaluated in order; the first that applies decides.
@@ -204,8 +207,17 @@ pub fn decide(f: &Facts) -> Decision {
 
     let mut others = vec![paused, not_blocked(), ready];
 
-    // The cleanup marker sends the pass to row 8 before rows 4 to 7 and 9.
+    // The cleanup marker sends the pass to row 8 before rows 4 to 7 and 9: a crash in the
+    // middle of the cleanup (the state Secret already deleted) never turns into a false
+    // StateLost. It skips a state the cleanup began to delete, never one that reads with
+    // managed resource instances (restored by an operator mid-cleanup, say): that goes
+    // through the rows below like any other.
+    let lists_instances = matches!(
+        f.state,
+        StateFacts::Readable { managed_instances, .. } if managed_instances > 0
+    );
     match f.cleanup {
+        Some(CleanupMarker::Destroyed) if lists_instances => {}
         Some(CleanupMarker::Destroyed) => {
             let msg = "cleanup after a successful destroy is under way: deleting the Jobs, the state, inputs and backup Secrets, then the finalizer";
             let d = Desired::new(cond::DELETING, Status::True, reason::CLEANING_UP, msg);

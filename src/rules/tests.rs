@@ -716,13 +716,15 @@ fn an_errored_state_holds_an_empty_state_unless_a_destroy_succeeded() {
 #[test]
 fn the_state_is_needed_exactly_when_no_row_before_it_or_the_cleanup_marker_decides() {
     // The rule the controller restated by hand before the table answered it: deleting,
-    // not paused, no unfinished Job, no dependents of a cluster, no cleanup marker.
+    // not paused, no unfinished Job, no dependents of a cluster, no abandon under way (a
+    // destroy's cleanup under way reads the state once more: the marker never sends a
+    // state that lists instances to cleanup).
     let by_hand = |f: &Facts| {
         f.deleting
             && f.paused.is_none()
             && f.unfinished_jobs.is_empty()
             && (f.kind != Kind::TerraformCluster || f.dependents.is_empty())
-            && f.cleanup.is_none()
+            && f.cleanup != Some(CleanupMarker::Abandoned)
     };
     let mut seen = 0;
     for bits in 0u32..(1 << 8) {

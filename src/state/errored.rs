@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Secret;
 use super::{StateSecrets, instances};
 use crate::api::names::{
     LABEL_ERRORED_STATE, LEGACY_ERRORED_KEY, TF_LABEL_SUFFIX, errored_secret_name,
-    state_secret_name,
+    is_errored_suffix_of, state_secret_name,
 };
 
 /// A state Terraform could not save (`errored.tfstate`), as a runner kept it: a record of
@@ -40,10 +40,11 @@ impl Errored {
         }
     }
 
-    /// The errored states among `secrets` (the object's Secrets): the older runner's
+    /// The errored states of the object of `suffix` among `secrets`: the older runner's
     /// `captf-errored-<suffix>`, and each state of a Secret labelled as an errored state
-    /// (by its backend suffix, see [`crate::api::names::errored_suffix`]) with its parts,
-    /// in name order.
+    /// whose backend suffix is one of this object's ([`is_errored_suffix_of`]), with its
+    /// parts, in name order. Another object's errored states are passed over, whichever
+    /// Secrets are given (a dump of a whole namespace, say).
     pub fn find(suffix: &str, secrets: &[Secret]) -> Vec<Errored> {
         let legacy = errored_secret_name(suffix);
         let mut suffixes = std::collections::BTreeSet::new();
@@ -61,7 +62,7 @@ impl Errored {
             } else if let Some(labels) = s.metadata.labels.as_ref()
                 && labels.contains_key(LABEL_ERRORED_STATE)
                 && let Some(e) = labels.get(TF_LABEL_SUFFIX)
-                && e != suffix
+                && is_errored_suffix_of(e, suffix)
             {
                 suffixes.insert(e.clone());
             }

@@ -8,10 +8,19 @@
 //! writes (the backup, the Job): at N = 500 in the scale bench the release waited about a
 //! second there, the largest share of its latency. The number of states in memory stays
 //! at most `max`.
+//!
+//! A pass never holds a permit while it waits for another (the live pass gives its own up
+//! before it reads a TerraformCluster's outputs): two such passes could each hold one and
+//! wait for the other's for ever. Should a pass still wait far longer than any read takes,
+//! [`StateReads::longest_wait`] says so, and the health probe fails on it.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// Which pass asks for a permit (the gate's two lanes of passes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +37,27 @@ pub enum Lane {
 pub struct StateReads {
     all: Arc<Semaphore>,
     ordinary: Arc<Semaphore>,
+    max: usize,
+    /// When each pass waiting for a permit now began to wait, by a number of its own.
+    waiting: Mutex<BTreeMap<u64, Instant>>,
+    next_waiter: AtomicU64,
+}
+
+/// A pass's place among the waiters, given up when it has its permit or gives up waiting
+/// (a pass's future dropped mid-wait).
+struct Waiting<'a> {
+    reads: &'a StateReads,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.reads
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
 }
 
 /// A held permit; the state it covers is to be dropped with it.
@@ -43,13 +73,38 @@ impl StateReads {
         StateReads {
             all: Arc::new(Semaphore::new(max)),
             ordinary: Arc::new(Semaphore::new((max - 1).max(1))),
+            max,
+            waiting: Mutex::default(),
+            next_waiter: AtomicU64::new(0),
         }
+    }
+
+    /// How many permits there are in all (`--max-state-reads`).
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// How long the pass that has waited longest for a permit, and is still waiting, has
+    /// waited so far; none when no pass waits.
+    pub fn longest_wait(&self) -> Option<Duration> {
+        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.values().min().map(|since| since.elapsed())
+    }
+
+    fn start_waiting(&self) -> Waiting<'_> {
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Instant::now());
+        Waiting { reads: self, id }
     }
 
     /// Waits for a permit: an ordinary pass first for its share, then for one of all.
     /// An ordinary pass waiting for one of all holds its share meanwhile, so at most
     /// `max - 1` ordinary passes are ever ahead of a pass after a Job.
     pub async fn acquire(&self, lane: Lane) -> StatePermit {
+        let waiting = self.start_waiting();
         let ordinary = match lane {
             Lane::Ordinary => Some(
                 self.ordinary
@@ -66,6 +121,7 @@ impl StateReads {
             .acquire_owned()
             .await
             .expect("the state-read semaphores are never closed");
+        drop(waiting);
         StatePermit {
             _all: all,
             _ordinary: ordinary,
@@ -130,6 +186,37 @@ mod tests {
                 .expect("an ordinary pass goes on")
                 .expect("task");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_wait_is_that_of_the_pass_still_waiting_longest() {
+        let reads = Arc::new(StateReads::new(1));
+        assert_eq!(reads.longest_wait(), None, "nobody waits");
+        let held = reads.acquire(Lane::Ordinary).await;
+        assert_eq!(
+            reads.longest_wait(),
+            None,
+            "a pass that got its permit waits no more"
+        );
+        let first = tokio::spawn({
+            let r = reads.clone();
+            async move { r.acquire(Lane::Ordinary).await }
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let second = tokio::spawn({
+            let r = reads.clone();
+            async move { r.acquire(Lane::AfterJob).await }
+        });
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(reads.longest_wait(), Some(Duration::from_secs(90)));
+        // A pass that stops waiting (its future dropped) is no longer counted.
+        first.abort();
+        let _ = first.await;
+        assert_eq!(reads.longest_wait(), Some(Duration::from_secs(30)));
+        drop(held);
+        let got = second.await.expect("task");
+        assert_eq!(reads.longest_wait(), None);
+        drop(got);
     }
 
     #[tokio::test]

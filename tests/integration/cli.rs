@@ -407,3 +407,303 @@ fn the_example_modules_are_valid_terraform() {
         std::fs::remove_dir_all(&work).expect("clean");
     }
 }
+
+/// The objects of an example file, to change for a case of its own.
+fn example_docs(file: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{file}")),
+    )
+    .expect("example");
+    serde_saphyr::from_multiple(&text).expect("example YAML")
+}
+
+/// Writes `docs` as one `List` and explains it at [`NOW`]; the element of `kind`/`name`.
+fn explain_docs(case: &str, docs: Vec<Value>, kind: &str, name: &str) -> Value {
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+    let path = temp_file(&format!("{case}.json"), &list.to_string());
+    let out = json(&captf(&[
+        "explain",
+        "-f",
+        path.to_str().expect("path"),
+        "--now",
+        NOW,
+        "-o",
+        "json",
+    ]));
+    out.as_array()
+        .expect("array")
+        .iter()
+        .find(|e| e["kind"] == kind && e["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {kind} {name} in {out}"))
+}
+
+fn in_namespace(mut docs: Vec<Value>, ns: &str) -> Vec<Value> {
+    for d in &mut docs {
+        d["metadata"]["namespace"] = Value::from(ns);
+    }
+    docs
+}
+
+/// The cleanup marker lets a pass skip a state the cleanup already began to delete; it
+/// never sends to cleanup a state that reads with managed resource instances (restored
+/// by an operator mid-cleanup, say): that would delete the only record of live
+/// infrastructure.
+#[test]
+fn a_cleanup_marker_never_cleans_up_a_state_that_lists_instances() {
+    let mut docs = example_docs("row8-cleanup-marker.yaml");
+    let state = example_docs("row7-destroy.yaml")
+        .into_iter()
+        .filter(|d| d["kind"] == "Secret")
+        .find(|d| {
+            d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("tfstate-"))
+        })
+        .expect("row 7's state Secret");
+    docs.push(state);
+    let docs = in_namespace(docs, "row8-cleanup-marker");
+    let e = explain_docs("marker-with-instances", docs, "TerraformMachine", "web-1");
+    assert_ne!(e["action"], "CleanUp", "{e}");
+    assert!(
+        matches!(e["row"].as_u64(), Some(7 | 9)),
+        "a destroy, not a cleanup: {e}"
+    );
+}
+
+/// An apply Job killed (OOMKilled) and not yet recorded, on an object being deleted
+/// whose state is the empty one `init` wrote: the manager first records the interruption,
+/// then holds (what the killed apply made is in no state). `captf explain` says what the
+/// manager will do, not CleanUp.
+#[test]
+fn explain_decides_after_what_the_manager_records_first() {
+    let mut docs = example_docs("row8-cleanup.yaml");
+    let ns = docs[0]["metadata"]["namespace"]
+        .as_str()
+        .expect("namespace")
+        .to_string();
+    let obj = docs
+        .iter_mut()
+        .find(|d| d["kind"] == "TerraformMachine")
+        .expect("machine");
+    let uid = obj["metadata"]["uid"].as_str().expect("uid").to_string();
+    let ann = obj["metadata"]["annotations"]
+        .as_object_mut()
+        .expect("annotations");
+    ann.retain(|k, _| !k.contains("destroy-attempt") && !k.contains("deletion-uid"));
+    ann.insert(
+        "terraform.infrastructure.cluster.x-k8s.io/apply-attempt".into(),
+        "1".into(),
+    );
+    docs.retain(|d| d["kind"] != "Job" && d["kind"] != "Pod");
+    let labels = serde_json::json!({
+        "terraform.infrastructure.cluster.x-k8s.io/attempt": "1",
+        "terraform.infrastructure.cluster.x-k8s.io/operation": "apply",
+        "terraform.infrastructure.cluster.x-k8s.io/owner-kind": "TerraformMachine",
+        "terraform.infrastructure.cluster.x-k8s.io/owner-name": "web-1",
+        "terraform.infrastructure.cluster.x-k8s.io/owner-uid": uid,
+    });
+    docs.push(serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "captf-web-1-tfm-apply-1", "namespace": ns, "uid": "j-1",
+            "creationTimestamp": "2026-12-01T10:00:05Z", "labels": labels},
+        "spec": {"template": {"metadata": {"labels": labels}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4"}]}}},
+        "status": {"failed": 1, "startTime": "2026-12-01T10:00:05Z", "conditions": [
+            {"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy", "lastTransitionTime": "2026-12-01T10:01:00Z"},
+            {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "lastTransitionTime": "2026-12-01T10:01:00Z"}]}
+    }));
+    let mut pod_labels = labels.clone();
+    pod_labels["job-name"] = "captf-web-1-tfm-apply-1".into();
+    pod_labels["batch.kubernetes.io/job-name"] = "captf-web-1-tfm-apply-1".into();
+    docs.push(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "captf-web-1-tfm-apply-1-x7k2p", "namespace": ns, "labels": pod_labels},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "terraform", "image": "hashicorp/terraform:1.11.4"}]},
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "terraform", "image": "x", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}
+    }));
+    let e = explain_docs("oomkilled-apply", docs, "TerraformMachine", "web-1");
+    assert_eq!(e["action"], "Hold", "{e}");
+    let readable = e["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .find(|c| c["type"] == "StateReadable")
+        .expect("StateReadable");
+    assert_eq!(readable["reason"], "StateInconsistent", "{e}");
+}
+
+/// A destroy Job that has had no Pod for minutes, with no Event left to say why (Events
+/// expire after an hour, and a dump has none): the message names the missing Pod rather
+/// than only "waiting for the Job to finish".
+#[test]
+fn a_job_without_a_pod_is_named_as_such() {
+    let mut docs = example_docs("row2-waiting-for-job.yaml");
+    docs.retain(|d| d["kind"] != "Pod");
+    let e = explain_docs("podless", docs, "TerraformMachine", "web-1");
+    assert_eq!(e["row"], 2, "{e}");
+    let deleting = e["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .find(|c| c["type"] == "Deleting")
+        .expect("Deleting");
+    let msg = deleting["message"].as_str().expect("message");
+    assert!(msg.contains("no Pod"), "{msg}");
+}
+
+/// An errored state is its object's only: one that another object's runner kept (its
+/// backend suffix ends in the other object's) holds nothing of this one.
+#[test]
+fn an_errored_state_of_another_object_holds_nothing_else() {
+    let mut docs = example_docs("row7-destroy.yaml");
+    let ns = docs[0]["metadata"]["namespace"]
+        .as_str()
+        .expect("namespace")
+        .to_string();
+    let mut errored = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Secret"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("tfstate-"))
+        })
+        .cloned()
+        .expect("state Secret");
+    let suffix = "errored-1-ab1cd.web-2.tfm";
+    errored["metadata"]["name"] = format!("tfstate-default-{suffix}").into();
+    errored["metadata"]["namespace"] = ns.into();
+    errored["metadata"]["labels"]["tfstateSecretSuffix"] = suffix.into();
+    errored["metadata"]["labels"]["terraform.infrastructure.cluster.x-k8s.io/errored-state"] =
+        "true".into();
+    errored["metadata"]["labels"]["terraform.infrastructure.cluster.x-k8s.io/owner-kind"] =
+        "TerraformMachine".into();
+    errored["metadata"]["labels"]["terraform.infrastructure.cluster.x-k8s.io/owner-name"] =
+        "web-2".into();
+    errored["metadata"]["labels"]["terraform.infrastructure.cluster.x-k8s.io/owner-uid"] =
+        "7e3f0000-0000-4000-8000-0000000000ff".into();
+    // It records one more instance than web-1's state: were it web-1's, it would hold it.
+    let gz: k8s_openapi::ByteString =
+        serde_json::from_value(errored["data"]["tfstate"].clone()).expect("base64");
+    let mut json = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz.0[..]), &mut json)
+        .expect("gunzip");
+    let mut state: Value = serde_json::from_str(&json).expect("state");
+    let instances = state["resources"][0]["instances"]
+        .as_array_mut()
+        .expect("instances");
+    let mut extra = instances[0].clone();
+    extra["index_key"] = 9.into();
+    extra["attributes"]["id"] = "0b0e7a11-0000-4000-8000-0000000e77a0".into();
+    instances.push(extra);
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, state.to_string().as_bytes()).expect("gzip");
+    errored["data"]["tfstate"] =
+        serde_json::to_value(k8s_openapi::ByteString(enc.finish().expect("gzip"))).expect("b64");
+    docs.push(errored);
+    let e = explain_docs("errored-of-another", docs, "TerraformMachine", "web-1");
+    assert_eq!(e["action"], "StartDestroy", "{e}");
+}
+
+/// A state whose output holds a value of `mib` MiB (gzip makes it a few hundred KB: what
+/// anyone who may write a state Secret or a module can make), as the Secret of
+/// TerraformCluster `prod`'s state.
+fn state_secret_with_a_huge_output(ns: &str, mib: usize) -> Value {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(br#"{"version":4,"terraform_version":"1.11.4","serial":2,"lineage":"3710895b-6d6b-79b4-f8f4-2a15c7fe3d2f","outputs":{"machine_inputs":{"value":""#)
+        .unwrap();
+    let block = vec![b'a'; 1024 * 1024];
+    for _ in 0..mib {
+        enc.write_all(&block).unwrap();
+    }
+    enc.write_all(br#"","type":"string"}},"resources":[],"check_results":null}"#)
+        .unwrap();
+    let gz = enc.finish().unwrap();
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "tfstate-default-prod.tfc", "namespace": ns,
+            "labels": {"tfstate": "true", "tfstateSecretSuffix": "prod.tfc", "tfstateWorkspace": "default",
+                "app.kubernetes.io/managed-by": "terraform"}},
+        "data": {"tfstate": k8s_openapi::ByteString(gz)}
+    })
+}
+
+/// An output of 200 MiB in a TerraformCluster's state (a gzip of a few hundred KB), read
+/// for the hand-off its machines are given: the reader stops at its limit before it holds
+/// the value whole, instead of building it (three times over) and being killed for its
+/// memory. Run here under an address-space limit of 256 MiB.
+#[test]
+fn a_huge_output_is_refused_before_it_is_held_whole() {
+    use std::os::unix::process::CommandExt;
+    let ns = "huge-output";
+    let docs = vec![
+        serde_json::json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "prod", "namespace": ns, "uid": "c-1"},
+            "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "TerraformCluster", "name": "prod"}},
+            "status": {"initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true}}}),
+        serde_json::json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "web-1", "namespace": ns, "uid": "m-1", "labels": {"cluster.x-k8s.io/cluster-name": "prod"}},
+            "spec": {"clusterName": "prod", "bootstrap": {"dataSecretName": "web-1-bootstrap"}}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "web-1-bootstrap", "namespace": ns},
+            "data": {"value": "I2Nsb3VkLWNvbmZpZwo="}}),
+        serde_json::json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "TerraformMachine",
+            "metadata": {"name": "web-1", "namespace": ns, "uid": "t-1",
+                "labels": {"cluster.x-k8s.io/cluster-name": "prod"},
+                "finalizers": ["terraformmachine.infrastructure.cluster.x-k8s.io"],
+                "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "web-1", "uid": "m-1", "controller": true}]},
+            "spec": {"module": {"files": {"main.tf": "variable \"captf_cluster_outputs\" {\n  type = any\n}\n"}}}}),
+        state_secret_with_a_huge_output(ns, 200),
+    ];
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+    let path = temp_file("huge-output.json", &list.to_string());
+    let limit = 256 * 1024 * 1024;
+    let out = unsafe {
+        Command::new(env!("CARGO_BIN_EXE_captf"))
+            .args([
+                "explain",
+                "-f",
+                path.to_str().unwrap(),
+                "--now",
+                NOW,
+                "-o",
+                "json",
+            ])
+            .pre_exec(move || {
+                let l = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+            .output()
+            .expect("run captf")
+    };
+    let items = json(&out);
+    let web = items
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "web-1")
+        .expect("web-1");
+    let provisioned = web["apply"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Provisioned")
+        .expect("Provisioned");
+    assert_eq!(provisioned["reason"], "WaitingForClusterOutputs", "{web}");
+    assert!(
+        provisioned["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("more than")),
+        "{web}"
+    );
+}

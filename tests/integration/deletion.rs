@@ -132,11 +132,11 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
 }
 
 /// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running.
-async fn machine_env(tag: &str, fail_destroys: u32, backoff_base: Duration) -> Env {
+pub(crate) async fn machine_env(tag: &str, fail_destroys: u32, backoff_base: Duration) -> Env {
     Env::with_machine(tag, &module(fail_destroys), backoff_base).await
 }
 
-const FAST: Duration = Duration::from_millis(300);
+pub(crate) const FAST: Duration = Duration::from_millis(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_05_never_applied_is_released_at_once_without_a_job() {

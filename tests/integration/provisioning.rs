@@ -12,12 +12,12 @@ use serde_json::json;
 
 use crate::support::*;
 
-fn annotation<K: TerraformObject>(obj: &K, key: &str) -> Option<String> {
+pub(crate) fn annotation<K: TerraformObject>(obj: &K, key: &str) -> Option<String> {
     obj.annotations().get(key).cloned()
 }
 
 /// Waits until `type_` of `K`/`name` has `status` and `reason`; returns its message.
-async fn wait_condition<K: TerraformObject>(
+pub(crate) async fn wait_condition<K: TerraformObject>(
     env: &Env,
     name: &str,
     type_: &str,
@@ -41,7 +41,7 @@ async fn wait_condition<K: TerraformObject>(
 }
 
 /// Deletes the Cluster `prod` and waits until its TerraformCluster is released.
-async fn delete_and_wait_released(env: &Env) {
+pub(crate) async fn delete_and_wait_released(env: &Env) {
     env.delete_cluster("prod").await;
     wait_for("the TerraformCluster to be released", long(), || async {
         !env.exists::<Tfc>("prod").await
@@ -51,7 +51,7 @@ async fn delete_and_wait_released(env: &Env) {
 
 /// Names the TerraformCluster `prod` as the Cluster `prod`'s infrastructure, as Cluster
 /// API's `spec.infrastructureRef` does (its machines are then given its hand-off).
-async fn name_terraform_cluster(env: &Env) {
+pub(crate) async fn name_terraform_cluster(env: &Env) {
     env.cluster_api()
         .patch(
             "prod",
@@ -64,7 +64,11 @@ async fn name_terraform_cluster(env: &Env) {
 }
 
 /// The inputs the inputs Secret of `kind`/`name` records.
-async fn recorded_inputs(env: &Env, kind: Kind, name: &str) -> Option<captf::inputs::Inputs> {
+pub(crate) async fn recorded_inputs(
+    env: &Env,
+    kind: Kind,
+    name: &str,
+) -> Option<captf::inputs::Inputs> {
     let suffix = names::state_suffix(kind, name);
     let secret = env
         .secrets()
@@ -75,7 +79,7 @@ async fn recorded_inputs(env: &Env, kind: Kind, name: &str) -> Option<captf::inp
 }
 
 /// What the inputs Secret of `kind`/`name` records of its latest successful apply's run.
-async fn recorded_ran(env: &Env, kind: Kind, name: &str) -> Option<captf::inputs::Ran> {
+pub(crate) async fn recorded_ran(env: &Env, kind: Kind, name: &str) -> Option<captf::inputs::Ran> {
     recorded_inputs(env, kind, name).await?.ran
 }
 
@@ -419,7 +423,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
 /// A machine module of `count` instances that declares `variables` and writes `record`
 /// (a shell word list of Terraform expressions) into each instance's created marker, with
 /// the machine's contract outputs.
-fn recording_machine_module(count: u32, variables: &str, record: &str) -> String {
+pub(crate) fn recording_machine_module(count: u32, variables: &str, record: &str) -> String {
     format!(
         r#"variable "name" {{ type = string }}
 variable "marker_dir" {{ type = string }}
@@ -687,7 +691,7 @@ async fn an_apply_interrupted_then_deleted_is_held_not_released() {
 }
 
 /// A cluster module whose `machine_inputs` output hands `subnet` to its machines.
-fn handoff_cluster_module(subnet: &str) -> String {
+pub(crate) fn handoff_cluster_module(subnet: &str) -> String {
     format!(
         "{}output \"machine_inputs\" {{\n  value = {{ subnet = \"{subnet}\" }}\n}}\n",
         apply_module(0)
@@ -695,7 +699,7 @@ fn handoff_cluster_module(subnet: &str) -> String {
 }
 
 /// A machine module that writes what its cluster handed it into its created marker.
-fn handoff_machine_module() -> String {
+pub(crate) fn handoff_machine_module() -> String {
     recording_machine_module(
         1,
         r#"variable "captf_cluster_outputs" { type = any }"#,

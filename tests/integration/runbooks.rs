@@ -244,19 +244,19 @@ async fn write_state_bytes(env: &Env, bytes: Vec<u8>) {
         .expect("write state");
 }
 
-fn gzip(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     enc.write_all(bytes).expect("gzip");
     enc.finish().expect("gzip")
 }
 
-fn gunzip(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn gunzip(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut out).expect("gunzip");
     out
 }
 
-async fn state_json(env: &Env) -> Value {
+pub(crate) async fn state_json(env: &Env) -> Value {
     let s = env
         .secrets()
         .get(&names::state_secret_name("web-1.tfm"))
@@ -1499,5 +1499,46 @@ async fn runbook_waiting_for_the_gates() {
         }
     }
     wait_reason::<Tfm>(&env, "web-1", "Provisioned", "Provisioned").await;
+    env.shutdown().await;
+}
+
+/// A success whose state does not match the fingerprint the object recorded (changed by
+/// hand while the apply ran) is held, not recorded, and not Ready; the runbook reads the
+/// state's own lineage and serial and accepts them, and the success is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_apply_unrecorded() {
+    const RB: &str = "runbooks/ApplyUnrecorded.md";
+    check_vars(RB, "terraformmachine", "web-1");
+    let env = machine("rb-unrecorded", 0, Duration::from_secs(60)).await;
+    env.reapply_slowly("web-1", 4).await;
+    wait_for("the second apply to run", LONG, || async {
+        env.apply_job_active("web-1", 2).await
+    })
+    .await;
+    env.annotate::<Tfm>(
+        "web-1",
+        &[(
+            names::STATE_LINEAGE,
+            Some("00000000-0000-4000-8000-000000000000".into()),
+        )],
+    )
+    .await;
+    let msg = wait_reason::<Tfm>(&env, "web-1", "InputsApplied", "ApplyUnrecorded").await;
+    assert!(
+        msg.contains("StateInconsistent") && msg.contains(RB),
+        "{msg}"
+    );
+    let run = run_runbook(&env, RB).await;
+    assert!(run.stdout.contains("ApplyUnrecorded: "), "{}", run.stdout);
+    assert!(run.stdout.contains("provisioned=true"), "{}", run.stdout);
+    let obj = env.object::<Tfm>("web-1").await.expect("machine");
+    assert_eq!(
+        obj.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::APPLIED_ATTEMPT))
+            .map(String::as_str),
+        Some("2")
+    );
     env.shutdown().await;
 }

@@ -606,3 +606,94 @@ async fn a_restore_over_a_longer_protected_state_leaves_no_part_held_in_deletion
     );
     env.shutdown().await;
 }
+
+/// The namespace is deleted a moment after the apply wrote a three-part state: the parts
+/// are too new for their protection finalizer (Terraform may still be writing them), and
+/// the namespace deletion takes them. A protected, readable copy of that state must be
+/// left: the backup, made as the parts appear.
+async fn namespace_deleted_just_after_the_apply(env: Env) {
+    let base = names::state_secret_name("web-1.tfm");
+    let backup = names::backup_secret_name("web-1.tfm");
+    let before =
+        fingerprint(env.read_state(Kind::TerraformMachine, "web-1").await).expect("readable");
+    delete_namespace(&env).await;
+    // The namespace controller deletes everything it may within seconds.
+    wait_for("the namespace's Secrets to be deleted", long(), || async {
+        let left: Vec<String> = env
+            .secrets()
+            .list_metadata(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter_map(|s| s.metadata.name)
+                    .collect()
+            })
+            .unwrap_or_default();
+        left.iter().all(|n| {
+            n == &base
+                || n.starts_with(&backup)
+                || n.starts_with(&names::inputs_secret_name("web-1.tfm"))
+                || names::part_index(&base, n).is_some()
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let state = read_set(&env.secrets(), &base).await;
+    let copy = read_set(&env.secrets(), &backup).await;
+    assert!(
+        state.as_ref() == Some(&before) || copy.as_ref() == Some(&before),
+        "no readable copy of the state is left: state {state:?}, backup {copy:?}, Secrets {:?}",
+        state_secrets(&env, &base).await
+    );
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_deleted_just_after_the_managers_apply_keeps_a_readable_copy() {
+    let env = big_machine("ns-after-apply", &module(0)).await;
+    namespace_deleted_just_after_the_apply(env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_deleted_just_after_an_apply_by_hand_keeps_a_readable_copy() {
+    let env =
+        Env::with_machine_applied_by_hand("ns-after-hand", &format!("{}{BLOB}", module(0)), FAST)
+            .await;
+    namespace_deleted_just_after_the_apply(env).await;
+}
+
+/// An abandon decided while the namespace was live, and the namespace deleted while that
+/// pass was still on its way (its write held up here): the Secrets it keeps must not go
+/// with the namespace. The abandon looks at the namespace again before it takes any
+/// protection off, and copies everything out first when it is terminating by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abandon_racing_a_namespace_deletion_still_copies_what_it_keeps() {
+    let env = Env::with_machine("abandon-race", &module(0), FAST).await;
+    let state = names::state_secret_name("web-1.tfm");
+    env.wait_protected(&state).await;
+    env.lose_secret(&state).await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "Held", long()).await;
+    // The next write of the object by the manager (the abandon's pass) waits 5 s.
+    env.proxy.faults().delay_next(
+        1,
+        Some("patch"),
+        Some("terraformmachines"),
+        Duration::from_secs(5),
+    );
+    env.abandon::<Tfm>("web-1").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    delete_namespace(&env).await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    let there: Api<Secret> = Api::namespaced(env.client.clone(), &env.manager_ns);
+    assert!(
+        there
+            .get_opt(&names::abandoned_inputs_copy_name(&env.ns, "web-1.tfm"))
+            .await
+            .expect("read")
+            .is_some(),
+        "the inputs went with the namespace, not copied"
+    );
+    env.shutdown().await;
+}

@@ -41,7 +41,17 @@ pub async fn abandon<K: TerraformObject>(
         .map(|v| v.message.clone())
         .unwrap_or_else(|| "the state was not read".into());
 
-    if o.namespace_terminating {
+    // The namespace may have begun to terminate since this pass looked at it: the kept
+    // Secrets would go with it once their protection comes off. It is read again now, and
+    // everything is copied out first if it is.
+    let terminating = o.namespace_terminating || namespace_terminating_now(ctx, scope).await?;
+    if terminating && !o.namespace_terminating {
+        warn!(
+            "the namespace began to terminate during the abandon's pass: copying the kept Secrets out first"
+        );
+        copy_out(ctx, scope, o).await?;
+    }
+    if terminating {
         announce_copies(ctx, scope, &described).await;
     }
     let mut current = obj.clone();
@@ -68,12 +78,26 @@ pub async fn abandon<K: TerraformObject>(
     }
     delete_lock_if_free(scope, o).await?;
     let now = Timestamp::now().to_string();
+    let mut kept = Vec::new();
     for base in [
         names::state_secret_name(suffix),
         names::inputs_secret_name(suffix),
         names::backup_secret_name(suffix),
     ] {
-        for s in chunked::metas(secrets, &base).await? {
+        kept.extend(chunked::metas(secrets, &base).await?);
+    }
+    // The errored states are kept and marked as the rest.
+    kept.extend(
+        super::errored_metas(scope, o)
+            .await?
+            .into_iter()
+            .map(|metadata| kube::core::PartialObjectMeta {
+                metadata,
+                ..Default::default()
+            }),
+    );
+    {
+        for s in kept {
             let mut ops = if s
                 .metadata
                 .annotations
@@ -93,7 +117,7 @@ pub async fn abandon<K: TerraformObject>(
         }
     }
     warn!(what = %described, "abandoned: released without a destroy; the state, inputs and backup Secrets are kept");
-    if !o.namespace_terminating {
+    if !terminating {
         publish(ctx, obj, EventType::Warning, events::ABANDONED, "Abandon", &format!("released without a destroy; Secrets kept and marked abandoned; the state described: {described}")).await;
     }
     ctx.metrics.decisions.inc(&[K::KIND.as_str(), "abandon"]);
@@ -106,7 +130,11 @@ pub async fn abandon<K: TerraformObject>(
 /// (`captf-abandoned-<namespace>-<suffix>`, `…-part-N`, `…-inputs`, `…-backup`,
 /// `…-backup-part-N`), and every copy is read back and compared with its source. Any
 /// failure is returned, and the abandon does not go on.
-pub async fn copy_out<K: TerraformObject>(ctx: &Context, scope: &Scope<K>) -> Result<(), Error> {
+pub async fn copy_out<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    o: &Observed,
+) -> Result<(), Error> {
     let (ns, suffix, here) = (&scope.namespace, &scope.suffix, &scope.secrets);
     let there: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.manager_namespace);
     let base = names::abandoned_copy_name(ns, suffix);
@@ -133,6 +161,24 @@ pub async fn copy_out<K: TerraformObject>(ctx: &Context, scope: &Scope<K>) -> Re
         names::inputs_secret_name(suffix),
         names::abandoned_inputs_copy_name(ns, suffix),
     ));
+    // The errored states (each a chunked set of its own backend suffix), as
+    // `captf-abandoned-<namespace>-<its suffix>`.
+    for m in super::errored_metas(scope, o).await? {
+        let Some(name) = m.name else { continue };
+        // A pushed one is `tfstate-default-<its suffix>` (and parts); an older runner's
+        // `captf-errored-<suffix>`, copied under its own name.
+        let target = match names::parse_secret_name(&name) {
+            Some(p) if name.starts_with("tfstate-") => {
+                let copy = names::abandoned_copy_name(ns, &p.rest);
+                match p.part {
+                    Some(n) => names::part_secret_name(&copy, n),
+                    None => copy,
+                }
+            }
+            _ => names::abandoned_copy_name(ns, &name),
+        };
+        pairs.push((name, target));
+    }
     let now = Timestamp::now().to_string();
     for (source, target) in &pairs {
         let Some(original) = here.get_opt(source).await? else {
@@ -198,6 +244,22 @@ pub async fn copy_out<K: TerraformObject>(ctx: &Context, scope: &Scope<K>) -> Re
         )));
     }
     Ok(())
+}
+
+/// Whether the object's namespace is terminating, as read now (not from a cache).
+async fn namespace_terminating_now<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+) -> Result<bool, Error> {
+    Ok(
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone())
+            .get_opt(&scope.namespace)
+            .await?
+            .is_none_or(|n| {
+                n.metadata.deletion_timestamp.is_some()
+                    || n.status.and_then(|s| s.phase).as_deref() == Some("Terminating")
+            }),
+    )
 }
 
 /// The Warning Event of an abandon in a terminating namespace, on the copy in the

@@ -1,16 +1,18 @@
-//! Starting apply attempt `n` (rows A10 and A11 of the apply table).
+//! Starting apply attempt `n` (rows A12 and A13 of the apply table).
 //!
 //! Write order: what the Job needs first (the runner's RBAC; the state's Secrets, if any,
-//! labelled for Terraform's backend with the parts' protection off); then, in one guarded
-//! write on the object, the attempt number, `inputs-sha256`, `applied-at` the first time,
-//! block-move, and the last failure's time cleared (write-ahead: the deletion reads
-//! `applied-at` as "something may exist", and the attempt number keeps a restarted pass
-//! from starting a second Job beside the first); then the inputs Secret, created or
-//! replaced; then the attempt's variables Secret and the Job.
+//! labelled for Terraform's backend with the parts' protection off; a lock left by a gone
+//! runner of the object cleared, as read); then, in one guarded write on the object, the
+//! attempt number, `inputs-sha256`, `applied-at` the first time, block-move, and the last
+//! failure's time cleared (write-ahead: the deletion reads `applied-at` as "something may
+//! exist", and the attempt number keeps a restarted pass from starting a second Job
+//! beside the first); then the attempt's variables Secret, which carries its inputs too;
+//! then the Job.
 //!
-//! The inputs Secret is replaced after the guarded write, not before: a deletion that
-//! begins in between changes the object, the guarded write fails, and the Secret still
-//! holds the inputs the existing state was made with, which the destroy then runs.
+//! The inputs Secret is not written here: it holds the inputs of the latest apply that
+//! wrote the state, which the destroy runs. An attempt's inputs become those only once it
+//! wrote the state (`bookkeeping`): an apply refused, failed before Terraform touched the
+//! state, or never started leaves the destroy the inputs that made the state.
 
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
@@ -18,11 +20,10 @@ use kube::api::ObjectMeta;
 use super::Started;
 use super::destroy::{Attempt, ensure_backend_labels_on};
 use crate::api::TerraformObject;
-use crate::api::labels::OwnerRef;
 use crate::api::names;
 use crate::controller::{Context, Error, Scope};
 use crate::gather::Observed;
-use crate::inputs::{self, Inputs};
+use crate::inputs::Inputs;
 use crate::io::writes::{self, annotation_ops, guarded_patch};
 
 /// Renders apply attempt `n` of the object from the inputs its spec builds to; the error
@@ -43,6 +44,7 @@ pub async fn start_apply<K: TerraformObject>(
     scope: &Scope<K>,
     obj: &K,
     o: &Observed,
+    stale_lock: bool,
     inputs: &Inputs,
     attempt: Attempt,
 ) -> Result<Started, Error> {
@@ -54,9 +56,23 @@ pub async fn start_apply<K: TerraformObject>(
     } = attempt;
     let base = names::state_secret_name(&scope.suffix);
     let metas = state_metas(scope, &base).await?;
+    // A runner of the object killed before it could unlock (OOMKilled) left Terraform's
+    // lock: every later apply would fail on it. Cleared only as read, and only when its
+    // holder is provably gone (`lock::judge`).
+    let clear_stale_lock = async {
+        if let (true, Some(lease)) = (stale_lock, &o.lock) {
+            let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = scope.api_of();
+            tracing::info!(
+                "clearing Terraform's lock held by a runner of this object that is gone"
+            );
+            writes::delete_as_read(&leases, &lease.metadata).await?;
+        }
+        Ok::<_, Error>(())
+    };
     futures::try_join!(
         crate::controller::rbac::ensure_runner_rbac(ctx, &scope.namespace),
         ensure_backend_labels_on(scope, &base, metas, &backend_labels),
+        clear_stale_lock,
     )?;
     let applied_at = obj.annotations().get(names::APPLIED_AT).is_none();
     let mut edits = vec![
@@ -69,17 +85,6 @@ pub async fn start_apply<K: TerraformObject>(
         edits.push((names::APPLIED_AT, Some(jiff::Timestamp::now().to_string())));
     }
     let written = guarded_patch(&scope.api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
-    let inputs_secret = inputs::inputs_secret(
-        inputs,
-        &OwnerRef {
-            kind: K::KIND,
-            name: &scope.name,
-            uid: &scope.uid,
-            namespace: &scope.namespace,
-            suffix: &scope.suffix,
-        },
-    );
-    writes::create_or_replace(&scope.secrets, &inputs_secret).await?;
     let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
     let (started, created) =
         super::create_attempt_job(scope, o, &job, &secret, names::APPLY_ATTEMPT, n, current)

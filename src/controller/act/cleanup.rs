@@ -56,7 +56,11 @@ pub async fn cleanup<K: TerraformObject>(
         })
         .await
     };
-    let (marked, found) = futures::try_join!(marker, secret_metas(scope, o))?;
+    let (marked, found, errored) = futures::try_join!(
+        marker,
+        secret_metas(scope, o),
+        super::errored_metas(scope, o)
+    )?;
     if marked.is_some() {
         // Once per deletion: how long the destroy that left nothing ran.
         let succeeded = o
@@ -73,11 +77,12 @@ pub async fn cleanup<K: TerraformObject>(
     let mut current = marked.unwrap_or_else(|| obj.clone());
     // The cleanup marker is written: a crash from here on resumes the cleanup. Each part
     // keeps its own order.
-    let (written, (), (), ()) = futures::try_join!(
+    let (written, (), (), (), ()) = futures::try_join!(
         write_status(api, &current, decision),
         delete_jobs(scope, o),
         delete_secrets(secrets, &found, &scope.uid),
         delete_lock_if_free(scope, o),
+        unprotect(secrets, &errored),
     )?;
     if let Some(w) = written
         && writes::only_status_changed(&current, &w)
@@ -159,6 +164,21 @@ async fn secret_metas<K: TerraformObject>(
         }
     }
     Ok(out)
+}
+
+/// Takes the protection finalizer off the errored states, which stay: the destroy that
+/// left nothing was not held by them (each records nothing the state did not), and
+/// `captf orphans` lists them afterwards.
+async fn unprotect(secrets: &Api<Secret>, metas: &[kube::api::ObjectMeta]) -> Result<(), Error> {
+    for m in metas {
+        let ops = remove_finalizer_ops(m, names::PROTECT_FINALIZER);
+        match guarded_patch(secrets, m, ops).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Marks an errored-state Secret written without [`names::LABEL_ERRORED_STATE`] (by an

@@ -58,6 +58,20 @@ pub fn render_operation<K: TerraformObject>(
     inputs: &Inputs,
 ) -> Result<Attempt, String> {
     let cluster = gather::owning_cluster(obj.meta());
+    // An operator's image in place of the digest the apply ran (one the registry no
+    // longer serves), for the destroy only.
+    let replaced = match obj
+        .meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::RUNNER_IMAGE))
+    {
+        Some(image) if operation == names::OPERATION_DESTROY => {
+            Some(inputs.with_runner_image(image))
+        }
+        _ => None,
+    };
+    let inputs = replaced.as_ref().unwrap_or(inputs);
     let request = JobRequest {
         kind: K::KIND,
         name: &scope.name,

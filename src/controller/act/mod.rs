@@ -107,6 +107,60 @@ pub async fn delete_lock_if_free<K: TerraformObject>(
     Ok(())
 }
 
+/// The metadata of the object's errored states (what Terraform could not save, kept by a
+/// runner) and their parts, whatever uid of the object's kind and name they were kept
+/// under (see [`crate::api::names::is_errored_suffix_of`]): as this pass read them with the
+/// state, else from the cache of the object's Secrets, else listed.
+pub async fn errored_metas<K: TerraformObject>(
+    scope: &Scope<K>,
+    o: &Observed,
+) -> Result<Vec<kube::api::ObjectMeta>, Error> {
+    let legacy = names::errored_secret_name(&scope.suffix);
+    let mine = |m: &kube::api::ObjectMeta| {
+        m.name.as_deref() == Some(legacy.as_str())
+            || m.labels
+                .as_ref()
+                .and_then(|l| l.get(names::TF_LABEL_SUFFIX))
+                .is_some_and(|e| names::is_errored_suffix_of(e, &scope.suffix))
+    };
+    if o.state.is_some() {
+        let mut out = Vec::new();
+        for e in &o.errored {
+            match e {
+                crate::state::Errored::Pushed(set) => out.extend(set.metas.values().cloned()),
+                crate::state::Errored::Legacy { name, .. } => {
+                    out.extend(scope.secret_meta(name).await?);
+                }
+            }
+        }
+        return Ok(out);
+    }
+    let listed: Vec<kube::api::ObjectMeta> = match &scope.caches {
+        Some(c) => super::caches::namesakes(
+            &c.secrets,
+            &c.secrets_by_owner,
+            K::KIND,
+            &scope.namespace,
+            &scope.name,
+        )
+        .into_iter()
+        .map(|m| m.metadata)
+        .collect(),
+        None => scope
+            .secrets
+            .list_metadata(
+                &ListParams::default()
+                    .labels(&crate::api::labels::namesake_selector(K::KIND, &scope.name)),
+            )
+            .await?
+            .items
+            .into_iter()
+            .map(|m| m.metadata)
+            .collect(),
+    };
+    Ok(listed.into_iter().filter(mine).collect())
+}
+
 /// What became of a start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Started {

@@ -1,0 +1,174 @@
+//! The sweep of what gone objects left behind (see `gather::leftovers`): the finished
+//! Jobs, their Pods and the attempts' variables Secrets of an object that left without a
+//! cleanup (`clusterctl move`), and the free lock Lease of its state, which moved with it.
+//! Run with the RBAC sweep, from the caches; a namespace with such things is looked at
+//! live (its objects, its Leases) before anything there is deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, ListParams};
+use tracing::info;
+
+use super::{Context, Error};
+use crate::api::names::Kind;
+use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
+use crate::gather::leftovers::{Present, is_variables_secret};
+use crate::io::writes;
+use crate::state::lock::{self, Lock};
+
+/// What is left over in one namespace, by kind of thing.
+#[derive(Default)]
+struct Found {
+    jobs: BTreeSet<String>,
+    pods: BTreeSet<String>,
+    secrets: BTreeSet<String>,
+}
+
+/// Deletes what gone objects left behind; returns how many things it deleted.
+pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
+    let Some(all) = ctx.all_caches() else {
+        return Ok(0);
+    };
+    // Candidates from the caches: what carries the owner labels and has finished.
+    let mut by_ns: BTreeMap<String, Found> = BTreeMap::new();
+    let ns_of = |m: &kube::api::ObjectMeta| m.namespace.clone().unwrap_or_default();
+    let empty = Present::default();
+    for c in &all {
+        for j in c.jobs.state() {
+            if empty.left_over(&j.metadata, super::triggers::job_finished(&j)) {
+                by_ns.entry(ns_of(&j.metadata)).or_default();
+            }
+        }
+        for s in c.secrets.state() {
+            if is_variables_secret(&s.metadata) && empty.left_over(&s.metadata, true) {
+                by_ns.entry(ns_of(&s.metadata)).or_default();
+            }
+        }
+    }
+    let mut deleted = 0;
+    for (ns, mut found) in by_ns {
+        let present = present_in(ctx, &all, &ns).await?;
+        for c in &all {
+            for j in c.jobs.state() {
+                if ns_of(&j.metadata) == ns
+                    && present.left_over(&j.metadata, super::triggers::job_finished(&j))
+                {
+                    found.jobs.extend(j.metadata.name.clone());
+                }
+            }
+            for p in c.pods.state() {
+                if ns_of(&p.metadata) == ns
+                    && present.left_over(&p.metadata, lock::pod_terminated(&p))
+                {
+                    found.pods.extend(p.metadata.name.clone());
+                }
+            }
+            for s in c.secrets.state() {
+                if ns_of(&s.metadata) == ns
+                    && is_variables_secret(&s.metadata)
+                    && present.left_over(&s.metadata, true)
+                {
+                    found.secrets.extend(s.metadata.name.clone());
+                }
+            }
+        }
+        let (jobs, pods, secrets, leases): (Api<Job>, Api<Pod>, Api<Secret>, Api<Lease>) = (
+            Api::namespaced(ctx.client.clone(), &ns),
+            Api::namespaced(ctx.client.clone(), &ns),
+            Api::namespaced(ctx.client.clone(), &ns),
+            Api::namespaced(ctx.client.clone(), &ns),
+        );
+        for name in &found.jobs {
+            deleted += usize::from(writes::delete_if_present(&jobs, name).await?);
+        }
+        for name in &found.pods {
+            deleted += usize::from(writes::delete_if_present(&pods, name).await?);
+        }
+        for name in &found.secrets {
+            deleted += usize::from(writes::delete_if_present(&secrets, name).await?);
+        }
+        // Terraform's lock of a state that went: deleted only as read, free or held by a
+        // Pod that is gone (none of this object's runners is left to hold it).
+        for lease in leases.list(&ListParams::default()).await?.items {
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            if !present.lease_left_over(&name) {
+                continue;
+            }
+            let suffix = name
+                .strip_prefix(&format!(
+                    "lock-tfstate-{}-",
+                    crate::api::names::TF_WORKSPACE
+                ))
+                .unwrap_or_default();
+            match lock::judge(Some(&lease), suffix, &[], jiff::Timestamp::now()) {
+                Lock::Free | Lock::StaleOwn { .. } => {
+                    deleted += usize::from(writes::delete_as_read(&leases, &lease.metadata).await?);
+                }
+                Lock::Held { .. } => {}
+            }
+        }
+        let total = found.jobs.len() + found.pods.len() + found.secrets.len();
+        if total > 0 {
+            info!(
+                namespace = %ns,
+                jobs = found.jobs.len(),
+                pods = found.pods.len(),
+                secrets = found.secrets.len(),
+                "deleted what objects that are gone (moved away) left behind"
+            );
+        }
+    }
+    Ok(deleted)
+}
+
+/// The objects and states of `ns`: the objects listed live (whatever `--watch-filter`
+/// says: another manager's object is no leftover), the states from the caches of Secrets.
+async fn present_in(
+    ctx: &Context,
+    all: &[std::sync::Arc<super::Caches>],
+    ns: &str,
+) -> Result<Present, Error> {
+    let mut present = Present::default();
+    let lp = ListParams::default();
+    for m in Api::<TerraformCluster>::namespaced(ctx.client.clone(), ns)
+        .list_metadata(&lp)
+        .await?
+        .items
+    {
+        present.object(
+            Kind::TerraformCluster,
+            m.metadata.name.as_deref().unwrap_or_default(),
+        );
+    }
+    for m in Api::<TerraformMachine>::namespaced(ctx.client.clone(), ns)
+        .list_metadata(&lp)
+        .await?
+        .items
+    {
+        present.object(
+            Kind::TerraformMachine,
+            m.metadata.name.as_deref().unwrap_or_default(),
+        );
+    }
+    for m in Api::<TerraformMachinePool>::namespaced(ctx.client.clone(), ns)
+        .list_metadata(&lp)
+        .await?
+        .items
+    {
+        present.object(
+            Kind::TerraformMachinePool,
+            m.metadata.name.as_deref().unwrap_or_default(),
+        );
+    }
+    for c in all {
+        for s in c.secrets.state().iter().chain(c.states.state().iter()) {
+            if s.metadata.namespace.as_deref() == Some(ns) {
+                present.secret(&s.metadata);
+            }
+        }
+    }
+    Ok(present)
+}
