@@ -2,7 +2,8 @@
 //! kube-controller-manager with the local kubelet, and the fault proxy. These tests pin
 //! down what the deletion scenarios rely on it for: Pods named and run as a kubelet runs
 //! them, termination as a kubelet terminates, logs through the API server, the test
-//! control's faults, an admission refusal, and the proxy's counts and faults.
+//! control's faults, an admission refusal, and the proxy's counts and faults; and the
+//! API server's version.
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::support::cluster;
 use crate::support::*;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -385,4 +387,52 @@ async fn the_fault_proxy_counts_fails_and_drops_watches() {
     .await;
     task.abort();
     env.shutdown().await;
+}
+
+/// `kubectl version -o json` against `kubeconfig`: the server's `gitVersion`.
+fn kubectl_server_version(kubeconfig: &std::path::Path) -> String {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["version", "-o", "json"])
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl version: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("kubectl's JSON");
+    v["serverVersion"]["gitVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The API server says which Kubernetes it is (`/version`), as a release does: Cluster
+/// API refuses to run on a server whose version does not parse, and kubectl cannot parse
+/// it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_reports_its_kubernetes_version() {
+    if envtest_only("it checks the local control plane's build") {
+        return;
+    }
+    let plane = cluster::ControlPlane::shared();
+    let info = plane
+        .client()
+        .await
+        .apiserver_version()
+        .await
+        .expect("/version");
+    assert_eq!(
+        (
+            info.git_version.as_str(),
+            info.major.as_str(),
+            info.minor.as_str()
+        ),
+        ("v1.37.2", "1", "37"),
+        "{info:?}"
+    );
+    assert_eq!(info.git_tree_state, "clean", "{info:?}");
+    assert_eq!(kubectl_server_version(plane.kubeconfig()), "v1.37.2");
 }

@@ -192,6 +192,11 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
+    /// A client with the admin's credentials.
+    pub async fn client(&self) -> kube::Client {
+        super::client_for(&self.kubeconfig).await
+    }
+
     /// The process id of `captf-envtest` (its children are kube-apiserver,
     /// kube-controller-manager and the kubelet).
     pub fn pid(&self) -> Option<u32> {
