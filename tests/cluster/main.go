@@ -222,7 +222,7 @@ func run(args []string) int {
 		c.stop()
 		return 1
 	case why := <-c.died:
-		say("%s while starting", why)
+		say("while starting, %s", why)
 		c.stop()
 		return 1
 	}
@@ -352,8 +352,11 @@ func (c *cluster) start(ctx context.Context) error {
 			return err
 		}
 	}
+	tPKI := time.Since(t0)
 	var capi *capiComponents
+	var tComponents time.Duration
 	if c.opts.clusterAPI {
+		t := time.Now()
 		// The manager's webhook server: signed by the cluster's CA, which the webhook
 		// configurations and the CRDs' conversion name as their CA bundle.
 		if _, err := p.issue("capi-webhook", "capi-webhook", nil, loopbackHosts); err != nil {
@@ -368,8 +371,8 @@ func (c *cluster) start(ctx context.Context) error {
 			return fmt.Errorf("cluster API components: %w", err)
 		}
 		c.crds = append(c.crds, capi.crds...)
+		tComponents = time.Since(t)
 	}
-	tPKI := time.Since(t0)
 
 	t := time.Now()
 	c.etcd, err = startEtcd(filepath.Join(c.dataDir, "etcd"), ports["etcd-client"], ports["etcd-peer"],
@@ -416,20 +419,25 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 	tAPI := time.Since(t)
 	say("kube-apiserver ready in %.1fs at %s", tAPI.Seconds(), c.server)
+	var tCRDs time.Duration
 	if len(c.crds) > 0 {
 		t = time.Now()
 		if err := c.installCRDs(ctx, c.crds); err != nil {
 			return err
 		}
-		say("%d CRDs installed and established in %.1fs", len(c.crds), time.Since(t).Seconds())
+		tCRDs = time.Since(t)
+		say("%d CRDs installed and established in %.1fs", len(c.crds), tCRDs.Seconds())
 	}
 	if capi != nil {
 		t = time.Now()
 		if err := c.applyCAPIObjects(ctx, capi.objects); err != nil {
 			return fmt.Errorf("cluster API components: %w", err)
 		}
-		say("Cluster API: %d CRDs (above) and %d objects applied in %.1fs from %s, webhooks and conversion at https://127.0.0.1:%d (left out: %s)",
-			len(capi.crds), len(capi.objects), time.Since(t).Seconds(), c.opts.capiComponents, ports["capi-webhook"], strings.Join(capi.dropped, ", "))
+		tApply := time.Since(t)
+		say("Cluster API: %s read and localized in %.1fs (webhooks and conversion at https://127.0.0.1:%d; left out: %s), its %d CRDs installed above, %d objects applied in %.1fs",
+			c.opts.capiComponents, tComponents.Seconds(), ports["capi-webhook"], strings.Join(capi.dropped, ", "),
+			len(capi.crds), len(capi.objects), tApply.Seconds())
+		tComponents += tApply
 	}
 
 	t = time.Now()
@@ -543,12 +551,15 @@ func (c *cluster) start(ctx context.Context) error {
 	if err := writeAtomically(c.opts.kubeconfig, c.adminCfg); err != nil {
 		return fmt.Errorf("write the kubeconfig: %w", err)
 	}
-	capiPart := ""
-	if capi != nil {
-		capiPart = fmt.Sprintf(", Cluster API manager %.1fs", tCAPI.Seconds())
+	crdsPart, capiPart := "", ""
+	if tCRDs > 0 {
+		crdsPart = fmt.Sprintf(", CRDs %.1fs", tCRDs.Seconds())
 	}
-	say("ready in %.1fs (certificates %.1fs, etcd %.1fs, kube-apiserver %.1fs, kube-controller-manager %.1fs%s, kubelet and Node Ready %.1fs)",
-		time.Since(t0).Seconds(), tPKI.Seconds(), tEtcd.Seconds(), tAPI.Seconds(), tKCM.Seconds(), capiPart, tKubelet.Seconds())
+	if capi != nil {
+		capiPart = fmt.Sprintf(", Cluster API's other objects %.1fs and manager %.1fs", tComponents.Seconds(), tCAPI.Seconds())
+	}
+	say("ready in %.1fs (certificates %.1fs, etcd %.1fs, kube-apiserver %.1fs%s, kube-controller-manager %.1fs%s, kubelet and Node Ready %.1fs)",
+		time.Since(t0).Seconds(), tPKI.Seconds(), tEtcd.Seconds(), tAPI.Seconds(), crdsPart, tKCM.Seconds(), capiPart, tKubelet.Seconds())
 	say("serving %s; kubeconfig written to %s", c.server, c.opts.kubeconfig)
 	return nil
 }
