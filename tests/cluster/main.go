@@ -9,6 +9,11 @@
 // Node is Ready, then runs until SIGTERM or SIGINT (or, with --exit-on-stdin-close, until
 // its standard input closes), and stops everything cleanly. See README.md beside it.
 //
+//	captf-envtest --kubeconfig PATH --cluster-api
+//
+// also installs Cluster API's CRDs, RBAC and webhook configurations and runs its real
+// core manager (capi.go).
+//
 // kube-apiserver and kube-controller-manager run as child processes of this program
 // (the subcommands of the same names), each as its real command with its real flags, so
 // that the two keep their own process-wide state as in a real cluster.
@@ -102,6 +107,11 @@ type options struct {
 	stdinClose   bool
 	keepData     bool
 	readyTimeout time.Duration
+
+	clusterAPI     bool
+	capiManager    string
+	capiComponents string
+	capiArgs       multiFlag
 }
 
 type multiFlag []string
@@ -125,6 +135,10 @@ func run(args []string) int {
 	fs.BoolVar(&o.stdinClose, "exit-on-stdin-close", false, "stop when standard input closes (for a parent process that may die without a signal)")
 	fs.BoolVar(&o.keepData, "keep-data", false, "keep the data directory on stop")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 3*time.Minute, "how long each component may take to become ready")
+	fs.BoolVar(&o.clusterAPI, "cluster-api", false, "also install Cluster API (its CRDs, RBAC and webhooks, from --capi-components) and run its core manager (--capi-manager)")
+	fs.StringVar(&o.capiManager, "capi-manager", "", "with --cluster-api: Cluster API's core manager (default: capi-manager beside this program)")
+	fs.StringVar(&o.capiComponents, "capi-components", "", "with --cluster-api: Cluster API's core-components.yaml (default: capi/core-components.yaml beside this program)")
+	fs.Var(&o.capiArgs, "capi-manager-arg", "with --cluster-api: an extra argument for the Cluster API manager, after its own (repeatable)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: captf-envtest --kubeconfig PATH [flags]\n\nA real Kubernetes control plane on loopback (etcd, kube-apiserver, kube-controller-manager, a local kubelet).")
 		fs.PrintDefaults()
@@ -139,11 +153,31 @@ func run(args []string) int {
 	if o.kubelet == "" {
 		o.kubelet = os.Getenv("CAPTF_KUBELET")
 	}
-	if o.kubelet == "" {
-		self, err := os.Executable()
-		if err == nil {
-			o.kubelet = filepath.Join(filepath.Dir(self), "captf-kubelet")
+	selfDir := ""
+	if self, err := os.Executable(); err == nil {
+		selfDir = filepath.Dir(self)
+	}
+	if o.kubelet == "" && selfDir != "" {
+		o.kubelet = filepath.Join(selfDir, "captf-kubelet")
+	}
+	if o.clusterAPI {
+		if o.capiManager == "" {
+			o.capiManager = filepath.Join(selfDir, "capi-manager")
 		}
+		if o.capiComponents == "" {
+			o.capiComponents = filepath.Join(selfDir, "capi", "core-components.yaml")
+		}
+		if st, err := os.Stat(o.capiManager); err != nil || st.IsDir() {
+			say("the Cluster API manager %q is not there: build it (tests/cluster/build builds it beside captf-envtest) or name it with --capi-manager", o.capiManager)
+			return 2
+		}
+		if st, err := os.Stat(o.capiComponents); err != nil || st.IsDir() {
+			say("Cluster API's components %q are not there: make them (tests/cluster/build generates them beside captf-envtest) or name them with --capi-components", o.capiComponents)
+			return 2
+		}
+	} else if o.capiManager != "" || o.capiComponents != "" || len(o.capiArgs) > 0 {
+		say("--capi-manager, --capi-components and --capi-manager-arg need --cluster-api")
+		return 2
 	}
 	crds, err := readCRDs(o.crds)
 	if err != nil {
@@ -188,7 +222,7 @@ func run(args []string) int {
 		c.stop()
 		return 1
 	case why := <-c.died:
-		say("%s while starting", why)
+		say("while starting, %s", why)
 		c.stop()
 		return 1
 	}
@@ -269,7 +303,11 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 	c.pki = p
 	ports := map[string]int{}
-	for _, n := range []string{"etcd-client", "etcd-peer", "apiserver", "kcm", "kubelet"} {
+	portNames := []string{"etcd-client", "etcd-peer", "apiserver", "kcm", "kubelet"}
+	if c.opts.clusterAPI {
+		portNames = append(portNames, "capi-webhook", "capi-health")
+	}
+	for _, n := range portNames {
 		if ports[n], err = freePort(); err != nil {
 			return err
 		}
@@ -315,6 +353,26 @@ func (c *cluster) start(ctx context.Context) error {
 		}
 	}
 	tPKI := time.Since(t0)
+	var capi *capiComponents
+	var tComponents time.Duration
+	if c.opts.clusterAPI {
+		t := time.Now()
+		// The manager's webhook server: signed by the cluster's CA, which the webhook
+		// configurations and the CRDs' conversion name as their CA bundle.
+		if _, err := p.issue("capi-webhook", "capi-webhook", nil, loopbackHosts); err != nil {
+			return err
+		}
+		ca, err := os.ReadFile(p.CAFile())
+		if err != nil {
+			return err
+		}
+		capi, err = readCAPIComponents(c.opts.capiComponents, ports["capi-webhook"], ca)
+		if err != nil {
+			return fmt.Errorf("cluster API components: %w", err)
+		}
+		c.crds = append(c.crds, capi.crds...)
+		tComponents = time.Since(t)
+	}
 
 	t := time.Now()
 	c.etcd, err = startEtcd(filepath.Join(c.dataDir, "etcd"), ports["etcd-client"], ports["etcd-peer"],
@@ -361,12 +419,25 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 	tAPI := time.Since(t)
 	say("kube-apiserver ready in %.1fs at %s", tAPI.Seconds(), c.server)
+	var tCRDs time.Duration
 	if len(c.crds) > 0 {
 		t = time.Now()
 		if err := c.installCRDs(ctx, c.crds); err != nil {
 			return err
 		}
-		say("%d CRDs installed and established in %.1fs", len(c.crds), time.Since(t).Seconds())
+		tCRDs = time.Since(t)
+		say("%d CRDs installed and established in %.1fs", len(c.crds), tCRDs.Seconds())
+	}
+	if capi != nil {
+		t = time.Now()
+		if err := c.applyCAPIObjects(ctx, capi.objects); err != nil {
+			return fmt.Errorf("cluster API components: %w", err)
+		}
+		tApply := time.Since(t)
+		say("Cluster API: %s read and localized in %.1fs (webhooks and conversion at https://127.0.0.1:%d; left out: %s), its %d CRDs installed above, %d objects applied in %.1fs",
+			c.opts.capiComponents, tComponents.Seconds(), ports["capi-webhook"], strings.Join(capi.dropped, ", "),
+			len(capi.crds), len(capi.objects), tApply.Seconds())
+		tComponents += tApply
 	}
 
 	t = time.Now()
@@ -409,6 +480,43 @@ func (c *cluster) start(ctx context.Context) error {
 	tKCM := time.Since(t)
 	say("kube-controller-manager ready in %.1fs", tKCM.Seconds())
 
+	// Cluster API's manager starts before the kubelet, so that the kubelet still stops
+	// first.
+	var tCAPI time.Duration
+	if capi != nil {
+		t = time.Now()
+		args := append([]string{
+			"--kubeconfig=" + filepath.Join(c.dataDir, "admin.kubeconfig"),
+			"--leader-elect=false",
+			fmt.Sprintf("--webhook-port=%d", ports["capi-webhook"]),
+			"--webhook-cert-dir=" + p.dir,
+			"--webhook-cert-name=capi-webhook.crt",
+			"--webhook-key-name=capi-webhook.key",
+			fmt.Sprintf("--health-addr=127.0.0.1:%d", ports["capi-health"]),
+			// No metrics server: nothing reads it, and a fixed port would clash.
+			"--diagnostics-address=0",
+			"--insecure-diagnostics",
+			"--feature-gates=" + capiFeatureGates,
+		}, c.opts.capiArgs...)
+		// Without a Pod's metadata the manager reaches this cluster through its
+		// kubeconfig, as a manager running outside it does.
+		var env []string
+		for _, kv := range os.Environ() {
+			if k, _, _ := strings.Cut(kv, "="); k != "POD_NAMESPACE" && k != "POD_NAME" && k != "POD_UID" {
+				env = append(env, kv)
+			}
+		}
+		if err := c.spawnBinaryEnv("capi-manager", c.opts.capiManager, args, env); err != nil {
+			return err
+		}
+		if err := c.waitCAPIManager(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports["capi-health"])); err != nil {
+			return fmt.Errorf("%w\nthe last lines of %s:\n%s", err, filepath.Join(c.dataDir, "logs", "capi-manager.log"),
+				tail(filepath.Join(c.dataDir, "logs", "capi-manager.log"), 30))
+		}
+		tCAPI = time.Since(t)
+		say("Cluster API manager ready in %.1fs, its webhooks answering (%s)", tCAPI.Seconds(), c.opts.capiManager)
+	}
+
 	t = time.Now()
 	kubeletArgs := append([]string{
 		"--kubeconfig=" + filepath.Join(c.dataDir, "kubelet.kubeconfig"),
@@ -443,8 +551,15 @@ func (c *cluster) start(ctx context.Context) error {
 	if err := writeAtomically(c.opts.kubeconfig, c.adminCfg); err != nil {
 		return fmt.Errorf("write the kubeconfig: %w", err)
 	}
-	say("ready in %.1fs (certificates %.1fs, etcd %.1fs, kube-apiserver %.1fs, kube-controller-manager %.1fs, kubelet and Node Ready %.1fs)",
-		time.Since(t0).Seconds(), tPKI.Seconds(), tEtcd.Seconds(), tAPI.Seconds(), tKCM.Seconds(), tKubelet.Seconds())
+	crdsPart, capiPart := "", ""
+	if tCRDs > 0 {
+		crdsPart = fmt.Sprintf(", CRDs %.1fs", tCRDs.Seconds())
+	}
+	if capi != nil {
+		capiPart = fmt.Sprintf(", Cluster API's other objects %.1fs and manager %.1fs", tComponents.Seconds(), tCAPI.Seconds())
+	}
+	say("ready in %.1fs (certificates %.1fs, etcd %.1fs, kube-apiserver %.1fs%s, kube-controller-manager %.1fs%s, kubelet and Node Ready %.1fs)",
+		time.Since(t0).Seconds(), tPKI.Seconds(), tEtcd.Seconds(), tAPI.Seconds(), crdsPart, tKCM.Seconds(), capiPart, tKubelet.Seconds())
 	say("serving %s; kubeconfig written to %s", c.server, c.opts.kubeconfig)
 	return nil
 }
@@ -476,12 +591,18 @@ func (c *cluster) spawn(name string, args []string) error {
 }
 
 func (c *cluster) spawnBinary(name, bin string, args []string) error {
+	return c.spawnBinaryEnv(name, bin, args, nil)
+}
+
+// spawnBinaryEnv starts bin as the component name, with env (nil: this program's).
+func (c *cluster) spawnBinaryEnv(name, bin string, args, env []string) error {
 	logPath := filepath.Join(c.dataDir, "logs", name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		return err
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -2,18 +2,23 @@
 //! kube-controller-manager with the local kubelet, and the fault proxy. These tests pin
 //! down what the deletion scenarios rely on it for: Pods named and run as a kubelet runs
 //! them, termination as a kubelet terminates, logs through the API server, the test
-//! control's faults, an admission refusal, and the proxy's counts and faults.
+//! control's faults, an admission refusal, and the proxy's counts and faults; and the
+//! API server's version and the real Cluster API of `--cluster-api`, with clusterctl.
 
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams,
+    PostParams,
+};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::support::cluster;
 use crate::support::*;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -385,4 +390,302 @@ async fn the_fault_proxy_counts_fails_and_drops_watches() {
     .await;
     task.abort();
     env.shutdown().await;
+}
+
+/// How long a test waits on the real Cluster API's controllers (the suite's wait).
+const CAPI_WAIT: Duration = Duration::from_secs(90);
+
+/// `kubectl version -o json` against `kubeconfig`: the server's `gitVersion`.
+fn kubectl_server_version(kubeconfig: &std::path::Path) -> String {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["version", "-o", "json"])
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl version: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("kubectl's JSON");
+    v["serverVersion"]["gitVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The API server says which Kubernetes it is (`/version`), as a release does: Cluster
+/// API refuses to run on a server whose version does not parse, and kubectl cannot parse
+/// it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_reports_its_kubernetes_version() {
+    if envtest_only("it checks the local control plane's build") {
+        return;
+    }
+    let plane = cluster::ControlPlane::shared();
+    let info = plane
+        .client()
+        .await
+        .apiserver_version()
+        .await
+        .expect("/version");
+    assert_eq!(
+        (
+            info.git_version.as_str(),
+            info.major.as_str(),
+            info.minor.as_str()
+        ),
+        ("v1.37.2", "1", "37"),
+        "{info:?}"
+    );
+    assert_eq!(info.git_tree_state, "clean", "{info:?}");
+    assert_eq!(kubectl_server_version(plane.kubeconfig()), "v1.37.2");
+}
+
+/// `clusterctl` beside `captf-envtest` is the Cluster API release the control plane runs.
+#[test]
+fn clusterctl_is_the_cluster_api_release_of_the_control_plane() {
+    let home = tempfile_dir("clusterctl-version");
+    let out = std::process::Command::new(cluster::clusterctl())
+        .args(["version", "-o", "short"])
+        .env("HOME", &home)
+        .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
+        .output()
+        .expect("clusterctl");
+    let _ = std::fs::remove_dir_all(&home);
+    assert!(
+        out.status.success(),
+        "clusterctl version: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v1.14.2");
+}
+
+fn tempfile_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "captf-e2e-{tag}-{}-{}",
+        std::process::id(),
+        rand_marker()
+    ));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn capi_resource(version: &str, kind: &str) -> ApiResource {
+    ApiResource {
+        group: "cluster.x-k8s.io".into(),
+        version: version.into(),
+        api_version: format!("cluster.x-k8s.io/{version}"),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    }
+}
+
+fn has_finalizer(o: &DynamicObject, finalizer: &str) -> bool {
+    o.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == finalizer)
+}
+
+/// The real Cluster API on `captf-envtest --cluster-api`: its Cluster controller adopts a
+/// TerraformCluster (no CAPTF manager runs here: only CAPTF's CRDs are installed) as it
+/// adopts any infrastructure provider's object, its webhooks default, validate and
+/// convert, clusterctl describes the Cluster, and deleting the Cluster deletes its
+/// infrastructure first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_cluster_api_adopts_and_deletes_a_terraform_cluster() {
+    if envtest_only("it starts a control plane of its own with Cluster API") {
+        return;
+    }
+    let plane = cluster::ControlPlane::dedicated_with_cluster_api("cp-capi");
+    let client = plane.client().await;
+    let info = client.apiserver_version().await.expect("/version");
+    assert_eq!(info.git_version, "v1.37.2", "{info:?}");
+
+    let ns = "capi-smoke";
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create namespace");
+    let tfc_resource = ApiResource::erase::<captf::api::TerraformCluster>(&());
+    let tfcs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &tfc_resource);
+    let tfc: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": tfc_resource.api_version, "kind": "TerraformCluster",
+        "metadata": {"name": "prod", "namespace": ns},
+        "spec": {"module": {"files": {"main.tf": "# nothing: no CAPTF manager runs here\n"}}}
+    }))
+    .expect("TerraformCluster");
+    tfcs.create(&PostParams::default(), &tfc)
+        .await
+        .expect("create TerraformCluster");
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &capi_resource("v1beta2", "Cluster"));
+    let c: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": "prod", "namespace": ns},
+        "spec": {"infrastructureRef": {"apiGroup": tfc_resource.group, "kind": "TerraformCluster", "name": "prod"}}
+    }))
+    .expect("Cluster");
+    let created = clusters
+        .create(&PostParams::default(), &c)
+        .await
+        .expect("create Cluster (through Cluster API's webhooks)");
+    let uid = created.metadata.uid.clone().expect("uid");
+
+    // The Cluster controller's finalizer on the Cluster, its ownerReference and label on
+    // the TerraformCluster.
+    wait_for("the Cluster controller's finalizer", CAPI_WAIT, || async {
+        clusters
+            .get("prod")
+            .await
+            .is_ok_and(|c| has_finalizer(&c, "cluster.cluster.x-k8s.io"))
+    })
+    .await;
+    wait_for(
+        "the Cluster's ownerReference on the TerraformCluster",
+        CAPI_WAIT,
+        || async {
+            tfcs.get("prod").await.is_ok_and(|t| {
+                t.metadata.owner_references.iter().flatten().any(|r| {
+                    r.api_version == "cluster.x-k8s.io/v1beta2"
+                        && r.kind == "Cluster"
+                        && r.name == "prod"
+                        && r.uid == uid
+                })
+            })
+        },
+    )
+    .await;
+    let t = tfcs.get("prod").await.expect("TerraformCluster");
+    assert_eq!(
+        t.labels()
+            .get("cluster.x-k8s.io/cluster-name")
+            .map(String::as_str),
+        Some("prod")
+    );
+
+    // The defaulting webhook: a Machine (dry run) gets its cluster-name label, a "v" before
+    // its version and its node deletion timeout.
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &capi_resource("v1beta2", "Machine"));
+    let m: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "web-1", "namespace": ns},
+        "spec": {"clusterName": "prod", "version": "1.37.2",
+            "bootstrap": {"dataSecretName": "web-1-bootstrap"},
+            "infrastructureRef": {"apiGroup": tfc_resource.group, "kind": "TerraformMachine", "name": "web-1"}}
+    }))
+    .expect("Machine");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let defaulted = machines
+        .create(&dry_run, &m)
+        .await
+        .expect("dry-run create Machine");
+    assert_eq!(
+        defaulted
+            .labels()
+            .get("cluster.x-k8s.io/cluster-name")
+            .map(String::as_str),
+        Some("prod"),
+        "{defaulted:?}"
+    );
+    assert_eq!(defaulted.data["spec"]["version"], "v1.37.2");
+    assert_eq!(
+        defaulted.data["spec"]["deletion"]["nodeDeletionTimeoutSeconds"],
+        10
+    );
+    // The validating webhook: a Machine of no Cluster is refused.
+    let mut orphan = m.clone();
+    orphan.data["spec"]["clusterName"] = json!("");
+    let err = machines
+        .create(&dry_run, &orphan)
+        .await
+        .expect_err("a Machine without a Cluster is refused");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422),
+        "{err}"
+    );
+    // The conversion webhook: the Cluster read as v1beta1.
+    let old: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &capi_resource("v1beta1", "Cluster"));
+    let as_v1beta1 = old.get("prod").await.expect("the Cluster as v1beta1");
+    assert_eq!(
+        as_v1beta1.data["spec"]["infrastructureRef"]["kind"], "TerraformCluster",
+        "{as_v1beta1:?}"
+    );
+    assert_eq!(
+        as_v1beta1.data["spec"]["infrastructureRef"]["apiVersion"], tfc_resource.api_version,
+        "{as_v1beta1:?}"
+    );
+
+    // clusterctl describes it.
+    let home = tempfile_dir("clusterctl-home");
+    let out = std::process::Command::new(cluster::clusterctl())
+        .args(["describe", "cluster", "prod", "-n", ns, "--kubeconfig"])
+        .arg(plane.kubeconfig())
+        .env("HOME", &home)
+        .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
+        .output()
+        .expect("clusterctl");
+    let _ = std::fs::remove_dir_all(&home);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "clusterctl describe cluster: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The Cluster, with its infrastructure beneath it.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let cluster_line = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("Cluster {ns}/prod ")));
+    let infra_line = lines
+        .iter()
+        .position(|l| l.contains(&format!("TerraformCluster {ns}/prod")));
+    assert!(
+        matches!((cluster_line, infra_line), (Some(c), Some(i)) if c < i),
+        "{stdout}"
+    );
+
+    // Deleting the Cluster deletes the TerraformCluster, then the Cluster goes. (Without
+    // CAPTF's manager nothing puts CAPTF's finalizer on the TerraformCluster; strip one
+    // if it is there all the same.)
+    clusters
+        .delete("prod", &DeleteParams::background())
+        .await
+        .expect("delete Cluster");
+    wait_for("the TerraformCluster to be deleted", CAPI_WAIT, || async {
+        match tfcs.get_opt("prod").await.expect("get TerraformCluster") {
+            None => true,
+            Some(t) => {
+                if t.metadata.deletion_timestamp.is_some()
+                    && t.metadata
+                        .finalizers
+                        .as_ref()
+                        .is_some_and(|f| !f.is_empty())
+                {
+                    let patch = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+                    let _ = tfcs.patch("prod", &PatchParams::default(), &patch).await;
+                }
+                false
+            }
+        }
+    })
+    .await;
+    wait_for("the Cluster to go", CAPI_WAIT, || async {
+        clusters
+            .get_opt("prod")
+            .await
+            .expect("get Cluster")
+            .is_none()
+    })
+    .await;
 }

@@ -2,7 +2,10 @@
 //! kube-apiserver and kube-controller-manager from `tests/cluster/`, and the local kubelet
 //! of `tests/kubelet/`), built by `tests/cluster/build` and started once per test process
 //! ([`ControlPlane::shared`]); a test that changes what every test shares (it deletes a
-//! CRD) starts one of its own ([`ControlPlane::dedicated`]).
+//! CRD) starts one of its own ([`ControlPlane::dedicated`]). With `--cluster-api` it also
+//! runs the real Cluster API core manager, with Cluster API's CRDs and webhooks
+//! ([`ControlPlane::dedicated_with_cluster_api`], [`ControlPlane::shared_with_cluster_api`]);
+//! [`clusterctl`] is the clusterctl of the same Cluster API version.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -19,6 +22,9 @@ pub struct ControlPlane {
     pub crds: tokio::sync::OnceCell<()>,
     /// Whether the minimal Cluster CRD is installed (a control plane without Cluster API).
     pub cluster_crd: bool,
+    /// Whether the real Cluster API runs on it (`captf-envtest --cluster-api`): its CRDs,
+    /// webhooks and core manager; then the minimal Cluster CRD is not installed.
+    pub cluster_api: bool,
     /// How long `captf-envtest` took until its kubeconfig appeared.
     pub started_in: Duration,
 }
@@ -70,20 +76,42 @@ pub fn binaries() -> PathBuf {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Cluster API's `clusterctl`, built beside `captf-envtest` (the same Cluster API version
+/// as the control plane's `--cluster-api`). Run it with `HOME` set to a directory of the
+/// test's and `CLUSTERCTL_DISABLE_VERSIONCHECK=true` (it has no network to check with).
+pub fn clusterctl() -> PathBuf {
+    binaries().join("clusterctl")
+}
+
 impl ControlPlane {
     /// The control plane every test of this process shares, started on first use. It stops
     /// when the process ends (`captf-envtest --exit-on-stdin-close`).
     pub fn shared() -> Arc<ControlPlane> {
         static SHARED: OnceLock<Arc<ControlPlane>> = OnceLock::new();
         SHARED
-            .get_or_init(|| Arc::new(ControlPlane::start("shared", &[], &[], true)))
+            .get_or_init(|| Arc::new(ControlPlane::start("shared", &[], &[], Capi::Minimal)))
             .clone()
+    }
+
+    /// As [`ControlPlane::shared`], with the real Cluster API (`--cluster-api`): a second
+    /// control plane the tests of this process that want Cluster API's controllers share.
+    pub fn shared_with_cluster_api() -> Arc<ControlPlane> {
+        static SHARED: OnceLock<Arc<ControlPlane>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Arc::new(ControlPlane::start("shared-capi", &[], &[], Capi::Real)))
+            .clone()
+    }
+
+    /// A control plane of its own with the real Cluster API (`--cluster-api`): Cluster
+    /// API's CRDs and webhooks, and its core manager, ready when this returns.
+    pub fn dedicated_with_cluster_api(tag: &str) -> Arc<ControlPlane> {
+        Arc::new(ControlPlane::start(tag, &[], &[], Capi::Real))
     }
 
     /// A control plane of its own, stopped when the last handle goes; `kubelet_args` go to
     /// the local kubelet (`--max-pods=4`: at most four unfinished Pods on the Node).
     pub fn dedicated(tag: &str, kubelet_args: &[&str]) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane::start(tag, kubelet_args, &[], true))
+        Arc::new(ControlPlane::start(tag, kubelet_args, &[], Capi::Minimal))
     }
 
     /// As [`ControlPlane::dedicated`], with `kcm_args` after kube-controller-manager's own
@@ -93,21 +121,23 @@ impl ControlPlane {
         kubelet_args: &[&str],
         kcm_args: &[&str],
     ) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane::start(tag, kubelet_args, kcm_args, true))
+        Arc::new(ControlPlane::start(
+            tag,
+            kubelet_args,
+            kcm_args,
+            Capi::Minimal,
+        ))
     }
 
     /// A control plane of its own without Cluster API's Cluster CRD (a test installs it
     /// later, as when Cluster API is installed after CAPTF).
     pub fn dedicated_without_capi(tag: &str) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane::start(tag, &[], &[], false))
+        Arc::new(ControlPlane::start(tag, &[], &[], Capi::None))
     }
 
-    fn start(
-        tag: &str,
-        kubelet_args: &[&str],
-        kcm_args: &[&str],
-        cluster_crd: bool,
-    ) -> ControlPlane {
+    fn start(tag: &str, kubelet_args: &[&str], kcm_args: &[&str], capi: Capi) -> ControlPlane {
+        let cluster_crd = capi == Capi::Minimal;
+        let cluster_api = capi == Capi::Real;
         let dir_of = binaries();
         let bin = dir_of.join("captf-envtest");
         let kubelet = dir_of
@@ -127,8 +157,8 @@ impl ControlPlane {
         // later only at its next discovery sync, up to 30 s on).
         let crds = dir.join("crds.json");
         let mut docs = Vec::new();
-        let capi = cluster_crd.then(super::cluster_crd);
-        for crd in captf::api::crds().into_iter().chain(capi) {
+        let minimal = cluster_crd.then(super::cluster_crd);
+        for crd in captf::api::crds().into_iter().chain(minimal) {
             docs.push(serde_json::to_string(&crd).expect("CRD"));
         }
         std::fs::write(&crds, docs.join("\n")).expect("CRDs file");
@@ -152,6 +182,8 @@ impl ControlPlane {
             ))
             .args(kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")))
             .args(kcm_args.iter().map(|a| format!("--kcm-arg={a}")))
+            // Its manager and components are found beside captf-envtest.
+            .args(cluster_api.then_some("--cluster-api"))
             .stdin(Stdio::piped())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -183,6 +215,7 @@ impl ControlPlane {
             child: Mutex::new(Some((child, stdin))),
             crds: tokio::sync::OnceCell::new(),
             cluster_crd,
+            cluster_api,
             started_in: t.elapsed(),
         }
     }
@@ -190,6 +223,11 @@ impl ControlPlane {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// A client with the admin's credentials.
+    pub async fn client(&self) -> kube::Client {
+        super::client_for(&self.kubeconfig).await
     }
 
     /// The process id of `captf-envtest` (its children are kube-apiserver,
@@ -225,6 +263,18 @@ impl Drop for ControlPlane {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// What of Cluster API a control plane has.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Capi {
+    /// Nothing (a test installs the minimal Cluster CRD later).
+    None,
+    /// The minimal, schema-less Cluster CRD of the tests (`super::cluster_crd`), whose
+    /// controllers' part `capi_stand_in` plays.
+    Minimal,
+    /// The real Cluster API (`captf-envtest --cluster-api`).
+    Real,
 }
 
 fn tail(path: &Path) -> String {
