@@ -59,11 +59,20 @@ pub struct Caches {
     pub pools: Option<Store<PartialObjectMeta<TerraformMachinePool>>>,
     pub machines_by_cluster: ByLabel,
     pub pools_by_cluster: ByLabel,
+    /// For the machine and pool controllers, while Cluster API's kinds are known: the
+    /// Machines or MachinePools (see [`reflect_owners`]).
+    pub owners: Option<Store<DynamicObject>>,
     /// How many objects of the kind the controller's own cache holds in a namespace.
     pub objects_in: Arc<dyn Fn(&str) -> usize + Send + Sync>,
+    /// Whether the cached object (namespace, name) of the kind is provisioned; none when
+    /// the cache does not hold it.
+    pub provisioned: ProvisionedOf,
     /// Whether that cache holds every object of the kind (no `--watch-filter`).
     pub unfiltered: bool,
 }
+
+/// Whether the cached object (namespace, name) is provisioned; none when not cached.
+pub type ProvisionedOf = Arc<dyn Fn(&str, &str) -> Option<bool> + Send + Sync>;
 
 /// How long a pass waits for the caches' first lists before it fails, naming them.
 pub const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
@@ -130,6 +139,40 @@ pub fn reflect_dynamic(
     let stream = reflector::reflector(writer, watcher(api, cfg).default_backoff())
         .touched_objects()
         .inspect_err(|e| log_failure("Cluster", e))
+        .boxed();
+    (reader, stream)
+}
+
+/// The Machines or MachinePools (Cluster API's `ar`) as a pass reads them: their
+/// metadata without annotations or managed fields, and their spec (the bootstrap data
+/// Secret, the infrastructure they name, the contract's values); their status is dropped.
+/// The stream passes an object on only when what is kept of it changed.
+pub fn reflect_owners(api: Api<DynamicObject>, ar: ApiResource) -> Watched<DynamicObject> {
+    let writer = reflector::store::Writer::new(ar);
+    let reader = writer.as_reader();
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|o: &mut DynamicObject| {
+            o.metadata.managed_fields = None;
+            o.metadata.annotations = None;
+            if let Some(data) = o.data.as_object_mut() {
+                data.retain(|k, _| k == "spec");
+            }
+        });
+    // A pass only when what a pass reads changes (the spec, the labels, a deletion), not at
+    // each of Cluster API's status updates.
+    let read = |o: &DynamicObject| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        o.metadata.labels.hash(&mut h);
+        o.metadata.deletion_timestamp.is_some().hash(&mut h);
+        o.data.to_string().hash(&mut h);
+        Some(h.finish())
+    };
+    let stream = reflector::reflector(writer, events)
+        .touched_objects()
+        .predicate_filter(read, Default::default())
+        .inspect_err(|e| log_failure("Machine or MachinePool", e))
         .boxed();
     (reader, stream)
 }
@@ -392,6 +435,9 @@ impl Caches {
         ];
         if let Some(s) = &self.clusters {
             waits.push(("Clusters", Box::pin(ready(s))));
+        }
+        if let Some(s) = &self.owners {
+            waits.push(("Machines or MachinePools", Box::pin(ready(s))));
         }
         if let Some(s) = &self.machines {
             waits.push(("TerraformMachines", Box::pin(ready(s))));

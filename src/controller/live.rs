@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tracing::{info, warn};
 
 use super::act::{self, Started};
@@ -42,6 +43,10 @@ pub struct LiveDecision {
     pub decision: ApplyDecision,
     /// The attempt to start, rendered, with the inputs it runs.
     pub start: Option<(Inputs, act::destroy::Attempt)>,
+    /// Whether the bootstrap data waited for can come without a watch event: its Secret,
+    /// named, is missing (a Secret of the user's may lack the cluster-name label the
+    /// watch selects by), or the Machines and MachinePools are not watched.
+    pub bootstrap_unwatched: bool,
 }
 
 /// What [`decide_live`] came to.
@@ -113,10 +118,17 @@ pub async fn decide_live<K: TerraformObject>(
     let (owner, bootstrap) = if sources.recorded.is_some() {
         (None, None)
     } else {
-        let owner = read_owner(ctx, &observed).await?;
+        let owners = scope.caches.as_ref().and_then(|c| c.owners.as_ref());
+        let owner = read_owner(ctx, &observed, owners).await?;
         let bootstrap = read_bootstrap(scope, observed.kind, owner.as_ref()).await?;
         (owner, bootstrap)
     };
+    let bootstrap_unwatched = scope.caches.as_ref().is_none_or(|c| c.owners.is_none())
+        || (bootstrap.is_none()
+            && owner
+                .as_ref()
+                .and_then(|o| gather_apply::bootstrap_secret_name(observed.kind, o))
+                .is_some());
     sources.owner = owner.as_ref();
     sources.bootstrap = bootstrap.as_ref();
     if sources.recorded.is_none()
@@ -164,6 +176,7 @@ pub async fn decide_live<K: TerraformObject>(
         facts,
         decision,
         start,
+        bootstrap_unwatched,
     })))
 }
 
@@ -184,6 +197,7 @@ pub async fn live_pass<K: TerraformObject>(
         facts,
         decision,
         start,
+        bootstrap_unwatched,
     } = match decide_live(ctx, scope, obj.as_ref(), observed, state_seen, true).await? {
         Live::StatusRebuilt => return Ok(Requeue::requeue(Duration::ZERO)),
         Live::Decided(d) => *d,
@@ -268,14 +282,16 @@ pub async fn live_pass<K: TerraformObject>(
             let wait = Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
             Ok(Requeue::requeue(wait.min(resync)))
         }
-        // Neither the owner's bootstrap data nor the Secrets and ConfigMaps the spec
-        // references are watched (Machines, MachinePools and unlabelled Secrets are not
-        // cached): looked at again soon while the pass waits for them.
-        // Nor Terraform's lock (a Lease).
+        // What is not watched is looked at again soon while the pass waits for it: the
+        // TerraformCluster's outputs, the Secrets and ConfigMaps the spec references,
+        // Terraform's lock (a Lease), and bootstrap data the watches cannot see come
+        // (`LiveDecision::bootstrap_unwatched`).
         _ if matches!(
             facts.prerequisite,
-            Some(Prerequisite::BootstrapData { .. } | Prerequisite::ClusterOutputs { .. })
-        ) || decision.row == ApplyRow::InputsUnresolvable
+            Some(Prerequisite::ClusterOutputs { .. })
+        ) || (bootstrap_unwatched
+            && matches!(facts.prerequisite, Some(Prerequisite::BootstrapData { .. })))
+            || decision.row == ApplyRow::InputsUnresolvable
             || (decision.row == ApplyRow::CannotStart && facts.lock_held.is_some()) =>
         {
             Ok(Requeue::requeue(UNWATCHED_POLL.min(resync)))
@@ -310,22 +326,30 @@ const UNWATCHED_POLL: Duration = Duration::from_secs(10);
 /// The Machine or MachinePool that owns a machine or pool, as read now (its bootstrap
 /// data is what the gate waits for); none for a TerraformCluster, or while Cluster API's
 /// kinds are unknown or the owner is not set.
-async fn read_owner(ctx: &Context, o: &Observed) -> Result<Option<serde_json::Value>, Error> {
+async fn read_owner(
+    ctx: &Context,
+    o: &Observed,
+    owners: Option<&Store<DynamicObject>>,
+) -> Result<Option<serde_json::Value>, Error> {
     let (Some(ar), Some(name)) = (ctx.cluster_api.resource(), capi_owner(o.kind, &o.meta)) else {
         return Ok(None);
     };
     let Some(kind) = gather_apply::owner_kind(o.kind) else {
         return Ok(None);
     };
-    let owner_ar = ApiResource {
-        kind: kind.to_string(),
-        plural: format!("{}s", kind.to_lowercase()),
-        ..ar.clone()
-    };
+    let owner_ar = super::owner_resource(ar, kind);
     let ns = o.meta.namespace.clone().unwrap_or_default();
-    let got = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &owner_ar)
-        .get_opt(&name)
-        .await?;
+    // The manager's cache of them (watched), else the API server (`captf explain`).
+    let got = match owners {
+        Some(store) => store
+            .get(&ObjectRef::new_with(&name, owner_ar).within(&ns))
+            .map(|g| g.as_ref().clone()),
+        None => {
+            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &owner_ar)
+                .get_opt(&name)
+                .await?
+        }
+    };
     Ok(got.map(|g| serde_json::to_value(g).unwrap_or_default()))
 }
 
@@ -396,6 +420,24 @@ async fn cluster_outputs<K: TerraformObject>(
             .await?
             .map(|m| m.metadata),
     };
+    // Whether the TerraformCluster is provisioned: its controller's cache, else a read.
+    let cached = ctx
+        .caches(Kind::TerraformCluster)
+        .and_then(|c| (c.provisioned)(&scope.namespace, name));
+    let cluster_provisioned = match cached {
+        Some(p) => Some(p),
+        None => {
+            Api::<crate::api::TerraformCluster>::namespaced(ctx.client.clone(), &scope.namespace)
+                .get_opt(name)
+                .await?
+                .map(|c| gather_apply::object_provisioned(&c))
+        }
+    };
+    if let Err(why) =
+        gather_apply::handoff_readable(name, &base, meta.is_some(), cluster_provisioned)
+    {
+        return Ok(Err(why));
+    }
     let Some(meta) = meta else {
         return Ok(Err(gather_apply::no_handoff_state(name, &base)));
     };

@@ -1,7 +1,8 @@
 //! `captf manager`: one controller per kind, all running the same generic reconcile.
 //! Each watches its kind, its Jobs and Pods (by owner labels: Jobs carry no
-//! ownerReference), the metadata of its Secrets, the owning Clusters, its CRD, and for
-//! TerraformClusters the machines and pools.
+//! ownerReference), the metadata of its Secrets, the owning Clusters, its CRD; for
+//! TerraformClusters the machines and pools; for machines and pools their Machines or
+//! MachinePools and the bootstrap data Secrets those name.
 //!
 //! A pass ([`reconcile::reconcile`]) observes ([`observe`]), decides with the rule table,
 //! records what Jobs did ([`bookkeeping`]), writes the status ([`status`]) and dispatches
@@ -55,6 +56,16 @@ use crate::metrics::Metrics;
 use crate::state::permits::StateReads;
 use gate::Gate;
 use triggers::{cached_owner, job_finished, objects_of_cluster, owner_of, scoped, state_owner};
+
+/// Cluster API's `kind` (`Machine`, `MachinePool`) in the group and version of its
+/// Cluster kind `cluster`.
+pub fn owner_resource(cluster: &kube::api::ApiResource, kind: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        kind: kind.to_string(),
+        plural: format!("{}s", kind.to_lowercase()),
+        ..cluster.clone()
+    }
+}
 
 /// One controller for kind `K`.
 fn controller<K: TerraformObject>(
@@ -234,6 +245,39 @@ where
             ar,
         );
     }
+    // A machine's or pool's Machine or MachinePool, and the bootstrap data Secret it names
+    // (Cluster API's bootstrap providers label it with the cluster's name): a pass when
+    // either changes, so that bootstrap data, or a rotated token, reaches the module at
+    // once instead of at the next resync.
+    let mut owners = None;
+    if let (Some(ar), Some(owner_kind)) = (
+        ctx.cluster_api.resource(),
+        gather::apply::owner_kind(K::KIND),
+    ) {
+        let owner_ar = owner_resource(ar, owner_kind);
+        let api: Api<DynamicObject> = match &ns {
+            Some(n) => Api::namespaced_with(client.clone(), n, &owner_ar),
+            None => Api::all_with(client.clone(), &owner_ar),
+        };
+        let (reader, stream) = caches::reflect_owners(api, owner_ar.clone());
+        owners = Some(reader.clone());
+        let bootstrap = watcher(
+            scoped::<PartialObjectMeta<Secret>>(&client, &ns),
+            watcher::Config::default().labels(names::CAPI_CLUSTER_NAME_LABEL),
+        )
+        .default_backoff()
+        .touched_objects()
+        .boxed();
+        c = c
+            .watches_stream_with(
+                stream,
+                |o: DynamicObject| triggers::infrastructure_of::<K>(&o),
+                owner_ar,
+            )
+            .watches_stream(bootstrap, move |s: PartialObjectMeta<Secret>| {
+                triggers::objects_of_bootstrap::<K>(&reader, &s.metadata)
+            });
+    }
     let (mut machines, mut pools) = (None, None);
     let machines_by_cluster = caches::ByLabel::new(names::CAPI_CLUSTER_NAME_LABEL);
     let pools_by_cluster = caches::ByLabel::new(names::CAPI_CLUSTER_NAME_LABEL);
@@ -290,12 +334,21 @@ where
         pools,
         machines_by_cluster,
         pools_by_cluster,
+        owners,
         objects_in: {
             let store = store.clone();
             Arc::new(move |n: &str| {
                 store
                     .state_filter(|o| o.namespace().as_deref() == Some(n))
                     .len()
+            })
+        },
+        provisioned: {
+            let store = store.clone();
+            Arc::new(move |n: &str, name: &str| {
+                store
+                    .get(&ObjectRef::new(name).within(n))
+                    .map(|o| gather::apply::object_provisioned(o.as_ref()))
             })
         },
         unfiltered: cfg.watch_filter.is_none(),

@@ -94,3 +94,43 @@ pub(super) fn job_finished(job: &Job) -> bool {
                 .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
         })
 }
+
+/// Where a Machine (`spec`) or a MachinePool (`spec.template.spec`) names its
+/// infrastructure object.
+fn infrastructure_ref<K: TerraformObject>(owner: &serde_json::Value) -> &serde_json::Value {
+    match K::KIND {
+        names::Kind::TerraformMachinePool => {
+            &owner["spec"]["template"]["spec"]["infrastructureRef"]
+        }
+        _ => &owner["spec"]["infrastructureRef"],
+    }
+}
+
+/// The object of kind `K` a Machine or MachinePool names as its infrastructure.
+pub(super) fn infrastructure_of<K: TerraformObject>(
+    owner: &kube::api::DynamicObject,
+) -> Option<ObjectRef<K>> {
+    let r = infrastructure_ref::<K>(&owner.data);
+    let group = r["apiGroup"].as_str().unwrap_or_default();
+    (r["kind"] == K::KIND.as_str() && group == names::GROUP)
+        .then(|| r["name"].as_str())
+        .flatten()
+        .map(|name| ObjectRef::new(name).within(owner.namespace().as_deref().unwrap_or_default()))
+}
+
+/// The objects of kind `K` whose Machine or MachinePool (in `owners`, the cache) names the
+/// Secret `meta` as its bootstrap data.
+pub(super) fn objects_of_bootstrap<K: TerraformObject>(
+    owners: &Store<kube::api::DynamicObject>,
+    meta: &kube::api::ObjectMeta,
+) -> Vec<ObjectRef<K>> {
+    let (ns, name) = (meta.namespace.as_deref(), meta.name.as_deref());
+    owners
+        .state_filter(|o| {
+            o.namespace().as_deref() == ns
+                && gather::apply::bootstrap_secret_name(K::KIND, &o.data) == name
+        })
+        .iter()
+        .filter_map(|o| infrastructure_of::<K>(o))
+        .collect()
+}

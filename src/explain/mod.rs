@@ -415,12 +415,22 @@ fn handoff(
         .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
         .cloned()
         .collect();
-    if !secrets
+    let state_exists = secrets
         .iter()
-        .any(|s| s.metadata.name.as_deref() == Some(base.as_str()))
-    {
-        return Err(gather::apply::no_handoff_state(name, &base));
-    }
+        .any(|s| s.metadata.name.as_deref() == Some(base.as_str()));
+    let cluster_provisioned = inv.objects.iter().find_map(|(_, o)| match o {
+        AnyObject::Cluster(c)
+            if c.metadata.name.as_deref() == Some(name)
+                && c.metadata.namespace.as_deref() == Some(namespace) =>
+        {
+            Some(gather::apply::object_provisioned(c))
+        }
+        _ => None,
+    });
+    // Files without the TerraformCluster say nothing of its apply: decided from its
+    // state alone, as the files allow.
+    let cluster_provisioned = cluster_provisioned.or(Some(true));
+    gather::apply::handoff_readable(name, &base, state_exists, cluster_provisioned)?;
     gather::apply::handoff_of(name, &StateSecrets::from_secrets(&base, &secrets)).map(Some)
 }
 

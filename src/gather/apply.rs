@@ -329,6 +329,39 @@ pub fn no_handoff_state(name: &str, base: &str) -> String {
     format!("TerraformCluster {name} has no state Secret {base} yet")
 }
 
+/// Whether the hand-off of TerraformCluster `name` (state Secret `base`) can be read, from
+/// whether its state Secret exists and whether the TerraformCluster is provisioned (none:
+/// it does not exist). A state alone is not enough: Terraform writes it when its first
+/// apply begins (the kubernetes backend makes the Secret at `init`), before any output
+/// is in it, and a machine given that would be applied with a null hand-off for good.
+pub fn handoff_readable(
+    name: &str,
+    base: &str,
+    state_exists: bool,
+    cluster_provisioned: Option<bool>,
+) -> Result<(), String> {
+    match (state_exists, cluster_provisioned) {
+        (false, _) => Err(no_handoff_state(name, base)),
+        (true, None) => Err(format!(
+            "TerraformCluster {name} does not exist (its state Secret {base} does)"
+        )),
+        (true, Some(false)) => Err(format!(
+            "TerraformCluster {name} has not finished its first apply yet (its outputs are not in its state before it has)"
+        )),
+        (true, Some(true)) => Ok(()),
+    }
+}
+
+/// Whether a CAPTF object is provisioned: its status says so, or a success is recorded.
+pub fn object_provisioned<K: crate::api::TerraformObject>(obj: &K) -> bool {
+    let latched = obj
+        .status()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+        == Some(true);
+    provisioned(obj.meta(), latched)
+}
+
 /// The `machine_inputs` output in TerraformCluster `name`'s state (null when it has
 /// none), or why its outputs cannot be read.
 pub fn handoff_of(

@@ -480,3 +480,37 @@ fn an_attempts_inputs_are_those_its_variables_secret_carries_or_an_older_manager
     assert_eq!(inputs_of_attempt(&other, 1), Some(newer));
     assert_eq!(inputs_of_attempt(&other, 2), None, "another attempt's");
 }
+
+/// A machine's hand-off is read only from a TerraformCluster whose first apply
+/// succeeded: a state Secret alone may be the one the backend made at `init`, with no
+/// outputs yet.
+#[test]
+fn the_hand_off_waits_for_the_clusters_first_apply_not_just_its_state() {
+    let base = "tfstate-default-prod.tfc";
+    let no_state = handoff_readable("prod", base, false, Some(true)).unwrap_err();
+    assert!(no_state.contains("has no state Secret"), "{no_state}");
+    let gone = handoff_readable("prod", base, true, None).unwrap_err();
+    assert!(
+        gone.contains("TerraformCluster prod does not exist"),
+        "{gone}"
+    );
+    let applying = handoff_readable("prod", base, true, Some(false)).unwrap_err();
+    assert!(
+        applying.contains("has not finished its first apply"),
+        "{applying}"
+    );
+    assert_eq!(handoff_readable("prod", base, true, Some(true)), Ok(()));
+    // Either the status or a recorded success says a TerraformCluster is provisioned.
+    let mut c: crate::api::TerraformCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": names::API_VERSION, "kind": "TerraformCluster",
+        "metadata": {"name": "prod", "namespace": "team-a"},
+        "spec": {"module": {"files": {"main.tf": ""}}}
+    }))
+    .unwrap();
+    assert!(!object_provisioned(&c));
+    c.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(names::APPLIED_ATTEMPT.into(), "1".into());
+    assert!(object_provisioned(&c));
+}

@@ -59,11 +59,11 @@ pub enum RenderError {
     #[error("Job template: the rendered manifest is not a batch/v1 Job: {message}")]
     Yaml { message: String },
     #[error(
-        "the files the runner needs take {size} bytes of Pod annotations, more than Kubernetes' limit of {limit}: give the module as `module.source` (a pinned source address) instead of inline `module.files`"
+        "the runner's script and backend settings (with module.source) take {size} bytes of Pod annotations, more than Kubernetes' limit of {limit}: shorten module.source"
     )]
     TooLarge { size: usize, limit: usize },
     #[error(
-        "the attempt's Secret (its variables, and an apply's inputs) takes {size} bytes, more than Kubernetes' limit of {limit} for a Secret: give large values to the module another way (a file of the module, a data source)"
+        "the attempt's Secret (the module's files, its variables, and an apply's inputs) takes {size} bytes, more than Kubernetes' limit of {limit} for a Secret: give a large module as `module.source` (a pinned source address) instead of inline `module.files`, and large values another way (a data source)"
     )]
     SecretTooLarge { size: usize, limit: usize },
     #[error(
