@@ -9,8 +9,7 @@ use serde_json::json;
 
 use crate::deletion::FAST;
 use crate::provisioning::{
-    annotation, handoff_cluster_module, name_terraform_cluster, recording_machine_module,
-    wait_condition,
+    annotation, handoff_cluster_module, recording_machine_module, wait_condition,
 };
 use crate::support::*;
 
@@ -79,8 +78,7 @@ async fn machine_of_a_terraform_cluster(
         .flatten()
         .is_none()
     {
-        let cluster_uid = env.create_cluster("prod").await;
-        name_terraform_cluster(env).await;
+        let cluster_uid = env.create_cluster_with_infrastructure("prod").await;
         env.mark_cluster_ready("prod").await;
         env.create_owned::<Tfc>(
             "prod",
@@ -93,7 +91,7 @@ async fn machine_of_a_terraform_cluster(
         env.wait_provisioned::<Tfc>("prod").await;
     }
     let secret = format!("{name}-bootstrap");
-    env.create_bootstrap_secret(&secret, &format!("#cloud-config {name}"))
+    env.create_bootstrap_secret("prod", &secret, &format!("#cloud-config {name}"))
         .await;
     let uid = env.create_machine(name, "prod", Some(&secret)).await;
     env.create_owned::<Tfm>(
@@ -291,19 +289,11 @@ async fn provisioned_cluster(env: &Env, module: &str, extra: serde_json::Value) 
 /// The variables file of the variables Secret of `job` (the attempt's Secret is named
 /// after its Job), once it exists.
 async fn attempt_variables(env: &Env, job: &str) -> String {
-    wait_for(
-        &format!("the variables Secret of {job}"),
-        long(),
-        || async { env.secrets().get_opt(job).await.ok().flatten().is_some() },
-    )
-    .await;
-    let secret = env.secrets().get(job).await.expect("variables Secret");
-    secret
-        .data
-        .unwrap_or_default()
-        .iter()
-        .filter(|(k, _)| k.ends_with(".tfvars.json"))
-        .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(&v.0)))
+    env.attempt_files(job)
+        .await
+        .into_iter()
+        .filter(|(path, _)| path.ends_with(".tfvars.json"))
+        .map(|(path, content)| format!("{path}: {content}"))
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -1059,15 +1059,35 @@ async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attemp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_09c_a_job_that_does_not_render_cannot_start_until_the_inputs_are_fixed() {
-    // An inline module too large for the Pod's annotations (at most 256 KiB of files).
-    let huge = format!("{}\n# {}\n", module(0), "x".repeat(300 * 1024));
-    let env = Env::with_machine_applied_by_hand("norender", &huge, FAST).await;
+    let env = Env::with_machine_applied_by_hand("norender", &module(0), FAST).await;
+    // Inputs whose Job does not render: an env entry the runner refuses (TF_* variables
+    // change what Terraform does), from a Secret that exists.
+    let cloud: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "cloud"}, "stringData": {"args": "-no-color"}
+    }))
+    .expect("secret");
+    env.secrets()
+        .create(&Default::default(), &cloud)
+        .await
+        .expect("the credentials Secret");
+    env.write_inputs_edited::<Tfm>("web-1", &module(0), &env.markers(), |inputs| {
+        inputs.env.push(captf::api::types::EnvFromSecret {
+            name: "TF_CLI_ARGS".into(),
+            secret_key_ref: captf::api::types::SecretKeyRef {
+                name: "cloud".into(),
+                key: "args".into(),
+            },
+        });
+    })
+    .await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", long())
         .await;
     assert!(
-        msg.contains("does not render") && msg.contains("runbooks/DestroyCannotStart.md"),
+        msg.contains("does not render")
+            && msg.contains("TF_CLI_ARGS")
+            && msg.contains("runbooks/DestroyCannotStart.md"),
         "{msg}"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -439,13 +439,13 @@ async fn no_job_or_pod_field_holds_a_variables_value() {
     }
     // The attempt's Secret holds them, and goes with the cleanup.
     let job_name = job_list.items[0].metadata.name.clone().expect("name");
-    let secret = env
-        .secrets()
-        .get(&job_name)
-        .await
-        .expect("the attempt's Secret");
-    let vars = secret.data.unwrap_or_default();
-    assert!(String::from_utf8_lossy(&vars["terraform.tfvars.json"].0).contains(&value));
+    let files = env.attempt_files(&job_name).await;
+    assert!(
+        files
+            .get("terraform.tfvars.json")
+            .is_some_and(|v| v.contains(&value)),
+        "the variables are in the attempt's Secret: {files:?}"
+    );
     env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(env.destroyed("web-1"), "Terraform had the variables");
     assert!(

@@ -9,6 +9,7 @@ mod control_plane;
 mod crds;
 mod deletion;
 mod jobs;
+mod machine_pools;
 mod manager;
 mod provisioning;
 mod runbooks;

@@ -52,15 +52,7 @@ pub(crate) async fn delete_and_wait_released(env: &Env) {
 /// Names the TerraformCluster `prod` as the Cluster `prod`'s infrastructure, as Cluster
 /// API's `spec.infrastructureRef` does (its machines are then given its hand-off).
 pub(crate) async fn name_terraform_cluster(env: &Env) {
-    env.cluster_api()
-        .patch(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"infrastructureRef": {
-                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
-        )
-        .await
-        .expect("the Cluster's infrastructureRef");
+    env.name_infrastructure("prod", "prod").await;
 }
 
 /// The inputs the inputs Secret of `kind`/`name` records.
@@ -303,7 +295,8 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
         return;
     }
     let env = Env::start_provisioning("apply-gates", None).await;
-    env.create_cluster("prod").await;
+    // The Cluster names its TerraformCluster before it exists: Cluster API waits for it.
+    let cluster_uid = env.create_cluster_with_infrastructure("prod").await;
     let machine_uid = env.create_machine("web-1", "prod", None).await;
     env.create_owned::<Tfm>(
         "web-1",
@@ -323,20 +316,19 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     )
     .await;
     assert!(msg.contains("Cluster prod"), "{msg}");
-    let status = |s: serde_json::Value| {
-        let clusters = env.cluster_api();
-        async move {
-            clusters
-                .patch_status(
-                    "prod",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "status": s })),
-                )
-                .await
-                .expect("Cluster status");
-        }
-    };
-    status(json!({"initialization": {"infrastructureProvisioned": true}})).await;
+    // The TerraformCluster is applied; Cluster API says the infrastructure is provisioned.
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &cluster_uid, false)],
+        &format!(
+            "{}{}",
+            apply_module(0),
+            contract_outputs(Kind::TerraformCluster)
+        ),
+        json!({}),
+    )
+    .await;
     wait_condition::<Tfm>(
         &env,
         "web-1",
@@ -345,7 +337,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
         "WaitingForControlPlaneInitialized",
     )
     .await;
-    status(json!({"initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true}})).await;
+    env.mark_cluster_ready("prod").await;
     let msg = wait_condition::<Tfm>(
         &env,
         "web-1",
@@ -360,16 +352,15 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     );
     let (ready, _, _) = env.condition::<Tfm>("web-1", "Ready").await.expect("Ready");
     assert_eq!(ready, "Unknown", "a gated machine's Ready");
-    assert_eq!(env.jobs_created(), 0, "no apply before the gates open");
+    assert_eq!(
+        env.jobs_created(),
+        1,
+        "no apply of the machine before the gates open"
+    );
 
-    env.capi_api("Machine")
-        .patch(
-            "web-1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"bootstrap": {"dataSecretName": "web-1-bootstrap"}}})),
-        )
-        .await
-        .expect("bootstrap data");
+    // The bootstrap provider says its data Secret is made (before it exists here): Cluster
+    // API names it in the Machine.
+    env.give_bootstrap_data("web-1", "web-1-bootstrap").await;
     // The same reason, saying what is missing now (looked at again every 10 s).
     wait_for("the gate to name the missing Secret", long(), || async {
         env.condition::<Tfm>("web-1", "Provisioned")
@@ -380,7 +371,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
             })
     })
     .await;
-    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
+    env.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config web-1")
         .await;
     wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
     // The module got the contract's variables: the Machine's name and its bootstrap data.
@@ -389,7 +380,11 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
             .expect("the created marker");
         assert_eq!(created, "web-1 #cloud-config web-1", "web-1-{i}");
     }
-    assert_eq!(env.jobs_created(), 1, "one apply");
+    assert_eq!(
+        env.jobs_created(),
+        2,
+        "one apply of the cluster, one of the machine"
+    );
     // And its outputs set Cluster API's fields.
     let obj = env.object::<Tfm>("web-1").await.expect("object");
     assert_eq!(obj.spec.provider_id.as_deref(), Some("captf:///web-1"));
@@ -717,12 +712,13 @@ async fn a_machine_is_given_its_clusters_machine_inputs_once_they_exist() {
         return;
     }
     let env = Env::start_provisioning("apply-handoff", None).await;
-    let cluster_uid = env.create_cluster("prod").await;
-    name_terraform_cluster(&env).await;
     // Cluster API's side is ready: the Cluster says its infrastructure is provisioned
-    // (here before the TerraformCluster exists), the Machine has its bootstrap data.
+    // (a Cluster that names none is, for Cluster API), then names a TerraformCluster
+    // that does not exist yet; the Machine has its bootstrap data.
+    let cluster_uid = env.create_cluster("prod").await;
     env.mark_cluster_ready("prod").await;
-    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
+    name_terraform_cluster(&env).await;
+    env.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config web-1")
         .await;
     let machine_uid = env
         .create_machine("web-1", "prod", Some("web-1-bootstrap"))
@@ -1021,7 +1017,6 @@ async fn the_manager_applies_and_destroys_under_its_own_cluster_role() {
     )
     .expect("main.tf");
     let cluster_uid = env.create_cluster("prod").await;
-    name_terraform_cluster(&env).await;
     env.create_owned::<Tfc>(
         "prod",
         "prod",
@@ -1041,7 +1036,7 @@ async fn the_manager_applies_and_destroys_under_its_own_cluster_role() {
     })
     .await;
 
-    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
+    env.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config web-1")
         .await;
     let machine_uid = env
         .create_machine("web-1", "prod", Some("web-1-bootstrap"))

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
+use crate::support::capi::{BOOTSTRAP_GROUP, BOOTSTRAP_KIND};
 use crate::support::*;
 
 const LONG: Duration = Duration::from_secs(90);
@@ -646,7 +647,7 @@ async fn runbook_outputs_invalid() {
     let uid = env
         .create_machine("web-1", "prod", Some("web-1-bootstrap"))
         .await;
-    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config")
+    env.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config")
         .await;
     env.create_owned::<Tfm>(
         "web-1",
@@ -1350,10 +1351,16 @@ async fn runbook_change_refused() {
     env.shutdown().await;
 }
 
-/// The gates' runbooks, in the order a machine meets them. Each runs while the machine
-/// waits at its gate, with the fix (what Cluster API, a bootstrap provider or the
-/// TerraformCluster does) made while its commands run; its verification ends once the
-/// machine has moved on to the next gate, which it then prints.
+/// The gates' runbooks, in the order a machine meets them with Cluster API's real
+/// controllers. Each runs while the machine waits at its gate, with the fix (what Cluster
+/// API, a control-plane or bootstrap provider, or the TerraformCluster does) made while
+/// its commands run; its verification ends once the machine has moved on to the next
+/// gate, which it then prints.
+///
+/// The first four on one Cluster, whose infrastructure is a TerraformCluster made at the
+/// second gate. The fifth needs a Cluster that Cluster API saw provisioned before it named
+/// a TerraformCluster without a state yet: a second namespace (the runbooks name the
+/// machine `web-1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_waiting_for_the_gates() {
     use kube::api::{Patch, PatchParams};
@@ -1367,7 +1374,7 @@ async fn runbook_waiting_for_the_gates() {
             "WaitingForControlPlaneInitialized",
             "WaitingForBootstrapData",
         ),
-        ("WaitingForBootstrapData", "WaitingForClusterOutputs"),
+        ("WaitingForBootstrapData", ""),
         ("WaitingForClusterOutputs", ""),
     ];
     for (reason, _) in GATES {
@@ -1377,74 +1384,79 @@ async fn runbook_waiting_for_the_gates() {
             "web-1",
         );
     }
-    let env = Env::start_provisioning("rb-gates", None).await;
-    let cluster_uid = env.create_cluster("prod").await;
-    // The Cluster's infrastructure is the TerraformCluster `prod`, made last.
     let merge = |v: Value| Patch::Merge(v);
-    env.cluster_api()
-        .patch(
-            "prod",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"infrastructureRef": {
-                "apiGroup": names::GROUP, "kind": "TerraformCluster", "name": "prod"}}})),
-        )
-        .await
-        .expect("the Cluster's infrastructureRef");
-    let machine_uid = env.create_machine("web-1", "prod", None).await;
     let machine_module = apply_module(0) + contract_outputs(names::Kind::TerraformMachine);
+    let cluster_module = apply_module(0) + contract_outputs(names::Kind::TerraformCluster);
+    // The Cluster names its TerraformCluster `prod` before it exists. As a MachineSet does,
+    // the TerraformMachine comes first, then the Machine naming it; the Machine is paused
+    // here, so that Cluster API does not own the TerraformMachine before the first
+    // runbook runs.
+    let env = Env::start_provisioning("rb-gates", None).await;
+    let cluster_uid = env.create_cluster_with_infrastructure("prod").await;
     env.create_owned::<Tfm>("web-1", "prod", &[], &machine_module, json!({}))
         .await;
+    let paused_machine: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "web-1",
+            "labels": {names::CAPI_CLUSTER_NAME_LABEL: "prod"},
+            "annotations": {"cluster.x-k8s.io/paused": "true"}},
+        "spec": {"clusterName": "prod",
+            "bootstrap": {"configRef": {"apiGroup": BOOTSTRAP_GROUP, "kind": BOOTSTRAP_KIND, "name": "web-1"}},
+            "infrastructureRef": {"apiGroup": names::GROUP, "kind": "TerraformMachine", "name": "web-1"}}
+    }))
+    .expect("machine");
+    env.create_bootstrap_config("web-1").await;
+    env.capi_api("Machine")
+        .create(&PostParams::default(), &paused_machine)
+        .await
+        .expect("create the paused Machine");
+    // The second namespace: a Cluster whose control plane is up, a Machine with its
+    // bootstrap data, then a TerraformCluster named and not made yet.
+    let env2 = Env::start_provisioning("rb-gates-outputs", None).await;
+    let cluster2_uid = env2.create_cluster("prod").await;
+    env2.mark_cluster_ready("prod").await;
+    env2.name_infrastructure("prod", "prod").await;
+    env2.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config web-1")
+        .await;
+    let machine2_uid = env2
+        .create_machine("web-1", "prod", Some("web-1-bootstrap"))
+        .await;
+    env2.create_owned::<Tfm>(
+        "web-1",
+        "prod",
+        &[("Machine", "web-1", &machine2_uid, true)],
+        &machine_module,
+        json!({}),
+    )
+    .await;
 
     for (reason, next) in GATES {
+        let env = if reason == "WaitingForClusterOutputs" {
+            &env2
+        } else {
+            &env
+        };
         let rb = format!("runbooks/{reason}.md");
-        let msg = wait_reason::<Tfm>(&env, "web-1", "Provisioned", reason).await;
+        let msg = wait_reason::<Tfm>(env, "web-1", "Provisioned", reason).await;
         assert!(msg.ends_with(&format!("see {rb}")), "{msg}");
-        assert_eq!(env.jobs_created(), 0, "no apply at {reason}");
         let fix = async {
             tokio::time::sleep(Duration::from_secs(3)).await;
             match reason {
-                // Cluster API's Machine controller sets the owner.
+                // Cluster API's Machine controller owns the TerraformMachine its Machine
+                // names (here once the Machine is no longer paused).
                 "WaitingForOwner" => {
-                    env.api::<Tfm>()
-                        .patch(
-                            "web-1",
-                            &PatchParams::default(),
-                            &merge(json!({"metadata": {"ownerReferences": [{
-                                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-                                "name": "web-1", "uid": machine_uid, "controller": true}]}})),
-                        )
-                        .await
-                        .expect("the owner");
-                }
-                "WaitingForClusterInfrastructureReady" | "WaitingForControlPlaneInitialized" => {
-                    let cp = reason == "WaitingForControlPlaneInitialized";
-                    env.cluster_api()
-                        .patch_status(
-                            "prod",
-                            &PatchParams::default(),
-                            &merge(json!({"status": {"initialization": {
-                                "infrastructureProvisioned": true,
-                                "controlPlaneInitialized": cp}}})),
-                        )
-                        .await
-                        .expect("the Cluster's status");
-                }
-                "WaitingForBootstrapData" => {
-                    env.create_bootstrap_secret("web-1-bootstrap", "#cloud-config web-1")
-                        .await;
                     env.capi_api("Machine")
                         .patch(
                             "web-1",
                             &PatchParams::default(),
-                            &merge(json!({"spec": {"bootstrap": {
-                                "dataSecretName": "web-1-bootstrap"}}})),
+                            &merge(json!({"metadata": {"annotations": {
+                                "cluster.x-k8s.io/paused": null}}})),
                         )
                         .await
-                        .expect("the bootstrap data");
+                        .expect("unpause the Machine");
                 }
-                _ => {
-                    let cluster_module =
-                        apply_module(0) + contract_outputs(names::Kind::TerraformCluster);
+                // The TerraformCluster is made and applied; Cluster API sees it provisioned.
+                "WaitingForClusterInfrastructureReady" => {
                     env.create_owned::<Tfc>(
                         "prod",
                         "prod",
@@ -1454,22 +1466,39 @@ async fn runbook_waiting_for_the_gates() {
                     )
                     .await;
                 }
+                // The control-plane provider initialises the control plane.
+                "WaitingForControlPlaneInitialized" => env.mark_cluster_ready("prod").await,
+                "WaitingForBootstrapData" => {
+                    env.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config web-1")
+                        .await;
+                    env.give_bootstrap_data("web-1", "web-1-bootstrap").await;
+                }
+                _ => {
+                    env.create_owned::<Tfc>(
+                        "prod",
+                        "prod",
+                        &[("Cluster", "prod", &cluster2_uid, false)],
+                        &cluster_module,
+                        json!({}),
+                    )
+                    .await;
+                }
             }
         };
-        let (run, ()) = tokio::join!(run_runbook(&env, &rb), fix);
+        let (run, ()) = tokio::join!(run_runbook(env, &rb), fix);
         assert!(
             run.stdout.contains(&format!("{reason}: ")),
             "{rb} shows the condition: {}",
             run.stdout
         );
         // What its Confirm step shows: the Machine among Cluster API's objects, the
-        // Cluster's infrastructure, the bootstrap data Secret the Machine names.
+        // Cluster's infrastructure or control plane, the bootstrap data Secret the Machine
+        // names.
         let shown = match reason {
             "WaitingForOwner" => "Machine web-1",
             "WaitingForBootstrapData" => "Machine web-1 names the bootstrap data Secret",
             "WaitingForClusterOutputs" => "Cluster prod's infrastructure: TerraformCluster prod",
-            // The test's Cluster has no spec.controlPlaneRef.
-            "WaitingForControlPlaneInitialized" => "initialized=",
+            "WaitingForControlPlaneInitialized" => "TestControlPlane prod initialized=",
             _ => "TerraformCluster prod provisioned=",
         };
         let squeezed: Vec<String> = run
@@ -1498,8 +1527,11 @@ async fn runbook_waiting_for_the_gates() {
             assert_eq!(left, next, "{rb}: the machine moved on to the next gate");
         }
     }
-    wait_reason::<Tfm>(&env, "web-1", "Provisioned", "Provisioned").await;
+    for env in [&env, &env2] {
+        wait_reason::<Tfm>(env, "web-1", "Provisioned", "Provisioned").await;
+    }
     env.shutdown().await;
+    env2.shutdown().await;
 }
 
 /// A success whose state does not match the fingerprint the object recorded (changed by

@@ -4,7 +4,7 @@
 //! ([`ControlPlane::shared`]); a test that changes what every test shares (it deletes a
 //! CRD) starts one of its own ([`ControlPlane::dedicated`]). With `--cluster-api` it also
 //! runs the real Cluster API core manager, with Cluster API's CRDs and webhooks
-//! ([`ControlPlane::dedicated_with_cluster_api`], [`ControlPlane::shared_with_cluster_api`]);
+//! ([`ControlPlane::shared`], [`ControlPlane::dedicated`], [`ControlPlane::dedicated_with_cluster_api`]);
 //! [`clusterctl`] is the clusterctl of the same Cluster API version.
 
 use std::io::Read;
@@ -86,19 +86,12 @@ pub fn clusterctl() -> PathBuf {
 impl ControlPlane {
     /// The control plane every test of this process shares, started on first use. It stops
     /// when the process ends (`captf-envtest --exit-on-stdin-close`).
+    /// Cluster API runs on it for real (`--cluster-api`: its CRDs, webhooks and core
+    /// manager), beside the test control plane kind of [`super::capi`].
     pub fn shared() -> Arc<ControlPlane> {
         static SHARED: OnceLock<Arc<ControlPlane>> = OnceLock::new();
         SHARED
-            .get_or_init(|| Arc::new(ControlPlane::start("shared", &[], &[], Capi::Minimal)))
-            .clone()
-    }
-
-    /// As [`ControlPlane::shared`], with the real Cluster API (`--cluster-api`): a second
-    /// control plane the tests of this process that want Cluster API's controllers share.
-    pub fn shared_with_cluster_api() -> Arc<ControlPlane> {
-        static SHARED: OnceLock<Arc<ControlPlane>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| Arc::new(ControlPlane::start("shared-capi", &[], &[], Capi::Real)))
+            .get_or_init(|| Arc::new(ControlPlane::start("shared", &[], &[], Capi::Real)))
             .clone()
     }
 
@@ -108,10 +101,11 @@ impl ControlPlane {
         Arc::new(ControlPlane::start(tag, &[], &[], Capi::Real))
     }
 
-    /// A control plane of its own, stopped when the last handle goes; `kubelet_args` go to
-    /// the local kubelet (`--max-pods=4`: at most four unfinished Pods on the Node).
+    /// A control plane of its own with the real Cluster API, stopped when the last handle
+    /// goes; `kubelet_args` go to the local kubelet (`--max-pods=4`: at most four
+    /// unfinished Pods on the Node).
     pub fn dedicated(tag: &str, kubelet_args: &[&str]) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane::start(tag, kubelet_args, &[], Capi::Minimal))
+        Arc::new(ControlPlane::start(tag, kubelet_args, &[], Capi::Real))
     }
 
     /// As [`ControlPlane::dedicated`], with `kcm_args` after kube-controller-manager's own
@@ -158,7 +152,16 @@ impl ControlPlane {
         let crds = dir.join("crds.json");
         let mut docs = Vec::new();
         let minimal = cluster_crd.then(super::cluster_crd);
-        for crd in captf::api::crds().into_iter().chain(minimal) {
+        let fixtures = if cluster_api {
+            super::capi::fixture_crds()
+        } else {
+            Vec::new()
+        };
+        for crd in captf::api::crds()
+            .into_iter()
+            .chain(minimal)
+            .chain(fixtures)
+        {
             docs.push(serde_json::to_string(&crd).expect("CRD"));
         }
         std::fs::write(&crds, docs.join("\n")).expect("CRDs file");
@@ -270,8 +273,8 @@ impl Drop for ControlPlane {
 enum Capi {
     /// Nothing (a test installs the minimal Cluster CRD later).
     None,
-    /// The minimal, schema-less Cluster CRD of the tests (`super::cluster_crd`), whose
-    /// controllers' part `capi_stand_in` plays.
+    /// The minimal, schema-less Cluster CRD (`super::cluster_crd`), with no controller:
+    /// the benches, which measure CAPTF alone.
     Minimal,
     /// The real Cluster API (`captf-envtest --cluster-api`).
     Real,

@@ -10,6 +10,7 @@
 //! benches; nothing here may use `CARGO_BIN_EXE_*` (only integration tests get it):
 //! running the `captf` binary lives in `tests/integration/deletion.rs` (`EnvExt`).
 
+pub mod capi;
 pub mod cluster;
 
 use std::collections::BTreeMap;
@@ -181,145 +182,16 @@ pub struct Env {
     /// The `timeoutSeconds` (the Job's `activeDeadlineSeconds`) of the inputs written
     /// from now on: 120 on `captf-envtest`, 900 on an outside cluster (image pulls).
     pub job_timeout_seconds: i64,
-    /// Cluster API's part in a deletion (see [`capi_stand_in`]).
-    pub capi: Option<tokio::task::JoinHandle<()>>,
     /// The user the manager's requests impersonate (see [`Env::run_manager_as_installed`]);
     /// none: the admin's credentials.
     pub manager_as: Option<String>,
 }
 
-/// The finalizer Cluster API's Cluster controller keeps on a Cluster until its
-/// infrastructure is gone; the test Clusters carry it on the local control plane.
+/// The finalizers Cluster API's Cluster, Machine and MachinePool controllers keep until
+/// what they own is gone.
 pub const CAPI_CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
-
-/// The finalizers Cluster API's Machine and MachinePool controllers keep until the
-/// infrastructure object the Machine or MachinePool owns is gone.
 pub const CAPI_MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
 pub const CAPI_MACHINE_POOL_FINALIZER: &str = "machinepool.cluster.x-k8s.io";
-
-/// What Cluster API's controllers do when a Cluster, Machine or MachinePool is deleted,
-/// for the tests' clusters, which run none of them. A Machine or MachinePool being
-/// deleted keeps its finalizer while the CAPTF objects it owns are deleted, and loses it
-/// once they are gone. A Cluster being deleted keeps its finalizer while its Machines and
-/// MachinePools (by the cluster-name label) and the CAPTF objects it owns are deleted, and
-/// loses it once they are all gone. Deleting a Cluster, or its namespace, then tears down
-/// in Cluster API's order: an owner never goes before its infrastructure (CAPTF holds an
-/// object whose owner is gone, as after clusterctl move).
-async fn capi_stand_in(client: Client, ns: String) {
-    /// Deletes what `owner` (a uid) owns; how many are left, none when unlistable.
-    async fn owned_left<K>(api: Api<K>, owner: &str) -> Option<usize>
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    {
-        let list = api.list(&Default::default()).await.ok()?;
-        let owned = list.items.into_iter().filter(|o| {
-            o.meta()
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|r| r.uid == owner)
-        });
-        Some(delete_all(&api, owned).await)
-    }
-    /// Deletes the objects that are not being deleted yet; how many there are.
-    async fn delete_all<K>(api: &Api<K>, objects: impl Iterator<Item = K>) -> usize
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    {
-        let mut left = 0;
-        for o in objects {
-            left += 1;
-            if o.meta().deletion_timestamp.is_none() {
-                let name = o.meta().name.clone().unwrap_or_default();
-                let _ = api.delete(&name, &DeleteParams::background()).await;
-            }
-        }
-        left
-    }
-    /// The objects of `api` being deleted that still carry `finalizer`.
-    async fn deleting(api: &Api<DynamicObject>, finalizer: &str) -> Vec<DynamicObject> {
-        let Ok(list) = api.list(&Default::default()).await else {
-            return Vec::new();
-        };
-        list.items
-            .into_iter()
-            .filter(|o| {
-                o.metadata.deletion_timestamp.is_some()
-                    && o.metadata
-                        .finalizers
-                        .iter()
-                        .flatten()
-                        .any(|f| f == finalizer)
-            })
-            .collect()
-    }
-    async fn release(api: &Api<DynamicObject>, o: &DynamicObject, finalizer: &str) {
-        let rest: Vec<String> = o
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .filter(|f| *f != finalizer)
-            .cloned()
-            .collect();
-        let name = o.metadata.name.clone().unwrap_or_default();
-        let patch = Patch::Merge(json!({"metadata": {"finalizers": rest}}));
-        let _ = api.patch(&name, &PatchParams::default(), &patch).await;
-    }
-    let machines = capi_api(&client, &ns, "Machine");
-    let pools = capi_api(&client, &ns, "MachinePool");
-    let clusters = cluster_api(&client, &ns);
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for m in deleting(&machines, CAPI_MACHINE_FINALIZER).await {
-            let uid = m.metadata.uid.clone().unwrap_or_default();
-            let api = Api::<TerraformMachine>::namespaced(client.clone(), &ns);
-            if owned_left(api, &uid).await == Some(0) {
-                release(&machines, &m, CAPI_MACHINE_FINALIZER).await;
-            }
-        }
-        for p in deleting(&pools, CAPI_MACHINE_POOL_FINALIZER).await {
-            let uid = p.metadata.uid.clone().unwrap_or_default();
-            let api = Api::<TerraformMachinePool>::namespaced(client.clone(), &ns);
-            if owned_left(api, &uid).await == Some(0) {
-                release(&pools, &p, CAPI_MACHINE_POOL_FINALIZER).await;
-            }
-        }
-        for c in deleting(&clusters, CAPI_CLUSTER_FINALIZER).await {
-            let uid = c.metadata.uid.clone().unwrap_or_default();
-            let name = c.metadata.name.clone().unwrap_or_default();
-            let of_cluster =
-                ListParams::default().labels(&format!("{}={name}", names::CAPI_CLUSTER_NAME_LABEL));
-            let mut left = vec![
-                owned_left(
-                    Api::<TerraformCluster>::namespaced(client.clone(), &ns),
-                    &uid,
-                )
-                .await,
-                owned_left(
-                    Api::<TerraformMachine>::namespaced(client.clone(), &ns),
-                    &uid,
-                )
-                .await,
-                owned_left(
-                    Api::<TerraformMachinePool>::namespaced(client.clone(), &ns),
-                    &uid,
-                )
-                .await,
-            ];
-            for api in [&machines, &pools] {
-                // Absent when Cluster API's Machine CRDs are not installed: none left.
-                left.push(match api.list(&of_cluster).await {
-                    Ok(list) => Some(delete_all(api, list.items.into_iter()).await),
-                    Err(_) => Some(0),
-                });
-            }
-            if left.iter().all(|l| *l == Some(0)) {
-                release(&clusters, &c, CAPI_CLUSTER_FINALIZER).await;
-            }
-        }
-    }
-}
 
 /// The kubeconfig of an outside cluster to run the end-to-end tests against
 /// (`CAPTF_E2E_KUBECONFIG`), if set.
@@ -622,7 +494,10 @@ impl Env {
                     .get_or_init(|| install_crds(&client, plane.cluster_crd))
                     .await;
             }
-            Cluster::External(_) => install_crds(&client, true).await,
+            Cluster::External(_) => {
+                install_crds(&client, false).await;
+                capi::install_fixtures_outside(&client).await;
+            }
         }
         let id = format!("{}-{}", tag.to_lowercase(), rand_suffix());
         let (ns, manager_ns) = names.unwrap_or_else(|| {
@@ -645,9 +520,6 @@ impl Env {
             Cluster::Envtest(_) => 120,
             Cluster::External(_) => 900,
         };
-        // Both on the local control plane and on an outside cluster, where the tests
-        // install Cluster API's Cluster kind themselves and run none of its controllers.
-        let capi = Some(tokio::spawn(capi_stand_in(client.clone(), ns.clone())));
         Env {
             cluster,
             client,
@@ -659,7 +531,6 @@ impl Env {
             ns,
             manager_ns,
             job_timeout_seconds,
-            capi,
             manager_as: None,
         }
     }
@@ -776,9 +647,7 @@ impl Env {
     /// deletes them (a test that panicked leaves them for inspection: README, "Tests").
     pub async fn shutdown(mut self) {
         self.stop_manager().await;
-        if let Some(capi) = self.capi.take() {
-            capi.abort();
-        }
+        self.delete_test_nodes().await;
         self.witness.stop();
         for ns in [&self.ns, &self.manager_ns] {
             strip_finalizers(&self.client, ns).await;
@@ -794,8 +663,10 @@ impl Env {
     }
 
     /// Creates Cluster API's Machine `name` of the Cluster `cluster`, naming its bootstrap
-    /// data Secret `data_secret` when given, with the finalizer Cluster API's Machine
-    /// controller keeps until its infrastructure is gone; returns its uid.
+    /// data Secret `data_secret` when given (else a bootstrap config of the tests' own
+    /// that has none yet: [`Env::give_bootstrap_data`]) and the TerraformMachine `name` as its
+    /// infrastructure; returns its uid. Cluster API's Machine controller puts its finalizer
+    /// on it, owns the TerraformMachine, and deletes it before it lets the Machine go.
     pub async fn create_machine(
         &self,
         name: &str,
@@ -804,14 +675,18 @@ impl Env {
     ) -> String {
         let bootstrap = match data_secret {
             Some(s) => json!({ "dataSecretName": s }),
-            None => json!({}),
+            None => {
+                self.create_bootstrap_config(name).await;
+                json!({"configRef": {"apiGroup": capi::BOOTSTRAP_GROUP,
+                    "kind": capi::BOOTSTRAP_KIND, "name": name}})
+            }
         };
         let machine: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {"name": name, "namespace": self.ns,
-                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster},
-                "finalizers": [CAPI_MACHINE_FINALIZER]},
-            "spec": {"clusterName": cluster, "bootstrap": bootstrap}
+                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster}},
+            "spec": {"clusterName": cluster, "bootstrap": bootstrap,
+                "infrastructureRef": {"apiGroup": names::GROUP, "kind": "TerraformMachine", "name": name}}
         }))
         .expect("machine");
         self.capi_api("Machine")
@@ -824,8 +699,8 @@ impl Env {
     }
 
     /// Creates Cluster API's MachinePool `name` of the Cluster `cluster` with `replicas`,
-    /// its template naming the bootstrap data Secret `data_secret`, with the finalizer
-    /// Cluster API's MachinePool controller keeps until its infrastructure is gone;
+    /// its template naming the bootstrap data Secret `data_secret` and the
+    /// TerraformMachinePool `name` as its infrastructure;
     /// returns its uid.
     pub async fn create_machine_pool(
         &self,
@@ -837,11 +712,11 @@ impl Env {
         let pool: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
             "metadata": {"name": name, "namespace": self.ns,
-                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster},
-                "finalizers": [CAPI_MACHINE_POOL_FINALIZER]},
+                "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster}},
             "spec": {"clusterName": cluster, "replicas": replicas, "template": {"spec": {
                 "clusterName": cluster,
-                "bootstrap": {"dataSecretName": data_secret}}}}
+                "bootstrap": {"dataSecretName": data_secret},
+                "infrastructureRef": {"apiGroup": names::GROUP, "kind": "TerraformMachinePool", "name": name}}}}
         }))
         .expect("machine pool");
         self.capi_api("MachinePool")
@@ -867,7 +742,7 @@ impl Env {
     ) {
         let secret = format!("{name}-bootstrap");
         if K::KIND != Kind::TerraformCluster {
-            self.create_bootstrap_secret(&secret, &format!("#cloud-config {name}"))
+            self.create_bootstrap_secret(cluster, &secret, &format!("#cloud-config {name}"))
                 .await;
         }
         let (owner_kind, owner_name, owner_uid) = match K::KIND {
@@ -941,10 +816,11 @@ resource "terraform_data" "slow" {{
         .await;
     }
 
-    /// Creates the bootstrap data Secret `name` with `value`, as a bootstrap provider does.
-    pub async fn create_bootstrap_secret(&self, name: &str, value: &str) {
+    /// Creates the bootstrap data Secret `name` of the Cluster `cluster` with `value`, as a
+    /// bootstrap provider does (labelled with the cluster's name).
+    pub async fn create_bootstrap_secret(&self, cluster: &str, name: &str, value: &str) {
         let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {names::CAPI_CLUSTER_NAME_LABEL: cluster}},
             "type": "cluster.x-k8s.io/secret",
             "stringData": {"value": value, "format": "cloud-config"}
         }))
@@ -955,41 +831,9 @@ resource "terraform_data" "slow" {{
             .expect("create the bootstrap Secret");
     }
 
-    /// Marks the Cluster's infrastructure provisioned and its control plane initialised,
-    /// as Cluster API's Cluster controller does.
-    pub async fn mark_cluster_ready(&self, name: &str) {
-        self.cluster_api()
-            .patch_status(
-                name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(json!({"status": {"initialization": {
-                    "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
-            )
-            .await
-            .expect("Cluster status");
-    }
-
     /// Cluster API's `kind` (`Machine`, `MachinePool`) in the test's namespace.
     pub fn capi_api(&self, kind: &str) -> Api<DynamicObject> {
         capi_api(&self.client, &self.ns, kind)
-    }
-
-    /// Creates the CAPI Cluster `name`; returns its uid.
-    pub async fn create_cluster(&self, name: &str) -> String {
-        // With the finalizer Cluster API's controller keeps until the infrastructure is
-        // gone (see [`capi_stand_in`]).
-        let finalizers = [CAPI_CLUSTER_FINALIZER];
-        let obj: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": {"name": name, "namespace": self.ns, "finalizers": finalizers}, "spec": {}
-        }))
-        .expect("cluster");
-        let created = self
-            .cluster_api()
-            .create(&PostParams::default(), &obj)
-            .await
-            .expect("create cluster");
-        created.metadata.uid.unwrap_or_default()
     }
 
     pub fn api<K: TerraformObject>(&self) -> Api<K> {
@@ -1066,6 +910,12 @@ resource "terraform_data" "slow" {{
             .create(&PostParams::default(), &obj)
             .await
             .expect("create object");
+        // A TerraformCluster of a Cluster is its infrastructure: named by the Cluster, as
+        // a user's manifests (or a ClusterClass) name it. Cluster API then owns it and
+        // deletes it after the Cluster's machines.
+        if K::KIND == Kind::TerraformCluster && owners.iter().any(|(kind, ..)| *kind == "Cluster") {
+            self.name_infrastructure(cluster, name).await;
+        }
     }
 
     /// Does what the apply path does before a deletion can find anything: writes the
@@ -1160,6 +1010,19 @@ resource "terraform_data" "slow" {{
         module_body: &str,
         marker_dir: &Path,
     ) -> (Inputs, String, String) {
+        self.write_inputs_edited::<K>(name, module_body, marker_dir, |_| {})
+            .await
+    }
+
+    /// As [`Env::write_inputs`], with `edit` applied to the inputs before they are written
+    /// (an env entry, a runner image).
+    pub async fn write_inputs_edited<K: TerraformObject>(
+        &self,
+        name: &str,
+        module_body: &str,
+        marker_dir: &Path,
+        edit: impl FnOnce(&mut Inputs),
+    ) -> (Inputs, String, String) {
         let api = self.api::<K>();
         let obj = api.get(name).await.expect("object");
         let suffix = names::state_suffix(K::KIND, name);
@@ -1192,6 +1055,8 @@ resource "terraform_data" "slow" {{
             contract_variables: Default::default(),
             ran: None,
         };
+        let mut inputs = inputs;
+        edit(&mut inputs);
         let secret = inputs::inputs_secret(
             &inputs,
             &OwnerRef {
@@ -1327,8 +1192,8 @@ resource "terraform_data" "slow" {{
         }
     }
 
-    /// Deletes the CAPI Cluster. It stays while the objects it owns are deleted, as
-    /// Cluster API does ([`capi_stand_in`]).
+    /// Deletes the CAPI Cluster. Cluster API's controllers keep it while they delete
+    /// its machines, control plane and infrastructure, in that order.
     pub async fn delete_cluster(&self, name: &str) {
         self.cluster_api()
             .delete(name, &DeleteParams::background())
@@ -1421,6 +1286,42 @@ resource "terraform_data" "slow" {{
         );
     }
 
+    /// The files of the attempt whose Job is `job` that its Secret holds, by the path the
+    /// Job's projected volume gives each key (`file-<index>` → `terraform.tfvars.json`);
+    /// waits for the Job and its Secret.
+    pub async fn attempt_files(&self, job: &str) -> BTreeMap<String, String> {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.ns);
+        let job_obj = wait_for_value(&format!("the Job {job}"), long(), || async {
+            jobs.get_opt(job).await.ok().flatten()
+        })
+        .await;
+        let secret = wait_for_value(&format!("the Secret of {job}"), long(), || async {
+            self.secrets().get_opt(job).await.ok().flatten()
+        })
+        .await;
+        let data = secret.data.unwrap_or_default();
+        let volumes = job_obj
+            .spec
+            .and_then(|s| s.template.spec)
+            .map(|s| s.volumes.unwrap_or_default())
+            .unwrap_or_default();
+        volumes
+            .iter()
+            .filter_map(|v| v.projected.as_ref())
+            .flat_map(|p| p.sources.iter().flatten())
+            .filter_map(|src| src.secret.as_ref())
+            .filter(|s| s.name == job)
+            .flat_map(|s| s.items.iter().flatten())
+            .filter_map(|item| {
+                let content = data.get(&item.key)?;
+                Some((
+                    item.path.clone(),
+                    String::from_utf8_lossy(&content.0).into_owned(),
+                ))
+            })
+            .collect()
+    }
+
     pub async fn secret_exists(&self, name: &str) -> bool {
         self.secrets()
             .get_opt(name)
@@ -1476,6 +1377,24 @@ pub fn try_terraform(dir: &Path, args: &[&str]) -> Result<(), String> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     ))
+}
+
+/// Like [`wait_for`], for a check that finds a value: returns the first one it finds.
+pub async fn wait_for_value<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Polls `check` every 100 ms until it returns true or `timeout` passes.
