@@ -34,6 +34,12 @@ pub const DELETION_UID: &str = "terraform.infrastructure.cluster.x-k8s.io/deleti
 /// runbooks/OwnerGone.md).
 pub const DESTROY_WITHOUT_OWNER: &str =
     "terraform.infrastructure.cluster.x-k8s.io/destroy-without-owner";
+/// On an object abandoned in a terminating namespace: where its kept Secrets were copied
+/// (`<manager namespace>/<copy of the state>`), written once the copies read back as their
+/// sources and before any protection comes off. A later pass releases on those copies
+/// instead of copying from Secrets the namespace may have taken since. Counts only under
+/// the object's `deletion-uid`, as the deletion bookkeeping does.
+pub const ABANDON_COPIED: &str = "terraform.infrastructure.cluster.x-k8s.io/abandon-copied";
 /// On a copy an abandon made: the namespace and name of the Secret it copies.
 pub const COPIED_FROM: &str = "terraform.infrastructure.cluster.x-k8s.io/copied-from";
 pub const ADOPT: &str = "terraform.infrastructure.cluster.x-k8s.io/adopt";

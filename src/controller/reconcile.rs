@@ -143,7 +143,9 @@ pub async fn reconcile<K: TerraformObject>(
     // The cleanup writes its status itself, after its marker; so does an abandon in a
     // terminating namespace, after its copies are made and verified (until then it is
     // not abandoning, and a failure is shown instead).
-    let copies_first = decision.action == Action::Abandon && observed.namespace_terminating;
+    let copies_first = decision.action == Action::Abandon
+        && observed.namespace_terminating
+        && !abandon::copied(obj.meta());
     let obj = if decision.action == Action::CleanUp || copies_first {
         obj
     } else {

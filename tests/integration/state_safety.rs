@@ -176,6 +176,31 @@ async fn a_namespace_deletion_just_after_the_objects_deletion_began_keeps_the_wh
     env.shutdown().await;
 }
 
+/// An abandon in a terminating namespace whose release is interrupted after the kept
+/// Secrets lost their protection (the release's write conflicts, as a concurrent change
+/// makes it): the namespace then takes the state's parts, and the next pass must release
+/// on the copies it verified before, not hold for ever comparing them with what is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abandon_interrupted_after_its_copies_releases_on_the_next_pass() {
+    let env = big_machine("ns-interrupted", &module(0)).await;
+    let base = names::state_secret_name("web-1.tfm");
+    wait_all_protected(&env, &base).await;
+    let before =
+        fingerprint(env.read_state(Kind::TerraformMachine, "web-1").await).expect("readable");
+    delete_namespace(&env).await;
+    assert_state_survived(&env, &before).await;
+    // The release (the patch that takes the finalizer off) conflicts once.
+    env.proxy.faults().fail_next_with_body(
+        1,
+        Some("patch"),
+        Some("terraformmachines"),
+        "/metadata/finalizers",
+        409,
+    );
+    abandon_and_check_copies(&env, &before, false).await;
+    env.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_namespace_deletion_while_the_destroy_job_runs_keeps_a_whole_protected_backup() {
     // The first destroy sleeps long enough for the namespace to go under it.

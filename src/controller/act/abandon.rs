@@ -4,7 +4,8 @@
 //! Write order: in a terminating namespace, first the copies of every kept Secret into the
 //! manager's namespace, each read back and compared, the state's fingerprint read from the
 //! copies as from the original ([`copy_out`]); nothing else happens until they are made
-//! (the namespace would take the Secrets with it). Then the abandon marker on the object
+//! (the namespace would take the Secrets with it), and the object records that they are
+//! (`abandon-copied`, in the marker's write). Then the abandon marker on the object
 //! before the first delete; the Jobs, the attempts' variables and a free lock deleted; each
 //! kept Secret marked `abandoned-at` in the same write that takes its protection off; the
 //! release last.
@@ -44,29 +45,41 @@ pub async fn abandon<K: TerraformObject>(
     // The namespace may have begun to terminate since this pass looked at it: the kept
     // Secrets would go with it once their protection comes off. It is read again now, and
     // everything is copied out first if it is.
+    // (In a namespace already terminating when the pass looked, the pass copied them
+    // before this call, unless an earlier pass had: `copied`.)
     let terminating = o.namespace_terminating || namespace_terminating_now(ctx, scope).await?;
-    if terminating && !o.namespace_terminating {
+    let copied_before = copied(obj.meta());
+    if terminating && !o.namespace_terminating && !copied_before {
         warn!(
             "the namespace began to terminate during the abandon's pass: copying the kept Secrets out first"
         );
         copy_out(ctx, scope, o).await?;
     }
-    if terminating {
+    if terminating && !copied_before {
         announce_copies(ctx, scope, &described).await;
     }
+    // The marker, and in a terminating namespace the record that the copies are made,
+    // before the first delete and before any protection comes off: a pass interrupted
+    // after that releases on the copies it verified.
     let mut current = obj.clone();
+    let mut edits = Vec::new();
     if gather::deletion_bookkeeping(obj.meta(), names::CLEANUP_STARTED).is_none() {
-        let ops = annotation_ops(
-            obj.meta(),
-            &[
-                (
-                    names::CLEANUP_STARTED,
-                    Some(names::CLEANUP_ABANDONED.into()),
-                ),
-                (names::DELETION_UID, Some(scope.uid.clone())),
-                (names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())),
-            ],
-        );
+        edits.push((
+            names::CLEANUP_STARTED,
+            Some(names::CLEANUP_ABANDONED.to_string()),
+        ));
+        edits.push((names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())));
+    }
+    if terminating && !copied_before {
+        let copy = names::abandoned_copy_name(&scope.namespace, &scope.suffix);
+        edits.push((
+            names::ABANDON_COPIED,
+            Some(format!("{}/{copy}", ctx.manager_namespace)),
+        ));
+    }
+    if !edits.is_empty() {
+        edits.push((names::DELETION_UID, Some(scope.uid.clone())));
+        let ops = annotation_ops(obj.meta(), &edits);
         if let Some(updated) = guarded_patch(&scope.api, obj.meta(), ops).await? {
             current = updated;
         }
@@ -122,6 +135,12 @@ pub async fn abandon<K: TerraformObject>(
     }
     ctx.metrics.decisions.inc(&[K::KIND.as_str(), "abandon"]);
     release(ctx, scope, &current).await
+}
+
+/// Whether an earlier pass of this object's abandon made and verified the copies of its
+/// kept Secrets (see [`names::ABANDON_COPIED`]).
+pub fn copied(meta: &kube::api::ObjectMeta) -> bool {
+    gather::deletion_bookkeeping(meta, names::ABANDON_COPIED).is_some()
 }
 
 /// In a terminating namespace the kept Secrets would go with the namespace: before any

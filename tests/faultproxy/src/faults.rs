@@ -13,6 +13,9 @@ struct Rule {
     remaining: usize,
     verb: Option<String>,
     resource: Option<String>,
+    /// Matches only a request whose body holds this text (see
+    /// [`Faults::fail_next_with_body`]).
+    body: Option<String>,
     status: u16,
 }
 
@@ -100,6 +103,26 @@ impl Faults {
             remaining: n,
             verb: verb.map(str::to_string),
             resource: resource.map(str::to_string),
+            body: None,
+            status,
+        });
+    }
+
+    /// As [`Faults::fail_next`], for requests whose body holds `needle` only (one write of
+    /// several to the same resource: the patch that removes a finalizer, say).
+    pub fn fail_next_with_body(
+        &self,
+        n: usize,
+        verb: Option<&str>,
+        resource: Option<&str>,
+        needle: &str,
+        status: u16,
+    ) {
+        self.lock().rules.push(Rule {
+            remaining: n,
+            verb: verb.map(str::to_string),
+            resource: resource.map(str::to_string),
+            body: Some(needle.to_string()),
             status,
         });
     }
@@ -197,13 +220,39 @@ impl Faults {
         Some(delay)
     }
 
-    /// Consume one matching failure, if any.
+    /// Consume one matching failure, if any (of the rules that do not look at the body).
     pub(crate) fn take(&self, verb: &str, resource: &str, subresource: &str) -> Option<Injected> {
+        self.take_matching(verb, resource, subresource, None)
+    }
+
+    /// Consume one matching failure of the rules that look at the body, if any.
+    pub(crate) fn take_with_body(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+        body: &[u8],
+    ) -> Option<Injected> {
+        self.take_matching(verb, resource, subresource, Some(body))
+    }
+
+    fn take_matching(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+        body: Option<&[u8]>,
+    ) -> Option<Injected> {
         let mut s = self.lock();
         let full = if subresource.is_empty() {
             resource.to_string()
         } else {
             format!("{resource}/{subresource}")
+        };
+        let body_matches = |r: &Rule| match (&r.body, body) {
+            (None, None) => true,
+            (Some(needle), Some(b)) => String::from_utf8_lossy(b).contains(needle.as_str()),
+            _ => false,
         };
         let idx = s.rules.iter().position(|r| {
             r.remaining > 0
@@ -211,6 +260,7 @@ impl Faults {
                 && r.resource
                     .as_deref()
                     .is_none_or(|x| x == resource || x == full)
+                && body_matches(r)
         })?;
         let rule = &mut s.rules[idx];
         rule.remaining -= 1;
@@ -229,6 +279,35 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_rule_fails_only_the_request_whose_body_holds_its_text() {
+        let f = Faults::default();
+        f.fail_next_with_body(1, Some("patch"), Some("things"), "finalizers", 409);
+        assert!(
+            f.take("patch", "things", "").is_none(),
+            "not without the body"
+        );
+        assert!(
+            f.take_with_body("patch", "things", "", b"{\"status\":{}}")
+                .is_none()
+        );
+        assert_eq!(
+            f.take_with_body(
+                "patch",
+                "things",
+                "",
+                b"[{\"path\":\"/metadata/finalizers\"}]"
+            )
+            .map(|e| e.code),
+            Some(409)
+        );
+        assert!(
+            f.take_with_body("patch", "things", "", b"/metadata/finalizers")
+                .is_none(),
+            "once"
+        );
+    }
 
     #[test]
     fn fail_next_counts_and_matches() {

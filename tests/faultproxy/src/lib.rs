@@ -236,6 +236,11 @@ async fn forward(
             );
         }
     };
+    if let Some((verb, resource, sub)) = &class
+        && let Some(injected) = faults.take_with_body(verb, resource, sub, &body)
+    {
+        return status_response(injected.code, injected.body());
+    }
     let uri = match &query {
         Some(q) => format!("{path}?{q}"),
         None => path.clone(),
