@@ -69,6 +69,10 @@ pub struct Caches {
     pub provisioned: ProvisionedOf,
     /// Whether that cache holds every object of the kind (no `--watch-filter`).
     pub unfiltered: bool,
+    /// Clusters a pass found paused when it read them from the API server while the
+    /// `clusters` cache still said otherwise: `namespace/name` → the resourceVersion the
+    /// cache held then (see [`Caches::note_pause_read_live`]).
+    pub live_pauses: Arc<std::sync::Mutex<HashMap<String, String>>>,
 }
 
 /// Whether the cached object (namespace, name) is provisioned; none when not cached.
@@ -421,6 +425,40 @@ impl ByLabel {
 }
 
 impl Caches {
+    /// Records that the Cluster `ns/name` was read paused from the API server: until the
+    /// cache holds a newer version of it, passes take it as paused (without this, every
+    /// pass decided from the stale cache again, wrote `block-move`, read the pause and
+    /// took `block-move` off, which started the next pass at once).
+    pub fn note_pause_read_live(&self, ns: &str, name: &str, ar: &ApiResource) {
+        let Some(store) = &self.clusters else { return };
+        let cached = store
+            .get(&reflector::ObjectRef::new_with(name, ar.clone()).within(ns))
+            .and_then(|c| c.metadata.resource_version.clone())
+            .unwrap_or_default();
+        self.live_pauses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(format!("{ns}/{name}"), cached);
+    }
+
+    /// Whether the cached Cluster `ns/name` at `resource_version` was read paused from the
+    /// API server since (the cache has not caught up yet); forgets an older record.
+    pub fn paused_read_live(&self, ns: &str, name: &str, resource_version: &str) -> bool {
+        let mut pauses = self
+            .live_pauses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let key = format!("{ns}/{name}");
+        match pauses.get(&key) {
+            Some(rv) if rv == resource_version => true,
+            Some(_) => {
+                pauses.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Waits until every store has had its first list (once, at the start; at once
     /// later), at most [`READY_WITHIN`]; the error names the caches still empty.
     pub async fn ready(&self) -> Result<(), String> {

@@ -352,6 +352,7 @@ where
             })
         },
         unfiltered: cfg.watch_filter.is_none(),
+        live_pauses: Default::default(),
     });
     ctx.register_caches(K::KIND, caches.clone());
     c.run(

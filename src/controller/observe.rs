@@ -143,15 +143,25 @@ async fn observe_rounds<K: TerraformObject>(
             ClusterView::from_value(&serde_json::to_value(c).unwrap_or_default())
         };
         Ok::<_, Error>(match (&cluster_name, cluster_api.resource()) {
-            (Some(name), Some(ar)) => match caches.and_then(|c| c.clusters.as_ref()) {
-                Some(store) => store
-                    .get(&ObjectRef::new_with(name, ar.clone()).within(&ns))
-                    .map(|c| view(&c)),
-                None => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
-                    .get_opt(name)
-                    .await?
-                    .map(|c| view(&c)),
-            },
+            (Some(name), Some(ar)) => {
+                match caches.and_then(|c| c.clusters.as_ref().map(|s| (c, s))) {
+                    Some((caches, store)) => store
+                        .get(&ObjectRef::new_with(name, ar.clone()).within(&ns))
+                        .map(|c| {
+                            let mut v = view(&c);
+                            let rv = c.metadata.resource_version.as_deref().unwrap_or_default();
+                            // Read paused from the API server since this version was cached.
+                            if caches.paused_read_live(&ns, name, rv) {
+                                v.spec_paused = true;
+                            }
+                            v
+                        }),
+                    None => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, ar)
+                        .get_opt(name)
+                        .await?
+                        .map(|c| view(&c)),
+                }
+            }
             _ => None,
         })
     };

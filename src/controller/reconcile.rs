@@ -249,6 +249,9 @@ pub async fn reconcile<K: TerraformObject>(
                         Ok(match started {
                             destroy::Started::Running => Requeue::requeue(RESYNC),
                             destroy::Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
+                            destroy::Started::ClusterPaused => {
+                                Requeue::requeue(Duration::from_secs(1))
+                            }
                         })
                     }
                 }

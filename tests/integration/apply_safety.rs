@@ -951,3 +951,73 @@ async fn a_transient_error_reading_the_apply_log_does_not_lose_what_it_ran() {
     .await;
     env.shutdown().await;
 }
+
+/// clusterctl move pauses the Cluster, then waits until no object carries `block-move`.
+/// A pass that decided from a cache read before the pause (its Cluster watch lagging)
+/// must not write `block-move` and start an apply after that check: it reads the Cluster
+/// again once `block-move` is written, and starts no Job while the Cluster is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_apply_decided_before_a_pause_starts_no_job_under_it() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::start_provisioning("pause-race", None).await;
+    provisioned_cluster(&env, &regional_module(), regional_variables(&env, "a")).await;
+    let applied = env.jobs_created();
+    // The manager's Cluster watch stops seeing changes: its stream ends and every list
+    // and watch of Clusters fails.
+    let faults = env.proxy.faults();
+    faults.fail_next(100_000, Some("list"), Some("clusters"), 500);
+    faults.fail_next(100_000, Some("watch"), Some("clusters"), 500);
+    faults.drop_watches();
+    // clusterctl move pauses the Cluster (not through the manager's proxy).
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("pause");
+    // A change the manager sees, whose apply its cache says may start.
+    env.api::<Tfc>()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": regional_variables(&env, "b")})),
+        )
+        .await
+        .expect("change the region");
+    // A pass decides to start attempt 2 (its number is written ahead of its Job).
+    wait_for("a pass to start the change's apply", long(), || async {
+        env.object::<Tfc>("prod")
+            .await
+            .and_then(|o| annotation(&o, names::APPLY_ATTEMPT))
+            .as_deref()
+            == Some("2")
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(env.jobs_created(), applied, "an apply Job under the pause");
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert!(
+        annotation(&obj, names::CLUSTERCTL_BLOCK_MOVE).is_none(),
+        "block-move left on the paused object"
+    );
+    // Once the move is over (or called off) and the watch is back, the apply runs.
+    faults.clear();
+    faults.drop_watches();
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpause");
+    wait_for("the apply after the pause", long(), || async {
+        env.jobs_created() > applied
+    })
+    .await;
+    env.shutdown().await;
+}

@@ -151,6 +151,9 @@ pub async fn start_attempt<K: TerraformObject>(
     ];
     let written = guarded_patch(&scope.api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
     let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
+    if super::paused_since_read(ctx, scope, current).await? {
+        return Ok(Started::ClusterPaused);
+    }
     let (started, created) =
         super::create_attempt_job(scope, o, &job, &secret, names::DESTROY_ATTEMPT, n, current)
             .await?;

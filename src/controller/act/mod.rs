@@ -169,6 +169,46 @@ pub enum Started {
     /// Its name is taken by a Job of an earlier object of this name: the attempt number
     /// moved on, and the next pass starts that one.
     NumberMovedOn,
+    /// The owning Cluster was paused after the pass read it (see [`paused_since_read`]):
+    /// no Job, and `block-move` taken off again.
+    ClusterPaused,
+}
+
+/// Whether the Cluster owning the object is paused now, read from the API server after
+/// the attempt's `block-move` annotation was written. clusterctl move pauses the Cluster,
+/// then waits until no object carries `block-move`, then copies and deletes: a pass that
+/// decided from a cache read before the pause could otherwise write `block-move` after
+/// that check passed and start a Job under a move. Reading the Cluster after the write
+/// closes that: either clusterctl's check sees the annotation and waits, or this read
+/// sees the pause.
+pub async fn paused_since_read<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    current: &kube::api::ObjectMeta,
+) -> Result<bool, Error> {
+    let (Some(ar), Some(cluster)) = (
+        ctx.cluster_api.resource(),
+        crate::gather::owning_cluster(current),
+    ) else {
+        return Ok(false);
+    };
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &scope.namespace, ar);
+    let Some(c) = api.get_opt(&cluster).await? else {
+        return Ok(false);
+    };
+    let view =
+        crate::gather::ClusterView::from_value(&serde_json::to_value(&c).unwrap_or_default());
+    if !(view.spec_paused || view.annotation_paused) {
+        return Ok(false);
+    }
+    tracing::info!(%cluster, "the Cluster was paused after this pass read it: no Job now");
+    if let Some(c) = &scope.caches {
+        c.note_pause_read_live(&scope.namespace, &cluster, ar);
+    }
+    let off = [(names::CLUSTERCTL_BLOCK_MOVE, None)];
+    guarded_patch(&scope.api, current, annotation_ops(current, &off)).await?;
+    Ok(true)
 }
 
 /// Creates attempt `n`'s variables Secret, then its Job, once the attempt number is on the
