@@ -313,18 +313,22 @@ pub fn plan(o: &Observed, settings: &Settings, facts: &Facts, decision: &Decisio
         edits.push((names::STATE_SERIAL, Some(serial.to_string())));
     }
 
-    // block-move: on while a Job is unfinished, and from deletion until the finalizer goes.
-    // When the action itself writes the object (the attempt number, the cleanup marker,
-    // the release), block-move goes into that write instead of one of its own.
+    // block-move: what a move must wait for (see `block_move`). When the action itself
+    // writes the object (the attempt number, the cleanup marker, the release), block-move
+    // goes into that write instead of one of its own.
     let action_writes_object = decision.action.start_attempt().is_some()
         || matches!(
             decision.action,
             Action::CleanUp | Action::Abandon | Action::RemoveFinalizer
         );
-    let want_block = (facts.deleting && !action_writes_object) || !facts.unfinished_jobs.is_empty();
-    match (want_block, ann(names::CLUSTERCTL_BLOCK_MOVE).is_some()) {
-        (true, false) => edits.push((names::CLUSTERCTL_BLOCK_MOVE, Some("true".into()))),
-        (false, true) if !facts.deleting => edits.push((names::CLUSTERCTL_BLOCK_MOVE, None)),
+    match (
+        block_move(facts, decision),
+        ann(names::CLUSTERCTL_BLOCK_MOVE).is_some(),
+    ) {
+        (Some(true), false) if !action_writes_object => {
+            edits.push((names::CLUSTERCTL_BLOCK_MOVE, Some("true".into())))
+        }
+        (Some(false), true) => edits.push((names::CLUSTERCTL_BLOCK_MOVE, None)),
         _ => {}
     }
 
@@ -884,4 +888,27 @@ async fn spec_field_ops<K: TerraformObject>(
         })
         .collect();
     (ops, record)
+}
+
+/// Whether a `clusterctl move` must wait for the object (`block-move` on), or not (off);
+/// none: leave it as it is. A Job of it is unfinished: on (its state is changing). Being
+/// deleted and in motion (a destroy due or between attempts, a cleanup, an abandon, the
+/// release): on (a half-destroyed object would come back to life in the target, against
+/// a state that is still changing). Being deleted and held for a person (`Hold`: a state
+/// that cannot be trusted, an errored state, an owner gone): off, so that one held object
+/// does not keep a whole management cluster from moving for as long as it waits; the
+/// held state and the bookkeeping move with it. Paused (a move under way): left as it
+/// is, so that the pause clusterctl sets first changes nothing it then checks. Not being
+/// deleted, no Job: off.
+pub(crate) fn block_move(facts: &Facts, decision: &Decision) -> Option<bool> {
+    if !facts.unfinished_jobs.is_empty() {
+        return Some(true);
+    }
+    if !facts.deleting {
+        return Some(false);
+    }
+    if facts.paused.is_some() {
+        return None;
+    }
+    Some(decision.action != Action::Hold)
 }

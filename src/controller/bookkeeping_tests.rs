@@ -241,6 +241,49 @@ fn block_move_is_on_while_deleting_or_a_job_runs_and_rides_on_the_actions_own_wr
     }
 }
 
+/// A deletion held for a person does not block a move (the held state moves with the
+/// object); a pause (a move under way) changes nothing clusterctl then checks.
+#[test]
+fn block_move_is_off_while_a_deletion_is_held_and_untouched_under_a_pause() {
+    let o = deleting_at_attempt(1, &[]);
+    let (decision, facts, _) = gather::decide(&o, &Settings::default());
+    // (held, paused, block-move there) -> edit
+    type Case = (bool, bool, bool, Option<Option<String>>);
+    let table: [Case; 6] = [
+        (true, false, true, Some(None)),
+        (true, false, false, None),
+        (false, false, false, Some(Some("true".into()))),
+        (false, true, false, None),
+        (false, true, true, None),
+        (true, true, false, None),
+    ];
+    for (held, paused, there, want) in table {
+        let mut o = o.clone();
+        if there {
+            o.meta
+                .annotations
+                .get_or_insert_default()
+                .insert(names::CLUSTERCTL_BLOCK_MOVE.into(), "true".into());
+        }
+        let mut f = facts.clone();
+        f.deleting = true;
+        f.unfinished_jobs = vec![];
+        f.paused = paused.then_some(crate::rules::PauseCause::ObjectAnnotation);
+        let mut d = decision.clone();
+        d.action = if held {
+            Action::Hold
+        } else {
+            Action::WaitForDependents
+        };
+        let p = plan(&o, &Settings::default(), &f, &d);
+        assert_eq!(
+            edit(&p, names::CLUSTERCTL_BLOCK_MOVE).cloned(),
+            want,
+            "held {held}, paused {paused}, block-move there {there}"
+        );
+    }
+}
+
 #[test]
 fn the_last_three_finished_destroy_jobs_are_kept_and_no_unfinished_one_is_pruned() {
     let mut o = deleting_at_attempt(7, &[]);

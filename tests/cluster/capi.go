@@ -89,6 +89,7 @@ func readCAPIComponents(path string, port int, caPEM []byte) (*capiComponents, e
 			continue
 		}
 		dropCAInjection(obj)
+		labelAsClusterctlDoes(obj)
 		switch {
 		case gvk.Group == "apiextensions.k8s.io" && gvk.Kind == "CustomResourceDefinition":
 			if err := localizeClientConfig(obj, port, caPEM, "spec", "conversion", "webhook", "clientConfig"); err != nil {
@@ -137,6 +138,20 @@ func readCAPIComponents(path string, port int, caPEM []byte) (*capiComponents, e
 	}
 	out.objects = append(namespaces, rest...)
 	return out, nil
+}
+
+// labelAsClusterctlDoes puts on obj the labels clusterctl init puts on every component
+// it installs: clusterctl's own (clusterctl move finds the kinds to move by it on their
+// CRDs; without it the Cluster kind is not discovered and a move fails) and the
+// provider's name.
+func labelAsClusterctlDoes(obj *unstructured.Unstructured) {
+	labels := obj.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels["clusterctl.cluster.x-k8s.io"] = ""
+	labels["cluster.x-k8s.io/provider"] = "cluster-api"
+	obj.SetLabels(labels)
 }
 
 // dropCAInjection removes cert-manager's CA injection annotation (the CA bundle is set here).

@@ -4,6 +4,7 @@
 mod apply_safety;
 mod cli;
 mod cluster_api;
+mod clusterctl;
 mod config;
 mod control_plane;
 mod crds;
