@@ -64,6 +64,8 @@ struct Token {
 
 /// Parses one file; the error names the line.
 pub fn parse(src: &str) -> Result<Vec<Block>, String> {
+    // Terraform reads a file after its UTF-8 byte order mark (some editors write one).
+    let src = src.strip_prefix('\u{feff}').unwrap_or(src);
     let tokens = tokenize(src)?;
     let mut i = 0;
     let (blocks, _) = body(src, &tokens, &mut i, 0)?;

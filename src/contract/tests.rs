@@ -708,3 +708,21 @@ fn provider_ids_within_cluster_apis_limits_and_none_beyond() {
     .expect_err("a null item");
     assert!(e[0].starts_with("output provider_id_list must be"), "{e:?}");
 }
+
+/// The three modules of `tests/fuzz/modules/` that Terraform 1.11.4 validates and that
+/// were read wrongly: each is read as Terraform reads it.
+fn fuzz_module(name: &str) -> BTreeMap<String, String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz/modules")
+        .join(name);
+    check::read_module(&dir).expect("the module is read")
+}
+
+#[test]
+fn a_file_that_starts_with_a_byte_order_mark_is_read() {
+    let r = check(&fuzz_module("byte-order-mark"), Role::Machine);
+    let r = r.expect("Terraform reads a file after its UTF-8 byte order mark");
+    assert_eq!(r.own_variables, Vec::<String>::new());
+    assert_eq!(r.contract_variables, ["captf_object_name"]);
+    assert_eq!(r.outputs, ["provider_id"]);
+}
