@@ -268,7 +268,9 @@ pub fn check(files: &BTreeMap<String, String>, role: Role) -> Result<Report, Str
             .into_iter()
             .filter(|x| x.kind == "provisioner")
         {
-            if p.attribute("when") == Some("destroy") && mentions(&p.body, "captf_bootstrap_data") {
+            if p.attribute("when") == Some("destroy")
+                && mentions(&hcl::code_only(&p.body), "captf_bootstrap_data")
+            {
                 findings.push(Finding {
                     severity: Severity::Error,
                     at: at(file, p),

@@ -719,6 +719,30 @@ fn fuzz_module(name: &str) -> BTreeMap<String, String> {
 }
 
 #[test]
+fn a_comment_in_a_destroy_provisioner_is_no_reference() {
+    let r = check(&fuzz_module("destroy-provisioner-comment"), Role::Machine).expect("reads");
+    assert_eq!(r.errors(), 0, "{}", r.render_text());
+    // A reference in an interpolation, after a `#` in a string or in a heredoc, is still
+    // one (Terraform 1.11.4 refuses both modules).
+    for command in [
+        r#""echo # ${var.captf_bootstrap_data}""#,
+        "<<EOT\necho ${md5(var.captf_bootstrap_data)}\nEOT",
+    ] {
+        let real = format!(
+            "resource \"terraform_data\" \"i\" {{\n  provisioner \"local-exec\" {{\n    when    = destroy\n    command = {command}\n  }}\n}}\n"
+        );
+        let r = check(&module(&[("main.tf", &real)]), Role::Machine).expect("reads");
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.message.contains("destroy-time provisioner")),
+            "{real}\n{}",
+            r.render_text()
+        );
+    }
+}
+
+#[test]
 fn a_file_that_starts_with_a_byte_order_mark_is_read() {
     let r = check(&fuzz_module("byte-order-mark"), Role::Machine);
     let r = r.expect("Terraform reads a file after its UTF-8 byte order mark");
