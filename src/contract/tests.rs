@@ -719,6 +719,17 @@ fn fuzz_module(name: &str) -> BTreeMap<String, String> {
 }
 
 #[test]
+fn an_object_type_over_several_lines_without_commas_is_the_contracts_type() {
+    let r = check(&fuzz_module("multiline-object-type"), Role::Cluster).expect("reads");
+    assert_eq!(
+        r.findings,
+        [],
+        "`terraform fmt` lays an object type out one attribute a line, without commas:\n{}",
+        r.render_text()
+    );
+}
+
+#[test]
 fn a_comment_in_a_destroy_provisioner_is_no_reference() {
     let r = check(&fuzz_module("destroy-provisioner-comment"), Role::Machine).expect("reads");
     assert_eq!(r.errors(), 0, "{}", r.render_text());
