@@ -62,13 +62,24 @@ fn run(text: &str, role: Role, limits: &Limits) -> Result<Report, ()> {
     .map_err(|_| ())
 }
 
-/// A report's findings without their lines or texts that quote the source (a comment or
-/// a CR moves neither what is declared nor what is wrong).
+/// A report without its findings' lines, and without CRs (a comment or a CR moves neither
+/// what is declared nor what is wrong; a CR shows in the text a report quotes, and in a
+/// label with a newline, which Terraform refuses and the reader takes as it is).
 fn without_lines(r: &Report) -> Report {
     let mut r = r.clone();
     for f in &mut r.findings {
         f.at = f.at.split(':').next().unwrap_or_default().to_string();
         f.message = f.message.replace('\r', "");
+    }
+    for list in [
+        &mut r.contract_variables,
+        &mut r.own_variables,
+        &mut r.outputs,
+    ] {
+        for name in list.iter_mut() {
+            *name = name.replace('\r', "");
+        }
+        list.sort();
     }
     r.findings
         .sort_by(|a, b| (a.severity, &a.at, &a.message).cmp(&(b.severity, &b.at, &b.message)));
