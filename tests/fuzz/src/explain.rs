@@ -17,8 +17,11 @@ use crate::{Limits, bounded};
 
 /// Per byte of text: the parser's events and a `serde_json::Value` a node.
 const PER_BYTE: usize = 512;
-/// What a small document may expand to through aliases within the parser's budget.
-const OVERHEAD: usize = 64 * 1024 * 1024;
+/// What a small document may expand to through aliases within the YAML parser's budget
+/// (serde-saphyr's default: 250,000 nodes, 64 MiB of scalar bytes); a billion laughs in
+/// 700 bytes peaks at 68 MB before the budget refuses it, 20 KB aliased 125,000 times at
+/// about 70 MB.
+const OVERHEAD: usize = 160 * 1024 * 1024;
 
 fn scratch() -> PathBuf {
     std::env::temp_dir().join(format!("captf-fuzz-explain-{}.yaml", std::process::id()))
