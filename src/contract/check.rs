@@ -160,10 +160,9 @@ pub fn check(files: &BTreeMap<String, String>, role: Role) -> Result<Report, Str
                                 message: format!("declare {label} with `sensitive = true`: its value would show in plans and logs"),
                             });
                         }
-                        let squash = |t: &str| t.split_whitespace().collect::<String>();
                         if let Some(t) = b.attribute("type")
-                            && squash(t) != squash(v.type_)
-                            && squash(t) != "any"
+                            && type_form(t) != type_form(v.type_)
+                            && type_form(t) != "any"
                         {
                             findings.push(Finding {
                                 severity: Severity::Warning,
@@ -268,7 +267,9 @@ pub fn check(files: &BTreeMap<String, String>, role: Role) -> Result<Report, Str
             .into_iter()
             .filter(|x| x.kind == "provisioner")
         {
-            if p.attribute("when") == Some("destroy") && mentions(&p.body, "captf_bootstrap_data") {
+            if p.attribute("when") == Some("destroy")
+                && mentions(&hcl::code_only(&p.body), "captf_bootstrap_data")
+            {
                 findings.push(Finding {
                     severity: Severity::Error,
                     at: at(file, p),
@@ -300,6 +301,35 @@ pub fn check(files: &BTreeMap<String, String>, role: Role) -> Result<Report, Str
         outputs: declared_outputs,
         findings,
     })
+}
+
+/// A type expression in one form, to compare: without comments and whitespace, its
+/// elements separated by one comma whether the source separates them by commas or by
+/// newlines (`terraform fmt` writes an object type one attribute a line, without commas),
+/// without a comma before a closing bracket.
+fn type_form(t: &str) -> String {
+    let mut out = String::new();
+    for c in hcl::code_only(t).chars() {
+        match c {
+            '\n' | ',' => {
+                if !out.is_empty() && !out.ends_with([',', '{', '(', '[']) {
+                    out.push(',');
+                }
+            }
+            c if c.is_whitespace() => {}
+            '}' | ')' | ']' => {
+                if out.ends_with(',') {
+                    out.pop();
+                }
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    if out.ends_with(',') {
+        out.pop();
+    }
+    out
 }
 
 /// Whether `text` names `word` as a whole identifier.

@@ -64,6 +64,8 @@ struct Token {
 
 /// Parses one file; the error names the line.
 pub fn parse(src: &str) -> Result<Vec<Block>, String> {
+    // Terraform reads a file after its UTF-8 byte order mark (some editors write one).
+    let src = src.strip_prefix('\u{feff}').unwrap_or(src);
     let tokens = tokenize(src)?;
     let mut i = 0;
     let (blocks, _) = body(src, &tokens, &mut i, 0)?;
@@ -171,6 +173,99 @@ fn tokenize(src: &str) -> Result<Vec<Token>, String> {
         }
     }
     Ok(out)
+}
+
+/// `src` (an expression, or a block's body) with its comments and the literal text of its
+/// strings and heredocs blanked (each byte but a newline made a space), the code of their
+/// `${…}` and `%{…}` kept: what it refers to, without what its comments and texts say.
+pub fn code_only(src: &str) -> String {
+    let mut out = src.as_bytes().to_vec();
+    code(src, &mut out, 0, false);
+    // Whole comments and runs of text were blanked, each from an ASCII byte to an ASCII
+    // byte or the end; an unexpected cut gives the source back.
+    String::from_utf8(out).unwrap_or_else(|_| src.to_string())
+}
+
+fn blank(out: &mut [u8], from: usize, to: usize) {
+    let to = to.min(out.len());
+    for c in &mut out[from.min(to)..to] {
+        if *c != b'\n' {
+            *c = b' ';
+        }
+    }
+}
+
+/// Code from `i`: to the end, or (`in_template`) to the `}` that closes an interpolation
+/// (the index after it).
+fn code(src: &str, out: &mut [u8], mut i: usize, in_template: bool) -> usize {
+    let b = src.as_bytes();
+    let mut depth = 0usize;
+    while i < b.len() {
+        match b[i] {
+            b'#' => {
+                let end = skip_line(b, i);
+                blank(out, i, end);
+                i = end;
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                let end = skip_line(b, i);
+                blank(out, i, end);
+                i = end;
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                let end = src[i + 2..].find("*/").map_or(b.len(), |e| i + 2 + e + 2);
+                blank(out, i, end);
+                i = end;
+            }
+            b'"' => i = template(src, out, i + 1, None),
+            b'<' if b.get(i + 1) == Some(&b'<') => match heredoc(src, i, 1) {
+                Ok((Tok::Str(content), end, _)) => {
+                    let body = i + src[i..].find('\n').map_or(0, |n| n + 1);
+                    template(src, out, body, Some(body + content.len()));
+                    i = end;
+                }
+                _ => i += 2,
+            },
+            b'{' => {
+                depth += 1;
+                i += 1;
+            }
+            b'}' if in_template && depth == 0 => return i + 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+/// The text of a string (from after its opening quote; `end` None) or of a heredoc (up to
+/// `end`): its literal parts blanked, the code of its interpolations and directives kept.
+/// Returns the index after it.
+fn template(src: &str, out: &mut [u8], mut i: usize, end: Option<usize>) -> usize {
+    let b = src.as_bytes();
+    let stop = end.unwrap_or(b.len()).min(b.len());
+    while i < stop {
+        match b[i] {
+            b'\\' if end.is_none() => {
+                blank(out, i, i + 2);
+                i += 2;
+            }
+            b'$' | b'%' if b.get(i + 1) == Some(&b[i]) && b.get(i + 2) == Some(&b'{') => {
+                blank(out, i, i + 3);
+                i += 3;
+            }
+            b'$' | b'%' if b.get(i + 1) == Some(&b'{') => i = code(src, out, i + 2, true),
+            b'"' if end.is_none() => return i + 1,
+            _ => {
+                blank(out, i, i + 1);
+                i += 1;
+            }
+        }
+    }
+    stop
 }
 
 fn skip_line(b: &[u8], mut i: usize) -> usize {

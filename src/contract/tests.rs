@@ -747,3 +747,56 @@ fn provider_ids_within_cluster_apis_limits_and_none_beyond() {
     .expect_err("a null item");
     assert!(e[0].starts_with("output provider_id_list must be"), "{e:?}");
 }
+
+/// The three modules of `tests/fuzz/modules/` that Terraform 1.11.4 validates and that
+/// were read wrongly: each is read as Terraform reads it.
+fn fuzz_module(name: &str) -> BTreeMap<String, String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz/modules")
+        .join(name);
+    check::read_module(&dir).expect("the module is read")
+}
+
+#[test]
+fn an_object_type_over_several_lines_without_commas_is_the_contracts_type() {
+    let r = check(&fuzz_module("multiline-object-type"), Role::Cluster).expect("reads");
+    assert_eq!(
+        r.findings,
+        [],
+        "`terraform fmt` lays an object type out one attribute a line, without commas:\n{}",
+        r.render_text()
+    );
+}
+
+#[test]
+fn a_comment_in_a_destroy_provisioner_is_no_reference() {
+    let r = check(&fuzz_module("destroy-provisioner-comment"), Role::Machine).expect("reads");
+    assert_eq!(r.errors(), 0, "{}", r.render_text());
+    // A reference in an interpolation, after a `#` in a string or in a heredoc, is still
+    // one (Terraform 1.11.4 refuses both modules).
+    for command in [
+        r#""echo # ${var.captf_bootstrap_data}""#,
+        "<<EOT\necho ${md5(var.captf_bootstrap_data)}\nEOT",
+    ] {
+        let real = format!(
+            "resource \"terraform_data\" \"i\" {{\n  provisioner \"local-exec\" {{\n    when    = destroy\n    command = {command}\n  }}\n}}\n"
+        );
+        let r = check(&module(&[("main.tf", &real)]), Role::Machine).expect("reads");
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.message.contains("destroy-time provisioner")),
+            "{real}\n{}",
+            r.render_text()
+        );
+    }
+}
+
+#[test]
+fn a_file_that_starts_with_a_byte_order_mark_is_read() {
+    let r = check(&fuzz_module("byte-order-mark"), Role::Machine);
+    let r = r.expect("Terraform reads a file after its UTF-8 byte order mark");
+    assert_eq!(r.own_variables, Vec::<String>::new());
+    assert_eq!(r.contract_variables, ["captf_object_name"]);
+    assert_eq!(r.outputs, ["provider_id"]);
+}

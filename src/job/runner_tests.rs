@@ -705,6 +705,15 @@ fn a_runtime_the_image_lacks_fails_naming_it() {
     }
 }
 
+/// With `CAPTF_SAVE_RUNNER_LOGS=DIR`, a run's output is kept there: the reports the runner
+/// writes are seeds of the report fuzz target (`fuzz/seed`, docs/fuzzing.md).
+fn save_log(name: &str, shell: &Shell, stdout: &str) {
+    if let Some(dir) = std::env::var_os("CAPTF_SAVE_RUNNER_LOGS") {
+        let path = Path::new(&dir).join(format!("runner-{name}-{shell:?}").to_lowercase());
+        std::fs::write(path, stdout).expect("the log is saved");
+    }
+}
+
 #[test]
 fn an_apply_reports_the_lock_file_init_wrote_and_the_files_it_fetched() {
     for shell in shells() {
@@ -722,6 +731,7 @@ fn an_apply_reports_the_lock_file_init_wrote_and_the_files_it_fetched() {
         );
         let out = command.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
+        save_log("apply-source", &shell, &stdout);
         assert!(
             out.status.success(),
             "{}\n{}",
@@ -752,6 +762,11 @@ fn an_apply_reports_the_lock_file_init_wrote_and_the_files_it_fetched() {
         let r = Runner::new(rendered(&Templates::embedded(), &req), shell);
         let out = r.command().output().unwrap();
         assert!(out.status.success());
+        save_log(
+            "apply-inline",
+            &shell,
+            &String::from_utf8_lossy(&out.stdout),
+        );
         let report = super::report::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
         assert_eq!(
             report,

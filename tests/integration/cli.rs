@@ -313,6 +313,36 @@ fn bad_input_is_a_clear_error_with_status_2() {
     );
 }
 
+/// Three modules Terraform 1.11.4 validates, that `captf module check` once read wrongly:
+/// an object type over several lines (a false warning), a comment in a destroy-time
+/// provisioner (a false error, exit 1), a byte order mark (refused, exit 2). Each passes,
+/// with no finding, in the documented JSON shape.
+#[test]
+fn module_check_reads_what_terraform_reads() {
+    for (module, role) in [
+        ("multiline-object-type", "cluster"),
+        ("destroy-provisioner-comment", "machine"),
+        ("byte-order-mark", "machine"),
+    ] {
+        let dir = format!("tests/fuzz/modules/{module}");
+        let out = captf(&["module", "check", &dir, "--role", role, "-o", "json"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{module}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = json(&out);
+        assert_eq!(report["role"], role, "{module}: {report}");
+        assert_eq!(
+            report["findings"],
+            serde_json::json!([]),
+            "{module}: {report}"
+        );
+    }
+}
+
 /// The example modules follow the contract, and the module contract page shows what the
 /// command prints for the machine example.
 #[test]
