@@ -27,7 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the controllers for the three kinds.
     Manager(ManagerArgs),
-    /// Print the three CustomResourceDefinitions as YAML.
+    /// Print the six CustomResourceDefinitions (the three kinds and their templates) as
+    /// YAML.
     Crds,
     /// Show, for each CAPTF object, the rule that decides its next deletion pass.
     Explain(ExplainArgs),

@@ -24,11 +24,14 @@ fn kustomize_builds_the_install_manifests() {
     );
     let built = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
 
-    // The three CRDs.
+    // The six CRDs.
     for name in [
         "terraformclusters.infrastructure.cluster.x-k8s.io",
         "terraformmachines.infrastructure.cluster.x-k8s.io",
         "terraformmachinepools.infrastructure.cluster.x-k8s.io",
+        "terraformclustertemplates.infrastructure.cluster.x-k8s.io",
+        "terraformmachinetemplates.infrastructure.cluster.x-k8s.io",
+        "terraformmachinepooltemplates.infrastructure.cluster.x-k8s.io",
     ] {
         assert!(
             built.contains(&format!("  name: {name}\n")),
@@ -37,8 +40,8 @@ fn kustomize_builds_the_install_manifests() {
     }
     assert_eq!(
         built.matches("\nkind: CustomResourceDefinition\n").count(),
-        3,
-        "three CRDs"
+        6,
+        "six CRDs"
     );
 
     // The manager Deployment, its probes and its arguments.
