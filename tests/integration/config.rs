@@ -96,6 +96,33 @@ fn kustomize_builds_the_install_manifests() {
         aggregate.contains("cluster.x-k8s.io/aggregate-to-manager: \"true\"\n"),
         "aggregation label:\n{aggregate}"
     );
+    // A MachineSet and the topology controller create infrastructure objects and
+    // templates.
+    for needle in [
+        "- create\n",
+        "- terraformclustertemplates\n",
+        "- terraformmachinetemplates\n",
+        "- terraformmachinepooltemplates\n",
+    ] {
+        assert!(
+            aggregate.contains(needle),
+            "the aggregated role lacks {needle:?}:\n{aggregate}"
+        );
+    }
+
+    // The admission policies and their bindings, cluster-scoped.
+    for name in [
+        "captf-template-spec-immutable",
+        "captf-machine-spec-immutable",
+    ] {
+        for kind in [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ] {
+            let doc = document(&built, kind, name);
+            assert!(!doc.contains("  namespace: "), "{kind} {name}:\n{doc}");
+        }
+    }
 
     // Every object carries the provider label.
     let objects = built.matches("\nkind: ").count() + usize::from(built.starts_with("kind: "));
