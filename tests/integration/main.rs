@@ -13,6 +13,7 @@ mod manager;
 mod provisioning;
 mod runbooks;
 mod state_safety;
+mod templates;
 mod uninstall;
 
 use captf_test_support as support;
