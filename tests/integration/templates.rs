@@ -1313,3 +1313,143 @@ async fn clusterctl_init_installs_captf_from_a_local_repository() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Kills a process this test started however the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The offline template tried as a user tries it: rendered by clusterctl, applied to a
+/// management cluster running the real Cluster API, `captf manager` (a process, as
+/// installed) and the admission policies. CAPTF applies the cluster's and every
+/// machine's `terraform_data` module, its providerIDs pass the machine policy and reach
+/// the Machines; deleting the Cluster destroys and releases everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_template_is_provisioned_and_torn_down_on_any_cluster() {
+    if envtest_only("it starts a control plane of its own with Cluster API") {
+        return;
+    }
+    let plane = ControlPlane::dedicated_with_cluster_api("templates-offline");
+    let client = plane.client().await;
+    create_namespace(&client, "policy-probe").await;
+    install_policies(&plane, &client, "policy-probe").await;
+    let dir = temp_dir("templates-offline");
+    let log = std::fs::File::create(dir.join("manager.log")).expect("log");
+    let _manager = Command::new(env!("CARGO_BIN_EXE_captf"))
+        .args([
+            "manager",
+            "--metrics-bind-address=",
+            "--health-probe-bind-address=",
+            "--manager-namespace",
+            "default",
+        ])
+        .env("KUBECONFIG", plane.kubeconfig())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .map(Killed)
+        .expect("start captf manager");
+
+    let ns = "team-a";
+    create_namespace(&client, ns).await;
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let assets = dir.join("assets");
+    release_assets(&assets);
+    let objects = generate_cluster(&home, &assets.join("cluster-template-offline.yaml"), ns);
+    let rendered = dir.join("offline.json");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    std::fs::write(&rendered, list.to_string()).expect("write");
+    let out = kubectl(
+        plane.kubeconfig(),
+        &["apply", "-f", rendered.to_str().expect("path")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let tfcs: Api<captf::api::TerraformCluster> = Api::namespaced(client.clone(), ns);
+    let tfms: Api<TerraformMachine> = Api::namespaced(client.clone(), ns);
+    let machines: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &api_resource("cluster.x-k8s.io/v1beta2", "Machine", "machines"),
+    );
+    let provisioned = |s: Option<&captf::api::TerraformStatus>| {
+        s.and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.provisioned)
+            == Some(true)
+    };
+    wait_for("the TerraformCluster applied", WAIT, || async {
+        tfcs.get("prod")
+            .await
+            .is_ok_and(|t| provisioned(t.status.as_ref()))
+    })
+    .await;
+    let tfc = tfcs.get("prod").await.expect("TerraformCluster");
+    assert_eq!(
+        tfc.spec
+            .control_plane_endpoint
+            .as_ref()
+            .map(|e| e.host.as_str()),
+        Some("prod.captf.invalid"),
+        "the module's endpoint"
+    );
+    wait_for(
+        "two Machines with the providerIDs CAPTF set",
+        WAIT,
+        || async {
+            let Ok(list) = machines.list(&ListParams::default()).await else {
+                return false;
+            };
+            list.items.len() == 2
+                && list.items.iter().all(|m| {
+                    m.data["spec"]["providerID"]
+                        .as_str()
+                        .is_some_and(|p| p.starts_with("captf-offline:///team-a/"))
+                })
+        },
+    )
+    .await;
+    for m in tfms.list(&ListParams::default()).await.expect("list").items {
+        assert!(provisioned(m.status.as_ref()), "{}", m.name_any());
+    }
+
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &api_resource("cluster.x-k8s.io/v1beta2", "Cluster", "clusters"),
+    );
+    clusters
+        .delete("prod", &DeleteParams::background())
+        .await
+        .expect("delete the Cluster");
+    wait_for("the Cluster and its infrastructure gone", WAIT, || async {
+        clusters.get_opt("prod").await.is_ok_and(|c| c.is_none())
+            && tfcs
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+            && tfms
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+    let states = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels("tfstate=true"))
+        .await
+        .expect("list Secrets");
+    assert!(
+        states.items.is_empty(),
+        "every state destroyed and cleaned up"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
