@@ -27,7 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the controllers for the three kinds.
     Manager(ManagerArgs),
-    /// Print the three CustomResourceDefinitions as YAML.
+    /// Print the six CustomResourceDefinitions (the three kinds and their templates) as
+    /// YAML.
     Crds,
     /// Show, for each CAPTF object, the rule that decides its next deletion pass.
     Explain(ExplainArgs),
@@ -40,6 +41,24 @@ pub enum Command {
     /// Work with Terraform modules.
     #[command(subcommand)]
     Module(ModuleCommand),
+    /// Write a release's assets for clusterctl into DIR: infrastructure-components.yaml
+    /// (with clusterctl variables), metadata.yaml, the cluster templates and the
+    /// ClusterClass.
+    ReleaseAssets(ReleaseAssetsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ReleaseAssetsArgs {
+    /// The release's version: v and a semantic version (v0.1.0), of a release series in
+    /// metadata.yaml.
+    #[arg(long)]
+    pub version: String,
+    /// The manager image, canonical (ghcr.io/captf/captf:v0.1.0): the default of the
+    /// clusterctl variable CAPTF_IMAGE.
+    #[arg(long)]
+    pub image: String,
+    /// The directory to write the assets into (made if absent).
+    pub dir: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]
@@ -251,6 +270,7 @@ pub fn main() -> ExitCode {
         Command::State(StateCommand::Restore(args)) => run_restore(&args),
         Command::Orphans(args) => run_orphans(&args),
         Command::Module(ModuleCommand::Check(args)) => return run_module_check(&args),
+        Command::ReleaseAssets(args) => run_release_assets(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -341,6 +361,15 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
             .await
             .map_err(|e| Misuse(e.to_string()))
     })
+}
+
+fn run_release_assets(args: &ReleaseAssetsArgs) -> Result<(), Misuse> {
+    let written = crate::ops::release::write(&args.dir, &args.version, &args.image)
+        .map_err(|e| Misuse(e.to_string()))?;
+    for path in written {
+        println!("{}", path.display());
+    }
+    Ok(())
 }
 
 /// The CRDs as one multi-document YAML stream.

@@ -221,6 +221,80 @@ impl std::fmt::Display for Kind {
     }
 }
 
+/// The three template kinds (Cluster API's InfraClusterTemplate, InfraMachineTemplate
+/// and InfraMachinePoolTemplate). They own no infrastructure: the manager neither
+/// watches nor reconciles them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TemplateKind {
+    TerraformClusterTemplate,
+    TerraformMachineTemplate,
+    TerraformMachinePoolTemplate,
+}
+
+impl TemplateKind {
+    pub const ALL: [TemplateKind; 3] = [
+        TemplateKind::TerraformClusterTemplate,
+        TemplateKind::TerraformMachineTemplate,
+        TemplateKind::TerraformMachinePoolTemplate,
+    ];
+
+    /// The kind of the objects Cluster API makes from this template.
+    pub fn object_kind(self) -> Kind {
+        match self {
+            TemplateKind::TerraformClusterTemplate => Kind::TerraformCluster,
+            TemplateKind::TerraformMachineTemplate => Kind::TerraformMachine,
+            TemplateKind::TerraformMachinePoolTemplate => Kind::TerraformMachinePool,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TemplateKind::TerraformClusterTemplate => "TerraformClusterTemplate",
+            TemplateKind::TerraformMachineTemplate => "TerraformMachineTemplate",
+            TemplateKind::TerraformMachinePoolTemplate => "TerraformMachinePoolTemplate",
+        }
+    }
+
+    /// The object kind's short name followed by `t`: `tfct`, `tfmt`, `tfmpt`.
+    pub fn short_name(self) -> &'static str {
+        match self {
+            TemplateKind::TerraformClusterTemplate => "tfct",
+            TemplateKind::TerraformMachineTemplate => "tfmt",
+            TemplateKind::TerraformMachinePoolTemplate => "tfmpt",
+        }
+    }
+
+    pub fn plural(self) -> &'static str {
+        match self {
+            TemplateKind::TerraformClusterTemplate => "terraformclustertemplates",
+            TemplateKind::TerraformMachineTemplate => "terraformmachinetemplates",
+            TemplateKind::TerraformMachinePoolTemplate => "terraformmachinepooltemplates",
+        }
+    }
+
+    /// The CRD name, `<plural>.<group>`.
+    pub fn crd_name(self) -> String {
+        format!("{}.{GROUP}", self.plural())
+    }
+}
+
+impl std::fmt::Display for TemplateKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The annotation Cluster API's topology controller puts on an object in its server-side
+/// apply dry-runs (`util/topology`): admission checks of immutability let those through,
+/// or every change of a ClusterClass would stop at `TopologyReconciled=False`.
+pub const CAPI_TOPOLOGY_DRY_RUN: &str = "topology.cluster.x-k8s.io/dry-run";
+/// The label clusterctl and Cluster API's conventions put on every object of a provider's
+/// components.
+pub const CAPI_PROVIDER_LABEL: &str = "cluster.x-k8s.io/provider";
+/// CAPTF's provider name for clusterctl (`<type>-<name>`: infrastructure provider
+/// `terraform`).
+pub const CAPI_PROVIDER_NAME: &str = "infrastructure-terraform";
+
 /// First 8 characters of the lowercase RFC 4648 base32 of the SHA-256 of `text`.
 pub fn short_hash(text: &str) -> String {
     const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";

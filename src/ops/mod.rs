@@ -1,9 +1,11 @@
 //! The operator's commands: `captf state restore` ([`restore`]), `captf orphans`
 //! ([`orphans`]) and, offline, `captf state inspect` ([`inspect`]). They use the same names, chunked
-//! Secrets and state reading as the controllers.
+//! Secrets and state reading as the controllers. And the release's: `captf
+//! release-assets` ([`release`]), offline.
 
 pub mod inspect;
 pub mod orphans;
+pub mod release;
 pub mod restore;
 
 use kube::Client;

@@ -24,11 +24,14 @@ fn kustomize_builds_the_install_manifests() {
     );
     let built = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
 
-    // The three CRDs.
+    // The six CRDs.
     for name in [
         "terraformclusters.infrastructure.cluster.x-k8s.io",
         "terraformmachines.infrastructure.cluster.x-k8s.io",
         "terraformmachinepools.infrastructure.cluster.x-k8s.io",
+        "terraformclustertemplates.infrastructure.cluster.x-k8s.io",
+        "terraformmachinetemplates.infrastructure.cluster.x-k8s.io",
+        "terraformmachinepooltemplates.infrastructure.cluster.x-k8s.io",
     ] {
         assert!(
             built.contains(&format!("  name: {name}\n")),
@@ -37,8 +40,8 @@ fn kustomize_builds_the_install_manifests() {
     }
     assert_eq!(
         built.matches("\nkind: CustomResourceDefinition\n").count(),
-        3,
-        "three CRDs"
+        6,
+        "six CRDs"
     );
 
     // The manager Deployment, its probes and its arguments.
@@ -93,6 +96,33 @@ fn kustomize_builds_the_install_manifests() {
         aggregate.contains("cluster.x-k8s.io/aggregate-to-manager: \"true\"\n"),
         "aggregation label:\n{aggregate}"
     );
+    // A MachineSet and the topology controller create infrastructure objects and
+    // templates.
+    for needle in [
+        "- create\n",
+        "- terraformclustertemplates\n",
+        "- terraformmachinetemplates\n",
+        "- terraformmachinepooltemplates\n",
+    ] {
+        assert!(
+            aggregate.contains(needle),
+            "the aggregated role lacks {needle:?}:\n{aggregate}"
+        );
+    }
+
+    // The admission policies and their bindings, cluster-scoped.
+    for name in [
+        "captf-template-spec-immutable",
+        "captf-machine-spec-immutable",
+    ] {
+        for kind in [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ] {
+            let doc = document(&built, kind, name);
+            assert!(!doc.contains("  namespace: "), "{kind} {name}:\n{doc}");
+        }
+    }
 
     // Every object carries the provider label.
     let objects = built.matches("\nkind: ").count() + usize::from(built.starts_with("kind: "));

@@ -1,4 +1,5 @@
-//! The CRD YAML under crds/ is the output of `captf crds`.
+//! The CRD YAML under crds/ is the output of `captf crds`: the three kinds and their
+//! three templates.
 
 use std::process::Command;
 
@@ -24,6 +25,9 @@ fn committed_crds_are_what_the_binary_prints() {
         "TerraformCluster",
         "TerraformMachine",
         "TerraformMachinePool",
+        "TerraformClusterTemplate",
+        "TerraformMachineTemplate",
+        "TerraformMachinePoolTemplate",
     ] {
         assert!(
             printed.contains(&format!("kind: {kind}\n")),
@@ -34,7 +38,7 @@ fn committed_crds_are_what_the_binary_prints() {
         printed
             .matches("cluster.x-k8s.io/v1beta2: v1alpha1")
             .count(),
-        3,
+        6,
         "the CAPI contract label on each CRD"
     );
     // clusterctl move discovers only kinds whose CRD carries this label; `clusterctl init`
@@ -44,10 +48,17 @@ fn committed_crds_are_what_the_binary_prints() {
         printed
             .matches("clusterctl.cluster.x-k8s.io: \"\"\n")
             .count(),
-        3,
+        6,
         "the clusterctl label on each CRD"
     );
-    for short in ["- tfc\n", "- tfm\n", "- tfmp\n"] {
+    for short in [
+        "- tfc\n",
+        "- tfm\n",
+        "- tfmp\n",
+        "- tfct\n",
+        "- tfmt\n",
+        "- tfmpt\n",
+    ] {
         assert!(printed.contains(short), "short name {short}");
     }
 }

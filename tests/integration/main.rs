@@ -15,6 +15,7 @@ mod manager;
 mod provisioning;
 mod runbooks;
 mod state_safety;
+mod templates;
 mod uninstall;
 
 use captf_test_support as support;
