@@ -10,6 +10,7 @@ mod control_plane;
 mod crds;
 mod deletion;
 mod jobs;
+mod machine_deployments;
 mod machine_pools;
 mod manager;
 mod provisioning;
