@@ -1453,3 +1453,152 @@ async fn the_offline_template_is_provisioned_and_torn_down_on_any_cluster() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Cluster of the shipped ClusterClass `terraform`, with the manager running: the
+/// topology controller makes its TerraformCluster from the class with the Cluster's
+/// variables, CAPTF applies it; a changed variable is patched into it in place and CAPTF
+/// applies it again (once, nothing replaced by this module); deleting the Cluster
+/// destroys it. (The kubeadm control plane's kinds are installed without their
+/// controllers: no control-plane machine is made, which is not CAPTF's part.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_of_the_cluster_class_is_applied_reapplied_on_a_variable_change_and_destroyed() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let mut env = Env::start_dedicated_with("clusterclass", &[]).await;
+    env.config.provision = true;
+    env.start_manager();
+    install_kubeadm_crds(&env.client).await;
+    // The cluster's module, given by source (the class takes module sources): two
+    // terraform_data instances and the contract's outputs, with an input `size`.
+    let module = env.dir.join("cluster-module");
+    std::fs::create_dir_all(&module).expect("module dir");
+    std::fs::write(
+        module.join("main.tf"),
+        apply_module(0)
+            + contract_outputs(captf::api::names::Kind::TerraformCluster)
+            + "variable \"size\" { type = string }\n",
+    )
+    .expect("main.tf");
+    let module = module.display().to_string();
+
+    // The ClusterClass and its templates, as shipped, in the test's namespace.
+    let text = std::fs::read_to_string(format!("{ROOT}/release/clusterclass-terraform.yaml"))
+        .expect("read");
+    let mut objects = yaml_docs(&text);
+    for o in &mut objects {
+        o["metadata"]["namespace"] = json!(env.ns);
+    }
+    let cluster_variables = |size: &str| json!({"name": "prod", "marker_dir": env.markers().display().to_string(), "size": size});
+    objects.push(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": "prod", "namespace": env.ns},
+        "spec": {"topology": {
+            "classRef": {"name": "terraform"},
+            "version": "v1.37.2",
+            "controlPlane": {"replicas": 1},
+            "variables": [
+                {"name": "clusterModule", "value": module},
+                {"name": "machineModule", "value": module},
+                {"name": "clusterVariables", "value": cluster_variables("small")}
+            ]
+        }}
+    }));
+    let rendered = env.dir.join("clusterclass.json");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    std::fs::write(&rendered, list.to_string()).expect("write");
+    let out = kubectl(
+        env.kubeconfig_path(),
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            rendered.to_str().expect("path"),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The topology's TerraformCluster, applied by the manager.
+    let infra = wait_for_value("the topology's TerraformCluster", long(), || async {
+        let c = env.cluster_api().get("prod").await.ok()?;
+        c.data["spec"]["infrastructureRef"]["name"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await;
+    env.wait_provisioned::<captf::api::TerraformCluster>(&infra)
+        .await;
+    assert_eq!(env.jobs_created(), 1, "one apply");
+    let uid = env
+        .object::<captf::api::TerraformCluster>(&infra)
+        .await
+        .expect("TerraformCluster")
+        .uid();
+
+    // A variable changes: the same TerraformCluster, patched, applied again once.
+    let cluster = env.cluster_api().get("prod").await.expect("Cluster");
+    let mut variables = cluster.data["spec"]["topology"]["variables"]
+        .as_array()
+        .cloned()
+        .expect("variables");
+    variables.retain(|v| v["name"] != "clusterVariables");
+    variables.push(json!({"name": "clusterVariables", "value": cluster_variables("large")}));
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"topology": {"variables": variables}}})),
+        )
+        .await
+        .expect("change the Cluster's variables");
+    wait_for("the re-apply of the changed variables", long(), || async {
+        env.object::<captf::api::TerraformCluster>(&infra)
+            .await
+            .is_some_and(|t| {
+                t.uid() == uid
+                    && t.spec
+                        .terraform
+                        .variables
+                        .as_ref()
+                        .is_some_and(|v| v["size"] == "large")
+                    && t.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(captf::api::names::APPLIED_ATTEMPT))
+                        .is_some_and(|n| n == "2")
+            })
+    })
+    .await;
+    assert_eq!(env.jobs_created(), 2, "one re-apply");
+    assert!(
+        !env.destroyed("prod"),
+        "the re-apply replaced the cluster's instances"
+    );
+
+    // The Cluster goes, and its infrastructure is destroyed.
+    env.delete_cluster("prod").await;
+    wait_for(
+        "the Cluster and its TerraformCluster gone",
+        long(),
+        || async {
+            env.cluster_api()
+                .get_opt("prod")
+                .await
+                .is_ok_and(|c| c.is_none())
+                && !env.exists::<captf::api::TerraformCluster>(&infra).await
+        },
+    )
+    .await;
+    assert!(
+        env.destroyed("prod"),
+        "the cluster's instances were not destroyed"
+    );
+    env.assert_nothing_left(captf::api::names::Kind::TerraformCluster, &infra)
+        .await;
+    env.shutdown().await;
+}
