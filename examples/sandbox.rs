@@ -1,17 +1,19 @@
 //! `cargo run --release --example sandbox`: a whole apply and clean teardown in one
-//! process.
+//! process, with the real Cluster API.
 //!
-//! Starts a real control plane (`captf-envtest`: etcd, kube-apiserver,
-//! kube-controller-manager, and the local kubelet, which runs the Jobs' Pods with
-//! the real `terraform`) and the real manager (`captf::controller::run`), creates a CAPI
-//! Cluster `prod` with a TerraformCluster, two TerraformMachines and a TerraformMachinePool
-//! (a module of `terraform_data` instances) with the Machines and MachinePool that own them,
-//! lets the manager apply them in its Jobs (playing Cluster API's part of marking the
-//! Cluster's infrastructure provisioned), deletes the Cluster, and prints both as they
-//! happen: condition changes, Jobs, Events, then an inventory of what is left in the
-//! namespace and the destroy markers Terraform wrote. Exit status 0 when everything was
-//! applied, destroyed and released, 1 when the apply or the teardown did not complete in
-//! time or left something behind, 2 when `terraform` is missing. Manager logs go to stderr with `CAPTF_SANDBOX_LOG=1`.
+//! Starts a real control plane (`captf-envtest --cluster-api`: etcd, kube-apiserver,
+//! kube-controller-manager, Cluster API v1.14.2's core manager, CRDs and webhooks, and the
+//! local kubelet, which runs the Jobs' Pods with the real `terraform`) and the real manager
+//! (`captf::controller::run`); creates a CAPI Cluster `prod` whose infrastructure is a
+//! TerraformCluster, a MachineDeployment of two machines from a TerraformMachineTemplate,
+//! and a MachinePool of a TerraformMachinePool (modules of `terraform_data` instances).
+//! Cluster API's controllers do their part (owning, cloning the template, waiting for the
+//! infrastructure, copying the provider IDs); the manager applies each module in a Job.
+//! Then it deletes the Cluster and prints both as they happen: condition changes, Jobs,
+//! Events, then an inventory of what is left in the namespace and the destroy markers
+//! Terraform wrote. Exit status 0 when everything was applied, destroyed and released, 1
+//! when the apply or the teardown did not complete in time or left something behind, 2
+//! when `terraform` is missing. Manager logs go to stderr with `CAPTF_SANDBOX_LOG=1`.
 
 use captf_test_support as support;
 
@@ -37,22 +39,42 @@ use support::{Env, Tfc, Tfm, Tfmp};
 /// The objects' namespace.
 const NS: &str = "team-a";
 
-/// How long the teardown may take before the sandbox gives up (it takes a few seconds).
-const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(45);
+/// How long the teardown may take before the sandbox gives up (it takes several seconds:
+/// Cluster API deletes the machines, then the pool, then the infrastructure, and looks
+/// again every few seconds).
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(90);
 const CLUSTER: &str = "prod";
-const OBJECTS: [(Kind, &str); 4] = [
-    (Kind::TerraformMachine, "web-1"),
-    (Kind::TerraformMachine, "web-2"),
-    (Kind::TerraformMachinePool, "pool"),
-    (Kind::TerraformCluster, "prod"),
-];
+/// The MachineDeployment's replicas.
+const MACHINES: usize = 2;
+
+/// A machine module for a TerraformMachineTemplate: every machine made from it has the
+/// same spec, so its instances are named by the contract's `captf_machine_name`.
+fn machine_module() -> String {
+    r#"variable "captf_machine_name" { type = string }
+variable "marker_dir" { type = string }
+resource "terraform_data" "vm" {
+  count = 2
+  input = "${var.marker_dir}/${var.captf_machine_name}-${count.index}"
+  provisioner "local-exec" {
+    command = "touch '${self.input}.created'"
+  }
+  provisioner "local-exec" {
+    when    = destroy
+    command = "touch '${self.input}.destroyed'"
+  }
+}
+output "provider_id" { value = "captf:///${var.captf_machine_name}" }
+output "addresses" { value = [{ type = "InternalIP", address = "10.0.1.1" }] }
+"#
+    .to_string()
+}
 
 fn now() -> String {
     jiff::Zoned::now().strftime("%H:%M:%S%.3f").to_string()
 }
 
 fn line(what: &str, text: &str) {
-    println!("{}  {what:<36}  {text}", now());
+    println!("{}  {what:<42}  {text}", now());
 }
 
 fn main() -> ExitCode {
@@ -114,61 +136,119 @@ async fn sandbox() -> Result<(), String> {
         tokio::spawn(watch_events(env.client.clone())),
     ];
 
-    // What a user and Cluster API make: the Cluster, its Machines and MachinePool, and
-    // their bootstrap data (Cluster API's bootstrap provider writes it; here it is made at
-    // once). The infrastructure objects are owned by the Cluster and by their Machine or
-    // MachinePool (a Machine's is the controller reference, as Cluster API sets it).
-    let uid = env.create_cluster(CLUSTER).await;
-    let mut owner_uids = BTreeMap::new();
-    for (kind, name) in [
-        ("Machine", "web-1"),
-        ("Machine", "web-2"),
-        ("MachinePool", "pool"),
-    ] {
-        owner_uids.insert(name, create_capi_owner(&env, kind, name).await?);
+    // What a user makes (as `kubectl apply` of a cluster template would): the Cluster,
+    // naming the TerraformCluster `prod` as its infrastructure; that TerraformCluster; a
+    // TerraformMachineTemplate and a MachineDeployment of two machines from it; a
+    // MachinePool and its TerraformMachinePool; the machines' bootstrap data, a Secret
+    // each for the MachineDeployment and the pool (a bootstrap provider would make them).
+    // Cluster API's controllers do the rest: they own the objects, clone the template
+    // into a TerraformMachine per Machine once the infrastructure is provisioned, and copy
+    // the endpoint and the provider IDs.
+    let client = env.client.clone();
+    let dynamic = |kind: &str, plural: &str| {
+        let ar = kube::api::ApiResource {
+            group: "cluster.x-k8s.io".into(),
+            version: "v1beta2".into(),
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), NS, &ar)
+    };
+    let create = |kind: &'static str, plural: &'static str, value: serde_json::Value| {
+        let api = dynamic(kind, plural);
+        async move {
+            let obj: kube::api::DynamicObject =
+                serde_json::from_value(value).map_err(|e| format!("{kind}: {e}"))?;
+            api.create(&Default::default(), &obj)
+                .await
+                .map_err(|e| format!("{kind}: {e}"))
+        }
+    };
+    let infra = |kind: &str, name: &str| serde_json::json!({"apiGroup": names::GROUP, "kind": kind, "name": name});
+    for (secret, name) in [("md-bootstrap", "md"), ("pool-bootstrap", "pool")] {
+        create_bootstrap_secret(&env, secret, name).await?;
     }
-    // A module of two terraform_data instances per object, with the outputs the module
-    // contract reads from its role.
+    let cluster = create(
+        "Cluster",
+        "clusters",
+        serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": CLUSTER, "namespace": NS},
+            "spec": {"infrastructureRef": infra("TerraformCluster", "prod")}
+        }),
+    )
+    .await?;
+    let uid = cluster.metadata.uid.unwrap_or_default();
     let body = |kind| support::apply_module(0) + support::contract_outputs(kind);
     let none = serde_json::json!({});
-    let cluster_owner = ("Cluster", CLUSTER, uid.as_str(), false);
     env.create_owned::<Tfc>(
         "prod",
         CLUSTER,
-        &[cluster_owner],
+        &[("Cluster", CLUSTER, uid.as_str(), false)],
         &body(Kind::TerraformCluster),
         none.clone(),
     )
     .await;
-    for name in ["web-1", "web-2"] {
-        let machine = ("Machine", name, owner_uids[name].as_str(), true);
-        env.create_owned::<Tfm>(
-            name,
-            CLUSTER,
-            &[cluster_owner, machine],
-            &body(Kind::TerraformMachine),
-            none.clone(),
-        )
-        .await;
-    }
-    let pool = ("MachinePool", "pool", owner_uids["pool"].as_str(), false);
+    let template: captf::api::TerraformMachineTemplate =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": names::API_VERSION, "kind": "TerraformMachineTemplate",
+            "metadata": {"name": "md", "namespace": NS},
+            "spec": {"template": {"spec": {
+                "module": {"files": {"main.tf": machine_module()}},
+                "variables": {"marker_dir": markers.display().to_string()}
+            }}}
+        }))
+        .map_err(|e| e.to_string())?;
+    Api::<captf::api::TerraformMachineTemplate>::namespaced(env.client.clone(), NS)
+        .create(&Default::default(), &template)
+        .await
+        .map_err(|e| format!("TerraformMachineTemplate: {e}"))?;
+    create(
+        "MachineDeployment",
+        "machinedeployments",
+        serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {"name": "md", "namespace": NS},
+            "spec": {"clusterName": CLUSTER, "replicas": MACHINES,
+                "selector": {"matchLabels": {"pool": "md"}},
+                "template": {"metadata": {"labels": {"pool": "md"}},
+                    "spec": {"clusterName": CLUSTER,
+                        "bootstrap": {"dataSecretName": "md-bootstrap"},
+                        "infrastructureRef": infra("TerraformMachineTemplate", "md")}}}
+        }),
+    )
+    .await?;
+    let pool = create(
+        "MachinePool",
+        "machinepools",
+        serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+            "metadata": {"name": "pool", "namespace": NS},
+            "spec": {"clusterName": CLUSTER, "replicas": 2,
+                "template": {"spec": {"clusterName": CLUSTER,
+                    "bootstrap": {"dataSecretName": "pool-bootstrap"},
+                    "infrastructureRef": infra("TerraformMachinePool", "pool")}}}
+        }),
+    )
+    .await?;
+    let pool_uid = pool.metadata.uid.unwrap_or_default();
     env.create_owned::<Tfmp>(
         "pool",
         CLUSTER,
-        &[cluster_owner, pool],
+        &[("MachinePool", "pool", pool_uid.as_str(), true)],
         &body(Kind::TerraformMachinePool),
         none,
     )
     .await;
     line(
         &format!("Cluster {NS}/{CLUSTER}"),
-        "created with Machines web-1 and web-2 and MachinePool pool (bootstrap data ready), and their infrastructure: TerraformCluster prod, TerraformMachines web-1 and web-2, TerraformMachinePool pool",
+        "created, its infrastructure TerraformCluster prod; MachineDeployment md (2 machines from TerraformMachineTemplate md) and MachinePool pool (TerraformMachinePool pool), their bootstrap data ready",
     );
 
-    // The manager applies the cluster's module; the machines and the pool wait for the
-    // Cluster's infrastructure, which Cluster API marks provisioned from the
-    // TerraformCluster's status.initialization.provisioned (here the sandbox does it:
-    // Cluster API's controllers do not run in it).
+    // The manager applies the cluster's module; Cluster API sees the TerraformCluster
+    // provisioned, and its MachineSet makes the Machines and their TerraformMachines; the
+    // manager applies them and the pool.
     if !wait_provisioned::<Tfc>(&env, "prod").await {
         return fail(
             &env,
@@ -177,44 +257,98 @@ async fn sandbox() -> Result<(), String> {
         )
         .await;
     }
-    env.cluster_api()
-        .patch_status(
-            CLUSTER,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"status": {"initialization": {
-                "infrastructureProvisioned": true, "controlPlaneInitialized": true}}})),
-        )
-        .await
-        .map_err(|e| format!("Cluster status: {e}"))?;
-    line(
-        &format!("Cluster {NS}/{CLUSTER}"),
-        "Cluster API (played by the sandbox): infrastructure provisioned, control plane initialized",
-    );
-    let mut all = true;
-    for name in ["web-1", "web-2"] {
-        all &= wait_provisioned::<Tfm>(&env, name).await;
-    }
-    all &= wait_provisioned::<Tfmp>(&env, "pool").await;
-    if !all {
+    let machines = tokio::time::timeout(APPLY_TIMEOUT, async {
+        loop {
+            let list = Api::<Tfm>::namespaced(env.client.clone(), NS)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            let done: Vec<String> = list
+                .iter()
+                .filter(|m| captf::gather::apply::object_provisioned(*m))
+                .map(|m| m.name_any())
+                .collect();
+            if done.len() == MACHINES && list.len() == MACHINES {
+                return done;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let Ok(machines) = machines else {
         return fail(
             &env,
             watchers,
-            "the machines and the pool were not provisioned in time",
+            "the MachineDeployment's machines were not provisioned in time",
+        )
+        .await;
+    };
+    if !wait_provisioned::<Tfmp>(&env, "pool").await {
+        return fail(
+            &env,
+            watchers,
+            "the TerraformMachinePool was not provisioned in time",
         )
         .await;
     }
-    for (kind, name) in OBJECTS {
+    let mut objects: Vec<(Kind, String)> = machines
+        .iter()
+        .map(|m| (Kind::TerraformMachine, m.clone()))
+        .collect();
+    objects.push((Kind::TerraformMachinePool, "pool".into()));
+    objects.push((Kind::TerraformCluster, "prod".into()));
+    for (kind, name) in &objects {
         line(
             &format!("{kind} {NS}/{name}"),
-            &contract_fields(&env, kind, name).await,
+            &contract_fields(&env, *kind, name).await,
+        );
+    }
+    // What Cluster API copied from them (it does so a moment after CAPTF sets them).
+    let machines_api = dynamic("Machine", "machines");
+    let copied = tokio::time::timeout(APPLY_TIMEOUT, async {
+        loop {
+            let list = machines_api
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            if list.len() == MACHINES
+                && list
+                    .iter()
+                    .all(|m| m.data["spec"]["providerID"].is_string())
+            {
+                return list;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let Ok(copied) = copied else {
+        return fail(
+            &env,
+            watchers,
+            "Cluster API did not copy the Machines' provider IDs in time",
+        )
+        .await;
+    };
+    for m in copied {
+        line(
+            &format!("Machine {NS}/{}", m.name_any()),
+            &format!(
+                "Cluster API copied spec.providerID={}  (infrastructure TerraformMachine {})",
+                m.data["spec"]["providerID"], m.data["spec"]["infrastructureRef"]["name"]
+            ),
         );
     }
     println!();
     line(
         "terraform apply, in the manager's Jobs",
         &format!(
-            "4 objects provisioned (status.initialization.provisioned=true), {} of 8 instances created; inputs Secrets, states and fingerprints written by the manager",
-            created_markers(&markers)
+            "{} objects provisioned (status.initialization.provisioned=true), {} of {} instances created; inputs Secrets, states and fingerprints written by the manager",
+            objects.len(),
+            created_markers(&markers),
+            2 * objects.len()
         ),
     );
     // Let the watchers print what the applies left before the deletion starts.
@@ -223,7 +357,7 @@ async fn sandbox() -> Result<(), String> {
     println!();
     line(
         &format!("Cluster {NS}/{CLUSTER}"),
-        "DELETE (background): the garbage collector deletes the four objects it owns",
+        "DELETE: Cluster API deletes the MachineDeployment's machines, the pool, then the infrastructure",
     );
     let deleted_at = Instant::now();
     env.delete_cluster(CLUSTER).await;
@@ -231,8 +365,8 @@ async fn sandbox() -> Result<(), String> {
     let all_gone = async {
         loop {
             let mut left = 0;
-            for (kind, name) in OBJECTS {
-                if exists(&env, kind, name).await {
+            for (kind, name) in &objects {
+                if exists(&env, *kind, name).await {
                     left += 1;
                 }
             }
@@ -247,8 +381,8 @@ async fn sandbox() -> Result<(), String> {
         .is_err()
     {
         let mut report = Vec::new();
-        for (kind, name) in OBJECTS {
-            if let Some(conds) = deleting_condition(&env, kind, name).await {
+        for (kind, name) in &objects {
+            if let Some(conds) = deleting_condition(&env, *kind, name).await {
                 report.push(format!("  {kind} {NS}/{name}: {conds}"));
             }
         }
@@ -281,8 +415,9 @@ async fn sandbox() -> Result<(), String> {
 
     println!();
     println!(
-        "Teardown complete in {:.1}s (all four objects released).",
-        teardown.as_secs_f64()
+        "Teardown complete in {:.1}s (all {} objects released).",
+        teardown.as_secs_f64(),
+        objects.len()
     );
     println!("\nLeft in namespace {NS}:");
     let left = inventory(&env.client).await?;
@@ -291,7 +426,7 @@ async fn sandbox() -> Result<(), String> {
         "\nTerraform destroy markers (one file per terraform_data instance, written by its destroy provisioner):"
     );
     let mut missing = Vec::new();
-    for (_, name) in OBJECTS {
+    for (_, name) in &objects {
         let mut have = Vec::new();
         for i in 0..2 {
             let instance = format!("{name}-{i}");
@@ -301,11 +436,12 @@ async fn sandbox() -> Result<(), String> {
                 missing.push(instance);
             }
         }
-        println!("  {name:<6} destroyed: {}", have.join(", "));
+        println!("  {name:<16} destroyed: {}", have.join(", "));
     }
     println!(
-        "\n{} of 8 instances destroyed by terraform; {} object(s) left; done in {:.1}s overall.",
-        8 - missing.len(),
+        "\n{} of {} instances destroyed by terraform; {} object(s) left; done in {:.1}s overall.",
+        2 * objects.len() - missing.len(),
+        2 * objects.len(),
         left,
         started.elapsed().as_secs_f64()
     );
@@ -326,30 +462,12 @@ async fn sandbox() -> Result<(), String> {
     Ok(())
 }
 
-/// Creates Cluster API's `kind` (`Machine` or `MachinePool`) `name` of the Cluster, with
-/// its bootstrap data Secret; returns its uid.
-async fn create_capi_owner(env: &Env, kind: &str, name: &str) -> Result<String, String> {
-    let secret = format!("{name}-bootstrap");
-    let bootstrap = serde_json::json!({ "dataSecretName": secret });
-    let spec = match kind {
-        "MachinePool" => serde_json::json!({"clusterName": CLUSTER, "replicas": 2,
-            "template": {"spec": {"clusterName": CLUSTER, "bootstrap": bootstrap}}}),
-        _ => serde_json::json!({"clusterName": CLUSTER, "bootstrap": bootstrap}),
-    };
-    let obj: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind,
-        "metadata": {"name": name, "namespace": NS,
-            "labels": {names::CAPI_CLUSTER_NAME_LABEL: CLUSTER}},
-        "spec": spec
-    }))
-    .map_err(|e| e.to_string())?;
-    let made = env
-        .capi_api(kind)
-        .create(&Default::default(), &obj)
-        .await
-        .map_err(|e| format!("{kind} {name}: {e}"))?;
+/// The bootstrap data Secret `secret` of the MachineDeployment or MachinePool `name`, as a
+/// bootstrap provider writes it (labelled with the cluster's name).
+async fn create_bootstrap_secret(env: &Env, secret: &str, name: &str) -> Result<(), String> {
     let data: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": secret, "namespace": NS},
+        "metadata": {"name": secret, "namespace": NS,
+            "labels": {names::CAPI_CLUSTER_NAME_LABEL: CLUSTER}},
         "type": BOOTSTRAP_SECRET_TYPE,
         "stringData": {"value": format!("#cloud-config\nhostname: {name}\n"), "format": "cloud-config"}
     }))
@@ -358,7 +476,7 @@ async fn create_capi_owner(env: &Env, kind: &str, name: &str) -> Result<String, 
         .create(&Default::default(), &data)
         .await
         .map_err(|e| format!("Secret {secret}: {e}"))?;
-    Ok(made.metadata.uid.unwrap_or_default())
+    Ok(())
 }
 
 /// The type of Cluster API's bootstrap data Secrets: theirs, not CAPTF's, and left out of
@@ -398,13 +516,35 @@ async fn fail(
         w.abort();
     }
     let mut report = Vec::new();
-    for (kind, name) in OBJECTS {
-        let c = match kind {
-            Kind::TerraformCluster => env.condition::<Tfc>(name, "Provisioned").await,
-            Kind::TerraformMachine => env.condition::<Tfm>(name, "Provisioned").await,
-            Kind::TerraformMachinePool => env.condition::<Tfmp>(name, "Provisioned").await,
-        };
-        report.push(format!("  {kind} {NS}/{name}: Provisioned {c:?}"));
+    let provisioned = |kind: Kind, name: String, c: Option<(String, String, String)>| {
+        format!("  {kind} {NS}/{name}: Provisioned {c:?}")
+    };
+    for o in Api::<Tfc>::namespaced(env.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let c = env.condition::<Tfc>(&o.name_any(), "Provisioned").await;
+        report.push(provisioned(Kind::TerraformCluster, o.name_any(), c));
+    }
+    for o in Api::<Tfm>::namespaced(env.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let c = env.condition::<Tfm>(&o.name_any(), "Provisioned").await;
+        report.push(provisioned(Kind::TerraformMachine, o.name_any(), c));
+    }
+    for o in Api::<Tfmp>::namespaced(env.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let c = env.condition::<Tfmp>(&o.name_any(), "Provisioned").await;
+        report.push(provisioned(Kind::TerraformMachinePool, o.name_any(), c));
     }
     Err(format!("{why}:\n{}", report.join("\n")))
 }
