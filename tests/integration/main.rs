@@ -10,6 +10,7 @@ mod crds;
 mod deletion;
 mod jobs;
 mod manager;
+mod manager_stop;
 mod provisioning;
 mod runbooks;
 mod state_safety;
