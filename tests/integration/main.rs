@@ -9,6 +9,7 @@ mod control_plane;
 mod crds;
 mod deletion;
 mod jobs;
+mod local_images;
 mod manager;
 mod manager_stop;
 mod provisioning;

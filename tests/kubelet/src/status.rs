@@ -33,6 +33,9 @@ pub enum State {
 pub struct Container {
     pub name: String,
     pub image: String,
+    /// The `imageID` of an image the kubelet has (by its manifest's digest); else one is
+    /// made up from the reference ([`image_id`]).
+    pub image_id: Option<String>,
     pub container_id: Option<String>,
     pub state: State,
 }
@@ -116,7 +119,7 @@ fn container_status(c: &Container) -> Value {
     let image_id = if state.get("waiting").is_some() {
         String::new()
     } else {
-        image_id(&c.image)
+        c.image_id.clone().unwrap_or_else(|| image_id(&c.image))
     };
     let mut s = json!({"name": c.name, "image": c.image, "imageID": image_id, "ready": ready,
         "started": started, "restartCount": 0, "state": state});
@@ -126,37 +129,20 @@ fn container_status(c: &Container) -> Value {
     s
 }
 
-/// The `imageID` a node reports for a container of `image`: the image's repository, fully
-/// qualified, by digest. There is no registry here, so the digest is the SHA-256 of the
-/// reference (of the digest a reference by digest names).
+/// The `imageID` a node reports for a container of `image` not in the image store: the
+/// image's repository, fully qualified, by digest. There is no registry here, so the digest
+/// is the SHA-256 of the reference (or the digest a reference by digest names).
 pub fn image_id(image: &str) -> String {
     use sha2::Digest;
-    let (name, digest) = match image.split_once("@sha256:") {
-        Some((name, hex)) => (name, hex.to_string()),
-        None => {
-            let hex: String = sha2::Sha256::digest(image.as_bytes())
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            // The tag goes: after the last `/`, a `:`.
-            let name = match image.rsplit_once(':') {
-                Some((repo, tag)) if !tag.contains('/') => repo,
-                _ => image,
-            };
-            (name, hex)
-        }
-    };
-    let first = name.split('/').next().unwrap_or_default();
-    let repo = if name.contains('/')
-        && (first.contains('.') || first.contains(':') || first == "localhost")
-    {
-        name.to_string()
-    } else if name.contains('/') {
-        format!("docker.io/{name}")
-    } else {
-        format!("docker.io/library/{name}")
-    };
-    format!("{repo}@sha256:{digest}")
+    let reference = crate::images::Reference::parse(image);
+    let digest = reference.digest.unwrap_or_else(|| {
+        let hex: String = sha2::Sha256::digest(image.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("sha256:{hex}")
+    });
+    format!("{}@{digest}", reference.repository)
 }
 
 /// The status patch for `pod` (whose current conditions keep their transition times).
@@ -273,6 +259,7 @@ mod tests {
         Container {
             name: name.into(),
             image: "img".into(),
+            image_id: None,
             container_id: None,
             state,
         }
