@@ -19,6 +19,7 @@ mod images;
 mod logs;
 mod node;
 mod pods;
+mod probes;
 mod scheduler;
 mod status;
 mod volumes;

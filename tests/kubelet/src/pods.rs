@@ -14,9 +14,9 @@
 //! 4. the faults of [`crate::faults`] change that course when a rule names the Pod.
 //!
 //! A container runs from its image when the image store has it ([`crate::images`]), else
-//! the host's programs. Containers are never restarted (`restartPolicy` is taken as
-//! `Never`); init containers, probes and a Pod's own `activeDeadlineSeconds` are not
-//! modelled.
+//! the host's programs; its readiness probe makes it ready ([`crate::probes`]).
+//! Containers are never restarted (`restartPolicy` is taken as `Never`); init containers,
+//! liveness and startup probes and a Pod's own `activeDeadlineSeconds` are not modelled.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::process::CommandExt;
@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use crate::container::{ContainerConfig, Mount, START_ERROR_EXIT};
 use crate::faults::{self, Fault, Rule};
 use crate::images::{self, Image};
+use crate::probes::{Readiness, Results};
 use crate::status::{self, PodReport, State};
 use crate::volumes::{self, Made};
 use crate::{Args, say};
@@ -360,6 +361,7 @@ impl Worker {
                     reason: "ContainerCreating".into(),
                     message: String::new(),
                 },
+                probed_ready: None,
             })
             .collect();
         Worker {
@@ -963,6 +965,39 @@ impl Worker {
         let mut exited = vec![false; runs.len()];
         let mut running = runs.len();
         let started = Instant::now();
+        // Readiness probes: each container's, when it is due, whether one is under way.
+        let probes: Vec<Option<Readiness>> = self
+            .spec_containers()
+            .iter()
+            .map(|c| {
+                Readiness::of(c).unwrap_or_else(|e| {
+                    say!(
+                        "Pod {}/{}: container {}: {e}; it is not probed",
+                        self.ns,
+                        self.name,
+                        c.name
+                    );
+                    None
+                })
+            })
+            .collect();
+        let mut results = vec![Results::default(); runs.len()];
+        let mut next_probe: Vec<Option<Instant>> = probes
+            .iter()
+            .map(|p| p.as_ref().map(|p| started + p.initial_delay))
+            .collect();
+        let mut probing = vec![false; runs.len()];
+        for (i, p) in probes.iter().enumerate() {
+            if p.is_some()
+                && let Some(c) = self.containers.get_mut(i)
+            {
+                c.probed_ready = Some(false);
+            }
+        }
+        if probes.iter().any(Option::is_some) {
+            self.write_status().await;
+        }
+        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel::<(usize, bool)>();
         let mut kill_at: Option<Instant> = None;
         let mut term_sent = false;
         let mut fault_done = false;
@@ -1035,8 +1070,45 @@ impl Worker {
                 }
                 kill_at = None;
             }
-            let until = [kill_at, fault_at].into_iter().flatten().min();
+            for (i, probe) in probes.iter().enumerate() {
+                let (Some(probe), Some(due)) = (probe, next_probe[i]) else {
+                    continue;
+                };
+                if exited[i] || lost {
+                    next_probe[i] = None;
+                } else if now >= due && !probing[i] {
+                    probing[i] = true;
+                    next_probe[i] = Some(now + probe.period);
+                    let (probe, tx) = (probe.clone(), probe_tx.clone());
+                    tokio::spawn(async move {
+                        let _ = tx.send((i, probe.check().await));
+                    });
+                }
+            }
+            // A probe under way is waited for through its result, not its next time.
+            let probes_due = next_probe
+                .iter()
+                .zip(&probing)
+                .filter(|(_, under_way)| !**under_way)
+                .map(|(due, _)| *due);
+            let until = [kill_at, fault_at]
+                .into_iter()
+                .chain(probes_due)
+                .flatten()
+                .min();
             tokio::select! {
+                Some((i, ok)) = probe_rx.recv() => {
+                    probing[i] = false;
+                    if let Some(probe) = &probes[i]
+                        && !exited[i]
+                        && results[i].record(probe, ok)
+                    {
+                        self.containers[i].probed_ready = Some(results[i].ready);
+                        if !lost {
+                            self.write_status().await;
+                        }
+                    }
+                }
                 ev = exits.recv() => {
                     let Some((i, code)) = ev else { break };
                     if exited[i] {

@@ -38,6 +38,15 @@ pub struct Container {
     pub image_id: Option<String>,
     pub container_id: Option<String>,
     pub state: State,
+    /// What its readiness probe says (`None`: it has none, and is ready while it runs).
+    pub probed_ready: Option<bool>,
+}
+
+impl Container {
+    /// Running, and ready by its readiness probe if it has one.
+    pub fn ready(&self) -> bool {
+        matches!(self.state, State::Running { .. }) && self.probed_ready.unwrap_or(true)
+    }
 }
 
 /// What the Pod as a whole reports besides its containers.
@@ -94,9 +103,11 @@ fn container_status(c: &Container) -> Value {
             }
             (json!({ "waiting": w }), false, false)
         }
-        State::Running { started_at } => {
-            (json!({"running": {"startedAt": started_at}}), true, true)
-        }
+        State::Running { started_at } => (
+            json!({"running": {"startedAt": started_at}}),
+            c.ready(),
+            true,
+        ),
         State::Terminated {
             exit_code,
             reason,
@@ -173,16 +184,13 @@ pub fn patch(pod: &Pod, containers: &[Container], report: &PodReport) -> Value {
         }
         c
     };
-    let all_running = !containers.is_empty()
-        && containers
-            .iter()
-            .all(|c| matches!(c.state, State::Running { .. }));
+    let all_ready = !containers.is_empty() && containers.iter().all(Container::ready);
     let not_ready: Vec<&str> = containers
         .iter()
-        .filter(|c| !matches!(c.state, State::Running { .. }))
+        .filter(|c| !c.ready())
         .map(|c| c.name.as_str())
         .collect();
-    let (ready_reason, ready_message) = if all_running {
+    let (ready_reason, ready_message) = if all_ready {
         (None, None)
     } else if phase == "Succeeded" || phase == "Failed" {
         (Some("PodCompleted"), None)
@@ -201,11 +209,11 @@ pub fn patch(pod: &Pod, containers: &[Container], report: &PodReport) -> Value {
         condition("Initialized", true, None, None),
         condition(
             "ContainersReady",
-            all_running,
+            all_ready,
             ready_reason,
             ready_message.as_deref(),
         ),
-        condition("Ready", all_running, ready_reason, ready_message.as_deref()),
+        condition("Ready", all_ready, ready_reason, ready_message.as_deref()),
     ];
     if let Some((reason, message)) = &report.disruption {
         conditions.push(condition(
@@ -262,6 +270,7 @@ mod tests {
             image_id: None,
             container_id: None,
             state,
+            probed_ready: None,
         }
     }
 
@@ -309,6 +318,35 @@ mod tests {
             p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
             1
         );
+    }
+
+    /// A running container whose readiness probe has not succeeded keeps the Pod unready.
+    #[test]
+    fn a_running_container_is_ready_once_its_probe_says_so() {
+        let running = || State::Running {
+            started_at: "t".into(),
+        };
+        let mut probed = c("manager", running());
+        probed.probed_ready = Some(false);
+        let p = patch(
+            &Pod::default(),
+            &[probed.clone(), c("plain", running())],
+            &PodReport::default(),
+        );
+        let conds = p["status"]["conditions"].as_array().unwrap();
+        let ready = conds.iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["status"], "False");
+        assert_eq!(
+            ready["message"],
+            "containers with unready status: [manager]"
+        );
+        assert_eq!(p["status"]["containerStatuses"][0]["ready"], false);
+        assert_eq!(p["status"]["containerStatuses"][1]["ready"], true);
+        probed.probed_ready = Some(true);
+        let p = patch(&Pod::default(), &[probed], &PodReport::default());
+        let conds = p["status"]["conditions"].as_array().unwrap();
+        let ready = conds.iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["status"], "True");
     }
 
     #[test]
