@@ -11,6 +11,7 @@ mod deletion;
 mod jobs;
 mod local_images;
 mod manager;
+mod manager_pod;
 mod manager_stop;
 mod provisioning;
 mod runbooks;
