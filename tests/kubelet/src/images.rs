@@ -52,15 +52,17 @@ impl Reference {
             Some((name, tag)) if !tag.contains('/') => (name, Some(tag.to_string())),
             _ => (rest, None),
         };
-        let first = name.split('/').next().unwrap_or_default();
-        let repository = if name.contains('/')
-            && (first.contains('.') || first.contains(':') || first == "localhost")
-        {
-            name.to_string()
-        } else if name.contains('/') {
-            format!("docker.io/{name}")
-        } else {
-            format!("docker.io/library/{name}")
+        let (first, rest) = name.split_once('/').unwrap_or(("", name));
+        let domain = first.contains('.') || first.contains(':') || first == "localhost";
+        let repository = match (domain, rest.contains('/')) {
+            // Docker Hub's official images live under library/, whichever way it is named.
+            (true, false) if first == "docker.io" || first == "index.docker.io" => {
+                format!("docker.io/library/{rest}")
+            }
+            (true, _) if first == "index.docker.io" => format!("docker.io/{rest}"),
+            (true, _) => name.to_string(),
+            (false, _) if name.contains('/') => format!("docker.io/{name}"),
+            (false, _) => format!("docker.io/library/{name}"),
         };
         let tag = match (&tag, &digest) {
             (None, None) => Some("latest".to_string()),
@@ -135,8 +137,8 @@ impl Image {
 
     /// The user the image runs as (its config's `User`: `uid`, `uid:gid`, `name` or
     /// `name:group`, names read from the image's `/etc/passwd` and `/etc/group`): the uid,
-    /// the gid when the image says or its passwd entry gives one, and the home directory
-    /// of that entry. `None` for the uid when the image names no user (root).
+    /// and the gid when the image says or its passwd entry gives one. `None` for the uid
+    /// when the image names no user (root).
     pub fn user(&self) -> Result<ImageUser, String> {
         let spec = self.config.user.clone().unwrap_or_default();
         let (user, group) = match spec.split_once(':') {
@@ -190,7 +192,6 @@ impl Image {
             uid,
             gid,
             name: (!user.is_empty() && user.parse::<u32>().is_err()).then_some(user),
-            home: entry.map(|f| f[5].to_string()).filter(|h| !h.is_empty()),
         })
     }
 }
@@ -203,7 +204,20 @@ pub struct ImageUser {
     /// The user's name when the image names it so (the kubelet cannot then check
     /// `runAsNonRoot` without a `runAsUser`).
     pub name: Option<String>,
-    pub home: Option<String>,
+}
+
+impl Image {
+    /// The primary group and home directory of `uid` in the image's `/etc/passwd`, as a
+    /// runtime gives them to a user the Pod names by uid (`runAsUser`).
+    pub fn account(&self, uid: u32) -> Option<(u32, String)> {
+        let passwd = std::fs::read_to_string(self.rootfs.join("etc/passwd")).ok()?;
+        passwd
+            .lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .filter(|f| f.len() >= 7)
+            .find(|f| f[2].parse::<u32>().ok() == Some(uid))
+            .and_then(|f| Some((f[3].parse::<u32>().ok()?, f[5].to_string())))
+    }
 }
 
 /// The store: where the images are, and where they are unpacked.

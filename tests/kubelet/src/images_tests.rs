@@ -142,6 +142,13 @@ fn references_read_as_docker_reads_them() {
     assert_eq!(r.digest, Some(format!("sha256:{}", "a".repeat(64))));
     let r = Reference::parse("localhost/captf:dev");
     assert_eq!(r.repository, "localhost/captf");
+    for official in ["docker.io/busybox", "index.docker.io/library/busybox", "busybox:latest"] {
+        assert_eq!(Reference::parse(official), Reference::parse("busybox"), "{official}");
+    }
+    assert_eq!(
+        Reference::parse("index.docker.io/hashicorp/terraform:1.11.4").repository,
+        "docker.io/hashicorp/terraform"
+    );
 }
 
 #[test]
@@ -200,14 +207,13 @@ fn an_image_is_found_by_its_reference_and_unpacked_with_its_whiteouts() {
         "the directory was made opaque"
     );
     assert_eq!(std::fs::read_to_string(root.join("dir/y")).unwrap(), "y");
-    // The user by name, its group and home from the image's passwd.
+    // The user by name, its group from the image's passwd.
     assert_eq!(
         image.user().unwrap(),
         ImageUser {
             uid: Some(1001),
             gid: Some(1002),
             name: Some("app".into()),
-            home: Some("/home/app".into()),
         }
     );
     // By digest, too; and a second lookup reuses the unpacked root.
@@ -239,6 +245,9 @@ fn users_and_groups_of_the_image_config() {
         let u = image.user().unwrap();
         assert_eq!((u.uid, u.gid), (uid, gid), "{spec}");
     }
+    // A user the Pod names by uid: that uid's entry in the image, if any.
+    assert_eq!(image.account(1001), Some((1002, "/home/app".to_string())));
+    assert_eq!(image.account(2000), None);
     image.config.user = Some("nobody".into());
     assert!(
         image

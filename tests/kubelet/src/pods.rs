@@ -779,7 +779,14 @@ impl Worker {
             ));
         }
         let uid = run_as_user.or(image_user.uid).unwrap_or(0);
-        let gid = run_as_group.or(image.and(image_user.gid)).unwrap_or(0);
+        // As a runtime does: the image's group goes with the image's user; a user the Pod
+        // names by uid gets that uid's group in the image's passwd, else 0.
+        let account = image.and_then(|i| i.account(uid));
+        let gid = match (run_as_group, run_as_user) {
+            (Some(g), _) => g,
+            (None, None) if image.is_some() => image_user.gid.unwrap_or(0),
+            (None, _) => account.as_ref().map_or(0, |(g, _)| *g),
+        };
         if non_root && uid == 0 {
             return Err(format!(
                 "container has runAsNonRoot and image will run as root (pod: {pod_ref}, container: {})",
@@ -857,10 +864,11 @@ impl Worker {
         let mut env = self.env(c, image).await?;
         if !env.iter().any(|(k, _)| k == "HOME") {
             // A runtime's: the home of the user's passwd entry in the image, else `/`.
-            let home = match image {
-                Some(_) => image_user.home.clone().unwrap_or_else(|| "/".into()),
-                None if uid == 0 => "/root".into(),
-                None => "/".into(),
+            let home = match (image, &account) {
+                (Some(_), Some((_, home))) if !home.is_empty() => home.clone(),
+                (Some(_), _) => "/".into(),
+                (None, _) if uid == 0 => "/root".into(),
+                (None, _) => "/".into(),
             };
             env.push(("HOME".into(), home));
         }
