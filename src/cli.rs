@@ -318,6 +318,13 @@ fn bind(flag: &str, text: &str) -> Result<Option<std::net::SocketAddr>, Misuse> 
     })
 }
 
+/// How long the passes under way when `captf manager` is told to stop (SIGTERM or SIGINT)
+/// may go on: a pass does not wait inside, so it ends in well under a second, or a few
+/// seconds when it reads a large state. This leaves the Lease's release and the exit ten
+/// seconds of the Deployment's `terminationGracePeriodSeconds` (30) before the kubelet's
+/// SIGKILL.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
 fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
     crate::telemetry::init();
     let cfg = crate::controller::ManagerConfig {
@@ -346,20 +353,43 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
         max_state_reads: usize::from(args.max_state_reads),
         state_read_starved_after: args.state_read_starved_after,
         provision: args.provision,
+        shutdown_grace: SHUTDOWN_GRACE,
         ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
+        // Both handlers are installed before anything else: a container's PID 1 ignores
+        // the signals it has no handler for, and until then SIGINT or SIGTERM would kill
+        // the process where it is.
+        let shutdown = stop_signal().map_err(|e| {
+            Misuse(format!(
+                "cannot install the handlers of SIGTERM and SIGINT: {e}"
+            ))
+        })?;
         let (client, _) = crate::io::client::connect(crate::io::client::Sender::Manager)
             .await
             .map_err(Misuse)?;
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
         crate::controller::run(client, cfg, shutdown)
             .await
             .map_err(|e| Misuse(e.to_string()))
+    });
+    // What is left (the probe server) is dropped, not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}
+
+/// Resolves at the first SIGTERM (the kubelet stopping the Pod) or SIGINT (Ctrl-C).
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "stopping");
     })
 }
 

@@ -48,6 +48,11 @@ pub struct ManagerConfig {
     /// Whether live objects are applied (the apply table); off, the manager only deletes
     /// (what was applied by someone else, as the deletion tests and benchmarks do).
     pub provision: bool,
+    /// How long the passes under way at a shutdown may go on before they are dropped
+    /// where they are (see [`super::run`]). Zero (the default) drops them at once, as a
+    /// crash would: the tests stop and restart managers that way after any write.
+    /// `captf manager` gives them [`crate::cli::SHUTDOWN_GRACE`].
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -69,6 +74,7 @@ impl Default for ManagerConfig {
             max_state_reads: 4,
             state_read_starved_after: Duration::from_secs(600),
             provision: true,
+            shutdown_grace: Duration::ZERO,
         }
     }
 }

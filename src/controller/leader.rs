@@ -1,8 +1,10 @@
 //! Leader election on a coordination.k8s.io Lease, so that two replicas are safe, as
 //! client-go's leaderelection does it: the holder renews it, and steps down when it has
 //! not managed to for the renew deadline; another replica takes over once it has seen the
-//! same record, unchanged, for the lease duration on its own clock. Writes are guarded
-//! by the Lease's resourceVersion.
+//! same record, unchanged, for the lease duration on its own clock. A leader that stops
+//! gives the Lease up ([`Leadership::release`], client-go's `ReleaseOnCancel`), so that
+//! another replica takes over at its next try rather than a lease duration later. Writes
+//! are guarded by the Lease's resourceVersion.
 
 use std::time::Duration;
 
@@ -11,7 +13,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -142,29 +145,121 @@ impl Elector {
             }
         }
     }
+
+    /// Gives the Lease up if this replica holds it, as client-go's `release` writes it: no
+    /// holder, a lease duration of one second, renewed now (the transitions kept). Any
+    /// replica takes a Lease without a holder at its next try. Returns whether this replica
+    /// released it (false: another holds it, or it is gone).
+    pub async fn release(
+        &mut self,
+        api: &Api<Lease>,
+        cfg: &LeaderConfig,
+    ) -> Result<bool, kube::Error> {
+        // A conflict is a write between the read and ours: read again once.
+        for _ in 0..2 {
+            let Some(mut lease) = api.get_opt(&cfg.name).await? else {
+                return Ok(false);
+            };
+            let spec = lease.spec.clone().unwrap_or_default();
+            if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+                return Ok(false);
+            }
+            let now = MicroTime(Timestamp::now());
+            lease.spec = Some(LeaseSpec {
+                holder_identity: None,
+                lease_duration_seconds: Some(1),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                ..spec
+            });
+            match api.replace(&cfg.name, &PostParams::default(), &lease).await {
+                Ok(_) => {
+                    self.observed = None;
+                    return Ok(true);
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
 }
 
-/// Waits until this replica leads, then keeps renewing in the background. The receiver
-/// turns `false` when leadership is lost (another replica holds the Lease, or no renewal
-/// succeeded for the renew deadline); the manager then exits so that it restarts clean
-/// instead of acting on a Lease it may no longer hold.
-pub async fn lead(client: Client, cfg: LeaderConfig) -> watch::Receiver<bool> {
+/// The leadership of a replica that won the Lease: renewed in the background until it is
+/// lost or given up.
+pub struct Leadership {
+    /// `true` while this replica leads; turns `false` when leadership is lost (another
+    /// replica holds the Lease, or no renewal succeeded for the renew deadline).
+    pub held: watch::Receiver<bool>,
+    give_up: oneshot::Sender<()>,
+    renewing: JoinHandle<()>,
+}
+
+impl Leadership {
+    /// Stops renewing (after a renewal under way, which is bounded by the renew deadline)
+    /// and releases the Lease if this replica still holds it. Call it once nothing guarded
+    /// by the Lease runs any more.
+    pub async fn release(self) {
+        if self.give_up.send(()).is_err() {
+            // The renewals ended already: leadership was lost, nothing to give up.
+            return;
+        }
+        let _ = self.renewing.await;
+    }
+}
+
+/// Waits until this replica leads, then keeps renewing in the background ([`Leadership`]).
+/// `None` when `stop` resolved first (the manager stops before it led). A lost leadership
+/// makes the manager exit, so that it restarts clean instead of acting on a Lease it may
+/// no longer hold.
+pub async fn lead(
+    client: Client,
+    cfg: LeaderConfig,
+    stop: impl std::future::Future<Output = ()>,
+) -> Option<Leadership> {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut elector = Elector::new();
+    tokio::pin!(stop);
     loop {
+        // A try is never cut halfway: a Lease created or taken by a try dropped in flight
+        // would be held without this replica knowing.
         match elector.try_acquire(&api, &cfg).await {
             Ok(true) => break,
             Ok(false) => {}
             Err(e) => warn!(error = %e, "leader election: cannot read or write the Lease"),
         }
-        tokio::time::sleep(cfg.renew_every).await;
+        tokio::select! {
+            _ = tokio::time::sleep(cfg.renew_every) => {}
+            _ = &mut stop => return None,
+        }
     }
     info!(identity = %cfg.identity, lease = %cfg.name, "became the leader");
-    let (tx, rx) = watch::channel(true);
-    tokio::spawn(async move {
+    let (tx, held) = watch::channel(true);
+    let (give_up, mut given_up) = oneshot::channel::<()>();
+    let renewing = tokio::spawn(async move {
         let mut last_ok = Instant::now();
         loop {
-            tokio::time::sleep(cfg.renew_every).await;
+            tokio::select! {
+                biased;
+                asked = &mut given_up => {
+                    // Asked (not dropped): give the Lease up, within the renew deadline.
+                    if asked.is_ok() {
+                        let released = tokio::time::timeout(
+                            cfg.renew_deadline,
+                            elector.release(&api, &cfg),
+                        )
+                        .await;
+                        match released {
+                            Ok(Ok(true)) => info!(lease = %cfg.name, "leader election: released the Lease"),
+                            Ok(Ok(false)) => info!(lease = %cfg.name, "leader election: the Lease is not this replica's any more"),
+                            Ok(Err(e)) => warn!(error = %e, "leader election: cannot release the Lease; it expires after its duration"),
+                            Err(_) => warn!("leader election: releasing the Lease did not answer in time; it expires after its duration"),
+                        }
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(cfg.renew_every) => {}
+            }
             let tried = tokio::time::timeout(
                 cfg.renew_deadline.saturating_sub(last_ok.elapsed()),
                 elector.try_acquire(&api, &cfg),
@@ -190,5 +285,9 @@ pub async fn lead(client: Client, cfg: LeaderConfig) -> watch::Receiver<bool> {
             }
         }
     });
-    rx
+    Some(Leadership {
+        held,
+        give_up,
+        renewing,
+    })
 }

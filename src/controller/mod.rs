@@ -31,6 +31,7 @@ mod triggers;
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret};
@@ -41,6 +42,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
+use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
 
 pub use caches::Caches;
@@ -71,6 +73,7 @@ pub fn owner_resource(cluster: &kube::api::ApiResource, kind: &str) -> kube::api
 fn controller<K: TerraformObject>(
     ctx: Arc<Context>,
     cfg: &ManagerConfig,
+    stop: oneshot::Receiver<()>,
 ) -> impl Future<Output = ()> + Send + 'static
 where
     K::DynamicType: Default,
@@ -160,6 +163,8 @@ where
     );
     let mut c = c
         .with_config(Gate::<K>::controller_config())
+        // Once `stop` resolves no pass starts; the stream ends when the running ones end.
+        .graceful_shutdown_on(stop.map(|_| ()))
         // The objects whose turn at the gate has come.
         .reconcile_on(gate.turns())
         .watches_stream(jobs_stream, {
@@ -377,7 +382,11 @@ where
     .for_each(|_| futures::future::ready(()))
 }
 
-/// Runs the manager until `shutdown` resolves (or leadership is lost).
+/// Runs the manager until `shutdown` resolves (or leadership is lost). On `shutdown` it
+/// stops gracefully: no pass starts any more, the runner-RBAC sweep stops, the passes
+/// under way may finish for [`ManagerConfig::shutdown_grace`] (those still running then
+/// are dropped where they are, as a crash would leave them), and the leader Lease is
+/// given up ([`leader::Leadership::release`]), so that another replica takes over at once.
 pub async fn run(
     client: Client,
     cfg: ManagerConfig,
@@ -406,6 +415,19 @@ pub async fn run(
             .await
             .map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
     }
+    // The shutdown, seen by every wait below (leader election included): once it came, it
+    // stays come.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let signal = tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopping = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
     let mut leadership = None;
     if cfg.leader_elect {
         let lc = leader::LeaderConfig {
@@ -416,11 +438,19 @@ pub async fn run(
             renew_deadline: cfg.lease_duration * 2 / 3,
             renew_every: cfg.lease_duration / 5,
         };
-        leadership = Some(leader::lead(client.clone(), lc).await);
+        match leader::lead(client.clone(), lc, stopping()).await {
+            Some(l) => leadership = Some(l),
+            None => {
+                info!("shutting down before leading");
+                signal.abort();
+                return Ok(());
+            }
+        }
     }
     let mut cluster_api = discover_cluster(&client).await;
+    let held = leadership.as_ref().map(|l| l.held.clone());
     let lost = async move {
-        match leadership {
+        match held {
             Some(mut rx) => {
                 while *rx.borrow() {
                     if rx.changed().await.is_err() {
@@ -432,10 +462,10 @@ pub async fn run(
             None => futures::future::pending::<()>().await,
         }
     };
-    tokio::pin!(shutdown);
     tokio::pin!(lost);
     let mut sweep = None;
     let mut accounts_watch = None;
+    let mut lost_leadership = false;
     // The controllers run with the Cluster kind as known; while it is unknown, the manager
     // looks for it again and, once found, starts them again to watch Clusters.
     loop {
@@ -478,26 +508,67 @@ pub async fn run(
                 }
             }
         };
-        // One controller per kind; when any of them ends, the manager stops.
-        let controllers =
-            futures::future::select_all(Kind::ALL.map(
-                |kind| crate::with_kind!(kind, K => controller::<K>(ctx.clone(), &cfg).boxed()),
-            ));
+        // One controller per kind, each stopped gracefully by its trigger; when any of
+        // them ends by itself, the manager stops.
+        let mut triggers = Vec::new();
+        let mut controllers: FuturesUnordered<_> = Kind::ALL
+            .map(|kind| {
+                let (trigger, stop) = oneshot::channel::<()>();
+                triggers.push(trigger);
+                crate::with_kind!(kind, K => controller::<K>(ctx.clone(), &cfg, stop).boxed())
+            })
+            .into_iter()
+            .collect();
         tokio::select! {
-            _ = controllers => break,
-            _ = &mut shutdown => {
-                info!("shutting down");
+            _ = controllers.next() => break,
+            _ = stopping() => {
+                info!(grace = ?cfg.shutdown_grace, "shutting down: no pass starts any more; the passes under way may finish");
+                probes
+                    .ready
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                stop_tasks(&mut sweep, &mut None).await;
+                for trigger in triggers {
+                    let _ = trigger.send(());
+                }
+                let drained = async { while controllers.next().await.is_some() {} };
+                tokio::select! {
+                    ended = tokio::time::timeout(cfg.shutdown_grace, drained) => {
+                        if ended.is_err() {
+                            warn!(grace = ?cfg.shutdown_grace, "passes still running after the shutdown grace: stopped where they were");
+                        }
+                    }
+                    _ = &mut lost => lost_leadership = true,
+                }
                 break;
             }
-            _ = &mut lost => break,
+            _ = &mut lost => {
+                lost_leadership = true;
+                break;
+            }
             known = found, if unknown => {
                 info!("Cluster API's Cluster kind is served now: restarting the controllers to watch Clusters");
                 cluster_api = known;
             }
         }
     }
-    for task in sweep.into_iter().chain(accounts_watch) {
-        task.abort();
+    stop_tasks(&mut sweep, &mut accounts_watch).await;
+    signal.abort();
+    // Nothing guarded by the Lease runs any more (a pass dropped above may still have a
+    // request in flight, as after a crash; every write is guarded by its resourceVersion).
+    if let Some(l) = leadership.filter(|_| !lost_leadership) {
+        l.release().await;
     }
+    info!("CAPTF manager stopped");
     Ok(())
+}
+
+/// Aborts the sweep and the watch of runner accounts, and waits until they are gone.
+async fn stop_tasks(
+    sweep: &mut Option<tokio::task::JoinHandle<()>>,
+    accounts_watch: &mut Option<tokio::task::JoinHandle<()>>,
+) {
+    for task in sweep.take().into_iter().chain(accounts_watch.take()) {
+        task.abort();
+        let _ = task.await;
+    }
 }

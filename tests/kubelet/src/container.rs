@@ -1,10 +1,11 @@
 //! Running one container: `captf-kubelet container CONFIG` is the shim the kubelet starts
 //! per container. It enters new mount, UTS, IPC and PID namespaces, and starts the
 //! container's entrypoint as PID 1 of the new PID namespace in a root filesystem of its
-//! own: an overlay of the host's `/` (the "image"), with the Pod's volumes mounted at
-//! their `mountPath`, a fresh `/proc`, `/run` and `/etc/hosts`, the host's `/dev`,
-//! `/sys` and `/tmp`, the hostname set to the Pod's name, read-only when the container
-//! asks, as the user and groups of its security context.
+//! own: an overlay over the unpacked image ([`crate::images`]) or, for an image the
+//! kubelet does not have, over the host's `/`, with the Pod's volumes mounted at their
+//! `mountPath`, a fresh `/proc`, `/run` and `/etc/hosts`, the host's `/dev` nodes and
+//! `/sys` (and, over the host's `/`, its `/tmp`), the hostname set to the Pod's name,
+//! read-only when the container asks, as the user and groups of its security context.
 //!
 //! What that gives, as a container runtime does: a signal the kubelet sends reaches only
 //! PID 1 (which ignores SIGTERM unless it handles it, like a shell), and when PID 1 ends
@@ -31,6 +32,8 @@ pub const START_ERROR_EXIT: i32 = 128;
 pub struct ContainerConfig {
     /// The hostname (the Pod's name).
     pub hostname: String,
+    /// The overlay's lower layer: an unpacked image, or the host's `/` when `None`.
+    pub image_root: Option<PathBuf>,
     /// Per-container directories for the overlay: `upper`, `work` and the mount point
     /// `rootfs` (created by the kubelet).
     pub upper: PathBuf,
@@ -95,8 +98,7 @@ pub fn shim_main(config_path: &Path) -> i32 {
     }
     let Some((program, args)) = config.argv.split_first() else {
         return fail(
-            "the container has no command (there are no images here to take an entrypoint from)"
-                .into(),
+            "the container has no command, and its image none (no entrypoint, no cmd)".into(),
         );
     };
     let mut cmd = Command::new(program);
@@ -150,8 +152,10 @@ fn enter(c: &ContainerConfig) -> std::io::Result<()> {
             None,
         ),
     )?;
+    let lower = c.image_root.as_deref().unwrap_or(Path::new("/"));
     let opts = format!(
-        "lowerdir=/,upperdir={},workdir={}",
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
         c.upper.display(),
         c.work.display()
     );
@@ -172,7 +176,21 @@ fn enter(c: &ContainerConfig) -> std::io::Result<()> {
         sources.push((fd, m));
     }
     let root = &c.rootfs;
-    for dir in ["sys", "tmp"] {
+    // The host's /tmp is shared with a container of the host's `/` (the tests' marker
+    // files); an image's container has the image's /tmp, as under a container runtime.
+    let shared: &[&str] = if c.image_root.is_some() {
+        &["sys"]
+    } else {
+        &["sys", "tmp"]
+    };
+    // An image need not have the mount points: they are made in the overlay's upper layer.
+    for dir in ["sys", "dev", "proc", "run"] {
+        step(
+            &format!("create the mount point /{dir}"),
+            std::fs::create_dir_all(root.join(dir)),
+        )?;
+    }
+    for dir in shared {
         step(
             &format!("bind /{dir}"),
             mount(

@@ -4,9 +4,10 @@
 //! Node), and runs each container of a Pod bound to it as a local process tree in
 //! namespaces of its own ([`container`]): volumes, environment, hostname, user, signals
 //! and termination as a kubelet and a container runtime do, Pod status through the status
-//! subresource, container logs served to the API server for `kubectl logs`. There are no
-//! images: every container runs the host's programs in an overlay of the host's `/`.
-//! Tests make Pods fail in chosen ways through annotations on the Node ([`faults`]).
+//! subresource, container logs served to the API server for `kubectl logs`. A container
+//! whose image is in the local image store (`--image-store`, [`images`]) runs from that
+//! image; any other runs the host's programs in an overlay of the host's `/`. Tests make
+//! Pods fail in chosen ways through annotations on the Node ([`faults`]).
 //!
 //! `captf-envtest` starts it with the Node's and the scheduler's credentials; it is not
 //! meant to be started by hand. `captf-kubelet container CONFIG` is the per-container
@@ -14,9 +15,11 @@
 
 mod container;
 mod faults;
+mod images;
 mod logs;
 mod node;
 mod pods;
+mod probes;
 mod scheduler;
 mod status;
 mod volumes;
@@ -58,13 +61,19 @@ pub struct Args {
     /// The API server Pods reach (KUBERNETES_SERVICE_HOST and _PORT are set from it).
     #[arg(long)]
     api_server: String,
-    /// The environment of "the image" every container starts with (KEY=VALUE,
-    /// repeatable), before the container's own `env`.
+    /// The environment of "the image" every container not in the image store starts with
+    /// (KEY=VALUE, repeatable), before the container's own `env`.
     #[arg(long = "image-env", value_parser = parse_key_value)]
     image_env: Vec<(String, String)>,
-    /// The user "the image" runs as when the security context names none.
+    /// The user "the image" of a container not in the image store runs as when the
+    /// security context names none.
     #[arg(long, default_value_t = 0)]
     image_user: u32,
+    /// A directory of OCI image layouts and OCI archives (`*.tar`): a container whose
+    /// image reference one of them names (its index's `org.opencontainers.image.ref.name`)
+    /// runs from that image; any other runs the host's programs.
+    #[arg(long)]
+    image_store: Option<PathBuf>,
     /// The Node's Pod capacity: the scheduler binds no more unfinished Pods than this to
     /// it; the others stay Pending (Unschedulable) until one finishes, as on a full node.
     #[arg(long, default_value_t = 110)]

@@ -13,8 +13,10 @@
 //!    finalizers may still hold;
 //! 4. the faults of [`crate::faults`] change that course when a rule names the Pod.
 //!
+//! A container runs from its image when the image store has it ([`crate::images`]), else
+//! the host's programs; its readiness probe makes it ready ([`crate::probes`]).
 //! Containers are never restarted (`restartPolicy` is taken as `Never`); init containers,
-//! probes and a Pod's own `activeDeadlineSeconds` are not modelled.
+//! liveness and startup probes and a Pod's own `activeDeadlineSeconds` are not modelled.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::process::CommandExt;
@@ -33,6 +35,8 @@ use tokio::time::Instant;
 
 use crate::container::{ContainerConfig, Mount, START_ERROR_EXIT};
 use crate::faults::{self, Fault, Rule};
+use crate::images::{self, Image};
+use crate::probes::{Readiness, Results};
 use crate::status::{self, PodReport, State};
 use crate::volumes::{self, Made};
 use crate::{Args, say};
@@ -56,6 +60,8 @@ pub struct Kubelet {
     api_port: u16,
     image_env: Vec<(String, String)>,
     image_user: u32,
+    /// The local images (`--image-store`), if any.
+    images: Option<Arc<images::Store>>,
     faults: watch::Receiver<Vec<Rule>>,
     logs: Mutex<HashMap<(String, String, String), LogRef>>,
     /// Container PID 1s (host PIDs), by `<pod uid>/<container>`.
@@ -77,6 +83,13 @@ impl Kubelet {
             .rsplit_once(':')
             .and_then(|(h, p)| p.parse::<u16>().ok().map(|p| (h.to_string(), p)))
             .unwrap_or((hostport.to_string(), 443));
+        let images = match &args.image_store {
+            Some(dir) => Some(Arc::new(images::Store::new(
+                dir.clone(),
+                args.root_dir.join("images"),
+            )?)),
+            None => None,
+        };
         Ok(Kubelet {
             node: args.node_name.clone(),
             client,
@@ -88,6 +101,7 @@ impl Kubelet {
             api_port: port,
             image_env: args.image_env.clone(),
             image_user: args.image_user,
+            images,
             faults,
             logs: Mutex::new(HashMap::new()),
             pids: Mutex::new(HashMap::new()),
@@ -270,6 +284,31 @@ pub fn expand(s: &str, env: &[(String, String)]) -> String {
     out
 }
 
+/// What a container runs, as Kubernetes decides it from its `command` and `args` and its
+/// image's entrypoint and cmd: `command` replaces the entrypoint and drops the cmd; `args`
+/// replaces the cmd. `$(VAR)` references of the container's own are expanded from `env`,
+/// not the image's. A container not in the image store has no image config: its
+/// `command` and `args` are all there is.
+pub fn argv(
+    c: &Container,
+    image: Option<&images::ImageConfig>,
+    env: &[(String, String)],
+) -> Vec<String> {
+    let own = |v: &Option<Vec<String>>| -> Option<Vec<String>> {
+        v.clone()
+            .filter(|v| !v.is_empty())
+            .map(|v| v.iter().map(|a| expand(a, env)).collect())
+    };
+    let (command, args) = (own(&c.command), own(&c.args));
+    let entrypoint = image.and_then(|i| i.entrypoint.clone()).unwrap_or_default();
+    let cmd = image.and_then(|i| i.cmd.clone()).unwrap_or_default();
+    match (command, args) {
+        (Some(command), args) => [command, args.unwrap_or_default()].concat(),
+        (None, Some(args)) => [entrypoint, args].concat(),
+        (None, None) => [entrypoint, cmd].concat(),
+    }
+}
+
 /// One container's run.
 struct Run {
     pid: i32,
@@ -316,11 +355,13 @@ impl Worker {
             .map(|c| status::Container {
                 name: c.name.clone(),
                 image: c.image.clone().unwrap_or_default(),
+                image_id: None,
                 container_id: None,
                 state: State::Waiting {
                     reason: "ContainerCreating".into(),
                     message: String::new(),
                 },
+                probed_ready: None,
             })
             .collect();
         Worker {
@@ -553,25 +594,51 @@ impl Worker {
         .map_err(io)?;
         std::fs::write(&hostname, format!("{}\n", self.name)).map_err(io)?;
         let mut out = Vec::new();
-        for c in self.spec_containers() {
+        for (i, c) in self.spec_containers().iter().enumerate() {
+            let image = self
+                .local_image(c)
+                .await
+                .map_err(|m| ("ErrImagePull".to_string(), m))?;
             let cfg = self
-                .container_config(&c, &made, &hosts, &hostname)
+                .container_config(c, image.as_ref(), &made, &hosts, &hostname)
                 .await
                 .map_err(|m| ("CreateContainerConfigError".to_string(), m))?;
+            self.containers[i].image_id = image.as_ref().map(Image::id);
             out.push(cfg);
         }
         Ok(out)
     }
 
-    async fn env(&self, c: &Container) -> Result<Vec<(String, String)>, String> {
+    /// The container's image from the image store, unpacked; `None` when the store does
+    /// not have it (the container runs the host's programs).
+    async fn local_image(&self, c: &Container) -> Result<Option<Image>, String> {
+        let (Some(store), Some(reference)) = (self.k.images.clone(), c.image.clone()) else {
+            return Ok(None);
+        };
+        tokio::task::spawn_blocking(move || store.find(&reference))
+            .await
+            .map_err(|e| format!("looking the image up: {e}"))?
+    }
+
+    /// The container's environment: the image's (the image store's, or `--image-env` for
+    /// the host's programs), then the kubelet's, then the container's own.
+    async fn env(
+        &self,
+        c: &Container,
+        image: Option<&Image>,
+    ) -> Result<Vec<(String, String)>, String> {
         let mut env: Vec<(String, String)> = Vec::new();
         let set = |env: &mut Vec<(String, String)>, k: String, v: String| {
             env.retain(|(ek, _)| *ek != k);
             env.push((k, v));
         };
         set(&mut env, "PATH".into(), DEFAULT_PATH.into());
-        for (k, v) in &self.k.image_env {
-            set(&mut env, k.clone(), v.clone());
+        let image_env = match image {
+            Some(i) => i.config.env_pairs(),
+            None => self.k.image_env.clone(),
+        };
+        for (k, v) in image_env {
+            set(&mut env, k, v);
         }
         set(&mut env, "HOSTNAME".into(), self.name.clone());
         let host = &self.k.api_host;
@@ -681,6 +748,7 @@ impl Worker {
     async fn container_config(
         &self,
         c: &Container,
+        image: Option<&Image>,
         made: &HashMap<String, Made>,
         hosts: &Path,
         hostname: &Path,
@@ -688,18 +756,41 @@ impl Worker {
         let spec = self.pod.spec.clone().unwrap_or_default();
         let psc = spec.security_context.clone().unwrap_or_default();
         let csc = c.security_context.clone().unwrap_or_default();
-        let uid = csc
-            .run_as_user
-            .or(psc.run_as_user)
-            .map_or(self.k.image_user, |u| u as u32);
-        let gid = csc
-            .run_as_group
-            .or(psc.run_as_group)
-            .map_or(0, |g| g as u32);
-        if csc.run_as_non_root.or(psc.run_as_non_root) == Some(true) && uid == 0 {
+        let run_as_user = csc.run_as_user.or(psc.run_as_user).map(|u| u as u32);
+        let run_as_group = csc.run_as_group.or(psc.run_as_group).map(|g| g as u32);
+        let non_root = csc.run_as_non_root.or(psc.run_as_non_root) == Some(true);
+        let pod_ref = format!("\"{}_{}({})\"", self.name, self.ns, self.uid);
+        // The image's user, its primary group and home (the store's image), or
+        // `--image-user` (the host's programs).
+        let image_user = match image {
+            Some(i) => i.user()?,
+            None => images::ImageUser {
+                uid: Some(self.k.image_user),
+                ..Default::default()
+            },
+        };
+        if non_root
+            && run_as_user.is_none()
+            && let Some(name) = &image_user.name
+        {
             return Err(format!(
-                "container has runAsNonRoot and image will run as root (pod: \"{}_{}({})\", container: {})",
-                self.name, self.ns, self.uid, c.name
+                "container has runAsNonRoot and image has non-numeric user ({name}), cannot verify user is non-root (pod: {pod_ref}, container: {})",
+                c.name
+            ));
+        }
+        let uid = run_as_user.or(image_user.uid).unwrap_or(0);
+        // As a runtime does: the image's group goes with the image's user; a user the Pod
+        // names by uid gets that uid's group in the image's passwd, else 0.
+        let account = image.and_then(|i| i.account(uid));
+        let gid = match (run_as_group, run_as_user) {
+            (Some(g), _) => g,
+            (None, None) if image.is_some() => image_user.gid.unwrap_or(0),
+            (None, _) => account.as_ref().map_or(0, |(g, _)| *g),
+        };
+        if non_root && uid == 0 {
+            return Err(format!(
+                "container has runAsNonRoot and image will run as root (pod: {pod_ref}, container: {})",
+                c.name
             ));
         }
         let mut groups: Vec<u32> = psc
@@ -749,11 +840,18 @@ impl Worker {
             .termination_message_path
             .clone()
             .unwrap_or_else(|| "/dev/termination-log".into());
-        for (source, target) in [
+        let mut files = vec![
             (term_log.clone(), term_path),
             (hosts.to_path_buf(), "/etc/hosts".to_string()),
             (hostname.to_path_buf(), "/etc/hostname".to_string()),
-        ] {
+        ];
+        // An image has no resolver configuration of the node's: the kubelet gives it the
+        // node's (dnsPolicy Default; the host's programs see it anyway).
+        let resolv = Path::new("/etc/resolv.conf");
+        if image.is_some() && resolv.exists() {
+            files.push((resolv.to_path_buf(), "/etc/resolv.conf".to_string()));
+        }
+        for (source, target) in files {
             mounts.push(Mount {
                 source,
                 target,
@@ -763,15 +861,27 @@ impl Worker {
         }
         // Deeper paths after their parents.
         mounts.sort_by_key(|m| m.target.matches('/').count());
-        let mut env = self.env(c).await?;
+        let mut env = self.env(c, image).await?;
         if !env.iter().any(|(k, _)| k == "HOME") {
-            env.push(("HOME".into(), if uid == 0 { "/root" } else { "/" }.into()));
+            // A runtime's: the home of the user's passwd entry in the image, else `/`.
+            let home = match (image, &account) {
+                (Some(_), Some((_, home))) if !home.is_empty() => home.clone(),
+                (Some(_), _) => "/".into(),
+                (None, _) if uid == 0 => "/root".into(),
+                (None, _) => "/".into(),
+            };
+            env.push(("HOME".into(), home));
         }
-        let mut argv: Vec<String> = c.command.clone().unwrap_or_default();
-        argv.extend(c.args.clone().unwrap_or_default());
-        let argv = argv.iter().map(|a| expand(a, &env)).collect();
+        let argv = argv(c, image.map(|i| &i.config), &env);
+        let working_dir = c
+            .working_dir
+            .clone()
+            .filter(|d| !d.is_empty())
+            .or_else(|| image.and_then(|i| i.config.working_dir.clone()))
+            .unwrap_or_default();
         let config = ContainerConfig {
             hostname: self.name.clone(),
+            image_root: image.map(|i| i.rootfs.clone()),
             upper: cdir.join("upper"),
             work: cdir.join("work"),
             rootfs: cdir.join("rootfs"),
@@ -781,7 +891,7 @@ impl Worker {
             gid,
             groups,
             no_new_privs: csc.allow_privilege_escalation == Some(false),
-            working_dir: c.working_dir.clone().unwrap_or_default(),
+            working_dir,
             argv,
             env,
             pid_file: cdir.join("pid"),
@@ -863,6 +973,39 @@ impl Worker {
         let mut exited = vec![false; runs.len()];
         let mut running = runs.len();
         let started = Instant::now();
+        // Readiness probes: each container's, when it is due, whether one is under way.
+        let probes: Vec<Option<Readiness>> = self
+            .spec_containers()
+            .iter()
+            .map(|c| {
+                Readiness::of(c).unwrap_or_else(|e| {
+                    say!(
+                        "Pod {}/{}: container {}: {e}; it is not probed",
+                        self.ns,
+                        self.name,
+                        c.name
+                    );
+                    None
+                })
+            })
+            .collect();
+        let mut results = vec![Results::default(); runs.len()];
+        let mut next_probe: Vec<Option<Instant>> = probes
+            .iter()
+            .map(|p| p.as_ref().map(|p| started + p.initial_delay))
+            .collect();
+        let mut probing = vec![false; runs.len()];
+        for (i, p) in probes.iter().enumerate() {
+            if p.is_some()
+                && let Some(c) = self.containers.get_mut(i)
+            {
+                c.probed_ready = Some(false);
+            }
+        }
+        if probes.iter().any(Option::is_some) {
+            self.write_status().await;
+        }
+        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel::<(usize, bool)>();
         let mut kill_at: Option<Instant> = None;
         let mut term_sent = false;
         let mut fault_done = false;
@@ -935,8 +1078,45 @@ impl Worker {
                 }
                 kill_at = None;
             }
-            let until = [kill_at, fault_at].into_iter().flatten().min();
+            for (i, probe) in probes.iter().enumerate() {
+                let (Some(probe), Some(due)) = (probe, next_probe[i]) else {
+                    continue;
+                };
+                if exited[i] || lost {
+                    next_probe[i] = None;
+                } else if now >= due && !probing[i] {
+                    probing[i] = true;
+                    next_probe[i] = Some(now + probe.period);
+                    let (probe, tx) = (probe.clone(), probe_tx.clone());
+                    tokio::spawn(async move {
+                        let _ = tx.send((i, probe.check().await));
+                    });
+                }
+            }
+            // A probe under way is waited for through its result, not its next time.
+            let probes_due = next_probe
+                .iter()
+                .zip(&probing)
+                .filter(|(_, under_way)| !**under_way)
+                .map(|(due, _)| *due);
+            let until = [kill_at, fault_at]
+                .into_iter()
+                .chain(probes_due)
+                .flatten()
+                .min();
             tokio::select! {
+                Some((i, ok)) = probe_rx.recv() => {
+                    probing[i] = false;
+                    if let Some(probe) = &probes[i]
+                        && !exited[i]
+                        && results[i].record(probe, ok)
+                    {
+                        self.containers[i].probed_ready = Some(results[i].ready);
+                        if !lost {
+                            self.write_status().await;
+                        }
+                    }
+                }
                 ev = exits.recv() => {
                     let Some((i, code)) = ev else { break };
                     if exited[i] {
@@ -1087,4 +1267,63 @@ async fn wait_pid(pid_file: &Path, child: &mut tokio::process::Child) -> i32 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(command: Option<&[&str]>, args: Option<&[&str]>) -> Container {
+        let list = |v: Option<&[&str]>| v.map(|v| v.iter().map(|s| s.to_string()).collect());
+        Container {
+            name: "c".into(),
+            command: list(command),
+            args: list(args),
+            ..Default::default()
+        }
+    }
+
+    /// Kubernetes' table (the Container's `command` field): the entrypoint and cmd of the
+    /// image unless the container says otherwise.
+    #[test]
+    fn command_and_args_over_the_image_entrypoint_and_cmd() {
+        let image = images::ImageConfig {
+            entrypoint: Some(vec!["/captf".into()]),
+            cmd: Some(vec!["manager".into()]),
+            ..Default::default()
+        };
+        let env = vec![("NS".to_string(), "captf-system".to_string())];
+        let run = |command, args| argv(&container(command, args), Some(&image), &env);
+        assert_eq!(run(None, None), ["/captf", "manager"]);
+        assert_eq!(
+            run(None, Some(&["manager", "--namespace=$(NS)"])),
+            ["/captf", "manager", "--namespace=captf-system"]
+        );
+        assert_eq!(run(Some(&["/bin/sh"]), None), ["/bin/sh"]);
+        assert_eq!(
+            run(Some(&["/bin/sh"]), Some(&["-c", "x"])),
+            ["/bin/sh", "-c", "x"]
+        );
+        // An empty list is no list (the API server drops it).
+        assert_eq!(run(Some(&[]), Some(&[])), ["/captf", "manager"]);
+        // The image's own words are not expanded.
+        let literal = images::ImageConfig {
+            cmd: Some(vec!["$(NS)".into()]),
+            ..Default::default()
+        };
+        assert_eq!(
+            argv(&container(None, None), Some(&literal), &env),
+            ["$(NS)"]
+        );
+        // Without an image: only the container's.
+        assert_eq!(
+            argv(
+                &container(Some(&["sh"]), Some(&["-c", "$(NS)"])),
+                None,
+                &env
+            ),
+            ["sh", "-c", "captf-system"]
+        );
+        assert!(argv(&container(None, None), None, &env).is_empty());
+    }
 }

@@ -33,8 +33,20 @@ pub enum State {
 pub struct Container {
     pub name: String,
     pub image: String,
+    /// The `imageID` of an image the kubelet has (by its manifest's digest); else one is
+    /// made up from the reference ([`image_id`]).
+    pub image_id: Option<String>,
     pub container_id: Option<String>,
     pub state: State,
+    /// What its readiness probe says (`None`: it has none, and is ready while it runs).
+    pub probed_ready: Option<bool>,
+}
+
+impl Container {
+    /// Running, and ready by its readiness probe if it has one.
+    pub fn ready(&self) -> bool {
+        matches!(self.state, State::Running { .. }) && self.probed_ready.unwrap_or(true)
+    }
 }
 
 /// What the Pod as a whole reports besides its containers.
@@ -91,9 +103,11 @@ fn container_status(c: &Container) -> Value {
             }
             (json!({ "waiting": w }), false, false)
         }
-        State::Running { started_at } => {
-            (json!({"running": {"startedAt": started_at}}), true, true)
-        }
+        State::Running { started_at } => (
+            json!({"running": {"startedAt": started_at}}),
+            c.ready(),
+            true,
+        ),
         State::Terminated {
             exit_code,
             reason,
@@ -116,7 +130,7 @@ fn container_status(c: &Container) -> Value {
     let image_id = if state.get("waiting").is_some() {
         String::new()
     } else {
-        image_id(&c.image)
+        c.image_id.clone().unwrap_or_else(|| image_id(&c.image))
     };
     let mut s = json!({"name": c.name, "image": c.image, "imageID": image_id, "ready": ready,
         "started": started, "restartCount": 0, "state": state});
@@ -126,37 +140,20 @@ fn container_status(c: &Container) -> Value {
     s
 }
 
-/// The `imageID` a node reports for a container of `image`: the image's repository, fully
-/// qualified, by digest. There is no registry here, so the digest is the SHA-256 of the
-/// reference (of the digest a reference by digest names).
+/// The `imageID` a node reports for a container of `image` not in the image store: the
+/// image's repository, fully qualified, by digest. There is no registry here, so the digest
+/// is the SHA-256 of the reference (or the digest a reference by digest names).
 pub fn image_id(image: &str) -> String {
     use sha2::Digest;
-    let (name, digest) = match image.split_once("@sha256:") {
-        Some((name, hex)) => (name, hex.to_string()),
-        None => {
-            let hex: String = sha2::Sha256::digest(image.as_bytes())
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            // The tag goes: after the last `/`, a `:`.
-            let name = match image.rsplit_once(':') {
-                Some((repo, tag)) if !tag.contains('/') => repo,
-                _ => image,
-            };
-            (name, hex)
-        }
-    };
-    let first = name.split('/').next().unwrap_or_default();
-    let repo = if name.contains('/')
-        && (first.contains('.') || first.contains(':') || first == "localhost")
-    {
-        name.to_string()
-    } else if name.contains('/') {
-        format!("docker.io/{name}")
-    } else {
-        format!("docker.io/library/{name}")
-    };
-    format!("{repo}@sha256:{digest}")
+    let reference = crate::images::Reference::parse(image);
+    let digest = reference.digest.unwrap_or_else(|| {
+        let hex: String = sha2::Sha256::digest(image.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("sha256:{hex}")
+    });
+    format!("{}@{digest}", reference.repository)
 }
 
 /// The status patch for `pod` (whose current conditions keep their transition times).
@@ -187,16 +184,13 @@ pub fn patch(pod: &Pod, containers: &[Container], report: &PodReport) -> Value {
         }
         c
     };
-    let all_running = !containers.is_empty()
-        && containers
-            .iter()
-            .all(|c| matches!(c.state, State::Running { .. }));
+    let all_ready = !containers.is_empty() && containers.iter().all(Container::ready);
     let not_ready: Vec<&str> = containers
         .iter()
-        .filter(|c| !matches!(c.state, State::Running { .. }))
+        .filter(|c| !c.ready())
         .map(|c| c.name.as_str())
         .collect();
-    let (ready_reason, ready_message) = if all_running {
+    let (ready_reason, ready_message) = if all_ready {
         (None, None)
     } else if phase == "Succeeded" || phase == "Failed" {
         (Some("PodCompleted"), None)
@@ -215,11 +209,11 @@ pub fn patch(pod: &Pod, containers: &[Container], report: &PodReport) -> Value {
         condition("Initialized", true, None, None),
         condition(
             "ContainersReady",
-            all_running,
+            all_ready,
             ready_reason,
             ready_message.as_deref(),
         ),
-        condition("Ready", all_running, ready_reason, ready_message.as_deref()),
+        condition("Ready", all_ready, ready_reason, ready_message.as_deref()),
     ];
     if let Some((reason, message)) = &report.disruption {
         conditions.push(condition(
@@ -273,8 +267,10 @@ mod tests {
         Container {
             name: name.into(),
             image: "img".into(),
+            image_id: None,
             container_id: None,
             state,
+            probed_ready: None,
         }
     }
 
@@ -322,6 +318,35 @@ mod tests {
             p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
             1
         );
+    }
+
+    /// A running container whose readiness probe has not succeeded keeps the Pod unready.
+    #[test]
+    fn a_running_container_is_ready_once_its_probe_says_so() {
+        let running = || State::Running {
+            started_at: "t".into(),
+        };
+        let mut probed = c("manager", running());
+        probed.probed_ready = Some(false);
+        let p = patch(
+            &Pod::default(),
+            &[probed.clone(), c("plain", running())],
+            &PodReport::default(),
+        );
+        let conds = p["status"]["conditions"].as_array().unwrap();
+        let ready = conds.iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["status"], "False");
+        assert_eq!(
+            ready["message"],
+            "containers with unready status: [manager]"
+        );
+        assert_eq!(p["status"]["containerStatuses"][0]["ready"], false);
+        assert_eq!(p["status"]["containerStatuses"][1]["ready"], true);
+        probed.probed_ready = Some(true);
+        let p = patch(&Pod::default(), &[probed], &PodReport::default());
+        let conds = p["status"]["conditions"].as_array().unwrap();
+        let ready = conds.iter().find(|c| c["type"] == "Ready").unwrap();
+        assert_eq!(ready["status"], "True");
     }
 
     #[test]
