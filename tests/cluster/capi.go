@@ -25,6 +25,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -136,8 +137,62 @@ func readCAPIComponents(path string, port int, caPEM []byte) (*capiComponents, e
 	if len(out.crds) == 0 {
 		return nil, fmt.Errorf("%s: no CustomResourceDefinition in it: is it Cluster API's core-components.yaml?", path)
 	}
-	out.objects = append(namespaces, rest...)
+	inventoryCRD, provider, err := readInventory(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	out.crds = append(out.crds, inventoryCRD)
+	out.objects = append(append(namespaces, rest...), provider)
 	return out, nil
+}
+
+// readInventory reads clusterctl's inventory CRD (clusterctl-api.yaml, which clusterctl
+// init installs before any provider) and the release's version from dir, and makes the
+// inventory entry clusterctl init writes for the core provider it installed (its
+// components.InventoryObject: named by the provider's manifest label, in the provider's
+// namespace, with clusterctl's labels). With it, clusterctl sees Cluster API as installed
+// by clusterctl: init adds a provider beside it instead of installing the core again,
+// and delete and move find it.
+func readInventory(dir string) (*apiextensionsv1.CustomResourceDefinition, *unstructured.Unstructured, error) {
+	crdPath := filepath.Join(dir, "clusterctl-api.yaml")
+	f, err := os.Open(crdPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("clusterctl's inventory CRD: %w (tests/cluster/build copies it beside core-components.yaml)", err)
+	}
+	defer f.Close()
+	obj := map[string]any{}
+	if err := utilyaml.NewYAMLOrJSONDecoder(io.LimitReader(f, maxComponentsFile), 4096).Decode(&obj); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", crdPath, err)
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, crd); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", crdPath, err)
+	}
+	if crd.Spec.Names.Kind != "Provider" {
+		return nil, nil, fmt.Errorf("%s: not clusterctl's Provider CRD (kind %q)", crdPath, crd.Spec.Names.Kind)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "version"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("the Cluster API release's version: %w (tests/cluster/build writes it beside core-components.yaml)", err)
+	}
+	version := strings.TrimSpace(string(raw))
+	if !strings.HasPrefix(version, "v") {
+		return nil, nil, fmt.Errorf("%s: %q is not a release version", filepath.Join(dir, "version"), version)
+	}
+	provider := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion":   "clusterctl.cluster.x-k8s.io/v1alpha3",
+		"kind":         "Provider",
+		"providerName": "cluster-api",
+		"type":         "CoreProvider",
+		"version":      version,
+	}}
+	provider.SetNamespace("capi-system")
+	provider.SetName("cluster-api")
+	labelAsClusterctlDoes(provider)
+	labels := provider.GetLabels()
+	labels["clusterctl.cluster.x-k8s.io/core"] = "inventory"
+	provider.SetLabels(labels)
+	return crd, provider, nil
 }
 
 // labelAsClusterctlDoes puts on obj the labels clusterctl init puts on every component

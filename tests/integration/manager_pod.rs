@@ -23,10 +23,20 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::watcher;
 use serde_json::json;
 
+use captf::api::names::{self, Kind};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DynamicObject, PostParams};
+
 use crate::local_images::scratch_dir;
 use crate::manager::{free_port, http_get};
 use crate::provisioning::wait_condition;
+use crate::support::cluster;
 use crate::support::*;
+use crate::templates::{
+    VERSION, api_resource, clusterctl, fake_cert_manager, release_assets, temp_dir,
+};
 
 const WAIT: Duration = Duration::from_secs(90);
 const SYSTEM: &str = "captf-system";
@@ -379,4 +389,307 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
     );
     env.shutdown().await;
     let _ = std::fs::remove_dir_all(&store);
+}
+
+/// Moves the probe and metrics ports of the installed manager's Deployment to free ones
+/// (the local kubelet's Pods share this machine's network, where 8080 and 8081 may be
+/// taken, and another test's manager Pod may run at once): its arguments and the ports
+/// its probes name. A new rollout, whose Pod leads once the old one gave the Lease up.
+async fn move_manager_ports(env: &Env) -> (u16, u16) {
+    let (health, metrics) = (free_port(), free_port());
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), SYSTEM);
+    let mut d = deployments
+        .get("captf-manager")
+        .await
+        .expect("the manager's Deployment");
+    let pod = d
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("its Pod template");
+    let c = &mut pod.containers[0];
+    for arg in c.args.iter_mut().flatten() {
+        if arg.starts_with("--health-probe-bind-address=") {
+            *arg = format!("--health-probe-bind-address=0.0.0.0:{health}");
+        } else if arg.starts_with("--metrics-bind-address=") {
+            *arg = format!("--metrics-bind-address=0.0.0.0:{metrics}");
+        }
+    }
+    for p in c.ports.iter_mut().flatten() {
+        match p.name.as_deref() {
+            Some("healthz") => p.container_port = health.into(),
+            Some("metrics") => p.container_port = metrics.into(),
+            _ => {}
+        }
+    }
+    deployments
+        .replace("captf-manager", &PostParams::default(), &d)
+        .await
+        .expect("move the manager's ports");
+    (health, metrics)
+}
+
+/// Waits for a Ready manager Pod listening on `health`, running the image `digest`; its name.
+async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String {
+    let name = wait_for_value("a Ready manager Pod on the moved ports", WAIT, || async {
+        manager_pods(pods).await.into_iter().find_map(|p| {
+            let ready = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let on_port = p.spec.as_ref().is_some_and(|s| {
+                s.containers[0]
+                    .args
+                    .iter()
+                    .flatten()
+                    .any(|a| a.ends_with(&format!(":{health}")))
+            });
+            (running(&p) && ready && on_port).then(|| p.name_any())
+        })
+    })
+    .await;
+    let pod = pods.get(&name).await.expect("the manager's Pod");
+    let status = serde_json::to_value(&pod.status).expect("status");
+    assert_eq!(
+        status["containerStatuses"][0]["imageID"].as_str(),
+        Some(format!("registry.captf.test/captf@{digest}").as_str()),
+        "the Pod runs the image built here: {status}"
+    );
+    assert_eq!(http_get(health, "/readyz").await.0, 200);
+    name
+}
+
+/// CAPTF installed as a user installs it: the real `clusterctl init --infrastructure
+/// terraform` from a local repository of the release assets (`captf release-assets`),
+/// with `CAPTF_IMAGE` naming the image built here, on a management cluster where Cluster
+/// API was installed before (its inventory says so, as clusterctl wrote it). The Pod
+/// clusterctl's Deployment makes runs that image, under the components' RBAC and the
+/// restricted Pod Security Standard of their namespace, and applies a TerraformCluster.
+/// Then `clusterctl delete --infrastructure terraform` removes the provider and destroys
+/// nothing: the object, its finalizer and its state stay, no destroy Job is made. CAPTF
+/// installed again picks the object up where it was (no new apply), and deleting the
+/// Cluster destroys and releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing() {
+    if envtest_only("it installs CAPTF with clusterctl on a control plane of its own") {
+        return;
+    }
+    let store = scratch_dir("clusterctl-image");
+    let store_for_build = store.clone();
+    let (_archive, digest) = tokio::task::spawn_blocking(move || build_image(&store_for_build))
+        .await
+        .expect("build the image");
+    let env = Env::start_dedicated_with(
+        "clusterctl-image",
+        &[&format!("--image-store={}", store.display())],
+    )
+    .await;
+
+    // A local repository: CAPTF's assets, Cluster API's core (clusterctl reads its
+    // metadata), and the cert-manager clusterctl checks for.
+    let dir = temp_dir("clusterctl-image");
+    let home = dir.join("home");
+    let repo = dir.join("repo");
+    let captf_dir = repo.join("infrastructure-terraform").join(VERSION);
+    release_assets(&captf_dir);
+    let core = repo.join("cluster-api").join("v1.14.2");
+    std::fs::create_dir_all(&core).expect("core dir");
+    let capi_files = cluster::binaries().join("capi");
+    for file in ["core-components.yaml", "metadata.yaml"] {
+        std::fs::copy(capi_files.join(file), core.join(file)).expect(file);
+    }
+    let cert_manager = repo.join("cert-manager").join("v1.21.1");
+    std::fs::create_dir_all(&cert_manager).expect("cert-manager dir");
+    std::fs::write(cert_manager.join("cert-manager.yaml"), fake_cert_manager())
+        .expect("cert-manager");
+    let config = dir.join("clusterctl.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "providers:\n\
+             - name: cluster-api\n  type: CoreProvider\n  url: file://{}\n\
+             - name: terraform\n  type: InfrastructureProvider\n  url: file://{}\n\
+             cert-manager:\n  url: file://{}\n  version: v1.21.1\n  timeout: 60s\n\
+             CAPTF_IMAGE: {}\n",
+            core.join("core-components.yaml").display(),
+            captf_dir.join("infrastructure-components.yaml").display(),
+            cert_manager.join("cert-manager.yaml").display(),
+            image_ref(),
+        ),
+    )
+    .expect("clusterctl.yaml");
+    let kubeconfig = env.kubeconfig_path().to_str().expect("path").to_string();
+    let config = config.to_str().expect("path").to_string();
+    let init = || {
+        let out = clusterctl(
+            &home,
+            &[
+                "init",
+                "--kubeconfig",
+                &kubeconfig,
+                "--config",
+                &config,
+                "--infrastructure",
+                &format!("terraform:{VERSION}"),
+            ],
+            &[],
+        );
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "clusterctl init: {printed}");
+        // Cluster API's core was there: clusterctl installs CAPTF beside it.
+        assert!(
+            printed.contains("Installing provider=\"infrastructure-terraform\"")
+                && !printed.contains("Installing provider=\"cluster-api\""),
+            "clusterctl init installs CAPTF only: {printed}"
+        );
+        printed
+    };
+    let printed = init();
+    eprintln!("clusterctl init printed:\n{printed}");
+    let providers: Api<DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        SYSTEM,
+        &api_resource(
+            "clusterctl.cluster.x-k8s.io/v1alpha3",
+            "Provider",
+            "providers",
+        ),
+    );
+    let provider = providers
+        .get("infrastructure-terraform")
+        .await
+        .expect("clusterctl's inventory records CAPTF");
+    assert_eq!(provider.data["version"], VERSION);
+
+    // The Deployment clusterctl made runs the image, as its namespace's Pod Security
+    // Standard and its RBAC allow.
+    let namespace = Api::<Namespace>::all(env.client.clone())
+        .get(SYSTEM)
+        .await
+        .expect("the components' namespace");
+    assert_eq!(
+        namespace
+            .labels()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("restricted")
+    );
+    let (health, _) = move_manager_ports(&env).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM);
+    let leader = ready_manager_on(&pods, health, &digest).await;
+    wait_for("the Pod to lead", WAIT, || async {
+        holder(&leases).await.as_deref() == Some(leader.as_str())
+    })
+    .await;
+    let pid = manager_process(&leader).expect("the manager's process");
+    assert_eq!(proc_status(pid, "Uid:"), ["65532"; 4]);
+
+    let cluster_uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &cluster_uid, false)],
+        &apply_module(0),
+        json!({}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    let fingerprint = env.fingerprint(Kind::TerraformCluster, "prod").await;
+    let applies = |tfc: &Tfc| tfc.annotations().get(names::APPLY_ATTEMPT).cloned();
+    let applied = applies(&env.object::<Tfc>("prod").await.expect("prod"));
+
+    // `clusterctl delete --infrastructure terraform`: the provider goes, its CRDs, its
+    // namespace and every object of its kinds stay, and nothing is destroyed.
+    let out = clusterctl(
+        &home,
+        &[
+            "delete",
+            "--kubeconfig",
+            &kubeconfig,
+            "--config",
+            &config,
+            "--infrastructure",
+            "terraform",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "clusterctl delete: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        providers
+            .get_opt("infrastructure-terraform")
+            .await
+            .expect("inventory")
+            .is_none(),
+        "clusterctl's inventory no longer lists CAPTF"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), SYSTEM);
+    wait_for("the manager's Deployment and Pods to go", WAIT, || async {
+        deployments
+            .get_opt("captf-manager")
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            && manager_pods(&pods).await.is_empty()
+    })
+    .await;
+    let tfc = env
+        .object::<Tfc>("prod")
+        .await
+        .expect("the TerraformCluster stays");
+    assert!(tfc.metadata.deletion_timestamp.is_none(), "not deleted");
+    assert!(
+        tfc.finalizers()
+            .iter()
+            .any(|f| f == Kind::TerraformCluster.finalizer()),
+        "its finalizer stays: {:?}",
+        tfc.finalizers()
+    );
+    assert_eq!(
+        env.fingerprint(Kind::TerraformCluster, "prod").await,
+        fingerprint,
+        "its state stays as the apply left it"
+    );
+    assert!(env.destroy_jobs().await.is_empty(), "no destroy Job");
+    assert!(!env.destroyed("prod"), "terraform destroyed nothing");
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    for kind in captf::api::Kind::ALL {
+        crds.get(&kind.crd_name()).await.expect("the CRDs stay");
+    }
+
+    // Installed again, CAPTF takes the object up where it was: no new apply. Deleting
+    // the Cluster then destroys it and releases it.
+    init();
+    let (health, _) = move_manager_ports(&env).await;
+    ready_manager_on(&pods, health, &digest).await;
+    wait_for("a Pod of the new installation to lead", WAIT, || async {
+        holder(&leases).await.is_some()
+    })
+    .await;
+    env.delete_cluster("prod").await;
+    let after = applies(&env.object::<Tfc>("prod").await.expect("prod"));
+    assert_eq!(after, applied, "no new apply after the reinstall");
+    env.wait_gone::<Tfc>("prod", WAIT).await;
+    assert!(env.destroyed("prod"), "terraform destroyed prod");
+    assert_eq!(
+        env.destroy_jobs().await.len(),
+        0,
+        "the destroy Job was cleaned up"
+    );
+    env.assert_nothing_left(Kind::TerraformCluster, "prod")
+        .await;
+    env.shutdown().await;
+    let _ = std::fs::remove_dir_all(&store);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,7 +28,7 @@ use crate::support::cluster::{self, ControlPlane};
 use crate::support::*;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-const VERSION: &str = "v0.1.0";
+pub(crate) const VERSION: &str = "v0.1.0";
 const IMAGE: &str = "ghcr.io/captf/captf:v0.1.0";
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -39,7 +39,7 @@ fn captf(args: &[&str]) -> Output {
         .expect("run captf")
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
+pub(crate) fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "captf-e2e-{tag}-{}-{}",
         std::process::id(),
@@ -53,7 +53,7 @@ fn temp_dir(tag: &str) -> PathBuf {
 }
 
 /// `captf release-assets --version VERSION --image IMAGE DIR`, which must succeed.
-fn release_assets(dir: &Path) {
+pub(crate) fn release_assets(dir: &Path) {
     let out = captf(&[
         "release-assets",
         "--version",
@@ -259,7 +259,7 @@ fn documented_variables() -> BTreeMap<String, (Vec<&'static str>, Option<String>
     table
 }
 
-fn clusterctl(home: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn clusterctl(home: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(cluster::clusterctl())
         .args(args)
         .env("HOME", home)
@@ -479,7 +479,7 @@ fn offline_modules_follow_the_contract(dir: &Path, objects: &[Value]) {
     }
 }
 
-fn api_resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+pub(crate) fn api_resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     ApiResource {
         group: group.into(),
@@ -1092,7 +1092,7 @@ async fn cluster_api_accepts_the_templates_and_patches_a_clusters_variables_into
 
 /// The cert-manager clusterctl checks for: its two kinds, without schema, no controller
 /// (clusterctl only creates and deletes a test Issuer and Certificate).
-fn fake_cert_manager() -> String {
+pub(crate) fn fake_cert_manager() -> String {
     let crd = |plural: &str, kind: &str| {
         json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
