@@ -353,7 +353,15 @@ log "$TF $OP succeeded"
 # 5. What an apply ran, for the destroy to run the same offline (job/report.rs reads it
 # from the Pod's log): the lock file init wrote when the inputs gave none, and the
 # module's files when they came from a source address, and the modules init installed
-# for its remote `module` blocks; base64, one line each, counted.
+# for its remote `module` blocks; base64, one line each, counted. `find -L`: init keeps a
+# module's symbolic links, and a link is reported as the file Terraform read through it,
+# when it stays inside its directory (what a link outside names is not the module's).
+inside() { # inside DIR FILE: FILE resolves to a path under DIR
+    i_dir=$(readlink -f "$1") && i_file=$(readlink -f "$1/$2") || return 1
+    case "$i_file" in "$i_dir"/*) return 0 ;; esac
+    log "not reported: $2 links outside its module ($i_file)"
+    return 1
+}
 if [ "$OP" = apply ]; then
     r_lines="$WS/ran.report"
     : > "$r_lines"
@@ -361,17 +369,19 @@ if [ "$OP" = apply ]; then
         printf 'captf-runner: ran lock %s\n' "$(base64 < "$WORK/.terraform.lock.hcl" | tr -d '\n')" >> "$r_lines"
     fi
     if [ -f "$RENDER/module-source" ]; then
-        (cd "$WORK" && find . -type f ! -path './.terraform/*' ! -name captf_backend_override.tf \
+        (cd "$WORK" && find -L . -type f ! -path './.terraform/*' ! -name captf_backend_override.tf \
             ! -name captf.auto.tfvars.json ! -name .terraform.lock.hcl ! -name errored.tfstate \
             ! -name 'terraform.tfstate*' | sort) | while IFS= read -r r_file; do
             r_file=${r_file#./}
+            inside "$WORK" "$r_file" || continue
             printf 'captf-runner: ran module-file %s %s\n' "$r_file" "$(base64 < "$WORK/$r_file" | tr -d '\n')"
         done >> "$r_lines"
     fi
     if [ -f "$MODULES_DIR/modules.json" ] &&
-        [ -n "$(cd "$MODULES_DIR" && find . -type f ! -name modules.json ! -path '*/.git/*' | head -n 1)" ]; then
-        (cd "$MODULES_DIR" && find . -type f ! -path '*/.git/*' | sort) | while IFS= read -r r_file; do
+        [ -n "$(cd "$MODULES_DIR" && find -L . -type f ! -name modules.json ! -path '*/.git/*' | head -n 1)" ]; then
+        (cd "$MODULES_DIR" && find -L . -type f ! -path '*/.git/*' | sort) | while IFS= read -r r_file; do
             r_file=${r_file#./}
+            inside "$MODULES_DIR" "$r_file" || continue
             if [ "$r_file" = modules.json ]; then
                 r_b64=$(sed "s#$MODULES_DIR#@CAPTF_MODULES_DIR@#g" "$MODULES_DIR/modules.json" | base64 | tr -d '\n')
             else

@@ -36,6 +36,15 @@ init)
             -from-module=*)
                 echo "FROM_MODULE ${a#-from-module=} [$(ls -A)]" >> "$rec"
                 printf 'resource "terraform_data" "x" {}\n' > main.tf
+                if [ -n "${FAKE_TF_SYMLINK:-}" ]; then
+                    # As Terraform's copy keeps them: a file of the module that is a
+                    # link to another of its files.
+                    mkdir -p shared
+                    printf 'variable "region" {}\n' > shared/common.tf
+                    ln -s shared/common.tf common.tf
+                    # And one that leads out of it.
+                    ln -s /etc/hostname outside.txt
+                fi
                 ;;
             -backend-config=*)
                 echo "BACKEND_CONFIG_BEGIN" >> "$rec"
@@ -774,6 +783,45 @@ fn an_apply_reports_the_lock_file_init_wrote_and_the_files_it_fetched() {
             "an empty report"
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains("captf-runner: ran end 0"));
+    }
+}
+
+/// A module file that is a symbolic link (Terraform's `init -from-module` keeps them) is
+/// reported with the content Terraform read through it: the destroy must run the same
+/// files (redteam-3 L2). A link that leads out of the module is not reported (what it
+/// names is the runner's, not the module's).
+#[test]
+fn a_symlinked_module_file_is_reported_with_what_it_points_to() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let mut inputs = inline_inputs();
+        inputs.module = Module::Source("git::https://example.com/infra.git//vm?ref=v1.4.0".into());
+        let mut req = request(&inputs);
+        req.operation = names::OPERATION_APPLY;
+        let r = Runner::new(rendered(&Templates::embedded(), &req), shell);
+        let mut command = r.command();
+        command.env("FAKE_TF_SYMLINK", "1");
+        let out = command.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            r.record()
+        );
+        let report = super::report::parse(&stdout).expect("a report");
+        let files = report.module_files.expect("the fetched files");
+        assert_eq!(
+            files.keys().collect::<Vec<_>>(),
+            ["common.tf", "main.tf", "shared/common.tf"],
+            "the link is reported as the file Terraform read"
+        );
+        assert_eq!(files["common.tf"], "variable \"region\" {}\n");
+        assert!(
+            String::from_utf8_lossy(&out.stderr)
+                .contains("not reported: outside.txt links outside its module"),
+            "a link out of the module is named, not reported"
+        );
     }
 }
 
