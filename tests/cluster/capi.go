@@ -243,8 +243,9 @@ func localizeClientConfig(obj *unstructured.Unstructured, port int, caPEM []byte
 	return unstructured.SetNestedMap(obj.Object, cc, fields...)
 }
 
-// applyCAPIObjects server-side applies the components' objects other than the CRDs.
-func (c *cluster) applyCAPIObjects(ctx context.Context, objs []*unstructured.Unstructured) error {
+// applyObjects server-side applies objects other than CRDs (the components', those of
+// --objects), in order.
+func (c *cluster) applyObjects(ctx context.Context, objs []*unstructured.Unstructured) error {
 	cfg, err := c.restConfig()
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -124,4 +125,42 @@ func (c *cluster) installCRDs(ctx context.Context, crds []*apiextensionsv1.Custo
 		}
 	}
 	return nil
+}
+
+// readObjects reads the objects of --objects: YAML or JSON documents, any kind but a
+// CustomResourceDefinition (those go to --crds, installed and established first).
+func readObjects(paths []string) ([]*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
+	for _, f := range paths {
+		fh, err := os.Open(f)
+		if err != nil {
+			return nil, err
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(io.LimitReader(fh, maxCRDFile), 4096)
+		for {
+			obj := &unstructured.Unstructured{}
+			err := dec.Decode(&obj.Object)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				fh.Close()
+				return nil, fmt.Errorf("%s: %w", f, err)
+			}
+			if len(obj.Object) == 0 {
+				continue // an empty document
+			}
+			if obj.GetKind() == "" || obj.GetName() == "" {
+				fh.Close()
+				return nil, fmt.Errorf("%s: an object without a kind or a name", f)
+			}
+			if obj.GetKind() == "CustomResourceDefinition" {
+				fh.Close()
+				return nil, fmt.Errorf("%s: CustomResourceDefinition %s belongs in --crds", f, obj.GetName())
+			}
+			out = append(out, obj)
+		}
+		fh.Close()
+	}
+	return out, nil
 }

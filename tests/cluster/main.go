@@ -45,6 +45,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
@@ -104,6 +105,7 @@ type options struct {
 	kubeletArgs  multiFlag
 	kcmArgs      multiFlag
 	crds         multiFlag
+	objects      multiFlag
 	stdinClose   bool
 	keepData     bool
 	readyTimeout time.Duration
@@ -132,6 +134,7 @@ func run(args []string) int {
 	fs.Var(&o.kubeletArgs, "kubelet-arg", "an extra argument for the kubelet (repeatable)")
 	fs.Var(&o.kcmArgs, "kcm-arg", "an extra argument for kube-controller-manager, after its own (repeatable; the scale bench raises its client's QPS)")
 	fs.Var(&o.crds, "crds", "a YAML or JSON file of CustomResourceDefinitions, or a directory of them, installed before the controllers start (repeatable)")
+	fs.Var(&o.objects, "objects", "a YAML or JSON file of other objects (a ClusterRole, say), applied server-side after the CRDs and before the controllers start (repeatable)")
 	fs.BoolVar(&o.stdinClose, "exit-on-stdin-close", false, "stop when standard input closes (for a parent process that may die without a signal)")
 	fs.BoolVar(&o.keepData, "keep-data", false, "keep the data directory on stop")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 3*time.Minute, "how long each component may take to become ready")
@@ -195,7 +198,12 @@ func run(args []string) int {
 		return 1
 	}
 
-	c := &cluster{opts: o, crds: crds}
+	objects, err := readObjects(o.objects)
+	if err != nil {
+		say("--objects: %v", err)
+		return 2
+	}
+	c := &cluster{opts: o, crds: crds, objects: objects}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stop := make(chan string, 4)
@@ -246,6 +254,7 @@ func run(args []string) int {
 type cluster struct {
 	opts     options
 	crds     []*apiextensionsv1.CustomResourceDefinition
+	objects  []*unstructured.Unstructured
 	dataDir  string
 	tempData bool
 	pki      *pki
@@ -339,7 +348,15 @@ func (c *cluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kubeconfigs := map[string]certPair{"admin": admin, "kube-controller-manager": kcm, "kubelet": node, "scheduler": scheduler}
+	// Cluster API's manager runs as its ServiceAccount, as its Pod would: the user name
+	// and groups the API server gives that account's token, so that its RBAC (the
+	// aggregated ClusterRole included) and any admission rule naming it apply.
+	capiManager, err := p.issue("capi-manager", "system:serviceaccount:capi-system:capi-manager",
+		[]string{"system:serviceaccounts", "system:serviceaccounts:capi-system"}, nil)
+	if err != nil {
+		return err
+	}
+	kubeconfigs := map[string]certPair{"admin": admin, "kube-controller-manager": kcm, "kubelet": node, "scheduler": scheduler, "capi-manager": capiManager}
 	for name, pair := range kubeconfigs {
 		data, err := kubeconfig(c.server, p.CAFile(), pair, name)
 		if err != nil {
@@ -430,7 +447,7 @@ func (c *cluster) start(ctx context.Context) error {
 	}
 	if capi != nil {
 		t = time.Now()
-		if err := c.applyCAPIObjects(ctx, capi.objects); err != nil {
+		if err := c.applyObjects(ctx, capi.objects); err != nil {
 			return fmt.Errorf("cluster API components: %w", err)
 		}
 		tApply := time.Since(t)
@@ -438,6 +455,13 @@ func (c *cluster) start(ctx context.Context) error {
 			c.opts.capiComponents, tComponents.Seconds(), ports["capi-webhook"], strings.Join(capi.dropped, ", "),
 			len(capi.crds), len(capi.objects), tApply.Seconds())
 		tComponents += tApply
+	}
+	if len(c.objects) > 0 {
+		t = time.Now()
+		if err := c.applyObjects(ctx, c.objects); err != nil {
+			return fmt.Errorf("--objects: %w", err)
+		}
+		say("%d objects of --objects applied in %.1fs", len(c.objects), time.Since(t).Seconds())
 	}
 
 	t = time.Now()
@@ -486,7 +510,7 @@ func (c *cluster) start(ctx context.Context) error {
 	if capi != nil {
 		t = time.Now()
 		args := append([]string{
-			"--kubeconfig=" + filepath.Join(c.dataDir, "admin.kubeconfig"),
+			"--kubeconfig=" + filepath.Join(c.dataDir, "capi-manager.kubeconfig"),
 			"--leader-elect=false",
 			fmt.Sprintf("--webhook-port=%d", ports["capi-webhook"]),
 			"--webhook-cert-dir=" + p.dir,

@@ -88,14 +88,8 @@ pub(crate) async fn install_fixtures_outside(client: &kube::Client) {
             let _ = crds.create(&PostParams::default(), &crd).await;
         }
     }
-    // Cluster API's manager, as a Pod there, reads them with its aggregated ClusterRole.
-    let role: k8s_openapi::api::rbac::v1::ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": "captf-e2e-fixtures",
-            "labels": {"cluster.x-k8s.io/aggregate-to-manager": "true"}},
-        "rules": [{"apiGroups": [CONTROL_PLANE_GROUP, BOOTSTRAP_GROUP],
-            "resources": ["*"], "verbs": ["get", "list", "watch", "patch", "update", "delete"]}]
-    }))
-    .expect("ClusterRole");
+    let role: k8s_openapi::api::rbac::v1::ClusterRole =
+        serde_json::from_value(fixture_role()).expect("ClusterRole");
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
     let _ = roles.create(&PostParams::default(), &role).await;
     for (group, kind) in [
@@ -108,6 +102,20 @@ pub(crate) async fn install_fixtures_outside(client: &kube::Client) {
         })
         .await;
     }
+}
+
+/// The ClusterRole by which Cluster API's manager reads the fixtures' kinds: Cluster API
+/// runs under its own RBAC (as its ServiceAccount, on a cluster and on `captf-envtest`),
+/// and its ClusterRole aggregates those labelled `aggregate-to-manager`, as a provider's
+/// installation adds one for its kinds.
+pub fn fixture_role() -> serde_json::Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "captf-e2e-fixtures",
+            "labels": {"cluster.x-k8s.io/aggregate-to-manager": "true"}},
+        "rules": [{"apiGroups": [CONTROL_PLANE_GROUP, BOOTSTRAP_GROUP],
+            "resources": ["*"], "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]}]
+    })
 }
 
 fn plural(kind: &str) -> String {

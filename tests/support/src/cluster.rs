@@ -165,6 +165,22 @@ impl ControlPlane {
             docs.push(serde_json::to_string(&crd).expect("CRD"));
         }
         std::fs::write(&crds, docs.join("\n")).expect("CRDs file");
+        // The fixtures' ClusterRole, there before Cluster API's manager starts.
+        let objects = dir.join("objects.json");
+        let fixture_objects: Vec<serde_json::Value> = if cluster_api {
+            vec![super::capi::fixture_role()]
+        } else {
+            Vec::new()
+        };
+        std::fs::write(
+            &objects,
+            fixture_objects
+                .iter()
+                .map(|o| o.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+        .expect("objects file");
         let log_path = dir.join("captf-envtest.log");
         let log = std::fs::File::create(&log_path).expect("log file");
         let t = Instant::now();
@@ -176,6 +192,8 @@ impl ControlPlane {
             .arg(&kubelet)
             .arg("--crds")
             .arg(&crds)
+            .arg("--objects")
+            .arg(&objects)
             // Terraform's update check has no network to reach here.
             .arg("--kubelet-arg=--image-env=CHECKPOINT_DISABLE=1")
             // "The image" has OpenTofu too, after the machine's terraform.
