@@ -43,7 +43,7 @@ async fn provisioned(tag: &str) -> Env {
 
 /// The control plane to move to: one of its own with Cluster API, the same namespace,
 /// and a CAPTF manager of its own.
-async fn target_of(env: &Env, tag: &str) -> Env {
+pub(crate) async fn target_of(env: &Env, tag: &str) -> Env {
     let mut target = Env::start_dedicated_in(tag, &env.ns, &env.manager_ns).await;
     target.config.provision = true;
     target.start_manager();
@@ -51,7 +51,7 @@ async fn target_of(env: &Env, tag: &str) -> Env {
 }
 
 /// `clusterctl move` of the test's namespace from `from` to `to`.
-fn move_to(from: &Env, to: &Env) {
+pub(crate) fn move_to(from: &Env, to: &Env) {
     let out = clusterctl(
         from,
         &[
