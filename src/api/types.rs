@@ -267,6 +267,11 @@ pub struct Initialization {
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(
+        name = "Provisioned",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Provisioned\")].reason"
+    ),
+    printcolumn(
         name = "Deleting",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"
@@ -275,6 +280,12 @@ pub struct Initialization {
         name = "State",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"
+    ),
+    printcolumn(
+        name = "Paused",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Paused\")].status",
+        priority = 1
     ),
     printcolumn(
         name = "Endpoint",
@@ -321,6 +332,11 @@ pub struct TerraformClusterSpec {
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(
+        name = "Provisioned",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Provisioned\")].reason"
+    ),
+    printcolumn(
         name = "Deleting",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"
@@ -329,6 +345,12 @@ pub struct TerraformClusterSpec {
         name = "State",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"
+    ),
+    printcolumn(
+        name = "Paused",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Paused\")].status",
+        priority = 1
     ),
     printcolumn(
         name = "ProviderID",
@@ -379,6 +401,12 @@ pub struct TerraformMachineSpec {
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(
+        name = "Provisioned",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Provisioned\")].reason"
+    ),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(
         name = "Deleting",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Deleting\")].reason"
@@ -387,6 +415,12 @@ pub struct TerraformMachineSpec {
         name = "State",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"StateReadable\")].reason"
+    ),
+    printcolumn(
+        name = "Paused",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Paused\")].status",
+        priority = 1
     ),
     printcolumn(
         name = "Age",

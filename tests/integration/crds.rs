@@ -109,3 +109,125 @@ async fn the_api_server_prunes_a_status_field_of_another_kind() {
     );
     env.shutdown().await;
 }
+
+/// The columns of `kubectl get` (the CRDs' printer columns), on the real API server with
+/// objects the manager applied: what is provisioned, a pool's replicas, and in `-o wide`
+/// whether an object is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_get_shows_provisioning_replicas_and_pause() {
+    use captf::api::{TerraformCluster as Tfc, TerraformMachinePool as Tfmp};
+
+    use crate::support::*;
+
+    let env = Env::start_provisioning("printer-columns", None).await;
+    env.create_cluster("prod").await;
+    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
+    env.mark_cluster_ready("prod").await;
+    env.provision::<Tfmp>("pool", "prod", &apply_module(0))
+        .await;
+    let get = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig_path())
+            .args(["get", "-n", &env.ns])
+            .args(args)
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl get {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The header's names, and each row's values cut at the header's columns (kubectl
+        // aligns them; an empty value is blank).
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        let header = lines.next().expect("a header").to_string();
+        let starts: Vec<usize> = header
+            .char_indices()
+            .filter(|&(i, c)| c != ' ' && (i == 0 || header.as_bytes()[i - 1] == b' '))
+            .map(|(i, _)| i)
+            .collect();
+        let cut = |line: &str| -> Vec<String> {
+            starts
+                .iter()
+                .enumerate()
+                .map(|(k, &s)| {
+                    let e = starts
+                        .get(k + 1)
+                        .copied()
+                        .unwrap_or(line.len())
+                        .min(line.len());
+                    line.get(s.min(line.len())..e)
+                        .unwrap_or("")
+                        .trim()
+                        .to_string()
+                })
+                .collect()
+        };
+        let mut table = vec![cut(&header)];
+        table.extend(lines.map(cut));
+        table
+    };
+    let column = |table: &[Vec<String>], name: &str| -> String {
+        let i = table[0]
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name}: {:?}", table[0]));
+        table[1][i].clone()
+    };
+    // The pool's replicas come from the status the manager writes.
+    wait_for("the pool's replicas in its status", long(), || async {
+        env.object::<Tfmp>("pool")
+            .await
+            .and_then(|p| p.status)
+            .and_then(|s| s.replicas)
+            == Some(2)
+    })
+    .await;
+    let pools = get(&["terraformmachinepools"]);
+    assert_eq!(
+        pools[0],
+        [
+            "NAME",
+            "CLUSTER",
+            "READY",
+            "PROVISIONED",
+            "REPLICAS",
+            "DELETING",
+            "STATE",
+            "AGE"
+        ],
+        "{pools:?}"
+    );
+    assert_eq!(column(&pools, "PROVISIONED"), "Provisioned", "{pools:?}");
+    assert_eq!(column(&pools, "REPLICAS"), "2", "{pools:?}");
+    assert_eq!(column(&pools, "READY"), "True", "{pools:?}");
+    let wide = get(&["terraformclusters", "-o", "wide"]);
+    assert_eq!(
+        wide[0],
+        [
+            "NAME",
+            "CLUSTER",
+            "READY",
+            "PROVISIONED",
+            "DELETING",
+            "STATE",
+            "PAUSED",
+            "ENDPOINT",
+            "AGE"
+        ],
+        "{wide:?}"
+    );
+    assert_eq!(column(&wide, "CLUSTER"), "prod", "{wide:?}");
+    assert_eq!(column(&wide, "PROVISIONED"), "Provisioned", "{wide:?}");
+    assert_eq!(column(&wide, "PAUSED"), "False", "{wide:?}");
+    assert_eq!(column(&wide, "DELETING"), "NotDeleting", "{wide:?}");
+    assert_eq!(
+        column(&wide, "STATE"),
+        "",
+        "a live object's state is not read: {wide:?}"
+    );
+    assert_eq!(column(&wide, "ENDPOINT"), "10.0.0.1", "{wide:?}");
+    env.shutdown().await;
+}
