@@ -45,6 +45,29 @@ pub enum Command {
     /// (with clusterctl variables), metadata.yaml, the cluster templates and the
     /// ClusterClass.
     ReleaseAssets(ReleaseAssetsArgs),
+    /// Print a shell completion script for captf (source it from your shell's profile).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    pub shell: clap_complete::Shell,
+}
+
+/// The name the binary is run by, as its usage shows it: `kubectl captf` when kubectl runs
+/// it as a plugin (a file named `kubectl-captf` on the PATH), else `captf`.
+fn bin_name(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let file = argv0
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        .and_then(|f| f.to_str())
+        .unwrap_or("captf");
+    if file.starts_with("kubectl-") {
+        "kubectl captf"
+    } else {
+        "captf"
+    }
 }
 
 #[derive(Args, Debug)]
@@ -248,7 +271,13 @@ impl<E: std::error::Error> From<E> for Misuse {
 }
 
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv0 = std::env::args_os().next();
+    let parsed = Cli::command()
+        .bin_name(bin_name(argv0.as_deref()))
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -271,6 +300,12 @@ pub fn main() -> ExitCode {
         Command::Orphans(args) => run_orphans(&args),
         Command::Module(ModuleCommand::Check(args)) => return run_module_check(&args),
         Command::ReleaseAssets(args) => run_release_assets(&args),
+        Command::Completions(args) => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "captf", &mut std::io::stdout());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -737,3 +737,89 @@ fn a_huge_output_is_refused_before_it_is_held_whole() {
         "{web}"
     );
 }
+
+/// `captf completions SHELL` prints a completion script that names every command, and
+/// bash reads the bash one without a syntax error.
+#[test]
+fn completions_name_every_command_and_bash_reads_them() {
+    for (shell, marker) in [
+        ("bash", "_captf()"),
+        ("zsh", "#compdef captf"),
+        ("fish", "complete -c captf"),
+    ] {
+        let out = captf(&["completions", shell]);
+        assert!(
+            out.status.success(),
+            "{shell}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        for command in [
+            "manager",
+            "explain",
+            "orphans",
+            "release-assets",
+            "completions",
+        ] {
+            assert!(script.contains(command), "{shell} lacks {command}");
+        }
+        if shell == "bash" {
+            let file = temp_file("captf.bash", &script);
+            let check = Command::new("bash")
+                .arg("-n")
+                .arg(&file)
+                .output()
+                .expect("bash");
+            assert!(
+                check.status.success(),
+                "bash -n: {}",
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
+    }
+    misuse(&["completions", "tcsh"], "invalid value 'tcsh'");
+}
+
+/// Installed as `kubectl-captf` on the PATH, the binary is a kubectl plugin: the real
+/// kubectl lists it and runs it, and its usage says `kubectl captf`.
+#[test]
+fn the_binary_is_a_kubectl_plugin_named_kubectl_captf() {
+    let dir = std::env::temp_dir().join(format!("captf-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let plugin = dir.join("kubectl-captf");
+    let _ = std::fs::remove_file(&plugin);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_captf"), &plugin).expect("symlink");
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kubectl = |args: &[&str]| {
+        Command::new("kubectl")
+            .args(args)
+            .env("PATH", &path)
+            .output()
+            .expect("kubectl")
+    };
+    let listed = kubectl(&["plugin", "list"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(&plugin.display().to_string()),
+        "kubectl plugin list: {}{}",
+        String::from_utf8_lossy(&listed.stdout),
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let help = kubectl(&["captf", "--help"]);
+    assert!(help.status.success());
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("Usage: kubectl captf <COMMAND>"),
+        "{}",
+        String::from_utf8_lossy(&help.stdout)
+    );
+    let through_kubectl = kubectl(&["captf", "crds"]);
+    assert!(through_kubectl.status.success());
+    assert_eq!(through_kubectl.stdout, captf(&["crds"]).stdout);
+    // Plain `captf` keeps its own name.
+    assert!(String::from_utf8_lossy(&captf(&["--help"]).stdout).contains("Usage: captf <COMMAND>"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
