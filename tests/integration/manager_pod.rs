@@ -20,7 +20,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use captf::api::names::{self, Kind};
@@ -41,9 +41,6 @@ use crate::templates::{
 const WAIT: Duration = Duration::from_secs(90);
 const SYSTEM: &str = "captf-system";
 const LEASE: &str = "captf-manager-leader";
-/// The manager's lease duration: a standby that waited for the Lease to expire would
-/// take over only this long after the last renewal.
-const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// The Deployment's `terminationGracePeriodSeconds`.
 const GRACE: Duration = Duration::from_secs(30);
 
@@ -207,6 +204,15 @@ fn proc_status(pid: u32, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A task aborted when this is dropped, however the test ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn holder(leases: &Api<Lease>) -> Option<String> {
     leases
         .get_opt(LEASE)
@@ -320,9 +326,13 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
     // Deleted: SIGTERM; it exits 0 within its grace period, its Lease released, and the
     // Deployment's next Pod takes the Lease at once.
     let seen: Arc<Mutex<BTreeMap<String, Pod>>> = Arc::default();
-    let watch = tokio::spawn({
+    // With a backoff: a watch whose API server is gone (the test failed and its control
+    // plane stopped) must wait between its retries, or it never yields, and the test's
+    // runtime cannot shut down (seen in CI: a failed run hung there). Aborted however the
+    // test ends.
+    let watch = AbortOnDrop(tokio::spawn({
         let seen = seen.clone();
-        let stream = watcher(pods.clone(), watcher::Config::default());
+        let stream = watcher(pods.clone(), watcher::Config::default()).default_backoff();
         async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(ev) = stream.next().await {
@@ -332,7 +342,7 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
                 }
             }
         }
-    });
+    }));
     let deleted = Instant::now();
     pods.delete(&name, &DeleteParams::default())
         .await
@@ -351,26 +361,32 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
     .await;
     let stopped = deleted.elapsed();
     let t = terminated().expect("terminated");
+    // Exit 0, "Completed": it stopped by itself on SIGTERM, within its grace period (the
+    // kubelet's SIGKILL at the end of it gives 137). No bound on the time: a loaded
+    // machine may be slow to deliver the signal; the time is printed below.
     assert_eq!(t["exitCode"], 0, "{t}");
     assert_eq!(t["reason"], "Completed", "{t}");
+    // The Lease as the old Pod left it: released (no holder, a duration of one second),
+    // so that the next Pod need not wait for it to expire; or already the next Pod's.
+    let lease = leases.get(LEASE).await.expect("the Lease");
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder_now = spec.holder_identity.clone().unwrap_or_default();
     assert!(
-        stopped < GRACE,
-        "it stopped after {stopped:?}, not within its grace period"
+        holder_now != name,
+        "the old Pod gave the Lease up: {spec:?}"
     );
-    let after = holder(&leases).await;
-    assert!(
-        after.as_deref() != Some(name.as_str()),
-        "the old Pod gave the Lease up: {after:?}"
-    );
+    if holder_now.is_empty() {
+        assert_eq!(
+            spec.lease_duration_seconds,
+            Some(1),
+            "released as client-go releases it: {spec:?}"
+        );
+    }
     wait_for("the next Pod to take the Lease", WAIT, || async {
         holder(&leases).await.is_some_and(|h| h != name)
     })
     .await;
     let takeover = deleted.elapsed() - stopped;
-    assert!(
-        takeover < LEASE_DURATION,
-        "the next Pod took the Lease {takeover:?} after the old one stopped, as if it had to expire"
-    );
     let next = holder(&leases).await.expect("holder");
     assert!(
         manager_pods(&pods)
@@ -379,7 +395,7 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
             .any(|p| p.name_any() == next && running(p)),
         "the Lease is held by the Deployment's next Pod, {next}"
     );
-    watch.abort();
+    drop(watch);
     eprintln!(
         "manager Pod: image built in {built:.1?} ({}), ready {ready:.1?} after the install, \
          applied a TerraformCluster {applied:.1?} after it; SIGTERM to exit {stopped:.1?}, \
