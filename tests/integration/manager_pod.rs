@@ -32,11 +32,8 @@ use kube::api::{DynamicObject, PostParams};
 use crate::local_images::scratch_dir;
 use crate::manager::{free_port, http_get};
 use crate::provisioning::wait_condition;
-use crate::support::cluster;
 use crate::support::*;
-use crate::templates::{
-    VERSION, api_resource, clusterctl, fake_cert_manager, release_assets, temp_dir,
-};
+use crate::templates::{VERSION, api_resource, clusterctl, local_repository, temp_dir};
 
 const WAIT: Duration = Duration::from_secs(90);
 const SYSTEM: &str = "captf-system";
@@ -502,39 +499,11 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     )
     .await;
 
-    // A local repository: CAPTF's assets, Cluster API's core (clusterctl reads its
-    // metadata), and the cert-manager clusterctl checks for.
+    // A local repository of CAPTF's assets beside Cluster API's core; the image is the
+    // one built here.
     let dir = temp_dir("clusterctl-image");
     let home = dir.join("home");
-    let repo = dir.join("repo");
-    let captf_dir = repo.join("infrastructure-terraform").join(VERSION);
-    release_assets(&captf_dir);
-    let core = repo.join("cluster-api").join("v1.14.2");
-    std::fs::create_dir_all(&core).expect("core dir");
-    let capi_files = cluster::binaries().join("capi");
-    for file in ["core-components.yaml", "metadata.yaml"] {
-        std::fs::copy(capi_files.join(file), core.join(file)).expect(file);
-    }
-    let cert_manager = repo.join("cert-manager").join("v1.21.1");
-    std::fs::create_dir_all(&cert_manager).expect("cert-manager dir");
-    std::fs::write(cert_manager.join("cert-manager.yaml"), fake_cert_manager())
-        .expect("cert-manager");
-    let config = dir.join("clusterctl.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "providers:\n\
-             - name: cluster-api\n  type: CoreProvider\n  url: file://{}\n\
-             - name: terraform\n  type: InfrastructureProvider\n  url: file://{}\n\
-             cert-manager:\n  url: file://{}\n  version: v1.21.1\n  timeout: 60s\n\
-             CAPTF_IMAGE: {}\n",
-            core.join("core-components.yaml").display(),
-            captf_dir.join("infrastructure-components.yaml").display(),
-            cert_manager.join("cert-manager.yaml").display(),
-            image_ref(),
-        ),
-    )
-    .expect("clusterctl.yaml");
+    let config = local_repository(&dir, &format!("CAPTF_IMAGE: {}\n", image_ref()));
     let kubeconfig = env.kubeconfig_path().to_str().expect("path").to_string();
     let config = config.to_str().expect("path").to_string();
     let init = || {

@@ -1092,7 +1092,7 @@ async fn cluster_api_accepts_the_templates_and_patches_a_clusters_variables_into
 
 /// The cert-manager clusterctl checks for: its two kinds, without schema, no controller
 /// (clusterctl only creates and deletes a test Issuer and Certificate).
-pub(crate) fn fake_cert_manager() -> String {
+fn fake_cert_manager() -> String {
     let crd = |plural: &str, kind: &str| {
         json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -1111,21 +1111,13 @@ pub(crate) fn fake_cert_manager() -> String {
     )
 }
 
-/// `clusterctl init --infrastructure terraform:v0.1.0` from a local repository that
-/// `captf release-assets` wrote (beside Cluster API's core from its module): clusterctl
-/// accepts the components, records the provider, and installs the manager with the
-/// image; and `clusterctl generate cluster` reads the templates from that repository,
-/// the ClusterClass with the topology flavor. The manager's Pod does not run here (no
-/// image); nothing below depends on it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clusterctl_init_installs_captf_from_a_local_repository() {
-    if envtest_only("it installs Cluster API with clusterctl on a control plane of its own") {
-        return;
-    }
-    let plane = ControlPlane::dedicated_without_capi("templates-init");
-    let client = plane.client().await;
-    let dir = temp_dir("clusterctl-init");
-    let home = dir.join("home");
+/// A local clusterctl repository in `dir` and its `clusterctl.yaml`, whose path it
+/// returns: CAPTF's assets (`captf release-assets`), Cluster API's core (its components
+/// and metadata, which clusterctl reads), and the cert-manager clusterctl checks for
+/// (waited for up to 5 minutes: under the whole suite's load its CRDs took longer than
+/// clusterctl's 60 s once, "Waiting for cert-manager to be available... Error: context
+/// deadline exceeded"); `variables` (YAML lines) are added to the configuration.
+pub(crate) fn local_repository(dir: &Path, variables: &str) -> PathBuf {
     let repo = dir.join("repo");
     let captf_dir = repo.join("infrastructure-terraform").join(VERSION);
     release_assets(&captf_dir);
@@ -1146,14 +1138,33 @@ async fn clusterctl_init_installs_captf_from_a_local_repository() {
             "providers:\n\
              - name: cluster-api\n  type: CoreProvider\n  url: file://{}\n\
              - name: terraform\n  type: InfrastructureProvider\n  url: file://{}\n\
-             cert-manager:\n  url: file://{}\n  version: v1.21.1\n  timeout: 60s\n\
-             CAPTF_CONCURRENCY: \"7\"\n",
+             cert-manager:\n  url: file://{}\n  version: v1.21.1\n  timeout: 5m\n\
+             {variables}",
             core.join("core-components.yaml").display(),
             captf_dir.join("infrastructure-components.yaml").display(),
             cert_manager.join("cert-manager.yaml").display(),
         ),
     )
     .expect("clusterctl.yaml");
+    config
+}
+
+/// `clusterctl init --infrastructure terraform:v0.1.0` from a local repository that
+/// `captf release-assets` wrote (beside Cluster API's core from its module): clusterctl
+/// accepts the components, records the provider, and installs the manager with the
+/// image; and `clusterctl generate cluster` reads the templates from that repository,
+/// the ClusterClass with the topology flavor. The manager's Pod does not run here (no
+/// image); nothing below depends on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusterctl_init_installs_captf_from_a_local_repository() {
+    if envtest_only("it installs Cluster API with clusterctl on a control plane of its own") {
+        return;
+    }
+    let plane = ControlPlane::dedicated_without_capi("templates-init");
+    let client = plane.client().await;
+    let dir = temp_dir("clusterctl-init");
+    let home = dir.join("home");
+    let config = local_repository(&dir, "CAPTF_CONCURRENCY: \"7\"\n");
     let kubeconfig = plane.kubeconfig().to_str().expect("path").to_string();
     let config = config.to_str().expect("path").to_string();
     let out = clusterctl(

@@ -1753,13 +1753,18 @@ const STATE_PREFIX: &str = "tfstate-default-";
 impl Witness {
     fn start(client: Client, ns: &str) -> Witness {
         use futures::StreamExt;
-        use kube::runtime::watcher;
+        use kube::runtime::{WatchStreamExt, watcher};
+        // With a backoff: a watch whose API server is gone (a test failed and its control
+        // plane stopped) must wait between retries, or it never yields and the test's
+        // runtime cannot shut down: the test hangs instead of failing.
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
         let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
         let jobs: Api<Job> = Api::namespaced(client, ns);
         let s = seen.clone();
         let watch_secrets = tokio::spawn(async move {
-            let mut stream = watcher(secrets, watcher::Config::default()).boxed();
+            let mut stream = watcher(secrets, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(ev) = stream.next().await {
                 if let Ok(watcher::Event::Apply(sec) | watcher::Event::InitApply(sec)) = ev {
                     s.lock().expect("witness").record_secret(sec);
@@ -1768,7 +1773,9 @@ impl Witness {
         });
         let s = seen.clone();
         let watch_jobs = tokio::spawn(async move {
-            let mut stream = watcher(jobs, watcher::Config::default()).boxed();
+            let mut stream = watcher(jobs, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(ev) = stream.next().await {
                 if let Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) = ev {
                     let label = |k: &str| job.labels().get(k).cloned().unwrap_or_default();
