@@ -27,13 +27,13 @@ use captf::api::names::{self, Kind};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::PostParams;
 
 use crate::local_images::scratch_dir;
 use crate::manager::{free_port, http_get};
 use crate::provisioning::wait_condition;
 use crate::support::*;
-use crate::templates::{VERSION, api_resource, clusterctl, local_repository, temp_dir};
+use crate::templates::{VERSION, clusterctl, clusterctl_inventory, local_repository, temp_dir};
 
 const WAIT: Duration = Duration::from_secs(90);
 const SYSTEM: &str = "captf-system";
@@ -536,15 +536,7 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     };
     let printed = init();
     eprintln!("clusterctl init printed:\n{printed}");
-    let providers: Api<DynamicObject> = Api::namespaced_with(
-        env.client.clone(),
-        SYSTEM,
-        &api_resource(
-            "clusterctl.cluster.x-k8s.io/v1alpha3",
-            "Provider",
-            "providers",
-        ),
-    );
+    let providers = clusterctl_inventory(&env.client, SYSTEM);
     let provider = providers
         .get("infrastructure-terraform")
         .await

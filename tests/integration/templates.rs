@@ -1111,6 +1111,19 @@ fn fake_cert_manager() -> String {
     )
 }
 
+/// clusterctl's inventory (its `Provider` objects) in the namespace `ns`.
+pub(crate) fn clusterctl_inventory(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &api_resource(
+            "clusterctl.cluster.x-k8s.io/v1alpha3",
+            "Provider",
+            "providers",
+        ),
+    )
+}
+
 /// A local clusterctl repository in `dir` and its `clusterctl.yaml`, whose path it
 /// returns: CAPTF's assets (`captf release-assets`), Cluster API's core (its components
 /// and metadata, which clusterctl reads), and the cert-manager clusterctl checks for
@@ -1194,15 +1207,7 @@ async fn clusterctl_init_installs_captf_from_a_local_repository() {
     );
 
     // The inventory records CAPTF.
-    let providers: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        "captf-system",
-        &api_resource(
-            "clusterctl.cluster.x-k8s.io/v1alpha3",
-            "Provider",
-            "providers",
-        ),
-    );
+    let providers = clusterctl_inventory(&client, "captf-system");
     let provider = providers
         .get("infrastructure-terraform")
         .await
