@@ -221,6 +221,14 @@ pub struct ExplainArgs {
     /// Cap of the destroy retry backoff, as the manager's flag.
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     pub destroy_backoff_max: std::time::Duration,
+    /// For each object, what its deletion would reach if it were asked now (the row, the
+    /// action and the DeletionReady condition), instead of its next pass.
+    #[arg(long)]
+    pub if_deleted: bool,
+    /// Only the objects of this Cluster API Cluster: its TerraformCluster and the
+    /// machines and pools that carry its name (with -n, in that namespace).
+    #[arg(long)]
+    pub cluster: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -537,11 +545,33 @@ fn run_explain(args: &ExplainArgs) -> Result<(), Misuse> {
         let loaded = load::load_paths(&args.files)?;
         let inv = Inventory::from_loaded(loaded)?;
         let now = args.now.unwrap_or_else(Timestamp::now);
-        explain::explain(&inv, now, &settings)
+        let items = explain::explain(&inv, now, &settings);
+        match &args.namespace {
+            Some(ns) => items.into_iter().filter(|e| &e.namespace == ns).collect(),
+            None => items,
+        }
     };
-    match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&items)?),
-        Output::Text => print!("{}", explain::render_text(&items)),
+    let items = match &args.cluster {
+        Some(c) => {
+            let kept = explain::of_cluster(items, c);
+            if kept.is_empty() {
+                return Err(Misuse(format!(
+                    "no TerraformCluster, TerraformMachine or TerraformMachinePool of Cluster {c}{} (owned by it, or labelled {}={c})",
+                    args.namespace
+                        .as_deref()
+                        .map(|n| format!(" in namespace {n}"))
+                        .unwrap_or_default(),
+                    crate::api::names::CAPI_CLUSTER_NAME_LABEL
+                )));
+            }
+            kept
+        }
+        None => items,
+    };
+    match (args.output, args.if_deleted) {
+        (Output::Json, _) => println!("{}", serde_json::to_string_pretty(&items)?),
+        (Output::Text, false) => print!("{}", explain::render_text(&items)),
+        (Output::Text, true) => print!("{}", explain::render_if_deleted(&items)),
     }
     Ok(())
 }

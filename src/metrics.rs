@@ -7,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter as PromCounter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge as PromGauge;
 use prometheus_client::metrics::histogram::{Histogram as PromHistogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -45,6 +46,43 @@ impl Counter {
     }
 
     pub fn get(&self, values: &[&str]) -> u64 {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .get()
+    }
+}
+
+/// A gauge family with a fixed list of label names: what is so now.
+pub struct Gauge {
+    labels: &'static [&'static str],
+    family: Family<Labels, PromGauge>,
+}
+
+impl Gauge {
+    fn register(
+        registry: &mut Registry,
+        name: &str,
+        help: &str,
+        labels: &'static [&'static str],
+    ) -> Gauge {
+        let family = Family::<Labels, PromGauge>::default();
+        registry.register(name, help, family.clone());
+        Gauge { labels, family }
+    }
+
+    pub fn inc(&self, values: &[&str]) {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .inc();
+    }
+
+    pub fn dec(&self, values: &[&str]) {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .dec();
+    }
+
+    pub fn get(&self, values: &[&str]) -> i64 {
         self.family
             .get_or_create(&labels(self.labels, values))
             .get()
@@ -103,6 +141,9 @@ pub struct Metrics {
     pub held: Counter,
     pub apply_attempts: Counter,
     pub apply_failures: Counter,
+    /// Live objects whose deletion, asked now, would not finish by itself (their
+    /// `DeletionReady` is False or Unknown), by kind and reason.
+    pub deletion_not_ready: Gauge,
     /// How long a pass took, by kind.
     pub pass_seconds: Histogram,
     /// How long a pass waited for the fair gate, by kind.
@@ -163,6 +204,12 @@ impl Default for Metrics {
             "Passes that held a deletion, by kind and reason",
             &["kind", "reason"],
         );
+        let deletion_not_ready = Gauge::register(
+            &mut r,
+            "captf_deletion_not_ready",
+            "Live objects whose deletion would not finish by itself if it were asked now (DeletionReady False or Unknown), by kind and reason",
+            &["kind", "reason"],
+        );
         let pass_seconds = Histogram::register(
             &mut r,
             "captf_pass_duration_seconds",
@@ -197,6 +244,7 @@ impl Default for Metrics {
             held,
             apply_attempts,
             apply_failures,
+            deletion_not_ready,
             pass_seconds,
             gate_wait_seconds,
             job_seconds,

@@ -10,6 +10,9 @@ pub const PAUSED: &str = "Paused";
 pub const DELETING: &str = "Deleting";
 pub const DELETION_BLOCKED: &str = "DeletionBlocked";
 pub const STATE_READABLE: &str = "StateReadable";
+/// On a live object: what its deletion would reach if it were asked now (see
+/// `crate::rules::preview`).
+pub const DELETION_READY: &str = "DeletionReady";
 
 /// Reasons. The Deleting reasons are the rule table's (SPEC section 4).
 pub mod reason {
@@ -39,6 +42,11 @@ pub mod reason {
     pub const STATE_ENCRYPTED: &str = "StateEncrypted";
     pub const STATE_INCONSISTENT: &str = "StateInconsistent";
     pub const NO_STATE: &str = "NoState";
+    // DeletionReady (False: the reason of the row a deletion would hold at, as above)
+    pub const DESTROY_WOULD_RUN: &str = "DestroyWouldRun";
+    pub const NOTHING_TO_DESTROY: &str = "NothingToDestroy";
+    pub const WOULD_ABANDON: &str = "WouldAbandon";
+    pub const STATE_NOT_READ: &str = "StateNotRead";
     // Ready
     pub const DELETING: &str = "Deleting";
     pub const READY_UNKNOWN: &str = "ReadyUnknown";

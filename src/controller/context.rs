@@ -116,6 +116,9 @@ pub struct Context {
     /// Each controller's caches, by kind (empty for passes a test runs without them: those
     /// read the API server).
     caches: Mutex<BTreeMap<Kind, Arc<Caches>>>,
+    /// What each live object's `DeletionReady` was last decided from (see
+    /// [`super::preview`]).
+    pub previews: super::preview::Previews,
     /// The runner ServiceAccounts the manager made, when watched (see [`super::rbac`]).
     pub runner_accounts: std::sync::OnceLock<Store<PartialObjectMeta<ServiceAccount>>>,
 }
@@ -153,6 +156,7 @@ impl Context {
             handoffs: Mutex::default(),
             state_reads: Arc::new(StateReads::new(cfg.max_state_reads)),
             caches: Mutex::default(),
+            previews: Default::default(),
             runner_accounts: std::sync::OnceLock::new(),
         }
     }

@@ -216,7 +216,11 @@ pub async fn live_pass<K: TerraformObject>(
         }
         _ => decision.clone(),
     };
-    let obj = write_status_keeping_with(&scope.api, obj, shown, &shown_apply.conditions).await?;
+    // What a deletion asked now would reach, written with the apply table's conditions.
+    let ready = super::preview::deletion_ready(ctx, scope, &observed, true).await?;
+    let mut conditions = shown_apply.conditions.clone();
+    conditions.push(ready);
+    let obj = write_status_keeping_with(&scope.api, obj, shown, &conditions).await?;
     match (decision.action, start) {
         (
             ApplyAction::StartApply { attempt: n } | ApplyAction::RetryLater { start: Some(n), .. },

@@ -21,6 +21,7 @@ pub mod leader;
 pub mod leftovers;
 pub mod live;
 pub mod observe;
+pub mod preview;
 pub mod rbac;
 pub mod reconcile;
 pub mod scope;

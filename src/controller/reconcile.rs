@@ -15,7 +15,7 @@ use tracing::{debug, info, instrument, warn};
 use super::act::{self, abandon, backup, cleanup, destroy};
 use super::events::{self, publish};
 use super::observe;
-use super::status::{write_status, write_status_keeping};
+use super::status::{write_status, write_status_keeping, write_status_keeping_with};
 use super::{Context, Error, Scope, bookkeeping};
 use crate::api::TerraformObject;
 use crate::api::conditions;
@@ -146,10 +146,18 @@ pub async fn reconcile<K: TerraformObject>(
     let copies_first = decision.action == Action::Abandon
         && observed.namespace_terminating
         && !abandon::copied(obj.meta());
+    // DeletionReady: during a deletion, whether it will finish by itself; on a live
+    // object (not provisioned by the manager here), what a deletion would reach.
+    let ready = if deleting {
+        ctx.previews.forget(&ctx, uid);
+        rules::deletion_ready(&shown)
+    } else {
+        super::preview::deletion_ready(&ctx, &scope, &observed, false).await?
+    };
     let obj = if decision.action == Action::CleanUp || copies_first {
         obj
     } else {
-        write_status_keeping(&scope.api, obj, &shown).await?
+        write_status_keeping_with(&scope.api, obj, &shown, std::slice::from_ref(&ready)).await?
     };
     if deleting {
         ctx.metrics

@@ -66,6 +66,12 @@ async fn explain_kind<K: TerraformObject>(
             &obj.name_any(),
             &decision,
         );
+        e.if_deleted = Some(super::ExplainedIfDeleted::of(
+            &observed,
+            &ctx.settings,
+            &decision,
+        ));
+        e.cluster = gather::owning_cluster(obj.meta());
         if obj.meta().deletion_timestamp.is_none() {
             let scope = Scope::new(client, &obj)?;
             let state_seen = gather::apply::apply_state_seen(&observed, &ctx.settings);

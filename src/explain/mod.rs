@@ -36,6 +36,55 @@ pub struct Explained {
     /// For a live object (not being deleted): the apply table's decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub apply: Option<ExplainedApply>,
+    /// What a deletion would reach if it were asked now (the `DeletionReady` condition);
+    /// for an object being deleted, its deletion's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub if_deleted: Option<ExplainedIfDeleted>,
+    /// The Cluster API Cluster the object belongs to (`--cluster`); not printed.
+    #[serde(skip)]
+    pub cluster: Option<String>,
+}
+
+/// The deletion table's row and action with the deletion assumed, and the
+/// `DeletionReady` condition they make.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExplainedIfDeleted {
+    pub row: Option<Row>,
+    pub action: Option<Action>,
+    pub condition: ExplainedCondition,
+    pub runbook: Option<String>,
+}
+
+impl ExplainedIfDeleted {
+    /// The preview of a live object's deletion.
+    pub fn of_preview(p: &crate::rules::Preview) -> ExplainedIfDeleted {
+        ExplainedIfDeleted {
+            row: p.row(),
+            action: p.decision.as_ref().map(|d| d.action),
+            condition: ExplainedCondition::from(&p.ready),
+            runbook: p.runbook().map(str::to_string),
+        }
+    }
+
+    /// An object being deleted: its deletion's own decision.
+    pub fn of_deletion(d: &Decision) -> ExplainedIfDeleted {
+        ExplainedIfDeleted {
+            row: d.row,
+            action: Some(d.action),
+            condition: ExplainedCondition::from(&crate::rules::deletion_ready(d)),
+            runbook: d.runbook.map(str::to_string),
+        }
+    }
+
+    /// For `observed` as its pass leaves it, and its deletion's decision.
+    pub fn of(observed: &Observed, settings: &Settings, decision: &Decision) -> ExplainedIfDeleted {
+        if observed.meta.deletion_timestamp.is_some() {
+            return ExplainedIfDeleted::of_deletion(decision);
+        }
+        let (facts, _) = gather::gather(observed, settings);
+        ExplainedIfDeleted::of_preview(&crate::rules::preview(&facts))
+    }
 }
 
 /// The apply table's row, action and conditions for a live object.
@@ -125,6 +174,8 @@ impl Explained {
             runbook: d.runbook.map(str::to_string),
             next_retry_at: d.action.next_retry_at().map(|t| t.to_string()),
             apply: None,
+            if_deleted: None,
+            cluster: None,
         }
     }
 }
@@ -327,6 +378,8 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
                 meta.name.as_deref().unwrap_or_default(),
                 &decision,
             );
+            e.if_deleted = Some(ExplainedIfDeleted::of(&observed, settings, &decision));
+            e.cluster = gather::owning_cluster(meta);
             if meta.deletion_timestamp.is_none() {
                 let d = decide_live(inv, object, &observed, settings);
                 e.with_apply(ExplainedApply::new(&d));
@@ -448,6 +501,48 @@ fn push_conditions(out: &mut String, conditions: &[ExplainedCondition]) {
     }
 }
 
+/// The human-readable form of `captf explain --if-deleted`: per object, the row its
+/// deletion would reach and why.
+pub fn render_if_deleted(items: &[Explained]) -> String {
+    let mut out = String::new();
+    if items.is_empty() {
+        out.push_str(
+            "no TerraformCluster, TerraformMachine or TerraformMachinePool in the input\n",
+        );
+    }
+    for e in items {
+        let Some(p) = &e.if_deleted else { continue };
+        out.push_str(&format!("{} {}/{}\n", e.kind, e.namespace, e.name));
+        let lead = if e.row.is_some() {
+            "being deleted"
+        } else {
+            "if deleted now"
+        };
+        match p.row {
+            Some(row) => out.push_str(&format!("  {lead}: row {row}: {}\n", row.situation())),
+            None => out.push_str(&format!("  {lead}: cannot tell yet\n")),
+        }
+        if let Some(a) = p.action {
+            out.push_str(&format!("  action: {}\n", a.name()));
+        }
+        push_conditions(&mut out, std::slice::from_ref(&p.condition));
+        out.push_str(&format!(
+            "  runbook: {}\n\n",
+            p.runbook.as_deref().unwrap_or("none needed")
+        ));
+    }
+    out
+}
+
+/// Keeps the objects of Cluster API Cluster `cluster` (the TerraformCluster it owns and
+/// the machines and pools that carry its name): `captf explain --cluster`.
+pub fn of_cluster(items: Vec<Explained>, cluster: &str) -> Vec<Explained> {
+    items
+        .into_iter()
+        .filter(|e| e.cluster.as_deref() == Some(cluster))
+        .collect()
+}
+
 /// The human-readable form.
 pub fn render_text(items: &[Explained]) -> String {
     let mut out = String::new();
@@ -466,6 +561,9 @@ pub fn render_text(items: &[Explained]) -> String {
         push_conditions(&mut out, &e.conditions);
         if let Some(at) = &e.next_retry_at {
             out.push_str(&format!("  next retry: {at}\n"));
+        }
+        if let Some(p) = e.if_deleted.as_ref().filter(|_| e.row.is_none()) {
+            push_conditions(&mut out, std::slice::from_ref(&p.condition));
         }
         if let Some(a) = &e.apply {
             out.push_str(&format!("  apply row {}: {}\n", a.row, a.situation));

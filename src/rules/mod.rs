@@ -13,11 +13,13 @@ use crate::api::conditions::{self as cond, Desired, Status, reason};
 pub mod apply;
 mod backoff;
 mod facts;
+mod preview;
 mod readable;
 mod row;
 
 pub use backoff::Backoff;
 pub use facts::*;
+pub use preview::{Preview, deletion_ready, preview};
 pub use row::*;
 
 use readable::readable;

@@ -757,3 +757,203 @@ fn the_state_is_needed_exactly_when_no_row_before_it_or_the_cleanup_marker_decid
     }
     assert!(seen > 0);
 }
+
+/// The preview of a live object (`DeletionReady`): the deletion table with the deletion
+/// assumed, the waits set aside and named.
+mod preview_of_a_live_object {
+    use super::*;
+
+    fn live() -> Facts {
+        Facts {
+            deleting: false,
+            ..facts()
+        }
+    }
+
+    #[test]
+    fn a_readable_state_with_instances_is_ready_and_says_what_the_destroy_would_do() {
+        let p = preview(&live());
+        assert_eq!(p.row(), Some(Row::Destroy));
+        assert_eq!(p.ready.type_, cond::DELETION_READY);
+        assert_eq!(p.ready.status, Status::True);
+        assert_eq!(p.ready.reason, "DestroyWouldRun");
+        assert!(
+            p.ready.message.contains("destroy attempt 1"),
+            "{}",
+            p.ready.message
+        );
+        assert!(
+            p.ready.message.contains("2 managed resource instance(s)"),
+            "{}",
+            p.ready.message
+        );
+    }
+
+    #[test]
+    fn an_empty_state_and_no_state_never_applied_are_ready_with_nothing_to_destroy() {
+        for f in [
+            Facts {
+                state: readable(0),
+                ..live()
+            },
+            Facts {
+                state: StateFacts::Missing,
+                applied: false,
+                ..live()
+            },
+        ] {
+            let p = preview(&f);
+            assert_eq!(p.ready.status, Status::True, "{p:?}");
+            assert_eq!(p.ready.reason, "NothingToDestroy", "{p:?}");
+        }
+    }
+
+    #[test]
+    fn a_state_that_would_hold_the_deletion_is_not_ready_with_its_reason_and_runbook() {
+        let cases = [
+            (StateFacts::Missing, "StateLost", RUNBOOK_STATE_LOST),
+            (
+                unreadable(Unreadable::Corrupt),
+                "StateCorrupt",
+                RUNBOOK_STATE_CORRUPT,
+            ),
+            (
+                unreadable(Unreadable::Encrypted),
+                "StateEncrypted",
+                RUNBOOK_STATE_ENCRYPTED,
+            ),
+            (
+                unreadable(Unreadable::Inconsistent),
+                "StateInconsistent",
+                RUNBOOK_STATE_INCONSISTENT,
+            ),
+        ];
+        for (state, reason, runbook) in cases {
+            let p = preview(&Facts { state, ..live() });
+            assert_eq!(p.ready.status, Status::False, "{reason}");
+            assert_eq!(p.ready.reason, reason);
+            assert_eq!(p.runbook(), Some(runbook));
+            assert!(p.ready.message.contains(runbook), "{}", p.ready.message);
+            assert!(
+                p.ready.message.contains("would be held"),
+                "{}",
+                p.ready.message
+            );
+        }
+    }
+
+    #[test]
+    fn what_would_keep_the_destroy_from_starting_is_not_ready_with_its_own_reason() {
+        let cases = [
+            (
+                Blocker::ErroredState("an errored state lists 1 instance".into()),
+                "ErroredState",
+                RUNBOOK_ERRORED_STATE,
+            ),
+            (
+                Blocker::OwnerGone("Machine web-1 is gone".into()),
+                "OwnerGone",
+                RUNBOOK_OWNER_GONE,
+            ),
+            (
+                Blocker::Inputs("the inputs Secret is missing".into()),
+                "DestroyCannotStart",
+                RUNBOOK_DESTROY_CANNOT_START,
+            ),
+            (
+                Blocker::LockHeld {
+                    holder: "someone".into(),
+                    age: None,
+                },
+                "DestroyCannotStart",
+                RUNBOOK_DESTROY_CANNOT_START,
+            ),
+        ];
+        for (blocker, reason, runbook) in cases {
+            let errored_uncovered = matches!(blocker, Blocker::ErroredState(_));
+            let p = preview(&Facts {
+                blocker: Some(blocker),
+                errored_uncovered,
+                ..live()
+            });
+            assert_eq!(p.row(), Some(Row::FailedOrBlocked));
+            assert_eq!(p.ready.status, Status::False, "{reason}");
+            assert_eq!(p.ready.reason, reason);
+            assert_eq!(p.runbook(), Some(runbook));
+        }
+    }
+
+    #[test]
+    fn an_abandon_mark_for_this_object_is_named_as_leaving_the_infrastructure() {
+        let p = preview(&Facts {
+            state: StateFacts::Missing,
+            abandon: AbandonMark::ThisObject,
+            ..live()
+        });
+        assert_eq!(p.ready.status, Status::False);
+        assert_eq!(p.ready.reason, "WouldAbandon");
+        assert!(
+            p.ready.message.contains("left running"),
+            "{}",
+            p.ready.message
+        );
+        // A readable state is destroyed whatever the annotation says.
+        let p = preview(&Facts {
+            abandon: AbandonMark::ThisObject,
+            ..live()
+        });
+        assert_eq!(p.ready.reason, "DestroyWouldRun");
+    }
+
+    #[test]
+    fn a_pause_a_running_job_and_dependents_are_waits_named_not_the_answer() {
+        let p = preview(&Facts {
+            kind: Kind::TerraformCluster,
+            paused: Some(PauseCause::ObjectAnnotation),
+            unfinished_jobs: vec![running_job()],
+            dependents: vec!["TerraformMachine/web-1".into()],
+            ..live()
+        });
+        assert_eq!(p.row(), Some(Row::Destroy));
+        assert_eq!(p.ready.status, Status::True);
+        for said in [
+            "paused now",
+            "captf-web-1-tfm-apply-1",
+            "TerraformMachine/web-1",
+        ] {
+            assert!(
+                p.ready.message.contains(said),
+                "{said}: {}",
+                p.ready.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_state_not_read_is_unknown_never_a_lost_state() {
+        let p = preview(&Facts {
+            state: StateFacts::NotRead,
+            ..live()
+        });
+        assert_eq!(p.decision, None);
+        assert_eq!(p.ready.status, Status::Unknown);
+        assert_eq!(p.ready.reason, "StateNotRead");
+    }
+
+    #[test]
+    fn an_object_being_deleted_says_whether_its_deletion_finishes_by_itself() {
+        let d = decide(&Facts {
+            state: unreadable(Unreadable::Corrupt),
+            ..facts()
+        });
+        let c = deletion_ready(&d);
+        assert_eq!((c.status, c.reason), (Status::False, "StateCorrupt"));
+        assert!(
+            c.message.starts_with("being deleted (row 6)"),
+            "{}",
+            c.message
+        );
+        let c = deletion_ready(&decide(&facts()));
+        assert_eq!((c.status, c.reason), (Status::True, "DestroyWouldRun"));
+    }
+}

@@ -16,6 +16,7 @@ mod machine_pools;
 mod manager;
 mod manager_pod;
 mod manager_stop;
+mod preview;
 mod protection;
 mod provisioning;
 mod runbooks;
