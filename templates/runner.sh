@@ -20,7 +20,9 @@
 # CAPTF_ERRORED_SUFFIX_BEFORE_TAG and _AFTER_TAG (the backend suffix an errored.tfstate is
 # saved under, around the Pod's name tag),
 # CAPTF_JOB_NAME (the Job's name: a lock left by an earlier Pod of it is broken),
-# CAPTF_RUNTIME (terraform or tofu, when the inputs name one), CAPTF_PLUGIN_DIR (the
+# CAPTF_RUNTIME (terraform or tofu, when the inputs name one),
+# CAPTF_PLAN_GUARD (1: an apply plans first, and a plan that destroys or replaces a
+# resource is applied only when CAPTF_PLAN_APPROVED holds its hash), CAPTF_PLUGIN_DIR (the
 # providers' directory in this image: every init takes them from there, no registry),
 # CAPTF_RENDER_DIR, CAPTF_WORKSPACE (an emptyDir: HOME, TF_DATA_DIR, TMPDIR and the
 # working copy live there, the root filesystem is read-only), and optionally
@@ -35,7 +37,9 @@
 #
 # Exit status: Terraform's; 143 after SIGTERM (130 after SIGINT), whatever Terraform
 # returned, so that the controller sees an interrupted run; never 0 when Terraform left
-# an errored.tfstate. On failure the tail of Terraform's error output (ANSI codes
+# an errored.tfstate; 3 when the plan guard stopped an apply before it changed anything
+# (the termination log then starts with "captf-runner: destructive plan HASH", then one
+# line per resource the plan would destroy or replace). On failure the tail of Terraform's error output (ANSI codes
 # stripped) is written to the termination log, which the controller copies into the
 # Deleting condition.
 set -u
@@ -318,14 +322,59 @@ else
     run_tf init -input=false -no-color -backend-config="$BACKEND" || tf_failed init $?
 fi
 stop_if_signalled
-run_tf "$OP" -auto-approve -input=false -no-color -var-file="$VARS"
+
+# The plan guard (an apply after the object's first success): plan into a file, list what
+# the plan destroys or replaces from Terraform's own rendering of it, and apply exactly
+# that plan only when nothing is destroyed or replaced, or when the operator approved the
+# list's hash. Terraform refuses to apply a saved plan whose state changed since it was
+# made, so what was approved is what runs.
+PLAN="$WS/captf.tfplan"
+DESTRUCTIVE="$WS/destructive.txt"
+BLOCKED=""
+operation() {
+    if [ "$OP" != apply ] || [ "${CAPTF_PLAN_GUARD:-}" != 1 ]; then
+        run_tf "$OP" -auto-approve -input=false -no-color -var-file="$VARS"
+        return
+    fi
+    run_tf plan -input=false -no-color -out="$PLAN" -var-file="$VARS" || return
+    stop_if_signalled
+    "$TF" show -no-color "$PLAN" > "$WS/plan.txt" 2> "$STDERR_LOG" || return
+    # "  # ADDRESS must be replaced", "… is tainted, so must be replaced", "… will be
+    # replaced, as requested", "… will be destroyed" (a deposed object's too).
+    sed -n \
+        -e 's/^  # \(.*\) is tainted, so must be replaced$/replace \1/p' \
+        -e 's/^  # \(.*\) must be replaced$/replace \1/p' \
+        -e 's/^  # \(.*\) will be replaced, as requested$/replace \1/p' \
+        -e 's/^  # \(.*\) will be destroyed$/delete \1/p' \
+        "$WS/plan.txt" | sort -u > "$DESTRUCTIVE" || return
+    if [ -s "$DESTRUCTIVE" ]; then
+        p_hash=$(sha256sum < "$DESTRUCTIVE" | cut -c1-16)
+        if [ "${CAPTF_PLAN_APPROVED:-}" != "$p_hash" ]; then
+            log "the plan destroys or replaces $(wc -l < "$DESTRUCTIVE" | tr -d ' ') resource(s), and plan $p_hash is not approved: nothing is applied"
+            sed 's/^/captf-runner: would /' "$DESTRUCTIVE" >&2
+            BLOCKED=$p_hash
+            return 3
+        fi
+        log "the plan destroys or replaces $(wc -l < "$DESTRUCTIVE" | tr -d ' ') resource(s); plan $p_hash is approved: applying it"
+    fi
+    stop_if_signalled
+    run_tf apply -auto-approve -input=false -no-color "$PLAN"
+}
+operation
 status=$?
-if [ "$status" -ne 0 ] && [ -z "$SIGNALLED" ] && stale_own_lock; then
+if [ "$status" -ne 0 ] && [ -z "$SIGNALLED" ] && [ -z "$BLOCKED" ] && stale_own_lock; then
     log "the state lock is held by $LOCK_WHO, an earlier Pod of this Job ($CAPTF_JOB_NAME), stopped by a disruption before its Terraform could unlock; the Job makes a new Pod only once the old one has stopped, so the lock is stale: breaking it"
     if run_tf force-unlock -force "$LOCK_ID"; then
-        run_tf "$OP" -auto-approve -input=false -no-color -var-file="$VARS"
+        operation
         status=$?
     fi
+fi
+if [ -n "$BLOCKED" ] && [ -z "$SIGNALLED" ]; then
+    {
+        printf 'captf-runner: destructive plan %s\n' "$BLOCKED"
+        head -c "$TAIL_BYTES" "$DESTRUCTIVE"
+    } > "$TERMLOG" 2>/dev/null || log "cannot write the termination log $TERMLOG"
+    exit 3
 fi
 
 # 4. A state Terraform could not save.

@@ -65,6 +65,15 @@ pub const ENDPOINT_GIVEN: &str =
 /// the apply ran (recorded by digest). For a registry that no longer serves that digest
 /// (a lifecycle rule expired it), where every destroy would otherwise never start.
 pub const RUNNER_IMAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/runner-image";
+/// On the object, set by an operator: the hash of a plan that destroys or replaces
+/// resources, approved to be applied (the plan guard, `docs/10-before-a-deletion.md`). A
+/// later plan with another list of destroyed or replaced resources has another hash.
+pub const APPROVE_PLAN: &str = "terraform.infrastructure.cluster.x-k8s.io/approve-plan";
+/// On the object (or its template), `allow`: its re-applies are not guarded; a plan that
+/// destroys or replaces resources is applied like any other.
+pub const DESTRUCTIVE_PLANS: &str = "terraform.infrastructure.cluster.x-k8s.io/destructive-plans";
+/// The value of [`DESTRUCTIVE_PLANS`] that turns the guard off.
+pub const DESTRUCTIVE_PLANS_ALLOW: &str = "allow";
 /// How many apply attempts in a row failed (the retry schedule's count).
 pub const APPLY_FAILURES: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failures";
 /// The latest apply attempt that succeeded, written with its state's fingerprint once the

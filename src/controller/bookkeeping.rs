@@ -189,12 +189,29 @@ pub fn plan(o: &Observed, settings: &Settings, facts: &Facts, decision: &Decisio
                     error_tail.as_deref().unwrap_or(reason)
                 ),
             };
-            notes.push(Note::warning(
-                events::APPLY_FAILED,
-                "Apply",
-                format!("apply attempt {n} failed: {text}"),
-            ));
-            apply_failure = Some(reason.clone());
+            match error_tail.as_deref().and_then(job::DestructivePlan::of) {
+                Some(plan) => {
+                    notes.push(Note::warning(
+                        events::DESTRUCTIVE_PLAN_BLOCKED,
+                        "Apply",
+                        format!(
+                            "apply attempt {n} stopped before changing anything: its plan would {}; approve plan {} with the annotation {}, or change the inputs",
+                            plan.list(10),
+                            plan.hash,
+                            names::APPROVE_PLAN
+                        ),
+                    ));
+                    apply_failure = Some(events::DESTRUCTIVE_PLAN_BLOCKED.to_string());
+                }
+                None => {
+                    notes.push(Note::warning(
+                        events::APPLY_FAILED,
+                        "Apply",
+                        format!("apply attempt {n} failed: {text}"),
+                    ));
+                    apply_failure = Some(reason.clone());
+                }
+            }
             // It wrote the state before it failed: the state's fingerprint moves on, and
             // what the state now holds was made with these inputs.
             if let Some((lineage, serial)) = gather::apply::written_by_apply(o, &left) {

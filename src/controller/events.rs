@@ -30,6 +30,9 @@ pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
 /// its success cannot be recorded, and the object holds.
 pub const APPLY_UNRECORDED: &str = "ApplyUnrecorded";
 
+/// The plan guard stopped an apply attempt before it changed anything: its plan destroys
+/// or replaces resources, and its hash is not approved.
+pub const DESTRUCTIVE_PLAN_BLOCKED: &str = "DestructivePlanBlocked";
 /// The API server refused what an apply needs (its Job, Secrets or runner RBAC).
 pub const APPLY_CANNOT_START: &str = "ApplyCannotStart";
 /// The object was provisioned for the first time.
@@ -43,10 +46,11 @@ pub const PROVIDER_ID_CHANGE_REFUSED: &str = "ProviderIDChangeRefused";
 
 /// The apply's reasons, as docs/provisioning/01-lifecycle.md lists them (a docs test
 /// checks it).
-pub const APPLY_REASONS: [&str; 9] = [
+pub const APPLY_REASONS: [&str; 10] = [
     APPLY_STARTED,
     APPLY_CANNOT_START,
     APPLY_FAILED,
+    DESTRUCTIVE_PLAN_BLOCKED,
     APPLY_SUCCEEDED,
     APPLY_UNRECORDED,
     PROVISIONED,

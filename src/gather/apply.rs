@@ -97,15 +97,20 @@ fn apply_history(o: &Observed) -> (u32, LastApply) {
             JobOutcome::Failed {
                 reason, error_tail, ..
             },
-        )) => LastApply::Failed {
-            // Counted once the failure is recorded; until then it is one more.
-            failures: if failed_at.is_some() {
-                failures.max(1)
-            } else {
-                failures + 1
+        )) => match error_tail.as_deref().and_then(job::DestructivePlan::of) {
+            // The plan guard stopped it: nothing was changed, and nothing is retried
+            // until its plan is approved or the inputs change.
+            Some(plan) => LastApply::PlanBlocked(plan),
+            None => LastApply::Failed {
+                // Counted once the failure is recorded; until then it is one more.
+                failures: if failed_at.is_some() {
+                    failures.max(1)
+                } else {
+                    failures + 1
+                },
+                at: failed_at.or_else(|| job::finished_at(j)).unwrap_or(o.now),
+                message: job::failure_message(&reason, error_tail.as_deref(), j, &o.pods),
             },
-            at: failed_at.or_else(|| job::finished_at(j)).unwrap_or(o.now),
-            message: job::failure_message(&reason, error_tail.as_deref(), j, &o.pods),
         },
         // Row A5 waits for it.
         Some((_, JobOutcome::Unfinished { .. })) => LastApply::None,
@@ -701,6 +706,7 @@ pub fn apply_facts_seen(
         state: seen.state.clone(),
         errored: seen.errored.clone(),
         lock_held: seen.lock_held.clone(),
+        approved_plan: annotation(&o.meta, names::APPROVE_PLAN).map(str::to_string),
     }
 }
 

@@ -25,6 +25,8 @@ pub const RESERVED_ENV: &[&str] = &[
     "CAPTF_JOB_NAME",
     "CAPTF_RUNTIME",
     "CAPTF_PLUGIN_DIR",
+    "CAPTF_PLAN_GUARD",
+    "CAPTF_PLAN_APPROVED",
     "CHECKPOINT_DISABLE",
 ];
 
@@ -126,6 +128,12 @@ pub(super) fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>
     }
     if let Some(dir) = &req.inputs.runner.plugin_dir {
         out.push(plain("CAPTF_PLUGIN_DIR", dir.clone()));
+    }
+    if req.plan_guard.on && req.operation == names::OPERATION_APPLY {
+        out.push(plain("CAPTF_PLAN_GUARD", "1".to_string()));
+        if let Some(hash) = req.plan_guard.approved {
+            out.push(plain("CAPTF_PLAN_APPROVED", hash.trim().to_string()));
+        }
     }
     Ok(out)
 }

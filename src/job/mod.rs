@@ -20,9 +20,9 @@ pub(crate) mod testutil;
 pub use backend::secret_labels;
 pub use env::{RESERVED_ENV, env_refusal};
 pub use outcome::{
-    JobOutcome, RUNNER_NEVER_STARTED, attempt_of, cut, error_summary, failure_message,
-    failure_text, finished_at, operation_of, outcome, pod_of_job, pod_outcome, ran_for,
-    reason_text, suspended,
+    DESTRUCTIVE_PLAN_MARKER, DestructivePlan, JobOutcome, RUNNER_NEVER_STARTED, attempt_of, cut,
+    error_summary, failure_message, failure_text, finished_at, operation_of, outcome, pod_of_job,
+    pod_outcome, ran_for, reason_text, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
 pub use render::{attempt_secret, render};
@@ -30,6 +30,15 @@ pub use template::Templates;
 
 use crate::api::names::Kind;
 use crate::inputs::Inputs;
+
+/// The plan guard of an apply (see `templates/runner.sh`): whether the runner plans first
+/// and stops before a plan that destroys or replaces resources, and the plan hash an
+/// operator approved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanGuard<'a> {
+    pub on: bool,
+    pub approved: Option<&'a str>,
+}
 
 /// What one attempt's Job is rendered from.
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +56,8 @@ pub struct JobRequest<'a> {
     pub operation: &'a str,
     pub attempt: u32,
     pub inputs: &'a Inputs,
+    /// An apply's plan guard (off for a destroy).
+    pub plan_guard: PlanGuard<'a>,
 }
 
 /// Why a Job could not be rendered, or the templates not loaded.

@@ -217,6 +217,54 @@ fn runner_started(pod: &Pod) -> bool {
 /// The text of a failed attempt for the condition and the Event: what killed the runner
 /// when something did (its memory, a deadline before it ever ran), else a summary of
 /// Terraform's errors with where to read the rest, else the Job's reason.
+/// The first line of the termination message of an apply the plan guard stopped
+/// (`templates/runner.sh`), before the plan's hash.
+pub const DESTRUCTIVE_PLAN_MARKER: &str = "captf-runner: destructive plan ";
+
+/// An apply the plan guard stopped before it changed anything: the plan's hash, and what
+/// the plan would destroy or replace (`replace ADDRESS`, `delete ADDRESS`), from the
+/// runner's termination message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DestructivePlan {
+    pub hash: String,
+    pub changes: Vec<String>,
+}
+
+impl DestructivePlan {
+    /// Reads the runner's termination message; none unless it is the plan guard's.
+    pub fn of(error_tail: &str) -> Option<DestructivePlan> {
+        let mut lines = error_tail.lines();
+        let hash = lines.next()?.strip_prefix(DESTRUCTIVE_PLAN_MARKER)?.trim();
+        if hash.is_empty() || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        let changes = lines
+            .map(str::trim)
+            .filter(|l| l.starts_with("replace ") || l.starts_with("delete "))
+            .map(str::to_string)
+            .collect();
+        Some(DestructivePlan {
+            hash: hash.to_string(),
+            changes,
+        })
+    }
+
+    /// "replace terraform_data.disk, delete terraform_data.old[0]", at most `max` named.
+    pub fn list(&self, max: usize) -> String {
+        let mut named: Vec<&str> = self.changes.iter().take(max).map(String::as_str).collect();
+        let more = self.changes.len().saturating_sub(max);
+        let more = format!("and {more} more");
+        if self.changes.len() > max {
+            named.push(&more);
+        }
+        if named.is_empty() {
+            "resources the runner could not list".to_string()
+        } else {
+            named.join(", ")
+        }
+    }
+}
+
 pub fn failure_message(reason: &str, error_tail: Option<&str>, job: &Job, pods: &[Pod]) -> String {
     let ns = job.metadata.namespace.clone().unwrap_or_default();
     let name = job.metadata.name.clone().unwrap_or_default();

@@ -70,6 +70,7 @@ pub(crate) fn request(inputs: &Inputs) -> JobRequest<'_> {
         operation: names::OPERATION_DESTROY,
         attempt: 2,
         inputs,
+        plan_guard: PlanGuard::default(),
     }
 }
 

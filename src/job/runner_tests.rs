@@ -85,6 +85,18 @@ state)
     fi
     exit 0
     ;;
+plan)
+    for a in "$@"; do
+        case "$a" in
+            -out=*) echo "PLANNED" > "${a#-out=}" ;;
+        esac
+    done
+    exit "${FAKE_TF_PLAN_EXIT:-0}"
+    ;;
+show)
+    printf '%s' "${FAKE_TF_PLAN_SHOW:-}"
+    exit 0
+    ;;
 destroy | apply)
     if [ -n "${FAKE_TF_LOCKED_BY:-}" ] && [ ! -f "$rec.unlocked" ]; then
         printf '\nError: Error acquiring the state lock\n\nError message: the state is already locked by another terraform client\nLock Info:\n  ID:        lock-1234\n  Path:      \n  Operation: OperationTypeApply\n  Who:       %s\n  Version:   1.11.4\n  Created:   2026-12-01 10:00:00 +0000 UTC\n  Info:      \n\n' "$FAKE_TF_LOCKED_BY" >&2
@@ -142,9 +154,32 @@ enum Shell {
 
 const BUSYBOX: &str = "/usr/bin/busybox";
 const BUSYBOX_APPLETS: &[&str] = &[
-    "sh", "cp", "mkdir", "rm", "cat", "tee", "mkfifo", "sed", "tail", "tr", "date", "setsid",
-    "kill", "sleep", "printf", "find", "ls", "sort", "pwd", "env", "head", "cut", "hostname",
-    "base64", "wc",
+    "sh",
+    "cp",
+    "mkdir",
+    "rm",
+    "cat",
+    "tee",
+    "mkfifo",
+    "sed",
+    "tail",
+    "tr",
+    "date",
+    "setsid",
+    "kill",
+    "sleep",
+    "printf",
+    "find",
+    "ls",
+    "sort",
+    "pwd",
+    "env",
+    "head",
+    "cut",
+    "hostname",
+    "base64",
+    "wc",
+    "sha256sum",
 ];
 
 /// The shells to run each test under: busybox too when it is installed.
@@ -919,4 +954,136 @@ fn a_lock_left_by_an_earlier_pod_of_the_same_job_is_broken_and_any_other_is_not(
             );
         }
     }
+}
+
+/// `terraform show` of a plan that replaces two resources (one of them tainted), deletes
+/// one and updates one in place, as Terraform renders it.
+const DESTRUCTIVE_SHOW: &str = "Terraform will perform the following actions:\n\n  # terraform_data.disk must be replaced\n-/+ resource \"terraform_data\" \"disk\" {\n    }\n\n  # terraform_data.old[0] will be destroyed\n  # (because index [0] is out of range for count)\n  - resource \"terraform_data\" \"old\" {\n    }\n\n  # terraform_data.tag will be updated in-place\n  # aws_instance.x[\"a b\"] is tainted, so must be replaced\n\nPlan: 2 to add, 1 to change, 3 to destroy.\n";
+
+const DESTRUCTIVE_LIST: &str =
+    "delete terraform_data.old[0]\nreplace aws_instance.x[\"a b\"]\nreplace terraform_data.disk\n";
+
+fn plan_hash(list: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(list.as_bytes());
+    digest
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..16]
+        .to_string()
+}
+
+fn guarded(shell: Shell, approved: Option<&str>) -> Runner {
+    let inputs = inline_inputs();
+    let mut req = request(&inputs);
+    req.operation = names::OPERATION_APPLY;
+    req.plan_guard = PlanGuard { on: true, approved };
+    Runner::new(rendered(&Templates::embedded(), &req), shell)
+}
+
+fn args(record: &str) -> Vec<String> {
+    record
+        .lines()
+        .filter_map(|l| l.strip_prefix("ARGS "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_guarded_apply_whose_plan_destroys_stops_before_applying_and_names_what_it_would() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = guarded(shell, Some("0000000000000000"));
+        let mut command = r.command();
+        command.env("FAKE_TF_PLAN_SHOW", DESTRUCTIVE_SHOW);
+        let (status, stderr) = r.run(command);
+        let record = r.record();
+        assert_eq!(status.code(), Some(3), "{stderr}\n{record}");
+        let ws = r.path("workspace").display().to_string();
+        assert_eq!(
+            args(&record)[1..],
+            [
+                format!(
+                    "plan -input=false -no-color -out={ws}/captf.tfplan -var-file={ws}/captf.tfvars.json"
+                ),
+                format!("show -no-color {ws}/captf.tfplan"),
+            ],
+            "planned and shown, never applied"
+        );
+        let hash = plan_hash(DESTRUCTIVE_LIST);
+        assert_eq!(
+            r.termination_log(),
+            format!("captf-runner: destructive plan {hash}\n{DESTRUCTIVE_LIST}")
+        );
+        assert!(
+            stderr.contains("captf-runner: would replace terraform_data.disk"),
+            "{stderr}"
+        );
+        let plan = DestructivePlan::of(&r.termination_log()).expect("the guard's message");
+        assert_eq!(plan.hash, hash);
+        assert_eq!(plan.changes.len(), 3, "{plan:?}");
+    }
+}
+
+#[test]
+fn an_approved_plan_is_the_plan_applied_and_a_plan_that_destroys_nothing_needs_no_approval() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let hash = plan_hash(DESTRUCTIVE_LIST);
+        for (approved, show) in [
+            (Some(hash.as_str()), DESTRUCTIVE_SHOW),
+            (
+                None,
+                "  # terraform_data.tag will be updated in-place\n  # terraform_data.new will be created\n",
+            ),
+        ] {
+            let r = guarded(shell, approved);
+            let mut command = r.command();
+            command.env("FAKE_TF_PLAN_SHOW", show);
+            let (status, stderr) = r.run(command);
+            let record = r.record();
+            assert!(status.success(), "{stderr}\n{record}");
+            let ws = r.path("workspace").display().to_string();
+            assert_eq!(
+                args(&record).last().map(String::as_str),
+                Some(
+                    format!("apply -auto-approve -input=false -no-color {ws}/captf.tfplan")
+                        .as_str()
+                ),
+                "{record}"
+            );
+            assert_eq!(r.termination_log(), "");
+        }
+    }
+}
+
+#[test]
+fn the_guard_is_an_applys_only() {
+    let inputs = inline_inputs();
+    let mut req = request(&inputs);
+    req.plan_guard = PlanGuard {
+        on: true,
+        approved: Some("abc"),
+    };
+    let env_of = |req: &JobRequest| -> Vec<String> {
+        let (job, _) = rendered(&Templates::embedded(), req);
+        job.spec.unwrap().template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    assert!(
+        !env_of(&req).iter().any(|n| n.starts_with("CAPTF_PLAN")),
+        "a destroy is never guarded"
+    );
+    req.operation = names::OPERATION_APPLY;
+    let names = env_of(&req);
+    assert!(names.contains(&"CAPTF_PLAN_GUARD".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"CAPTF_PLAN_APPROVED".to_string()),
+        "{names:?}"
+    );
 }

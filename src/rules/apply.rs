@@ -33,6 +33,7 @@ pub mod reason {
     pub const ERRORED_STATE: &str = "ErroredState";
     pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
     pub const CHANGE_REFUSED: &str = "ChangeRefused";
+    pub const DESTRUCTIVE_PLAN_BLOCKED: &str = "DestructivePlanBlocked";
     pub const PROVISIONED: &str = "Provisioned";
     pub const APPLIED: &str = "Applied";
     pub const READY: &str = "Ready";
@@ -95,6 +96,9 @@ pub enum LastApply {
         at: Timestamp,
         message: String,
     },
+    /// The plan guard stopped the latest attempt before it changed anything: its plan
+    /// destroys or replaces resources, and its hash was not approved.
+    PlanBlocked(crate::job::DestructivePlan),
 }
 
 /// The facts of a pass on a live object, the apply table's whole input.
@@ -148,6 +152,8 @@ pub struct ApplyFacts {
     /// Terraform's lock is held by something else than a gone runner of the object: by
     /// whom and since when.
     pub lock_held: Option<String>,
+    /// `A/approve-plan`: the hash of a destructive plan an operator approved.
+    pub approved_plan: Option<String>,
 }
 
 /// Whether the apply table needs the state read to decide: it would start an attempt,
@@ -173,10 +179,14 @@ pub enum ApplyRow {
     CannotStart,
     Failed,
     Apply,
+    PlanBlocked,
 }
 
 impl ApplyRow {
-    pub const ALL: [ApplyRow; 13] = [
+    /// In the order they are evaluated; `PlanBlocked` (A14) is numbered last, after the
+    /// rows it came after, and excludes A12 and A13 (it is an ending of the latest attempt
+    /// of the same inputs, as A12 is, and A13 is for every other ending).
+    pub const ALL: [ApplyRow; 14] = [
         ApplyRow::ExternallyManaged,
         ApplyRow::Paused,
         ApplyRow::NoOwner,
@@ -190,6 +200,7 @@ impl ApplyRow {
         ApplyRow::CannotStart,
         ApplyRow::Failed,
         ApplyRow::Apply,
+        ApplyRow::PlanBlocked,
     ];
 
     /// The row's letter and number, `A1` to `A13`, as the docs' table names it.
@@ -222,6 +233,9 @@ impl ApplyRow {
             }
             ApplyRow::Failed => "the latest apply of these inputs failed",
             ApplyRow::Apply => "never applied, or the inputs changed",
+            ApplyRow::PlanBlocked => {
+                "the latest apply of these inputs stopped before applying: its plan destroys or replaces resources"
+            }
         }
     }
 }
@@ -404,6 +418,39 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
                 reason::APPLY_FAILED,
                 msg,
                 ApplyAction::RetryLater { at: due, start },
+            )
+        }
+        LastApply::PlanBlocked(plan) if same_inputs => {
+            if f.approved_plan.as_deref().map(str::trim) == Some(plan.hash.as_str()) {
+                if let Some(held) = cannot_start(f) {
+                    return held;
+                }
+                let msg = format!(
+                    "apply attempt {next} is starting: plan {} is approved ({})",
+                    plan.hash,
+                    plan.list(10)
+                );
+                return not_applied(
+                    f,
+                    ApplyRow::PlanBlocked,
+                    reason::APPLYING,
+                    msg,
+                    ApplyAction::StartApply { attempt: next },
+                );
+            }
+            let msg = format!(
+                "apply attempt {} stopped before changing anything: its plan would {}; to apply it, approve this plan: annotate the object {}={} (a later plan that destroys or replaces anything else needs its own approval), or change the inputs; see runbooks/DestructivePlanBlocked.md",
+                f.attempt,
+                plan.list(10),
+                crate::api::names::APPROVE_PLAN,
+                plan.hash
+            );
+            not_applied(
+                f,
+                ApplyRow::PlanBlocked,
+                reason::DESTRUCTIVE_PLAN_BLOCKED,
+                msg,
+                ApplyAction::Wait,
             )
         }
         _ => {

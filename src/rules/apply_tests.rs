@@ -33,6 +33,7 @@ fn machine() -> ApplyFacts {
         state_expected: false,
         errored: None,
         lock_held: None,
+        approved_plan: None,
     }
 }
 
@@ -550,7 +551,7 @@ fn provisioned_latches_through_gates_and_failed_reapplies() {
 fn the_rows_are_labelled_in_order() {
     let labels: Vec<String> = ApplyRow::ALL.iter().map(|r| r.label()).collect();
     assert_eq!(labels.first().map(String::as_str), Some("A1"));
-    assert_eq!(labels.last().map(String::as_str), Some("A13"));
+    assert_eq!(labels.last().map(String::as_str), Some("A14"));
     let mut sorted = ApplyRow::ALL.to_vec();
     sorted.sort();
     assert_eq!(
@@ -584,4 +585,91 @@ fn the_docs_table_matches_the_apply_table() {
         documented, product,
         "the docs' table and rules::apply differ"
     );
+}
+
+/// A provisioned object whose re-apply (attempt 2, the inputs changed) was stopped by the
+/// plan guard: its plan replaces one resource and deletes another.
+fn plan_blocked() -> ApplyFacts {
+    ApplyFacts {
+        applied_sha: Some("sha-a".into()),
+        attempt: 2,
+        last: LastApply::PlanBlocked(crate::job::DestructivePlan {
+            hash: "1803ba87162c431f".into(),
+            changes: vec![
+                "delete terraform_data.gone[0]".into(),
+                "replace terraform_data.disk".into(),
+            ],
+        }),
+        provisioned: true,
+        state: StateFacts::Readable {
+            managed_instances: 3,
+            lineage: "l-1".into(),
+            serial: 4,
+            secret: "tfstate-default-web-1.tfm".into(),
+        },
+        ..machine()
+    }
+}
+
+#[test]
+fn a14_a_destructive_plan_holds_until_its_hash_is_approved() {
+    let d = decide_apply(&plan_blocked());
+    assert_eq!(d.row, ApplyRow::PlanBlocked);
+    assert_eq!(d.row.label(), "A14");
+    assert_eq!(d.action, ApplyAction::Wait, "never retried by itself");
+    let c = condition(&d, INPUTS_APPLIED);
+    assert_eq!(
+        (c.status, c.reason),
+        (Status::False, "DestructivePlanBlocked")
+    );
+    for said in [
+        "replace terraform_data.disk",
+        "delete terraform_data.gone[0]",
+        "terraform.infrastructure.cluster.x-k8s.io/approve-plan=1803ba87162c431f",
+        "runbooks/DestructivePlanBlocked.md",
+    ] {
+        assert!(c.message.contains(said), "{said}: {}", c.message);
+    }
+    // Nothing was changed: the object stays provisioned and Ready.
+    assert_eq!(condition(&d, cond::READY).status, Status::True);
+    assert_eq!(condition(&d, PROVISIONED).status, Status::True);
+
+    // Another hash approved (an earlier plan's): still held.
+    let d = decide_apply(&ApplyFacts {
+        approved_plan: Some("0000000000000000".into()),
+        ..plan_blocked()
+    });
+    assert_eq!(d.action, ApplyAction::Wait);
+}
+
+#[test]
+fn a14_an_approved_plan_starts_the_next_attempt_and_new_inputs_plan_again() {
+    let d = decide_apply(&ApplyFacts {
+        approved_plan: Some(" 1803ba87162c431f\n".into()),
+        ..plan_blocked()
+    });
+    assert_eq!(d.row, ApplyRow::PlanBlocked);
+    assert_eq!(d.action, ApplyAction::StartApply { attempt: 3 });
+    assert!(
+        condition(&d, INPUTS_APPLIED)
+            .message
+            .contains("is approved"),
+        "{:?}",
+        d.conditions
+    );
+    // Approved, but the state cannot be trusted now: A11 holds as for any start.
+    let d = decide_apply(&ApplyFacts {
+        approved_plan: Some("1803ba87162c431f".into()),
+        state: StateFacts::Missing,
+        state_expected: true,
+        ..plan_blocked()
+    });
+    assert_eq!(d.row, ApplyRow::CannotStart);
+    // The inputs changed again: a new attempt plans again (A13), approved or not.
+    let d = decide_apply(&ApplyFacts {
+        inputs: Ok("sha-b".into()),
+        ..plan_blocked()
+    });
+    assert_eq!(d.row, ApplyRow::Apply);
+    assert_eq!(d.action, ApplyAction::StartApply { attempt: 3 });
 }

@@ -469,7 +469,25 @@ async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String 
         Some(format!("registry.captf.test/captf@{digest}").as_str()),
         "the Pod runs the image built here: {status}"
     );
-    assert_eq!(http_get(health, "/readyz").await.0, 200);
+    let (code, _) = http_get(health, "/readyz").await;
+    if code != 200 {
+        // A Ready Pod that no longer answers ready: its manager stopped or restarted. Its
+        // log says why.
+        let log = |previous: bool| {
+            let params = kube::api::LogParams {
+                previous,
+                tail_lines: Some(60),
+                ..Default::default()
+            };
+            let (pods, name) = (pods.clone(), name.clone());
+            async move { pods.logs(&name, &params).await.unwrap_or_default() }
+        };
+        panic!(
+            "manager Pod {name} was Ready, but /readyz answers {code}; its log:\n{}\nits previous container's:\n{}",
+            log(false).await,
+            log(true).await
+        );
+    }
     name
 }
 

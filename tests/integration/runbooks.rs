@@ -1574,3 +1574,148 @@ async fn runbook_apply_unrecorded() {
     );
     env.shutdown().await;
 }
+
+/// The plan guard end to end with the real Terraform, and its runbook: a re-apply whose
+/// plan replaces a resource stops before changing anything (row A14, the resource named,
+/// a Warning Event), the runbook's fix approves that plan's hash and the next attempt
+/// applies it; a change the module makes in place is applied unguarded, and an object
+/// that opts out applies a replacement without an approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_destructive_plan_blocked() {
+    const RB: &str = "runbooks/DestructivePlanBlocked.md";
+    check_vars(RB, "terraformcluster", "prod");
+    let module = format!(
+        "{}{}",
+        r#"variable "generation" {
+  type = string
+}
+variable "label" {
+  type = string
+}
+resource "terraform_data" "disk" {
+  triggers_replace = [var.generation]
+}
+resource "terraform_data" "tag" {
+  input = var.label
+}
+output "disk" {
+  value = terraform_data.disk.id
+}
+"#,
+        contract_outputs(names::Kind::TerraformCluster)
+    );
+    let env = Env::start_provisioning("rb-plan-guard", Some(Duration::from_secs(1))).await;
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &module,
+        json!({ "variables": {"generation": "1", "label": "a"} }),
+    )
+    .await;
+    wait_inputs_applied(&env, "Applied").await;
+    let disk = || async {
+        match env.read_state(names::Kind::TerraformCluster, "prod").await {
+            captf::state::StateContent::Parsed { .. } => {}
+            other => panic!("state: {other:?}"),
+        }
+        let secrets = captf::state::secrets::read(
+            &env.secrets(),
+            &names::state_secret_name("prod.tfc"),
+            None,
+        )
+        .await
+        .expect("read the state");
+        captf::state::outputs(&secrets, captf::state::DEFAULT_DECOMPRESSION_CAP)
+            .expect("outputs")
+            .get("disk")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .expect("the disk output")
+    };
+    let first_disk = disk().await;
+    let set = |vars: Value| {
+        let api = env.api::<Tfc>();
+        async move {
+            api.patch(
+                "prod",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"variables": vars}})),
+            )
+            .await
+            .expect("set the variables");
+        }
+    };
+    let attempt = || async {
+        env.object::<Tfc>("prod")
+            .await
+            .and_then(|o| o.metadata.annotations?.get(names::APPLY_ATTEMPT).cloned())
+            .unwrap_or_default()
+    };
+
+    // In place: applied without a question.
+    set(json!({"generation": "1", "label": "b"})).await;
+    wait_for("attempt 2 to be applied", LONG, || async {
+        attempt().await == "2"
+            && env
+                .condition::<Tfc>("prod", "InputsApplied")
+                .await
+                .is_some_and(|(s, r, _)| s == "True" && r == "Applied")
+    })
+    .await;
+    assert_eq!(disk().await, first_disk, "nothing replaced");
+
+    // A replacement: stopped, named, nothing changed.
+    set(json!({"generation": "2", "label": "b"})).await;
+    let msg = wait_inputs_applied(&env, "DestructivePlanBlocked").await;
+    assert!(
+        msg.contains("replace terraform_data.disk")
+            && msg.contains(names::APPROVE_PLAN)
+            && msg.contains(RB),
+        "{msg}"
+    );
+    assert!(!msg.contains("terraform_data.tag"), "{msg}");
+    assert_eq!(
+        disk().await,
+        first_disk,
+        "nothing replaced before the approval"
+    );
+    let (ready, _, _) = env.condition::<Tfc>("prod", "Ready").await.expect("Ready");
+    assert_eq!(ready, "True", "still Ready");
+    let blocked_attempt = attempt().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(attempt().await, blocked_attempt, "not retried by itself");
+
+    // The runbook: what you see, the Event, and its fix (the approval), then its wait.
+    let run = run_runbook(&env, RB).await;
+    assert!(
+        run.stdout.contains("approving plan ")
+            && run.stdout.contains("replace terraform_data.disk"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("Applied"), "{}", run.stdout);
+    assert_ne!(
+        disk().await,
+        first_disk,
+        "the approved plan replaced the disk"
+    );
+    let second_disk = disk().await;
+
+    // An object that opts out applies a replacement without an approval.
+    env.annotate::<Tfc>(
+        "prod",
+        &[(names::DESTRUCTIVE_PLANS, Some("allow".to_string()))],
+    )
+    .await;
+    set(json!({"generation": "3", "label": "b"})).await;
+    wait_for("the replacement to be applied", LONG, || async {
+        disk().await != second_disk
+            && env
+                .condition::<Tfc>("prod", "InputsApplied")
+                .await
+                .is_some_and(|(s, r, _)| s == "True" && r == "Applied")
+    })
+    .await;
+    env.shutdown().await;
+}

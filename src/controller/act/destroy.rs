@@ -72,6 +72,15 @@ pub fn render_operation<K: TerraformObject>(
         _ => None,
     };
     let inputs = replaced.as_ref().unwrap_or(inputs);
+    let ann = |key: &str| obj.meta().annotations.as_ref().and_then(|a| a.get(key));
+    // An apply after the object's first success plans first, unless the object opts out.
+    let plan_guard = job::PlanGuard {
+        on: operation == names::OPERATION_APPLY
+            && ann(names::APPLIED_ATTEMPT).is_some()
+            && ann(names::DESTRUCTIVE_PLANS).map(|v| v.trim())
+                != Some(names::DESTRUCTIVE_PLANS_ALLOW),
+        approved: ann(names::APPROVE_PLAN).map(String::as_str),
+    };
     let request = JobRequest {
         kind: K::KIND,
         name: &scope.name,
@@ -82,6 +91,7 @@ pub fn render_operation<K: TerraformObject>(
         operation,
         attempt: n,
         inputs,
+        plan_guard,
     };
     let job = job::render(&ctx.templates, &request).map_err(|e| e.to_string())?;
     let secret = job::attempt_secret(&ctx.templates, &request).map_err(|e| e.to_string())?;
