@@ -192,6 +192,11 @@ pub struct ManagerArgs {
     /// applied).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub provision: bool,
+    /// How long a Cluster marked for disposal without a retention of its own
+    /// (`terraform.infrastructure.cluster.x-k8s.io/dispose-after: ""`) waits before CAPTF
+    /// deletes it.
+    #[arg(long, default_value = "72h", value_parser = parse_duration)]
+    pub disposal_retention: std::time::Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -396,6 +401,7 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
         max_state_reads: usize::from(args.max_state_reads),
         state_read_starved_after: args.state_read_starved_after,
         provision: args.provision,
+        disposal_retention: args.disposal_retention,
         shutdown_grace: SHUTDOWN_GRACE,
         ..Default::default()
     };

@@ -144,6 +144,8 @@ pub struct Metrics {
     /// Live objects whose deletion, asked now, would not finish by itself (their
     /// `DeletionReady` is False or Unknown), by kind and reason.
     pub deletion_not_ready: Gauge,
+    /// Clusters marked for disposal, by state (pending, held, due, deleting).
+    pub clusters_in_disposal: Gauge,
     /// How long a pass took, by kind.
     pub pass_seconds: Histogram,
     /// How long a pass waited for the fair gate, by kind.
@@ -210,6 +212,12 @@ impl Default for Metrics {
             "Live objects whose deletion would not finish by itself if it were asked now (DeletionReady False or Unknown), by kind and reason",
             &["kind", "reason"],
         );
+        let clusters_in_disposal = Gauge::register(
+            &mut r,
+            "captf_clusters_in_disposal",
+            "Cluster API Clusters marked for disposal, by state (pending: the retention runs; held: over, held by disposal-hold; due: being deleted by CAPTF; deleting)",
+            &["state"],
+        );
         let pass_seconds = Histogram::register(
             &mut r,
             "captf_pass_duration_seconds",
@@ -245,6 +253,7 @@ impl Default for Metrics {
             apply_attempts,
             apply_failures,
             deletion_not_ready,
+            clusters_in_disposal,
             pass_seconds,
             gate_wait_seconds,
             job_seconds,

@@ -65,6 +65,16 @@ pub const ENDPOINT_GIVEN: &str =
 /// the apply ran (recorded by digest). For a registry that no longer serves that digest
 /// (a lifecycle rule expired it), where every destroy would otherwise never start.
 pub const RUNNER_IMAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/runner-image";
+/// On a Cluster API Cluster, set by an operator: dispose of the Cluster after this
+/// retention (a duration; empty for the manager's `--disposal-retention`) instead of
+/// deleting it now. Removing it before the end takes the disposal back.
+pub const DISPOSE_AFTER: &str = "terraform.infrastructure.cluster.x-k8s.io/dispose-after";
+/// On a Cluster API Cluster marked for disposal: the final deletion waits while it is
+/// there (a recovery); its value says why.
+pub const DISPOSAL_HOLD: &str = "terraform.infrastructure.cluster.x-k8s.io/disposal-hold";
+/// On the TerraformCluster: when its Cluster's disposal mark was first seen (RFC 3339).
+pub const DISPOSAL_REQUESTED_AT: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/disposal-requested-at";
 /// On the object, set by an operator: the hash of a plan that destroys or replaces
 /// resources, approved to be applied (the plan guard, `docs/10-before-a-deletion.md`). A
 /// later plan with another list of destroyed or replaced resources has another hash.

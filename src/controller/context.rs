@@ -48,6 +48,8 @@ pub struct ManagerConfig {
     /// Whether live objects are applied (the apply table); off, the manager only deletes
     /// (what was applied by someone else, as the deletion tests and benchmarks do).
     pub provision: bool,
+    /// The retention of a disposal mark without one of its own.
+    pub disposal_retention: Duration,
     /// How long the passes under way at a shutdown may go on before they are dropped
     /// where they are (see [`super::run`]). Zero (the default) drops them at once, as a
     /// crash would: the tests stop and restart managers that way after any write.
@@ -74,6 +76,7 @@ impl Default for ManagerConfig {
             max_state_reads: 4,
             state_read_starved_after: Duration::from_secs(600),
             provision: true,
+            disposal_retention: Duration::from_secs(72 * 3600),
             shutdown_grace: Duration::ZERO,
         }
     }
@@ -85,6 +88,8 @@ pub struct Context {
     pub settings: Settings,
     /// [`ManagerConfig::provision`].
     pub provision: bool,
+    /// [`ManagerConfig::disposal_retention`].
+    pub disposal_retention: Duration,
     pub templates: Templates,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
@@ -119,6 +124,8 @@ pub struct Context {
     /// What each live object's `DeletionReady` was last decided from (see
     /// [`super::preview`]).
     pub previews: super::preview::Previews,
+    /// The TerraformClusters counted in `captf_clusters_in_disposal`.
+    pub disposals: super::disposal::Counted,
     /// The runner ServiceAccounts the manager made, when watched (see [`super::rbac`]).
     pub runner_accounts: std::sync::OnceLock<Store<PartialObjectMeta<ServiceAccount>>>,
 }
@@ -136,6 +143,7 @@ impl Context {
             client: client.clone(),
             settings: cfg.settings,
             provision: cfg.provision,
+            disposal_retention: cfg.disposal_retention,
             templates,
             recorder: Recorder::new(
                 client,
@@ -157,6 +165,7 @@ impl Context {
             state_reads: Arc::new(StateReads::new(cfg.max_state_reads)),
             caches: Mutex::default(),
             previews: Default::default(),
+            disposals: Default::default(),
             runner_accounts: std::sync::OnceLock::new(),
         }
     }

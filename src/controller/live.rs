@@ -180,6 +180,13 @@ pub async fn decide_live<K: TerraformObject>(
     })))
 }
 
+/// What a live pass writes beside the apply table's conditions: the deletion table's
+/// decision (not deleting), and the pass's other conditions (`Disposal`).
+pub struct Shown<'a> {
+    pub deletion: &'a Decision,
+    pub others: &'a [crate::api::conditions::Desired],
+}
+
 /// Runs the apply side of a pass on a live object; `shown` is the deletion table's
 /// decision (not deleting), whose conditions are written with the apply table's.
 pub async fn live_pass<K: TerraformObject>(
@@ -188,7 +195,7 @@ pub async fn live_pass<K: TerraformObject>(
     obj: Arc<K>,
     observed: Observed,
     state_seen: ApplyStateSeen,
-    shown: &Decision,
+    shown: Shown<'_>,
     resync: Duration,
 ) -> Result<Requeue, Error> {
     let LiveDecision {
@@ -220,7 +227,8 @@ pub async fn live_pass<K: TerraformObject>(
     let ready = super::preview::deletion_ready(ctx, scope, &observed, true).await?;
     let mut conditions = shown_apply.conditions.clone();
     conditions.push(ready);
-    let obj = write_status_keeping_with(&scope.api, obj, shown, &conditions).await?;
+    conditions.extend(shown.others.iter().cloned());
+    let obj = write_status_keeping_with(&scope.api, obj, shown.deletion, &conditions).await?;
     match (decision.action, start) {
         (
             ApplyAction::StartApply { attempt: n } | ApplyAction::RetryLater { start: Some(n), .. },
@@ -256,7 +264,7 @@ pub async fn live_pass<K: TerraformObject>(
                         write_status_keeping_with(
                             &scope.api,
                             Arc::new(current),
-                            shown,
+                            shown.deletion,
                             &refused.conditions,
                         )
                         .await?;

@@ -14,6 +14,7 @@ pub mod act;
 pub mod bookkeeping;
 pub mod caches;
 pub mod context;
+pub mod disposal;
 pub mod error;
 pub mod events;
 mod gate;

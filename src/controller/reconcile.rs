@@ -124,6 +124,26 @@ pub async fn reconcile<K: TerraformObject>(
     } else {
         RESYNC
     };
+    // A TerraformCluster whose Cluster is marked for disposal: its record, its condition,
+    // and at the end of the retention the Cluster's deletion.
+    let mut extra = Vec::new();
+    let mut resync = resync;
+    if deleting {
+        ctx.disposals.forget(&ctx, &scope.uid);
+    } else {
+        match super::disposal::pass(&ctx, &scope, obj.as_ref(), &observed).await? {
+            Some(super::disposal::Disposal::Written) => {
+                return Ok(Requeue::requeue(Duration::ZERO));
+            }
+            Some(super::disposal::Disposal::Decided { condition, wake_at }) => {
+                extra.push(condition);
+                if let Some(at) = wake_at {
+                    resync = resync.min(until(at, observed.now).max(Duration::from_secs(1)));
+                }
+            }
+            None => {}
+        }
+    }
     // A live object: the apply table decides the rest of the pass. The state this pass
     // read goes first, and its permit with it: the live pass may wait for a permit of its
     // own (its TerraformCluster's outputs), and a pass that holds one while it waits for
@@ -133,7 +153,11 @@ pub async fn reconcile<K: TerraformObject>(
         let mut observed = observed;
         observed.state = None;
         observed.state_permit = None;
-        return super::live::live_pass(&ctx, &scope, obj, observed, state_seen, &shown, resync)
+        let shown = super::live::Shown {
+            deletion: &shown,
+            others: &extra,
+        };
+        return super::live::live_pass(&ctx, &scope, obj, observed, state_seen, shown, resync)
             .await;
     }
     // Our status write changes the resourceVersion; the guarded writes that follow in
@@ -154,10 +178,11 @@ pub async fn reconcile<K: TerraformObject>(
     } else {
         super::preview::deletion_ready(&ctx, &scope, &observed, false).await?
     };
+    extra.push(ready);
     let obj = if decision.action == Action::CleanUp || copies_first {
         obj
     } else {
-        write_status_keeping_with(&scope.api, obj, &shown, std::slice::from_ref(&ready)).await?
+        write_status_keeping_with(&scope.api, obj, &shown, &extra).await?
     };
     if deleting {
         ctx.metrics

@@ -272,6 +272,7 @@ fn a_machine_meets_its_gates_in_order_and_a_cluster_has_none() {
         annotation_paused: false,
         infrastructure_provisioned: infra,
         control_plane_initialized: cp,
+        ..Default::default()
     };
     let worker = serde_json::json!({"metadata": {"name": "web-1"}, "spec": {"bootstrap": {}}});
     let mut o = live(Kind::TerraformMachine, &[], &[("Machine", true)]);

@@ -53,6 +53,10 @@ pub struct ClusterView {
     /// `status.initialization.controlPlaneInitialized` (v1beta2), or
     /// `status.controlPlaneReady` (v1beta1).
     pub control_plane_initialized: bool,
+    /// The disposal mark and hold annotations, when set.
+    pub dispose_after: Option<String>,
+    pub disposal_hold: Option<String>,
+    pub deleting: bool,
 }
 
 impl ClusterView {
@@ -80,6 +84,13 @@ impl ClusterView {
                 .as_bool()
                 .or(value["status"]["controlPlaneReady"].as_bool())
                 .unwrap_or(false),
+            dispose_after: value["metadata"]["annotations"][names::DISPOSE_AFTER]
+                .as_str()
+                .map(str::to_string),
+            disposal_hold: value["metadata"]["annotations"][names::DISPOSAL_HOLD]
+                .as_str()
+                .map(str::to_string),
+            deleting: !value["metadata"]["deletionTimestamp"].is_null(),
         }
     }
 }

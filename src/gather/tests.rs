@@ -115,6 +115,7 @@ fn a_crd_being_deleted_and_delete_for_move_count_as_paused() {
         annotation_paused: false,
         infrastructure_provisioned: true,
         control_plane_initialized: true,
+        ..Default::default()
     });
     assert_eq!(
         gather(&o, &Settings::default()).0.paused,

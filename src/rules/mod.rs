@@ -12,6 +12,7 @@ use crate::api::conditions::{self as cond, Desired, Status, reason};
 
 pub mod apply;
 mod backoff;
+pub mod disposal;
 mod facts;
 mod preview;
 mod readable;

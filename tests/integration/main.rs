@@ -9,6 +9,7 @@ mod config;
 mod control_plane;
 mod crds;
 mod deletion;
+mod disposal;
 mod jobs;
 mod local_images;
 mod machine_deployments;

@@ -1,0 +1,196 @@
+//! Disposal on the TerraformCluster's pass: reads the mark on its Cluster (from the
+//! cache, as the pass observed it), decides ([`rules::disposal`], pure), records or
+//! clears the time the mark was first seen, and at the end of the retention deletes the
+//! Cluster, after which Cluster API and the deletion's table do the rest, as for any
+//! deletion.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use jiff::Timestamp;
+use kube::api::{Api, DeleteParams, DynamicObject, Preconditions};
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::events::publish;
+use super::{Context, Error, Scope};
+use crate::api::TerraformObject;
+use crate::api::conditions::Desired;
+use crate::api::names::{self, Kind};
+use crate::gather::Observed;
+use crate::io::writes::{annotation_ops, guarded_patch};
+use crate::rules::disposal::{self as rule, DisposalAction, DisposalFacts};
+
+/// A disposal's Events.
+pub const DISPOSAL_REQUESTED: &str = "DisposalRequested";
+pub const DISPOSAL_CANCELLED: &str = "DisposalCancelled";
+pub const DISPOSAL_DELETING_CLUSTER: &str = "DisposalDeletingCluster";
+
+/// What the pass goes on with.
+pub enum Disposal {
+    /// The object was written: the next pass decides on it as written.
+    Written,
+    /// The `Disposal` condition to write, and when to look again.
+    Decided {
+        condition: Desired,
+        wake_at: Option<Timestamp>,
+    },
+}
+
+/// The TerraformClusters counted by `captf_clusters_in_disposal`, by uid.
+#[derive(Default)]
+pub struct Counted(Mutex<HashMap<String, &'static str>>);
+
+impl Counted {
+    fn set(&self, ctx: &Context, uid: &str, state: Option<&'static str>) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let before = match state {
+            Some(s) => m.insert(uid.to_string(), s),
+            None => m.remove(uid),
+        };
+        if before == state {
+            return;
+        }
+        if let Some(b) = before {
+            ctx.metrics.clusters_in_disposal.dec(&[b]);
+        }
+        if let Some(s) = state {
+            ctx.metrics.clusters_in_disposal.inc(&[s]);
+        }
+    }
+
+    /// Uncounts `uid` (its deletion began).
+    pub fn forget(&self, ctx: &Context, uid: &str) {
+        self.set(ctx, uid, None);
+    }
+}
+
+/// The disposal part of a TerraformCluster's live pass; nothing for the other kinds.
+pub async fn pass<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+) -> Result<Option<Disposal>, Error> {
+    if K::KIND != Kind::TerraformCluster {
+        return Ok(None);
+    }
+    let requested_at = obj
+        .meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::DISPOSAL_REQUESTED_AT))
+        .and_then(|v| v.parse::<Timestamp>().ok());
+    let cluster = o.cluster.as_ref();
+    let facts = DisposalFacts {
+        namespace: scope.namespace.clone(),
+        cluster: cluster.map(|c| c.name.clone()).unwrap_or_default(),
+        mark: cluster.and_then(|c| c.dispose_after.clone()),
+        hold: cluster.and_then(|c| c.disposal_hold.clone()),
+        cluster_deleting: cluster.is_some_and(|c| c.deleting),
+        requested_at,
+        default_retention: ctx.disposal_retention,
+        now: o.now,
+    };
+    let d = rule::decide_disposal(&facts);
+    ctx.disposals.set(ctx, &scope.uid, d.state);
+    let record = |value: Option<String>| {
+        let ops = annotation_ops(obj.meta(), &[(names::DISPOSAL_REQUESTED_AT, value)]);
+        guarded_patch(&scope.api, obj.meta(), ops)
+    };
+    match d.action {
+        DisposalAction::Nothing => {}
+        DisposalAction::Record(at) => {
+            record(Some(at.to_string())).await?;
+            info!(cluster = %facts.cluster, "disposal requested");
+            publish(
+                ctx,
+                obj,
+                EventType::Normal,
+                DISPOSAL_REQUESTED,
+                "Dispose",
+                &d.condition.message,
+            )
+            .await;
+            return Ok(Some(Disposal::Written));
+        }
+        DisposalAction::Clear => {
+            record(None).await?;
+            info!(cluster = %facts.cluster, "disposal taken back");
+            let msg = format!(
+                "the disposal of Cluster {} was taken back: its {} annotation is gone",
+                facts.cluster,
+                names::DISPOSE_AFTER
+            );
+            publish(
+                ctx,
+                obj,
+                EventType::Normal,
+                DISPOSAL_CANCELLED,
+                "Dispose",
+                &msg,
+            )
+            .await;
+            return Ok(Some(Disposal::Written));
+        }
+        DisposalAction::DeleteCluster => {
+            if let (Some(ar), Some(c)) = (ctx.cluster_api.resource(), cluster) {
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with(ctx.client.clone(), &scope.namespace, ar);
+                // The Cluster that was marked, not a new one of its name.
+                let params = DeleteParams {
+                    preconditions: (!c.uid.is_empty()).then(|| Preconditions {
+                        uid: Some(c.uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&c.name, &params).await {
+                    Ok(_) => {
+                        info!(cluster = %c.name, "disposal over: Cluster deleted");
+                        publish(
+                            ctx,
+                            obj,
+                            EventType::Normal,
+                            DISPOSAL_DELETING_CLUSTER,
+                            "Dispose",
+                            &d.condition.message,
+                        )
+                        .await;
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(kube::Error::Api(e)) => {
+                        warn!(cluster = %c.name, why = %e.message, "the disposal's deletion of the Cluster was refused");
+                        let condition = Desired::new(
+                            rule::DISPOSAL,
+                            d.condition.status,
+                            d.condition.reason,
+                            format!(
+                                "{}; the API server refused the deletion: {} (a deletion-protection annotation on the Cluster? remove it to let the disposal end); tried again every {}s",
+                                d.condition.message,
+                                e.message,
+                                REFUSED_RETRY.as_secs()
+                            ),
+                        );
+                        return Ok(Some(Disposal::Decided {
+                            condition,
+                            wake_at: Some(add(o.now, REFUSED_RETRY)),
+                        }));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Ok(Some(Disposal::Decided {
+        condition: d.condition,
+        wake_at: d.wake_at,
+    }))
+}
+
+const REFUSED_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn add(t: Timestamp, d: std::time::Duration) -> Timestamp {
+    let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
+    Timestamp::from_millisecond(t.as_millisecond().saturating_add(ms)).unwrap_or(Timestamp::MAX)
+}

@@ -1,0 +1,108 @@
+//! Disposal instead of deletion, with the real Cluster API: a Cluster marked for
+//! disposal is deleted by CAPTF when its retention ends, unless the mark is taken back
+//! first or a hold keeps it; the deletion itself is the ordinary one.
+
+use captf::api::names;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::provisioning::{annotation, wait_condition};
+use crate::support::*;
+
+async fn annotate_cluster(env: &Env, edits: Value) {
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": edits}})),
+        )
+        .await
+        .expect("annotate the Cluster");
+}
+
+/// Mark, see the time it will be deleted, take it back; mark again with a short
+/// retention and a hold: held past its end; the hold removed, the Cluster is deleted by
+/// CAPTF and everything its TerraformCluster made is destroyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_marked_for_disposal_is_deleted_at_the_end_unless_taken_back_or_held() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::start_provisioning("dispose", None).await;
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &format!(
+            "{}{}",
+            apply_module(0),
+            contract_outputs(names::Kind::TerraformCluster)
+        ),
+        json!({}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    wait_condition::<Tfc>(&env, "prod", "Disposal", "False", "NotMarked").await;
+
+    // Marked: recorded, and the time of the deletion named with how to take it back.
+    annotate_cluster(&env, json!({ names::DISPOSE_AFTER: "1h" })).await;
+    let msg = wait_condition::<Tfc>(&env, "prod", "Disposal", "True", "DisposalPending").await;
+    let obj = env
+        .object::<Tfc>("prod")
+        .await
+        .expect("the TerraformCluster");
+    let requested = annotation(&obj, names::DISPOSAL_REQUESTED_AT).expect("the record");
+    assert!(
+        msg.contains(&format!("requested at {requested}"))
+            && msg.contains("its deletion at")
+            && msg.contains(&format!("{}-", names::DISPOSE_AFTER)),
+        "{msg}"
+    );
+
+    // Taken back: the record goes.
+    annotate_cluster(&env, json!({ names::DISPOSE_AFTER: null })).await;
+    wait_condition::<Tfc>(&env, "prod", "Disposal", "False", "NotMarked").await;
+    wait_for("the record to go", long(), || async {
+        env.object::<Tfc>("prod")
+            .await
+            .is_some_and(|o| annotation(&o, names::DISPOSAL_REQUESTED_AT).is_none())
+    })
+    .await;
+
+    // A short retention with a hold: over, and held.
+    annotate_cluster(
+        &env,
+        json!({ names::DISPOSE_AFTER: "2s", names::DISPOSAL_HOLD: "recovering a volume" }),
+    )
+    .await;
+    let msg = wait_condition::<Tfc>(&env, "prod", "Disposal", "True", "DisposalHeld").await;
+    assert!(msg.contains("recovering a volume"), "{msg}");
+    let cluster = env.cluster_api().get("prod").await.expect("the Cluster");
+    assert!(
+        cluster.metadata.deletion_timestamp.is_none(),
+        "held: not deleted"
+    );
+    assert!(!env.destroyed("prod"));
+
+    // The hold removed: CAPTF deletes the Cluster, and the ordinary deletion destroys.
+    annotate_cluster(&env, json!({ names::DISPOSAL_HOLD: null })).await;
+    wait_for("the TerraformCluster to be released", long(), || async {
+        !env.exists::<Tfc>("prod").await
+    })
+    .await;
+    assert!(
+        env.destroyed("prod"),
+        "Terraform destroyed what the apply made"
+    );
+    wait_for("the Cluster to be gone", long(), || async {
+        env.cluster_api()
+            .get_opt("prod")
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+    })
+    .await;
+    env.shutdown().await;
+}
