@@ -69,6 +69,9 @@ pub const RUNNER_IMAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/runner
 /// retention (a duration; empty for the manager's `--disposal-retention`) instead of
 /// deleting it now. Removing it before the end takes the disposal back.
 pub const DISPOSE_AFTER: &str = "terraform.infrastructure.cluster.x-k8s.io/dispose-after";
+/// On a Cluster API Cluster marked for disposal, `"true"`: its modules hibernate while the
+/// retention runs (they are given `captf_hibernated = true`).
+pub const DISPOSE_HIBERNATE: &str = "terraform.infrastructure.cluster.x-k8s.io/dispose-hibernate";
 /// On a Cluster API Cluster marked for disposal: the final deletion waits while it is
 /// there (a recovery); its value says why.
 pub const DISPOSAL_HOLD: &str = "terraform.infrastructure.cluster.x-k8s.io/disposal-hold";
@@ -84,6 +87,9 @@ pub const APPROVE_PLAN: &str = "terraform.infrastructure.cluster.x-k8s.io/approv
 pub const DESTRUCTIVE_PLANS: &str = "terraform.infrastructure.cluster.x-k8s.io/destructive-plans";
 /// The value of [`DESTRUCTIVE_PLANS`] that turns the guard off.
 pub const DESTRUCTIVE_PLANS_ALLOW: &str = "allow";
+/// The value of [`DESTRUCTIVE_PLANS`] that turns the guard on for a TerraformMachinePool
+/// (off by default for pools: their re-applies are bootstrap token rotations).
+pub const DESTRUCTIVE_PLANS_GUARD: &str = "guard";
 /// How many apply attempts in a row failed (the retry schedule's count).
 pub const APPLY_FAILURES: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failures";
 /// The latest apply attempt that succeeded, written with its state's fingerprint once the

@@ -153,6 +153,15 @@ pub fn check(files: &BTreeMap<String, String>, role: Role) -> Result<Report, Str
                 match variables(role).find(|v| v.name == label) {
                     Some(v) => {
                         contract_variables.push(label.clone());
+                        if super::CONDITIONAL.iter().any(|c| c.name == v.name)
+                            && b.attribute("default").is_none()
+                        {
+                            findings.push(Finding {
+                                severity: Severity::Warning,
+                                at: at(file, b),
+                                message: format!("declare {label} with `default = false`: CAPTF gives it only while it is true, and Terraform asks for a variable without a default"),
+                            });
+                        }
                         if v.sensitive && b.attribute("sensitive") != Some("true") {
                             findings.push(Finding {
                                 severity: Severity::Warning,

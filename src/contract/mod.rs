@@ -14,7 +14,7 @@ use clap::ValueEnum;
 use serde::Serialize;
 
 pub mod check;
-mod hcl;
+pub(crate) mod hcl;
 pub mod outputs;
 pub mod values;
 
@@ -335,8 +335,33 @@ pub const OUTPUTS: &[Output] = &[
     },
 ];
 
-/// The contract variables a module of `role` may declare.
+/// The variables given only while they are true: `captf_hibernated`, while the module's
+/// Cluster is in disposal with hibernation asked (docs/10-before-a-deletion.md). Given to
+/// every module as `false` they would change every object's inputs, and re-apply the
+/// whole fleet, when CAPTF learned them; a module declares them with `default = false`.
+pub const CONDITIONAL: &[Variable] = &[Variable {
+    name: HIBERNATED,
+    type_: "bool",
+    nullable: false,
+    sensitive: false,
+    roles: ALL,
+    description: "true while the Cluster is in disposal with hibernation asked; given only then: declare it with `default = false`, and stop the machines or scale the pools to zero while it is true",
+}];
+
+/// The contract variable a module hibernates by.
+pub const HIBERNATED: &str = "captf_hibernated";
+
+/// The contract variables a module of `role` may declare: those always given, and the
+/// conditional ones.
 pub fn variables(role: Role) -> impl Iterator<Item = &'static Variable> {
+    VARIABLES
+        .iter()
+        .chain(CONDITIONAL)
+        .filter(move |v| v.roles.contains(&role))
+}
+
+/// The contract variables every apply of a module of `role` is given.
+pub fn given(role: Role) -> impl Iterator<Item = &'static Variable> {
     VARIABLES.iter().filter(move |v| v.roles.contains(&role))
 }
 

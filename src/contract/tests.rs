@@ -31,10 +31,11 @@ fn the_schemas_follow_the_contract_table() {
         let inputs = schema(role, "inputs");
         let names: BTreeSet<String> = variables(role).map(|v| v.name.to_string()).collect();
         assert_eq!(keys(&inputs, "properties"), names, "{role} inputs");
+        let always: BTreeSet<String> = super::given(role).map(|v| v.name.to_string()).collect();
         assert_eq!(
             keys(&inputs, "required"),
-            names,
-            "{role}: every variable is written"
+            always,
+            "{role}: every variable but the conditional ones is written"
         );
         assert_eq!(
             inputs["additionalProperties"], false,
@@ -363,10 +364,10 @@ fn the_values_given_are_the_roles_variables_from_the_cluster_api_objects() {
         let got = values(&s);
         let mut names: Vec<&str> = got.keys().map(String::as_str).collect();
         names.sort_unstable();
-        let mut want: Vec<&str> = super::variables(role).map(|v| v.name).collect();
+        let mut want: Vec<&str> = super::given(role).map(|v| v.name).collect();
         want.sort_unstable();
         assert_eq!(names, want, "{role}");
-        for v in super::variables(role) {
+        for v in super::given(role) {
             assert!(
                 v.nullable || !got[v.name].is_null(),
                 "{role}: {} is null",
@@ -799,4 +800,27 @@ fn a_file_that_starts_with_a_byte_order_mark_is_read() {
     assert_eq!(r.own_variables, Vec::<String>::new());
     assert_eq!(r.contract_variables, ["captf_object_name"]);
     assert_eq!(r.outputs, ["provider_id"]);
+}
+
+#[test]
+fn captf_hibernated_is_a_contract_variable_declared_with_a_default() {
+    let with = format!(
+        "{GOOD_MACHINE}variable \"captf_hibernated\" {{\n  type    = bool\n  default = false\n}}\n"
+    );
+    let r = check(&module(&[("main.tf", &with)]), Role::Machine).expect("reads");
+    assert_eq!(r.findings, vec![], "{}", r.render_text());
+    assert!(
+        r.contract_variables
+            .contains(&"captf_hibernated".to_string())
+    );
+    let without = format!("{GOOD_MACHINE}variable \"captf_hibernated\" {{ type = bool }}\n");
+    let r = check(&module(&[("main.tf", &without)]), Role::Machine).expect("reads");
+    assert_eq!(r.errors(), 0, "{}", r.render_text());
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.message.contains("default = false")),
+        "{}",
+        r.render_text()
+    );
 }

@@ -399,11 +399,12 @@ pub fn needs_handoff(
 /// contract's values (recorded ones for a provisioned machine).
 pub fn apply_observed(o: &Observed, s: &ApplySources) -> ApplyObserved {
     let provisioned = provisioned(&o.meta, s.latched);
-    if let Some(values) = s
+    if let Some(mut values) = s
         .recorded
         .clone()
         .filter(|_| keeps_recorded_values(o.kind, provisioned))
     {
+        hibernation(&mut values, o);
         return ApplyObserved {
             provisioned,
             state_exists: s.state_exists,
@@ -424,12 +425,63 @@ pub fn apply_observed(o: &Observed, s: &ApplySources) -> ApplyObserved {
                 })
         })
     };
-    let contract = handoff.and_then(|h| contract_values(o, s, h.as_ref()));
+    let contract = handoff
+        .and_then(|h| contract_values(o, s, h.as_ref()))
+        .map(|mut values| {
+            hibernation(&mut values, o);
+            values
+        });
     ApplyObserved {
         provisioned,
         state_exists: s.state_exists,
         prerequisite,
         contract,
+    }
+}
+
+/// Whether the object's Cluster asks its modules to hibernate: it is marked for disposal
+/// with a retention that reads, with `dispose-hibernate: "true"`, and is not being
+/// deleted (a deletion wins, and applies nothing).
+pub fn hibernation_asked(o: &Observed) -> bool {
+    o.cluster.as_ref().is_some_and(|c| {
+        c.dispose_hibernate
+            && !c.deleting
+            && c.dispose_after.as_deref().is_some_and(|m| {
+                crate::rules::disposal::retention(m, std::time::Duration::ZERO).is_ok()
+            })
+    })
+}
+
+/// Whether the object's module declares `captf_hibernated`: known for a module given as
+/// files, not for one given as a source address or an image's directory.
+pub fn declares_hibernated(o: &Observed) -> Option<bool> {
+    let files = o.spec.module.files.as_ref()?;
+    Some(
+        files
+            .iter()
+            .filter(|(name, _)| name.ends_with(".tf"))
+            .any(|(_, text)| {
+                crate::contract::hcl::parse(text).is_ok_and(|blocks| {
+                    blocks.iter().any(|b| {
+                        b.kind == "variable"
+                            && b.labels.first().map(String::as_str)
+                                == Some(crate::contract::HIBERNATED)
+                    })
+                })
+            }),
+    )
+}
+
+/// `captf_hibernated` in the contract's values: true while hibernation is asked, unless
+/// the module is known not to declare it (it would re-apply for nothing); absent
+/// otherwise, so that the values are what they were before.
+fn hibernation(values: &mut serde_json::Map<String, serde_json::Value>, o: &Observed) {
+    values.remove(crate::contract::HIBERNATED);
+    if hibernation_asked(o) && declares_hibernated(o) != Some(false) {
+        values.insert(
+            crate::contract::HIBERNATED.to_string(),
+            serde_json::Value::Bool(true),
+        );
     }
 }
 

@@ -56,6 +56,8 @@ pub struct ClusterView {
     /// The disposal mark and hold annotations, when set.
     pub dispose_after: Option<String>,
     pub disposal_hold: Option<String>,
+    /// `dispose-hibernate: "true"`: the modules hibernate while the disposal runs.
+    pub dispose_hibernate: bool,
     pub deleting: bool,
 }
 
@@ -90,6 +92,9 @@ impl ClusterView {
             disposal_hold: value["metadata"]["annotations"][names::DISPOSAL_HOLD]
                 .as_str()
                 .map(str::to_string),
+            dispose_hibernate: value["metadata"]["annotations"][names::DISPOSE_HIBERNATE]
+                .as_str()
+                .is_some_and(|v| v.trim() == "true"),
             deleting: !value["metadata"]["deletionTimestamp"].is_null(),
         }
     }

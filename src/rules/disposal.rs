@@ -197,6 +197,56 @@ pub fn decide_disposal(f: &DisposalFacts) -> DisposalDecision {
     }
 }
 
+/// The condition on each object of a Cluster asked to hibernate.
+pub const HIBERNATED: &str = "Hibernated";
+
+/// The `Hibernated` condition of an object: `asked` (its Cluster is in disposal with
+/// hibernation), whether its module declares `captf_hibernated` (`None`: not known), whether
+/// its latest inputs are applied (`applied`, with `inputs_reason` otherwise), and whether
+/// the object shows the condition already (it is only ever shown once hibernation was
+/// asked).
+pub fn hibernation(
+    asked: bool,
+    declares: Option<bool>,
+    applied: bool,
+    inputs_reason: &str,
+    shown_before: bool,
+) -> Option<Desired> {
+    let var = crate::contract::HIBERNATED;
+    let d = |status, why, msg: String| Some(Desired::new(HIBERNATED, status, why, msg));
+    if !asked {
+        return shown_before.then(|| Desired::new(HIBERNATED, Status::False, "NotHibernated", ""));
+    }
+    match (declares, applied) {
+        (Some(false), _) => d(
+            Status::False,
+            "NotHibernatable",
+            format!(
+                "the Cluster is in disposal with hibernation asked, but this module does not declare {var}: it is left running until the deletion"
+            ),
+        ),
+        (Some(true), true) => d(
+            Status::True,
+            "Hibernated",
+            format!("applied with {var} = true"),
+        ),
+        (None, true) => d(
+            Status::Unknown,
+            "HibernationUnknown",
+            format!(
+                "applied with {var} = true; whether the module (a source address or an image's directory) declares it is not known here: check the module"
+            ),
+        ),
+        (_, false) => d(
+            Status::False,
+            "Hibernating",
+            format!(
+                "the apply with {var} = true has not succeeded yet (InputsApplied: {inputs_reason})"
+            ),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +357,22 @@ mod tests {
             "{}",
             d.condition.message
         );
+    }
+
+    #[test]
+    fn hibernation_says_what_each_module_does() {
+        assert_eq!(hibernation(false, Some(true), true, "Applied", false), None);
+        let c = hibernation(false, Some(true), true, "Applied", true).unwrap();
+        assert_eq!((c.status, c.reason), (Status::False, "NotHibernated"));
+        let c = hibernation(true, Some(false), true, "Applied", false).unwrap();
+        assert_eq!((c.status, c.reason), (Status::False, "NotHibernatable"));
+        assert!(c.message.contains("left running"), "{}", c.message);
+        let c = hibernation(true, Some(true), false, "Applying", false).unwrap();
+        assert_eq!((c.status, c.reason), (Status::False, "Hibernating"));
+        let c = hibernation(true, Some(true), true, "Applied", false).unwrap();
+        assert_eq!((c.status, c.reason), (Status::True, "Hibernated"));
+        let c = hibernation(true, None, true, "Applied", false).unwrap();
+        assert_eq!(c.status, Status::Unknown);
     }
 
     #[test]

@@ -106,3 +106,107 @@ async fn a_cluster_marked_for_disposal_is_deleted_at_the_end_unless_taken_back_o
     .await;
     env.shutdown().await;
 }
+
+/// A cluster module that can hibernate: its machines' power follows `captf_hibernated`
+/// (an in-place change, which the plan guard lets through).
+const HIBERNATING_MODULE: &str = r#"variable "captf_hibernated" {
+  type    = bool
+  default = false
+}
+resource "terraform_data" "power" {
+  input = var.captf_hibernated ? "stopped" : "running"
+}
+output "power" {
+  value = terraform_data.power.output
+}
+"#;
+
+/// Hibernation during a disposal: the module that declares `captf_hibernated` is applied
+/// with it and says `Hibernated`; the machine whose module does not is left running and
+/// says so, without a re-apply; taking the disposal back wakes the module.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_in_disposal_hibernates_what_can_and_wakes_when_taken_back() {
+    let env = Env::with_machine(
+        "hibernate",
+        &module(0),
+        std::time::Duration::from_millis(300),
+    )
+    .await;
+    let uid = env
+        .cluster_api()
+        .get("prod")
+        .await
+        .expect("the Cluster")
+        .metadata
+        .uid
+        .unwrap_or_default();
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &format!(
+            "{HIBERNATING_MODULE}{}",
+            contract_outputs(names::Kind::TerraformCluster)
+        ),
+        json!({}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "InputsApplied", "True", "Applied").await;
+    let power = || async {
+        let secrets = captf::state::secrets::read(
+            &env.secrets(),
+            &names::state_secret_name("prod.tfc"),
+            None,
+        )
+        .await
+        .expect("read the state");
+        captf::state::outputs(&secrets, captf::state::DEFAULT_DECOMPRESSION_CAP)
+            .expect("outputs")
+            .get("power")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    assert_eq!(power().await, "running");
+    let machine_attempt = || async {
+        env.object::<Tfm>("web-1")
+            .await
+            .and_then(|o| annotation(&o, names::APPLY_ATTEMPT))
+    };
+    let before = machine_attempt().await;
+
+    annotate_cluster(
+        &env,
+        json!({ names::DISPOSE_AFTER: "1h", names::DISPOSE_HIBERNATE: "true" }),
+    )
+    .await;
+    let msg = wait_condition::<Tfc>(&env, "prod", "Hibernated", "True", "Hibernated").await;
+    assert!(msg.contains("captf_hibernated = true"), "{msg}");
+    assert_eq!(power().await, "stopped");
+    let msg = wait_condition::<Tfm>(&env, "web-1", "Hibernated", "False", "NotHibernatable").await;
+    assert!(msg.contains("left running"), "{msg}");
+    assert_eq!(
+        machine_attempt().await,
+        before,
+        "no re-apply for a module that cannot hibernate"
+    );
+    wait_condition::<Tfc>(&env, "prod", "Disposal", "True", "DisposalPending").await;
+
+    // Taken back: woken by a re-apply without the variable.
+    annotate_cluster(
+        &env,
+        json!({ names::DISPOSE_AFTER: null, names::DISPOSE_HIBERNATE: null }),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Hibernated", "False", "NotHibernated").await;
+    wait_for("the module to be running again", long(), || async {
+        power().await == "running"
+            && env
+                .condition::<Tfc>("prod", "InputsApplied")
+                .await
+                .is_some_and(|(s, r, _)| s == "True" && r == "Applied")
+    })
+    .await;
+    wait_condition::<Tfm>(&env, "web-1", "Hibernated", "False", "NotHibernated").await;
+    wait_condition::<Tfc>(&env, "prod", "Disposal", "False", "NotMarked").await;
+    env.shutdown().await;
+}

@@ -480,10 +480,21 @@ async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String 
                 ..Default::default()
             };
             let (pods, name) = (pods.clone(), name.clone());
-            async move { pods.logs(&name, &params).await.unwrap_or_default() }
+            async move {
+                pods.logs(&name, &params)
+                    .await
+                    .unwrap_or_else(|e| format!("(no log: {e})"))
+            }
         };
+        let statuses = pods
+            .get(&name)
+            .await
+            .ok()
+            .and_then(|p| p.status)
+            .map(|s| serde_json::to_string(&s.container_statuses).unwrap_or_default())
+            .unwrap_or_default();
         panic!(
-            "manager Pod {name} was Ready, but /readyz answers {code}; its log:\n{}\nits previous container's:\n{}",
+            "manager Pod {name} was Ready, but /readyz answers {code}; its containers: {statuses}\nits log:\n{}\nits previous container's:\n{}",
             log(false).await,
             log(true).await
         );

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use captf::api::names::Kind;
+use captf::api::names::{self, Kind};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -373,5 +373,74 @@ async fn a_protected_cluster_moves_with_clusterctl_and_stays_protected() {
         assert!(env.destroyed(name), "{name} was not destroyed");
     }
     target.shutdown().await;
+    env.shutdown().await;
+}
+
+/// A protected Cluster can still be disposed of: the refusal of a deletion offers the
+/// disposal, the mark is set, and at the end of its retention CAPTF's manager (as a
+/// clusterctl installation runs it, `captf-system/captf-manager` under its own
+/// ClusterRole) deletes the Cluster, which nobody else may while it is protected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_protected_cluster_marked_for_disposal_is_deleted_by_the_manager_only() {
+    if envtest_only("it installs cluster-wide admission policies on a control plane of its own") {
+        return;
+    }
+    let ns = format!("dispose-protected-{}", std::process::id());
+    let mut env = Env::start_dedicated_in("dispose-protected", &ns, "captf-system").await;
+    env.run_manager_as_installed().await;
+    env.config.provision = true;
+    env.start_manager();
+    install_protection(&env).await;
+    let cluster_uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &cluster_uid, false)],
+        &format!(
+            "{}{}",
+            apply_module(0),
+            contract_outputs(Kind::TerraformCluster)
+        ),
+        json!({}),
+    )
+    .await;
+    env.wait_provisioned::<Tfc>("prod").await;
+    let clusters = env.cluster_api();
+    annotate(&clusters, "prod", PROTECTED, Some("true"))
+        .await
+        .expect("protect the Cluster");
+    let msg = forbidden(
+        clusters
+            .delete("prod", &DeleteParams::background())
+            .await
+            .expect_err("a protected Cluster is not deleted"),
+    );
+    assert!(
+        msg.contains(&format!(
+            "Or dispose of it later, with the chance to take it back until then: kubectl annotate clusters.cluster.x-k8s.io prod -n {ns} {}=72h",
+            names::DISPOSE_AFTER
+        )),
+        "{msg}"
+    );
+    annotate(&clusters, "prod", names::DISPOSE_AFTER, Some("2s"))
+        .await
+        .expect("mark the Cluster");
+    // Marked, it is still protected from everyone else.
+    let msg = forbidden(
+        clusters
+            .delete("prod", &DeleteParams::background())
+            .await
+            .expect_err("a marked, protected Cluster is not deleted by a person"),
+    );
+    assert!(msg.contains("is protected from deletion"), "{msg}");
+    // The manager deletes it at the end, and everything is destroyed.
+    wait_for("the TerraformCluster to be released", long(), || async {
+        !env.exists::<Tfc>("prod").await
+    })
+    .await;
+    assert!(
+        env.destroyed("prod"),
+        "Terraform destroyed what the apply made"
+    );
     env.shutdown().await;
 }

@@ -19,7 +19,7 @@ use tracing::info;
 
 use super::backup::{ensure_backup, readable_fingerprint};
 use crate::api::TerraformObject;
-use crate::api::names;
+use crate::api::names::{self, Kind};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::{self, Findings, Observed};
 use crate::inputs::Inputs;
@@ -73,12 +73,16 @@ pub fn render_operation<K: TerraformObject>(
     };
     let inputs = replaced.as_ref().unwrap_or(inputs);
     let ann = |key: &str| obj.meta().annotations.as_ref().and_then(|a| a.get(key));
-    // An apply after the object's first success plans first, unless the object opts out.
+    // An apply after the object's first success plans first, unless the object opts out;
+    // a pool only when it opts in (its re-applies are its bootstrap token's rotations,
+    // which must not wait for a person: see docs/provisioning/01-lifecycle.md).
+    let guard = ann(names::DESTRUCTIVE_PLANS).map(|v| v.trim());
+    let guarded = match K::KIND {
+        Kind::TerraformMachinePool => guard == Some(names::DESTRUCTIVE_PLANS_GUARD),
+        _ => guard != Some(names::DESTRUCTIVE_PLANS_ALLOW),
+    };
     let plan_guard = job::PlanGuard {
-        on: operation == names::OPERATION_APPLY
-            && ann(names::APPLIED_ATTEMPT).is_some()
-            && ann(names::DESTRUCTIVE_PLANS).map(|v| v.trim())
-                != Some(names::DESTRUCTIVE_PLANS_ALLOW),
+        on: operation == names::OPERATION_APPLY && ann(names::APPLIED_ATTEMPT).is_some() && guarded,
         approved: ann(names::APPROVE_PLAN).map(String::as_str),
     };
     let request = JobRequest {
