@@ -146,6 +146,8 @@ pub struct Metrics {
     pub deletion_not_ready: Gauge,
     /// Clusters marked for disposal, by state (pending, held, due, deleting).
     pub clusters_in_disposal: Gauge,
+    /// The end of the soonest pending disposal's retention (Unix seconds; 0 when none).
+    pub disposal_next_deletion: PromGauge,
     /// How long a pass took, by kind.
     pub pass_seconds: Histogram,
     /// How long a pass waited for the fair gate, by kind.
@@ -218,6 +220,12 @@ impl Default for Metrics {
             "Cluster API Clusters marked for disposal, by state (pending: the retention runs; held: over, held by disposal-hold; due: being deleted by CAPTF; deleting)",
             &["state"],
         );
+        let disposal_next_deletion = PromGauge::default();
+        r.register(
+            "captf_disposal_next_deletion_timestamp_seconds",
+            "When the soonest pending disposal deletes its Cluster (Unix seconds; 0 when no disposal is pending); time() subtracted from it is the time left",
+            disposal_next_deletion.clone(),
+        );
         let pass_seconds = Histogram::register(
             &mut r,
             "captf_pass_duration_seconds",
@@ -254,6 +262,7 @@ impl Default for Metrics {
             apply_failures,
             deletion_not_ready,
             clusters_in_disposal,
+            disposal_next_deletion,
             pass_seconds,
             gate_wait_seconds,
             job_seconds,

@@ -76,7 +76,7 @@ impl Default for ManagerConfig {
             max_state_reads: 4,
             state_read_starved_after: Duration::from_secs(600),
             provision: true,
-            disposal_retention: Duration::from_secs(72 * 3600),
+            disposal_retention: crate::rules::disposal::DEFAULT_RETENTION,
             shutdown_grace: Duration::ZERO,
         }
     }

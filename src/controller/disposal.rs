@@ -16,10 +16,10 @@ use super::events::publish;
 use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::conditions::Desired;
-use crate::api::names::{self, Kind};
+use crate::api::names;
 use crate::gather::Observed;
 use crate::io::writes::{annotation_ops, guarded_patch};
-use crate::rules::disposal::{self as rule, DisposalAction, DisposalFacts};
+use crate::rules::disposal::{self as rule, DisposalAction};
 
 /// A disposal's Events.
 pub const DISPOSAL_REQUESTED: &str = "DisposalRequested";
@@ -30,24 +30,31 @@ pub const DISPOSAL_DELETING_CLUSTER: &str = "DisposalDeletingCluster";
 pub enum Disposal {
     /// The object was written: the next pass decides on it as written.
     Written,
-    /// The `Disposal` condition to write, and when to look again.
+    /// The `Disposal` condition to write (none for a Cluster never marked), and when to
+    /// look again.
     Decided {
-        condition: Desired,
+        condition: Option<Desired>,
         wake_at: Option<Timestamp>,
     },
 }
 
-/// The TerraformClusters counted by `captf_clusters_in_disposal`, by uid.
+/// The TerraformClusters counted by `captf_clusters_in_disposal`, by uid, with the end
+/// of a pending one's retention (for `captf_disposal_next_deletion_timestamp_seconds`).
 #[derive(Default)]
-pub struct Counted(Mutex<HashMap<String, &'static str>>);
+pub struct Counted(Mutex<HashMap<String, (&'static str, Option<Timestamp>)>>);
 
 impl Counted {
-    fn set(&self, ctx: &Context, uid: &str, state: Option<&'static str>) {
+    fn set(&self, ctx: &Context, uid: &str, state: Option<&'static str>, ends: Option<Timestamp>) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let before = match state {
-            Some(s) => m.insert(uid.to_string(), s),
+            Some(s) => m.insert(uid.to_string(), (s, ends)),
             None => m.remove(uid),
         };
+        let next = m.values().filter_map(|(_, e)| *e).min();
+        ctx.metrics
+            .disposal_next_deletion
+            .set(next.map_or(0, |t| t.as_second()));
+        let before = before.map(|(s, _)| s);
         if before == state {
             return;
         }
@@ -61,7 +68,7 @@ impl Counted {
 
     /// Uncounts `uid` (its deletion began).
     pub fn forget(&self, ctx: &Context, uid: &str) {
-        self.set(ctx, uid, None);
+        self.set(ctx, uid, None, None);
     }
 }
 
@@ -72,28 +79,12 @@ pub async fn pass<K: TerraformObject>(
     obj: &K,
     o: &Observed,
 ) -> Result<Option<Disposal>, Error> {
-    if K::KIND != Kind::TerraformCluster {
+    let Some(facts) = crate::gather::disposal_facts(o, ctx.disposal_retention) else {
         return Ok(None);
-    }
-    let requested_at = obj
-        .meta()
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::DISPOSAL_REQUESTED_AT))
-        .and_then(|v| v.parse::<Timestamp>().ok());
-    let cluster = o.cluster.as_ref();
-    let facts = DisposalFacts {
-        namespace: scope.namespace.clone(),
-        cluster: cluster.map(|c| c.name.clone()).unwrap_or_default(),
-        mark: cluster.and_then(|c| c.dispose_after.clone()),
-        hold: cluster.and_then(|c| c.disposal_hold.clone()),
-        cluster_deleting: cluster.is_some_and(|c| c.deleting),
-        requested_at,
-        default_retention: ctx.disposal_retention,
-        now: o.now,
     };
+    let cluster = o.cluster.as_ref();
     let d = rule::decide_disposal(&facts);
-    ctx.disposals.set(ctx, &scope.uid, d.state);
+    ctx.disposals.set(ctx, &scope.uid, d.state, d.wake_at);
     let record = |value: Option<String>| {
         let ops = annotation_ops(obj.meta(), &[(names::DISPOSAL_REQUESTED_AT, value)]);
         guarded_patch(&scope.api, obj.meta(), ops)
@@ -173,7 +164,7 @@ pub async fn pass<K: TerraformObject>(
                             ),
                         );
                         return Ok(Some(Disposal::Decided {
-                            condition,
+                            condition: Some(condition),
                             wake_at: Some(add(o.now, REFUSED_RETRY)),
                         }));
                     }
@@ -182,8 +173,11 @@ pub async fn pass<K: TerraformObject>(
             }
         }
     }
+    let shown = obj
+        .status()
+        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == rule::DISPOSAL));
     Ok(Some(Disposal::Decided {
-        condition: d.condition,
+        condition: rule::shown_condition(&d, shown),
         wake_at: d.wake_at,
     }))
 }

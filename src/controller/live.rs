@@ -229,24 +229,16 @@ pub async fn live_pass<K: TerraformObject>(
     conditions.push(ready);
     conditions.extend(shown.others.iter().cloned());
     // Hibernation while the Cluster is in disposal: what this object's module does.
-    let inputs_applied = shown_apply
-        .conditions
-        .iter()
-        .find(|c| c.type_ == INPUTS_APPLIED);
     let shown_before = obj.status().is_some_and(|s| {
         s.conditions
             .iter()
             .any(|c| c.type_ == crate::rules::disposal::HIBERNATED)
     });
-    if let Some(c) = crate::rules::disposal::hibernation(
-        gather_apply::hibernation_asked(&observed),
-        gather_apply::declares_hibernated(&observed),
-        inputs_applied.is_some_and(|c| c.status == crate::api::conditions::Status::True),
-        inputs_applied.map(|c| c.reason).unwrap_or_default(),
+    conditions.extend(gather_apply::hibernation_condition(
+        &observed,
+        &shown_apply,
         shown_before,
-    ) {
-        conditions.push(c);
-    }
+    ));
     let obj = write_status_keeping_with(&scope.api, obj, shown.deletion, &conditions).await?;
     match (decision.action, start) {
         (

@@ -136,7 +136,7 @@ pub async fn reconcile<K: TerraformObject>(
                 return Ok(Requeue::requeue(Duration::ZERO));
             }
             Some(super::disposal::Disposal::Decided { condition, wake_at }) => {
-                extra.push(condition);
+                extra.extend(condition);
                 if let Some(at) = wake_at {
                     resync = resync.min(until(at, observed.now).max(Duration::from_secs(1)));
                 }

@@ -77,7 +77,17 @@ async fn explain_kind<K: TerraformObject>(
             let state_seen = gather::apply::apply_state_seen(&observed, &ctx.settings);
             let live = decide_live(ctx, &scope, &obj, observed, state_seen, false).await?;
             if let Live::Decided(d) = live {
-                e.with_apply(ExplainedApply::new(&d.decision));
+                let shown = obj
+                    .status()
+                    .map(|s| s.conditions.clone())
+                    .unwrap_or_default();
+                let extra = super::live_conditions(
+                    &d.observed,
+                    &d.decision,
+                    &shown,
+                    ctx.disposal_retention,
+                );
+                e.with_apply(ExplainedApply::new(&d.decision).with_live(&extra));
             }
         }
         out.push(e);

@@ -99,7 +99,42 @@ pub struct ExplainedApply {
     pub next_retry_at: Option<String>,
 }
 
+/// The conditions a live pass writes beside the apply table's: `Disposal` (a
+/// TerraformCluster) and `Hibernated` (while hibernation is asked, or once it was:
+/// `shown_before`), as the manager decides them.
+pub fn live_conditions(
+    o: &Observed,
+    d: &ApplyDecision,
+    shown: &[crate::api::conditions::Condition],
+    retention: std::time::Duration,
+) -> Vec<crate::api::conditions::Desired> {
+    use crate::rules::disposal::{self, DISPOSAL, HIBERNATED};
+    let disposal = gather::disposal_facts(o, retention).and_then(|f| {
+        disposal::shown_condition(&disposal::decide_disposal(&f), shows(shown, DISPOSAL))
+    });
+    disposal
+        .into_iter()
+        .chain(gather::apply::hibernation_condition(
+            o,
+            d,
+            shows(shown, HIBERNATED),
+        ))
+        .collect()
+}
+
+/// Whether `conditions` holds one of type `type_`.
+pub fn shows(conditions: &[crate::api::conditions::Condition], type_: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == type_)
+}
+
 impl ExplainedApply {
+    /// With the other conditions the live pass writes (see [`live_conditions`]).
+    pub fn with_live(mut self, extra: &[crate::api::conditions::Desired]) -> ExplainedApply {
+        self.conditions
+            .extend(extra.iter().map(ExplainedCondition::from));
+        self
+    }
+
     pub fn new(d: &ApplyDecision) -> ExplainedApply {
         let conditions: Vec<ExplainedCondition> =
             d.conditions.iter().map(ExplainedCondition::from).collect();
@@ -382,7 +417,17 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
             e.cluster = gather::owning_cluster(meta);
             if meta.deletion_timestamp.is_none() {
                 let d = decide_live(inv, object, &observed, settings);
-                e.with_apply(ExplainedApply::new(&d));
+                let shown = object
+                    .status()
+                    .map(|s| s.conditions.clone())
+                    .unwrap_or_default();
+                let extra = live_conditions(
+                    &observed,
+                    &d,
+                    &shown,
+                    crate::rules::disposal::DEFAULT_RETENTION,
+                );
+                e.with_apply(ExplainedApply::new(&d).with_live(&extra));
             }
             e
         })

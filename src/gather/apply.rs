@@ -472,6 +472,26 @@ pub fn declares_hibernated(o: &Observed) -> Option<bool> {
     )
 }
 
+/// The `Hibernated` condition of a live object, from its observation and the apply
+/// table's decision on it; `shown_before`: the object shows the condition already.
+pub fn hibernation_condition(
+    o: &Observed,
+    apply: &crate::rules::apply::ApplyDecision,
+    shown_before: bool,
+) -> Option<crate::api::conditions::Desired> {
+    let inputs_applied = apply
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::rules::apply::INPUTS_APPLIED);
+    crate::rules::disposal::hibernation(
+        hibernation_asked(o),
+        declares_hibernated(o),
+        inputs_applied.is_some_and(|c| c.status == crate::api::conditions::Status::True),
+        inputs_applied.map(|c| c.reason).unwrap_or_default(),
+        shown_before,
+    )
+}
+
 /// `captf_hibernated` in the contract's values: true while hibernation is asked, unless
 /// the module is known not to declare it (it would re-apply for nothing); absent
 /// otherwise, so that the values are what they were before.

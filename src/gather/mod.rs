@@ -243,6 +243,29 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Findings) {
     (facts, findings)
 }
 
+/// The facts of a TerraformCluster's disposal (its Cluster's mark and hold, its own
+/// record); none for the other kinds.
+pub fn disposal_facts(
+    o: &Observed,
+    default_retention: std::time::Duration,
+) -> Option<rules::disposal::DisposalFacts> {
+    if o.kind != Kind::TerraformCluster {
+        return None;
+    }
+    let cluster = o.cluster.as_ref();
+    Some(rules::disposal::DisposalFacts {
+        namespace: o.meta.namespace.clone().unwrap_or_default(),
+        cluster: cluster.map(|c| c.name.clone()).unwrap_or_default(),
+        mark: cluster.and_then(|c| c.dispose_after.clone()),
+        hold: cluster.and_then(|c| c.disposal_hold.clone()),
+        cluster_deleting: cluster.is_some_and(|c| c.deleting),
+        requested_at: annotation(&o.meta, names::DISPOSAL_REQUESTED_AT)
+            .and_then(|v| v.parse::<Timestamp>().ok()),
+        default_retention,
+        now: o.now,
+    })
+}
+
 /// Gathers the facts and decides, in one call, with every Job taken to render (as
 /// `captf explain` does: it has no say over the manager's templates).
 pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Findings) {

@@ -15,6 +15,10 @@ use super::add;
 use crate::api::conditions::{Desired, Status};
 use crate::api::names;
 
+/// The retention of a mark without one of its own, unless the manager is told another
+/// (`--disposal-retention`); `captf explain` decides with it.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(72 * 3600);
+
 /// The condition on a TerraformCluster whose Cluster is, or was, marked for disposal.
 pub const DISPOSAL: &str = "Disposal";
 
@@ -76,6 +80,12 @@ pub fn retention(mark: &str, default: Duration) -> Result<Duration, String> {
         return Ok(default);
     }
     crate::cli::parse_duration(v)
+}
+
+/// The `Disposal` condition to write: `NotMarked` only on an object that shows the
+/// condition already (a disposal taken back); a Cluster never marked gets none.
+pub fn shown_condition(d: &DisposalDecision, shown_before: bool) -> Option<Desired> {
+    (d.condition.reason != reason::NOT_MARKED || shown_before).then(|| d.condition.clone())
 }
 
 pub fn decide_disposal(f: &DisposalFacts) -> DisposalDecision {

@@ -6,7 +6,24 @@ use captf::api::names;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::deletion::EnvExt;
 use crate::provisioning::{annotation, wait_condition};
+
+/// The condition `type_` of `name` in `captf explain -n NS -o json`'s apply table.
+fn explained(env: &Env, name: &str, type_: &str) -> Option<Value> {
+    let out = env.captf(&["explain", "-n", &env.ns, "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let items: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    items.as_array()?.iter().find(|e| e["name"] == name)?["apply"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
 use crate::support::*;
 
 async fn annotate_cluster(env: &Env, edits: Value) {
@@ -43,7 +60,8 @@ async fn a_cluster_marked_for_disposal_is_deleted_at_the_end_unless_taken_back_o
     )
     .await;
     wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
-    wait_condition::<Tfc>(&env, "prod", "Disposal", "False", "NotMarked").await;
+    // A Cluster never marked shows no Disposal condition.
+    assert!(env.condition::<Tfc>("prod", "Disposal").await.is_none());
 
     // Marked: recorded, and the time of the deletion named with how to take it back.
     annotate_cluster(&env, json!({ names::DISPOSE_AFTER: "1h" })).await;
@@ -182,6 +200,8 @@ async fn a_cluster_in_disposal_hibernates_what_can_and_wakes_when_taken_back() {
     let msg = wait_condition::<Tfc>(&env, "prod", "Hibernated", "True", "Hibernated").await;
     assert!(msg.contains("captf_hibernated = true"), "{msg}");
     assert_eq!(power().await, "stopped");
+    let shown = explained(&env, "prod", "Hibernated").expect("explain shows hibernation");
+    assert_eq!(shown["reason"], "Hibernated", "{shown}");
     let msg = wait_condition::<Tfm>(&env, "web-1", "Hibernated", "False", "NotHibernatable").await;
     assert!(msg.contains("left running"), "{msg}");
     assert_eq!(
