@@ -171,17 +171,8 @@ async fn a_cluster_in_disposal_hibernates_what_can_and_wakes_when_taken_back() {
     .await;
     wait_condition::<Tfc>(&env, "prod", "InputsApplied", "True", "Applied").await;
     let power = || async {
-        let secrets = captf::state::secrets::read(
-            &env.secrets(),
-            &names::state_secret_name("prod.tfc"),
-            None,
-        )
-        .await
-        .expect("read the state");
-        captf::state::outputs(&secrets, captf::state::DEFAULT_DECOMPRESSION_CAP)
-            .expect("outputs")
-            .get("power")
-            .and_then(|v| v.as_str().map(str::to_string))
+        env.state_output(names::Kind::TerraformCluster, "prod", "power")
+            .await
             .unwrap_or_default()
     };
     assert_eq!(power().await, "running");

@@ -1616,21 +1616,8 @@ output "disk" {
     .await;
     wait_inputs_applied(&env, "Applied").await;
     let disk = || async {
-        match env.read_state(names::Kind::TerraformCluster, "prod").await {
-            captf::state::StateContent::Parsed { .. } => {}
-            other => panic!("state: {other:?}"),
-        }
-        let secrets = captf::state::secrets::read(
-            &env.secrets(),
-            &names::state_secret_name("prod.tfc"),
-            None,
-        )
-        .await
-        .expect("read the state");
-        captf::state::outputs(&secrets, captf::state::DEFAULT_DECOMPRESSION_CAP)
-            .expect("outputs")
-            .get("disk")
-            .and_then(|v| v.as_str().map(str::to_string))
+        env.state_output(names::Kind::TerraformCluster, "prod", "disk")
+            .await
             .expect("the disk output")
     };
     let first_disk = disk().await;

@@ -1110,6 +1110,22 @@ resource "terraform_data" "slow" {{
         state::read(&secrets, state::DEFAULT_DECOMPRESSION_CAP)
     }
 
+    /// The string output `output` of the state of `kind`/`name`, if it has one.
+    pub async fn state_output(&self, kind: Kind, name: &str, output: &str) -> Option<String> {
+        let suffix = names::state_suffix(kind, name);
+        let secrets = captf::state::secrets::read(
+            &self.secrets(),
+            &names::state_secret_name(&suffix),
+            Some(&suffix),
+        )
+        .await
+        .expect("read state");
+        captf::state::outputs(&secrets, state::DEFAULT_DECOMPRESSION_CAP)
+            .unwrap_or_else(|e| panic!("the outputs of {kind}/{name}: {e}"))
+            .get(output)
+            .and_then(|v| v.as_str().map(str::to_string))
+    }
+
     pub async fn annotate<K: TerraformObject>(&self, name: &str, edits: &[(&str, Option<String>)]) {
         let map: serde_json::Map<String, Value> = edits
             .iter()
