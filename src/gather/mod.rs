@@ -259,6 +259,7 @@ pub fn disposal_facts(
         mark: cluster.and_then(|c| c.dispose_after.clone()),
         hold: cluster.and_then(|c| c.disposal_hold.clone()),
         cluster_deleting: cluster.is_some_and(|c| c.deleting),
+        paused: pause_cause(o).map(|c| c.describe()),
         requested_at: annotation(&o.meta, names::DISPOSAL_REQUESTED_AT)
             .and_then(|v| v.parse::<Timestamp>().ok()),
         default_retention,

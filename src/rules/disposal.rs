@@ -42,6 +42,9 @@ pub struct DisposalFacts {
     /// The Cluster's `disposal-hold` annotation, when it has one.
     pub hold: Option<String>,
     pub cluster_deleting: bool,
+    /// Why the TerraformCluster is paused, if it is (its Cluster paused, clusterctl move
+    /// under way): nothing is written or deleted until it is not.
+    pub paused: Option<String>,
     /// The TerraformCluster's record of when the mark was first seen.
     pub requested_at: Option<Timestamp>,
     /// The retention of a mark without a value (`--disposal-retention`).
@@ -89,6 +92,21 @@ pub fn shown_condition(d: &DisposalDecision, shown_before: bool) -> Option<Desir
 }
 
 pub fn decide_disposal(f: &DisposalFacts) -> DisposalDecision {
+    let mut d = decide_unpaused(f);
+    if let Some(why) = &f.paused
+        && d.action != DisposalAction::Nothing
+    {
+        d.action = DisposalAction::Nothing;
+        d.condition.message = format!(
+            "{}; paused because {why}: nothing is recorded or deleted until it is unpaused",
+            d.condition.message
+        );
+        d.wake_at = None;
+    }
+    d
+}
+
+fn decide_unpaused(f: &DisposalFacts) -> DisposalDecision {
     let undo = format!(
         "to take it back, remove the annotation: kubectl annotate clusters.cluster.x-k8s.io {} -n {} {}-",
         f.cluster,
@@ -272,6 +290,7 @@ mod tests {
             mark: Some(mark.into()),
             hold: None,
             cluster_deleting: false,
+            paused: None,
             requested_at: Some(t("2026-12-01T12:00:00Z")),
             default_retention: Duration::from_secs(72 * 3600),
             now: t("2026-12-02T12:00:00Z"),
@@ -383,6 +402,33 @@ mod tests {
         assert_eq!((c.status, c.reason), (Status::True, "Hibernated"));
         let c = hibernation(true, None, true, "Applied", false).unwrap();
         assert_eq!(c.status, Status::Unknown);
+    }
+
+    #[test]
+    fn a_paused_cluster_is_neither_recorded_nor_deleted() {
+        // A move pauses the Cluster: its source copy must not be deleted under it.
+        let paused = || Some("its Cluster prod has spec.paused: true".to_string());
+        let d = decide_disposal(&DisposalFacts {
+            paused: paused(),
+            ..marked("24h")
+        });
+        assert_eq!(d.action, DisposalAction::Nothing);
+        assert_eq!(d.condition.reason, reason::DUE);
+        assert!(
+            d.condition.message.contains("paused because"),
+            "{}",
+            d.condition.message
+        );
+        let d = decide_disposal(&DisposalFacts {
+            paused: paused(),
+            requested_at: None,
+            ..marked("24h")
+        });
+        assert_eq!(
+            d.action,
+            DisposalAction::Nothing,
+            "not recorded while paused"
+        );
     }
 
     #[test]

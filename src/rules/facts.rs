@@ -27,7 +27,7 @@ pub enum PauseCause {
 }
 
 impl PauseCause {
-    pub(super) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             PauseCause::ObjectAnnotation => "the object carries cluster.x-k8s.io/paused".into(),
             PauseCause::ClusterSpec(c) => format!("its Cluster {c} has spec.paused: true"),
