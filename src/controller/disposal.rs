@@ -165,7 +165,7 @@ pub async fn pass<K: TerraformObject>(
                         );
                         return Ok(Some(Disposal::Decided {
                             condition: Some(condition),
-                            wake_at: Some(add(o.now, REFUSED_RETRY)),
+                            wake_at: Some(crate::rules::add(o.now, REFUSED_RETRY)),
                         }));
                     }
                     Err(e) => return Err(e.into()),
@@ -183,8 +183,3 @@ pub async fn pass<K: TerraformObject>(
 }
 
 const REFUSED_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
-
-fn add(t: Timestamp, d: std::time::Duration) -> Timestamp {
-    let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
-    Timestamp::from_millisecond(t.as_millisecond().saturating_add(ms)).unwrap_or(Timestamp::MAX)
-}

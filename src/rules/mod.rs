@@ -426,7 +426,8 @@ fn not_blocked() -> Desired {
     )
 }
 
-fn add(t: Timestamp, d: Duration) -> Timestamp {
+/// `t` plus `d`, saturating.
+pub(crate) fn add(t: Timestamp, d: Duration) -> Timestamp {
     let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
     Timestamp::from_millisecond(t.as_millisecond().saturating_add(ms)).unwrap_or(Timestamp::MAX)
 }

@@ -1098,28 +1098,26 @@ resource "terraform_data" "slow" {{
         }
     }
 
-    pub async fn read_state(&self, kind: Kind, name: &str) -> StateContent {
+    /// The state Secret of `kind`/`name` and its parts, as read now.
+    async fn state_secrets(&self, kind: Kind, name: &str) -> captf::state::StateSecrets {
         let suffix = names::state_suffix(kind, name);
-        let secrets = captf::state::secrets::read(
+        captf::state::secrets::read(
             &self.secrets(),
             &names::state_secret_name(&suffix),
             Some(&suffix),
         )
         .await
-        .expect("read state");
+        .expect("read state")
+    }
+
+    pub async fn read_state(&self, kind: Kind, name: &str) -> StateContent {
+        let secrets = self.state_secrets(kind, name).await;
         state::read(&secrets, state::DEFAULT_DECOMPRESSION_CAP)
     }
 
     /// The string output `output` of the state of `kind`/`name`, if it has one.
     pub async fn state_output(&self, kind: Kind, name: &str, output: &str) -> Option<String> {
-        let suffix = names::state_suffix(kind, name);
-        let secrets = captf::state::secrets::read(
-            &self.secrets(),
-            &names::state_secret_name(&suffix),
-            Some(&suffix),
-        )
-        .await
-        .expect("read state");
+        let secrets = self.state_secrets(kind, name).await;
         captf::state::outputs(&secrets, state::DEFAULT_DECOMPRESSION_CAP)
             .unwrap_or_else(|e| panic!("the outputs of {kind}/{name}: {e}"))
             .get(output)
