@@ -188,6 +188,15 @@ pub struct ManagerArgs {
     /// the kubelet frees it).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub state_read_starved_after: std::time::Duration,
+    /// How long a controller that has objects may go without finishing a pass, or one
+    /// pass may run, before /healthz fails: every object is looked at again at least
+    /// every 10 minutes, so three times that means the controller is stuck.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub stalled_after: std::time::Duration,
+    /// Serve one `captf_object_info` series per object (namespace, name, Cluster, phase)
+    /// on /metrics: off by default, as its labels grow with the fleet.
+    #[arg(long)]
+    pub metrics_object_info: bool,
     /// Apply live objects' modules (`--provision=false`: only delete what someone else
     /// applied).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -400,6 +409,8 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
         rbac_sweep_every: args.rbac_sweep_interval,
         max_state_reads: usize::from(args.max_state_reads),
         state_read_starved_after: args.state_read_starved_after,
+        stalled_after: args.stalled_after,
+        metrics_object_info: args.metrics_object_info,
         provision: args.provision,
         disposal_retention: args.disposal_retention,
         shutdown_grace: SHUTDOWN_GRACE,

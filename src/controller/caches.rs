@@ -67,6 +67,8 @@ pub struct Caches {
     /// Whether the cached object (namespace, name) of the kind is provisioned; none when
     /// the cache does not hold it.
     pub provisioned: ProvisionedOf,
+    /// Visits the metadata of every object of the kind in the controller's own cache.
+    pub members: Members,
     /// Whether that cache holds every object of the kind (no `--watch-filter`).
     pub unfiltered: bool,
     /// Clusters a pass found paused when it read them from the API server while the
@@ -74,6 +76,9 @@ pub struct Caches {
     /// cache held then (see [`Caches::note_pause_read_live`]).
     pub live_pauses: Arc<std::sync::Mutex<HashMap<String, String>>>,
 }
+
+/// A visit of every cached object's metadata.
+pub type Members = Arc<dyn Fn(&mut dyn FnMut(&kube::api::ObjectMeta)) + Send + Sync>;
 
 /// Whether the cached object (namespace, name) is provisioned; none when not cached.
 pub type ProvisionedOf = Arc<dyn Fn(&str, &str) -> Option<bool> + Send + Sync>;

@@ -45,6 +45,11 @@ pub struct ManagerConfig {
     pub max_state_reads: usize,
     /// How long a pass may wait for a state-read permit before the health probe fails.
     pub state_read_starved_after: Duration,
+    /// How long a controller with objects may go without finishing a pass, or one pass
+    /// may run, before the health probe fails (see [`super::server::Probes`]).
+    pub stalled_after: Duration,
+    /// Whether `/metrics` has one `captf_object_info` series per object.
+    pub metrics_object_info: bool,
     /// Whether live objects are applied (the apply table); off, the manager only deletes
     /// (what was applied by someone else, as the deletion tests and benchmarks do).
     pub provision: bool,
@@ -75,6 +80,8 @@ impl Default for ManagerConfig {
             lease_duration: Duration::from_secs(15),
             max_state_reads: 4,
             state_read_starved_after: Duration::from_secs(600),
+            stalled_after: super::server::STALLED_AFTER,
+            metrics_object_info: false,
             provision: true,
             disposal_retention: crate::rules::disposal::DEFAULT_RETENTION,
             shutdown_grace: Duration::ZERO,
@@ -126,6 +133,8 @@ pub struct Context {
     pub previews: super::preview::Previews,
     /// The TerraformClusters counted in `captf_clusters_in_disposal`.
     pub disposals: super::disposal::Counted,
+    /// The health probes, which count the passes (none for passes a test runs itself).
+    pub probes: Option<Arc<super::server::Probes>>,
     /// The runner ServiceAccounts the manager made, when watched (see [`super::rbac`]).
     pub runner_accounts: std::sync::OnceLock<Store<PartialObjectMeta<ServiceAccount>>>,
 }
@@ -167,12 +176,15 @@ impl Context {
             previews: Default::default(),
             disposals: Default::default(),
             runner_accounts: std::sync::OnceLock::new(),
+            probes: None,
         }
     }
 
-    /// The context with `state_reads` as its permits (shared with the health probe).
-    pub fn with_state_reads(mut self, state_reads: Arc<StateReads>) -> Context {
-        self.state_reads = state_reads;
+    /// The context with the health probes' permits and pass counts (see
+    /// [`super::server::Probes`]).
+    pub fn with_probes(mut self, probes: Arc<super::server::Probes>) -> Context {
+        self.state_reads = probes.state_reads();
+        self.probes = Some(probes);
         self
     }
 

@@ -12,11 +12,15 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ListParams};
 use tracing::info;
 
+use std::sync::Arc;
+
+use super::caches::Caches;
 use super::{Context, Error};
 use crate::api::names::Kind;
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
 use crate::gather::leftovers::{Present, is_variables_secret};
 use crate::io::writes;
+use crate::ops::orphans::Owners;
 use crate::state::lock::{self, Lock};
 
 /// What is left over in one namespace, by kind of thing.
@@ -25,6 +29,34 @@ struct Found {
     jobs: BTreeSet<String>,
     pods: BTreeSet<String>,
     secrets: BTreeSet<String>,
+}
+
+/// The roles of the Secrets counted by [`orphaned_secrets`] even when none is found, so
+/// that a count that was not 0 goes back to 0.
+const ORPHAN_ROLES: [&str; 5] = ["state", "inputs", "backup", "errored", "abandoned-copy"];
+
+/// The Secrets CAPTF wrote for objects that are gone (as `captf orphans` finds them), by
+/// role, from the caches: the state, inputs, backup and errored-state Secrets the kind's
+/// Secrets cache holds, and the state Secrets without owner labels (in every kind's
+/// caches alike: counted once). With `--watch-filter` the objects outside the filter are
+/// not cached, so their Secrets would look orphaned: nothing is counted then.
+pub fn orphaned_secrets(all: &[Arc<Caches>]) -> BTreeMap<String, i64> {
+    let mut by_role: BTreeMap<String, i64> =
+        ORPHAN_ROLES.iter().map(|r| (r.to_string(), 0)).collect();
+    if all.iter().any(|c| !c.unfiltered) {
+        return by_role;
+    }
+    let mut owners = Owners::default();
+    for (kind, c) in Kind::ALL.iter().zip(all) {
+        (c.members)(&mut |m| owners.note(m, *kind));
+    }
+    let unlabelled = all.first().map(|c| c.states.state()).unwrap_or_default();
+    for s in all.iter().flat_map(|c| c.secrets.state()).chain(unlabelled) {
+        if let Some(o) = owners.orphan(&s.metadata) {
+            *by_role.entry(o.role).or_default() += 1;
+        }
+    }
+    by_role
 }
 
 /// Deletes what gone objects left behind; returns how many things it deleted.

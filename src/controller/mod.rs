@@ -360,28 +360,107 @@ where
         },
         unfiltered: cfg.watch_filter.is_none(),
         live_pauses: Default::default(),
+        members: {
+            let store = store.clone();
+            Arc::new(move |visit: &mut dyn FnMut(&kube::api::ObjectMeta)| {
+                for o in store.state() {
+                    visit(o.meta());
+                }
+            })
+        },
     });
     ctx.register_caches(K::KIND, caches.clone());
-    c.run(
-        move |obj, ctx| {
-            let gate = gate.clone();
-            async move {
-                gate.run(obj, |o, waited, lane| async move {
-                    let kind = [K::KIND.as_str()];
-                    ctx.metrics.gate_wait_seconds.observe(&kind, waited);
-                    let started = std::time::Instant::now();
-                    let metrics = ctx.metrics.clone();
-                    let result = reconcile::reconcile::<K>(o, ctx, lane).await;
-                    metrics.pass_seconds.observe(&kind, started.elapsed());
-                    result
-                })
-                .await
+    // What `/metrics` counts at each scrape, and what the health probes watch: the
+    // objects in this controller's cache.
+    ctx.metrics.count_from(K::KIND, {
+        let store = store.clone();
+        Arc::new(move || {
+            store
+                .state()
+                .iter()
+                .map(|o| crate::metrics::census::Entry::of(o.as_ref()))
+                .collect()
+        })
+    });
+    let mut synced = None;
+    if let Some(probes) = ctx.probes.clone() {
+        let has_work = {
+            let store = store.clone();
+            Arc::new(move || {
+                store
+                    .state()
+                    .iter()
+                    .any(|o| o.finalizers().iter().any(|f| f == K::KIND.finalizer()))
+            })
+        };
+        probes.controller_started(K::KIND, has_work);
+        let (store, caches) = (store.clone(), caches.clone());
+        synced = Some(tokio::spawn(async move {
+            // Ready once the objects' cache and every cache a pass reads had their first
+            // list; a cache whose watch fails is waited for again (the log says why).
+            // Each wait is a fresh one, a second at most: a single wait begun before the
+            // reflector ran was seen to miss its wake-up here (kube-runtime 5.0.0).
+            loop {
+                let waited = tokio::time::timeout(
+                    std::time::Duration::from_secs(1),
+                    store.wait_until_ready(),
+                )
+                .await;
+                match waited {
+                    Ok(Ok(())) => break,
+                    Ok(Err(_)) => return,
+                    Err(_) => {}
+                }
             }
-        },
-        error::error_policy::<K>,
-        ctx,
-    )
-    .for_each(|_| futures::future::ready(()))
+            while caches.ready().await.is_err() {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            probes.synced(K::KIND);
+        }));
+    }
+    // The wait for the first lists ends with the controller.
+    let synced = synced.map(|t| AbortOnDrop(t.abort_handle()));
+    let passes = c
+        .run(
+            move |obj, ctx| {
+                let gate = gate.clone();
+                async move {
+                    gate.run(obj, |o, waited, lane| async move {
+                        let probes = ctx.probes.clone();
+                        let _pass = probes.as_deref().map(|p| {
+                            p.pass(
+                                K::KIND,
+                                format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
+                            )
+                        });
+                        let kind = [K::KIND.as_str()];
+                        ctx.metrics.gate_wait_seconds.observe(&kind, waited);
+                        let started = std::time::Instant::now();
+                        let metrics = ctx.metrics.clone();
+                        let result = reconcile::reconcile::<K>(o, ctx, lane).await;
+                        metrics.pass_seconds.observe(&kind, started.elapsed());
+                        result
+                    })
+                    .await
+                }
+            },
+            error::error_policy::<K>,
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()));
+    async move {
+        let _synced = synced;
+        passes.await
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs the manager until `shutdown` resolves (or leadership is lost). On `shutdown` it
@@ -406,7 +485,9 @@ pub async fn run(
     let probes = Arc::new(server::Probes::new(
         state_reads.clone(),
         cfg.state_read_starved_after,
+        cfg.stalled_after,
     ));
+    metrics.keep_object_info(cfg.metrics_object_info);
     if let Some(addr) = cfg.health_addr {
         server::serve(addr, metrics.clone(), probes.clone())
             .await
@@ -482,11 +563,9 @@ pub async fn run(
                 metrics.clone(),
                 cluster_api.clone(),
             )
-            .with_state_reads(state_reads.clone()),
+            .with_probes(probes.clone()),
         );
-        probes
-            .ready
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        probes.set_running(true);
         info!(namespace = ?cfg.namespace, watch_filter = ?cfg.watch_filter, "CAPTF manager running");
         // The sweep shares the controllers' context (its record of the namespaces whose
         // runner RBAC exists), so it starts again with them.
@@ -525,9 +604,7 @@ pub async fn run(
             _ = controllers.next() => break,
             _ = stopping() => {
                 info!(grace = ?cfg.shutdown_grace, "shutting down: no pass starts any more; the passes under way may finish");
-                probes
-                    .ready
-                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                probes.set_running(false);
                 stop_tasks(&mut sweep, &mut None).await;
                 for trigger in triggers {
                     let _ = trigger.send(());

@@ -195,5 +195,9 @@ pub async fn sweep_forever(ctx: std::sync::Arc<Context>, every: Duration) {
         if let Err(e) = sweep(&ctx).await {
             warn!(error = %e, "RBAC sweep failed; trying again later");
         }
+        if let Some(all) = ctx.all_caches() {
+            ctx.metrics
+                .set_orphaned_secrets(&super::leftovers::orphaned_secrets(&all));
+        }
     }
 }

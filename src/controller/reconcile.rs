@@ -26,7 +26,7 @@ use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts};
 use crate::state::permits::Lane;
 
 /// How often an object is looked at again when nothing it watches changes.
-const RESYNC: Duration = Duration::from_secs(600);
+pub(crate) const RESYNC: Duration = Duration::from_secs(600);
 
 /// How soon an attempt the API server refused to start is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(10);

@@ -4,7 +4,7 @@
 //! attempts' variables Secrets, the lock Lease of a state that went), which the manager's
 //! sweep deletes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta};
@@ -45,6 +45,66 @@ pub struct Orphan {
     pub abandoned_at: Option<String>,
 }
 
+/// The objects there are, as a Secret's owner is looked for: by uid, and by namespace,
+/// kind and owner-name label value (a Secret of an earlier object of that name, which a
+/// new one may adopt).
+#[derive(Debug, Default)]
+pub struct Owners {
+    uids: BTreeSet<String>,
+    namesakes: BTreeSet<(String, Kind, String)>,
+}
+
+impl Owners {
+    /// Notes object `meta` of kind `kind`.
+    pub fn note(&mut self, meta: &ObjectMeta, kind: Kind) {
+        if let Some(uid) = &meta.uid {
+            self.uids.insert(uid.clone());
+        }
+        self.namesakes.insert((
+            meta.namespace.clone().unwrap_or_default(),
+            kind,
+            crate::api::labels::name_label_value(meta.name.as_deref().unwrap_or_default()),
+        ));
+    }
+
+    /// Secret `meta` as an orphan: a Secret CAPTF writes for an object (state, inputs,
+    /// backup, errored state, an abandon's copy) whose object is not among those noted.
+    pub fn orphan(&self, meta: &ObjectMeta) -> Option<Orphan> {
+        let (role, kind, name) = owner_of_secret(meta)?;
+        let labels = meta.labels.clone().unwrap_or_default();
+        let uid = labels.get(names::LABEL_OWNER_UID).cloned();
+        let secret_ns = meta.namespace.clone().unwrap_or_default();
+        let object_ns = labels
+            .get(names::LABEL_SOURCE_NAMESPACE)
+            .cloned()
+            .unwrap_or_else(|| secret_ns.clone());
+        let owned = uid.as_ref().is_some_and(|u| self.uids.contains(u))
+            || self
+                .namesakes
+                .contains(&(object_ns.clone(), kind, name.clone()));
+        if owned {
+            return None;
+        }
+        let secret = meta.name.clone().unwrap_or_default();
+        Some(Orphan {
+            secret_namespace: (secret_ns != object_ns).then_some(secret_ns),
+            namespace: object_ns,
+            resource: "Secret".into(),
+            object: secret.clone(),
+            secret,
+            role,
+            kind: kind.as_str().to_string(),
+            name,
+            uid,
+            abandoned_at: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::ABANDONED_AT))
+                .cloned(),
+        })
+    }
+}
+
 /// `captf orphans`: every Secret CAPTF writes for an object (state and parts, inputs,
 /// backup and parts, errored states, and the copies an abandon made in the manager's
 /// namespace) whose object is gone. An object is found by the owner uid the Secret
@@ -55,19 +115,7 @@ pub async fn orphans(
     ns: Option<&str>,
     manager_ns: &str,
 ) -> Result<Vec<Orphan>, ToolError> {
-    // The objects there are: by uid, and by namespace, kind and owner-name label value.
-    let mut uids = std::collections::BTreeSet::new();
-    let mut namesakes = std::collections::BTreeSet::new();
-    let mut note = |meta: &ObjectMeta, kind: Kind| {
-        if let Some(uid) = &meta.uid {
-            uids.insert(uid.clone());
-        }
-        namesakes.insert((
-            meta.namespace.clone().unwrap_or_default(),
-            kind,
-            crate::api::labels::name_label_value(meta.name.as_deref().unwrap_or_default()),
-        ));
-    };
+    let mut owners = Owners::default();
     for kind in Kind::ALL {
         let metas = crate::with_kind!(kind, K => {
             let api: Api<K> = match ns {
@@ -78,7 +126,7 @@ pub async fn orphans(
             list.into_iter().map(|o| o.metadata).collect::<Vec<_>>()
         });
         for meta in metas {
-            note(&meta, kind);
+            owners.note(&meta, kind);
         }
     }
 
@@ -111,40 +159,10 @@ pub async fn orphans(
             .await?
             .items);
     }
-    let mut out = Vec::new();
-    for meta in candidates.values() {
-        let Some((role, kind, name)) = owner_of_secret(meta) else {
-            continue;
-        };
-        let labels = meta.labels.clone().unwrap_or_default();
-        let uid = labels.get(names::LABEL_OWNER_UID).cloned();
-        let secret_ns = meta.namespace.clone().unwrap_or_default();
-        let object_ns = labels
-            .get(names::LABEL_SOURCE_NAMESPACE)
-            .cloned()
-            .unwrap_or_else(|| secret_ns.clone());
-        let owned = uid.as_ref().is_some_and(|u| uids.contains(u))
-            || namesakes.contains(&(object_ns.clone(), kind, name.clone()));
-        if !owned {
-            let secret = meta.name.clone().unwrap_or_default();
-            out.push(Orphan {
-                secret_namespace: (secret_ns != object_ns).then_some(secret_ns),
-                namespace: object_ns,
-                resource: "Secret".into(),
-                object: secret.clone(),
-                secret,
-                role,
-                kind: kind.as_str().to_string(),
-                name,
-                uid,
-                abandoned_at: meta
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(names::ABANDONED_AT))
-                    .cloned(),
-            });
-        }
-    }
+    let mut out: Vec<Orphan> = candidates
+        .values()
+        .filter_map(|meta| owners.orphan(meta))
+        .collect();
     out.extend(left_behind(client, ns).await?);
     out.sort();
     Ok(out)

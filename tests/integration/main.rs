@@ -24,5 +24,6 @@ mod runbooks;
 mod state_safety;
 mod templates;
 mod uninstall;
+mod watching;
 
 use captf_test_support as support;

@@ -318,6 +318,13 @@ async fn a_cache_whose_watch_cannot_list_holds_the_passes() {
         "nothing decided: {:?}",
         obj.status
     );
+    // Not ready while a cache had no first list, and /readyz says which controllers wait.
+    let (code, body) = http_get(port, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("TerraformCluster, TerraformMachine, TerraformMachinePool controller(s) have not had their first lists"),
+        "{body}"
+    );
     env.proxy.faults().clear();
     env.shutdown().await;
 }

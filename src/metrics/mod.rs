@@ -1,0 +1,574 @@
+//! The manager's Prometheus metrics, kept and encoded by `prometheus-client` (the
+//! OpenMetrics text format): counters by kind and outcome, histograms of how long a
+//! pass takes, how long it waits for the fair gate, and how long a runner Job ran, and
+//! gauges of what is so now, counted at each scrape from the manager's caches
+//! ([`census`]). docs/operations/metrics.md lists every family.
+
+pub mod census;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use prometheus_client::encoding::EncodeLabelSet;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter as PromCounter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge as PromGauge;
+use prometheus_client::metrics::histogram::{Histogram as PromHistogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::api::names::Kind;
+
+type Labels = Vec<(String, String)>;
+
+fn labels(names: &[&str], values: &[&str]) -> Labels {
+    names
+        .iter()
+        .zip(values)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A counter family with a fixed list of label names (`_total` is added to its name).
+pub struct Counter {
+    labels: &'static [&'static str],
+    family: Family<Labels, PromCounter>,
+}
+
+impl Counter {
+    fn register(
+        registry: &mut Registry,
+        name: &str,
+        help: &str,
+        labels: &'static [&'static str],
+    ) -> Counter {
+        let family = Family::<Labels, PromCounter>::default();
+        registry.register(name, help, family.clone());
+        Counter { labels, family }
+    }
+
+    pub fn inc(&self, values: &[&str]) {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .inc();
+    }
+
+    pub fn get(&self, values: &[&str]) -> u64 {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .get()
+    }
+}
+
+/// A gauge family with a fixed list of label names: what is so now.
+pub struct Gauge {
+    labels: &'static [&'static str],
+    family: Family<Labels, PromGauge>,
+}
+
+impl Gauge {
+    fn register(
+        registry: &mut Registry,
+        name: &str,
+        help: &str,
+        labels: &'static [&'static str],
+    ) -> Gauge {
+        let family = Family::<Labels, PromGauge>::default();
+        registry.register(name, help, family.clone());
+        Gauge { labels, family }
+    }
+
+    pub fn inc(&self, values: &[&str]) {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .inc();
+    }
+
+    pub fn dec(&self, values: &[&str]) {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .dec();
+    }
+
+    pub fn get(&self, values: &[&str]) -> i64 {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .get()
+    }
+}
+
+/// Exponential buckets from `first` seconds, doubling, `count` of them.
+#[derive(Clone, Copy)]
+struct Buckets {
+    first: f64,
+    count: u16,
+}
+
+impl MetricConstructor<PromHistogram> for Buckets {
+    fn new_metric(&self) -> PromHistogram {
+        PromHistogram::new(exponential_buckets(self.first, 2.0, self.count))
+    }
+}
+
+/// A histogram family of seconds with a fixed list of label names.
+pub struct Histogram {
+    labels: &'static [&'static str],
+    family: Family<Labels, PromHistogram, Buckets>,
+}
+
+impl Histogram {
+    /// Buckets from `first` seconds, doubling, `count` of them.
+    fn register(
+        registry: &mut Registry,
+        name: &str,
+        help: &str,
+        labels: &'static [&'static str],
+        first: f64,
+        count: u16,
+    ) -> Histogram {
+        let family = Family::new_with_constructor(Buckets { first, count });
+        registry.register(name, help, family.clone());
+        Histogram { labels, family }
+    }
+
+    pub fn observe(&self, values: &[&str], took: Duration) {
+        self.family
+            .get_or_create(&labels(self.labels, values))
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// Where the census reads one kind's objects: the controller's cache.
+pub type CensusSource = Arc<dyn Fn() -> Vec<census::Entry> + Send + Sync>;
+
+/// `role` (of an orphaned Secret: `state`, `inputs`, `backup`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ByRole {
+    pub role: String,
+}
+
+type GaugeF64 = PromGauge<f64, AtomicU64>;
+
+/// The gauges of the present, set from a [`census::Tally`] at each scrape.
+struct Present {
+    objects: Family<census::ByPhase, PromGauge>,
+    deletions: Family<census::ByReason, PromGauge>,
+    held: Family<census::ByReason, PromGauge>,
+    held_oldest: Family<census::ByReason, GaugeF64>,
+    destroys_failing: Family<census::ByKind, PromGauge>,
+    destroy_failures_max: Family<census::ByKind, PromGauge>,
+    applies_blocked: Family<census::ByReason, PromGauge>,
+    apply_failures_max: Family<census::ByKind, PromGauge>,
+    object_info: Family<census::ObjectLabels, PromGauge>,
+}
+
+impl Present {
+    fn register(r: &mut Registry) -> Present {
+        let p = Present {
+            objects: Family::default(),
+            deletions: Family::default(),
+            held: Family::default(),
+            held_oldest: Family::default(),
+            destroys_failing: Family::default(),
+            destroy_failures_max: Family::default(),
+            applies_blocked: Family::default(),
+            apply_failures_max: Family::default(),
+            object_info: Family::default(),
+        };
+        r.register("captf_objects", "Objects in the manager's caches, by kind and phase (unknown, waiting, paused, applying, failing, refused, provisioned, deleting)", p.objects.clone());
+        r.register("captf_deletions", "Objects being deleted, by kind and the reason of their Deleting condition (DestroyRunning, WaitingForJob, DestroyFailed, Held, …; Unknown before their first deletion pass)", p.deletions.clone());
+        r.register("captf_deletions_held", "Deletions held until a person acts, by kind and why (StateLost, StateCorrupt, StateEncrypted, StateInconsistent, OwnerGone, ErroredState, DestroyCannotStart)", p.held.clone());
+        r.register(
+            "captf_deletion_held_oldest_seconds",
+            "How long ago the oldest held deletion was asked, by kind and why it is held",
+            p.held_oldest.clone(),
+        );
+        r.register(
+            "captf_destroys_failing",
+            "Deletions whose latest destroy failed (retried on the backoff schedule), by kind",
+            p.destroys_failing.clone(),
+        );
+        r.register("captf_destroy_failures_in_a_row_max", "The most destroy attempts failed in a row among the deletions whose destroy fails, by kind", p.destroy_failures_max.clone());
+        r.register("captf_applies_blocked", "Live objects whose latest inputs are not applied and do not merely wait or run (ApplyFailed, ApplyCannotStart, DestructivePlanBlocked, OutputsInvalid, ChangeRefused, …), by kind and reason", p.applies_blocked.clone());
+        r.register(
+            "captf_apply_failures_in_a_row_max",
+            "The most apply attempts failed in a row among the objects whose apply fails, by kind",
+            p.apply_failures_max.clone(),
+        );
+        r.register("captf_object_info", "One series per object with its namespace, name, Cluster and phase (only with --metrics-object-info: its labels grow with the fleet)", p.object_info.clone());
+        p
+    }
+
+    fn set(&self, kinds: &[Kind], entries: &[census::Entry], now: Timestamp, info: bool) {
+        use census::{ByKind, ByPhase, ByReason, KindValue};
+        let t = census::tally(kinds, entries);
+        for f in [&self.deletions, &self.held, &self.applies_blocked] {
+            f.clear();
+        }
+        self.held_oldest.clear();
+        self.object_info.clear();
+        for ((kind, phase), n) in t.objects {
+            self.objects
+                .get_or_create(&ByPhase {
+                    kind: KindValue(kind),
+                    phase,
+                })
+                .set(n);
+        }
+        for ((kind, reason), n) in t.deletions {
+            self.deletions
+                .get_or_create(&ByReason {
+                    kind: KindValue(kind),
+                    reason,
+                })
+                .set(n);
+        }
+        for ((kind, reason), (n, oldest)) in t.held {
+            let labels = ByReason {
+                kind: KindValue(kind),
+                reason,
+            };
+            self.held.get_or_create(&labels).set(n);
+            let age = now.duration_since(oldest).as_secs_f64().max(0.0);
+            self.held_oldest.get_or_create(&labels).set(age);
+        }
+        for (kind, (n, max)) in t.destroys_failing {
+            let labels = ByKind {
+                kind: KindValue(kind),
+            };
+            self.destroys_failing.get_or_create(&labels).set(n);
+            self.destroy_failures_max
+                .get_or_create(&labels)
+                .set(i64::from(max));
+        }
+        for ((kind, reason), n) in t.applies_blocked {
+            self.applies_blocked
+                .get_or_create(&ByReason {
+                    kind: KindValue(kind),
+                    reason,
+                })
+                .set(n);
+        }
+        for (kind, max) in t.apply_failures_max {
+            self.apply_failures_max
+                .get_or_create(&ByKind {
+                    kind: KindValue(kind),
+                })
+                .set(i64::from(max));
+        }
+        if info {
+            for e in entries {
+                self.object_info
+                    .get_or_create(&census::ObjectLabels {
+                        kind: KindValue(e.kind),
+                        namespace: e.namespace.clone(),
+                        name: e.name.clone(),
+                        cluster: e.cluster.clone(),
+                        phase: e.phase,
+                    })
+                    .set(1);
+            }
+        }
+    }
+}
+
+/// The manager's metrics.
+pub struct Metrics {
+    registry: Registry,
+    present: Present,
+    /// Each running controller's cache, read at each scrape.
+    census: Mutex<BTreeMap<Kind, CensusSource>>,
+    /// Whether `captf_object_info` is kept (`--metrics-object-info`).
+    object_info: AtomicBool,
+    /// Secrets CAPTF wrote for objects that are gone, by role, as the last sweep found
+    /// them (`captf orphans` lists them).
+    pub orphaned_secrets: Family<ByRole, PromGauge>,
+    pub reconciles: Counter,
+    pub reconcile_errors: Counter,
+    pub decisions: Counter,
+    pub destroy_attempts: Counter,
+    pub destroy_failures: Counter,
+    pub held: Counter,
+    pub apply_attempts: Counter,
+    pub apply_failures: Counter,
+    /// Live objects whose deletion, asked now, would not finish by itself (their
+    /// `DeletionReady` is False or Unknown), by kind and reason.
+    pub deletion_not_ready: Gauge,
+    /// Clusters marked for disposal, by state (pending, held, due, deleting).
+    pub clusters_in_disposal: Gauge,
+    /// The end of the soonest pending disposal's retention (Unix seconds; 0 when none).
+    pub disposal_next_deletion: PromGauge,
+    /// How long a pass took, by kind.
+    pub pass_seconds: Histogram,
+    /// How long a pass waited for the fair gate, by kind.
+    pub gate_wait_seconds: Histogram,
+    /// How long a runner Job ran, from its start to its end, by kind, operation and
+    /// outcome.
+    pub job_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut r = Registry::default();
+        let reconciles = Counter::register(
+            &mut r,
+            "captf_reconciles",
+            "Reconcile passes by kind",
+            &["kind"],
+        );
+        let reconcile_errors = Counter::register(
+            &mut r,
+            "captf_reconcile_errors",
+            "Reconcile passes that failed, by kind and error",
+            &["kind", "error"],
+        );
+        let decisions = Counter::register(
+            &mut r,
+            "captf_deletion_decisions",
+            "Deletion passes by kind and rule-table row",
+            &["kind", "row"],
+        );
+        let destroy_attempts = Counter::register(
+            &mut r,
+            "captf_destroy_attempts",
+            "Destroy Jobs started, by kind",
+            &["kind"],
+        );
+        let destroy_failures = Counter::register(
+            &mut r,
+            "captf_destroy_failures",
+            "Destroy attempts that failed, by kind and reason",
+            &["kind", "reason"],
+        );
+        let apply_attempts = Counter::register(
+            &mut r,
+            "captf_apply_attempts",
+            "Apply Jobs started, by kind",
+            &["kind"],
+        );
+        let apply_failures = Counter::register(
+            &mut r,
+            "captf_apply_failures",
+            "Apply attempts that failed, by kind and reason",
+            &["kind", "reason"],
+        );
+        let held = Counter::register(
+            &mut r,
+            "captf_held_deletions",
+            "Passes that held a deletion, by kind and reason",
+            &["kind", "reason"],
+        );
+        let deletion_not_ready = Gauge::register(
+            &mut r,
+            "captf_deletion_not_ready",
+            "Live objects whose deletion would not finish by itself if it were asked now (DeletionReady False or Unknown), by kind and reason",
+            &["kind", "reason"],
+        );
+        let clusters_in_disposal = Gauge::register(
+            &mut r,
+            "captf_clusters_in_disposal",
+            "Cluster API Clusters marked for disposal, by state (pending: the retention runs; held: over, held by disposal-hold; due: being deleted by CAPTF; deleting)",
+            &["state"],
+        );
+        let disposal_next_deletion = PromGauge::default();
+        r.register(
+            "captf_disposal_next_deletion_timestamp_seconds",
+            "When the soonest pending disposal deletes its Cluster (Unix seconds; 0 when no disposal is pending); time() subtracted from it is the time left",
+            disposal_next_deletion.clone(),
+        );
+        let pass_seconds = Histogram::register(
+            &mut r,
+            "captf_pass_duration_seconds",
+            "How long a reconcile pass took, by kind",
+            &["kind"],
+            0.005,
+            14,
+        );
+        let gate_wait_seconds = Histogram::register(
+            &mut r,
+            "captf_gate_wait_seconds",
+            "How long a pass waited for its turn (the fair pass limit), by kind",
+            &["kind"],
+            0.005,
+            16,
+        );
+        let job_seconds = Histogram::register(
+            &mut r,
+            "captf_job_duration_seconds",
+            "How long a runner Job ran, by kind, operation and outcome",
+            &["kind", "operation", "outcome"],
+            1.0,
+            16,
+        );
+        let present = Present::register(&mut r);
+        let orphaned_secrets = Family::<ByRole, PromGauge>::default();
+        r.register(
+            "captf_orphaned_secrets",
+            "Secrets CAPTF wrote for objects that are gone (state, inputs, backup, errored, abandoned-copy), by role, as the manager's last sweep found them; `captf orphans` lists them",
+            orphaned_secrets.clone(),
+        );
+        Metrics {
+            registry: r,
+            present,
+            census: Mutex::new(BTreeMap::new()),
+            object_info: AtomicBool::new(false),
+            orphaned_secrets,
+            reconciles,
+            reconcile_errors,
+            decisions,
+            destroy_attempts,
+            destroy_failures,
+            held,
+            apply_attempts,
+            apply_failures,
+            deletion_not_ready,
+            clusters_in_disposal,
+            disposal_next_deletion,
+            pass_seconds,
+            gate_wait_seconds,
+            job_seconds,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts kind `kind`'s objects from `source` at each scrape (replacing the source of
+    /// a controller that ran before).
+    pub fn count_from(&self, kind: Kind, source: CensusSource) {
+        self.census
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind, source);
+    }
+
+    /// Keeps one `captf_object_info` series per object.
+    pub fn keep_object_info(&self, on: bool) {
+        self.object_info.store(on, Ordering::Relaxed);
+    }
+
+    /// Sets the orphaned Secrets the sweep found, by role (every role it knows, at 0 when
+    /// none).
+    pub fn set_orphaned_secrets(&self, by_role: &BTreeMap<String, i64>) {
+        self.orphaned_secrets.clear();
+        for (role, n) in by_role {
+            self.orphaned_secrets
+                .get_or_create(&ByRole { role: role.clone() })
+                .set(*n);
+        }
+    }
+
+    /// The metrics in the OpenMetrics text format, the gauges of the present counted now.
+    pub fn render(&self) -> String {
+        self.render_at(Timestamp::now())
+    }
+
+    fn render_at(&self, now: Timestamp) -> String {
+        // One scrape at a time counts and encodes (the families are cleared and set).
+        let census = self.census.lock().unwrap_or_else(|e| e.into_inner());
+        let kinds: Vec<Kind> = census.keys().copied().collect();
+        let entries: Vec<census::Entry> = census.values().flat_map(|source| source()).collect();
+        self.present.set(
+            &kinds,
+            &entries,
+            now,
+            self.object_info.load(Ordering::Relaxed),
+        );
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            out = format!("# the metrics could not be encoded: {e}\n");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_histograms_render_in_the_text_format() {
+        let m = Metrics::default();
+        m.destroy_failures
+            .inc(&["TerraformMachine", "BackoffLimitExceeded"]);
+        m.destroy_failures
+            .inc(&["TerraformMachine", "BackoffLimitExceeded"]);
+        m.pass_seconds
+            .observe(&["TerraformMachine"], Duration::from_millis(30));
+        let text = m.render();
+        assert!(text.contains("captf_destroy_failures_total{kind=\"TerraformMachine\",reason=\"BackoffLimitExceeded\"} 2"), "{text}");
+        assert!(
+            text.contains("# TYPE captf_destroy_failures counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "captf_pass_duration_seconds_bucket{le=\"0.04\",kind=\"TerraformMachine\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "captf_pass_duration_seconds_bucket{le=\"0.02\",kind=\"TerraformMachine\"} 0"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            m.destroy_failures
+                .get(&["TerraformMachine", "BackoffLimitExceeded"]),
+            2
+        );
+    }
+
+    #[test]
+    fn the_gauges_of_the_present_are_counted_at_each_scrape_from_the_caches() {
+        use census::{Entry, Phase, Reason};
+        let m = Metrics::default();
+        let asked = Timestamp::from_second(1_000).expect("a time");
+        let entry = |name: &str, phase, held: Option<&str>| Entry {
+            kind: Kind::TerraformMachine,
+            namespace: "team-a".into(),
+            name: name.into(),
+            cluster: "prod".into(),
+            phase,
+            deleting: held.map(|_| Reason::new("Held")),
+            held: held.map(|why| (Reason::new(why), asked)),
+            destroy_failures: None,
+            apply_blocked: None,
+        };
+        let entries = Arc::new(Mutex::new(vec![
+            entry("web-1", Phase::Provisioned, None),
+            entry("web-2", Phase::Deleting, Some("StateLost")),
+        ]));
+        let source = entries.clone();
+        m.count_from(
+            Kind::TerraformMachine,
+            Arc::new(move || source.lock().expect("entries").clone()),
+        );
+        let text = m.render_at(Timestamp::from_second(1_090).expect("a time"));
+        for line in [
+            "captf_objects{kind=\"TerraformMachine\",phase=\"provisioned\"} 1",
+            "captf_objects{kind=\"TerraformMachine\",phase=\"deleting\"} 1",
+            "captf_objects{kind=\"TerraformMachine\",phase=\"failing\"} 0",
+            "captf_deletions_held{kind=\"TerraformMachine\",reason=\"StateLost\"} 1",
+            "captf_deletion_held_oldest_seconds{kind=\"TerraformMachine\",reason=\"StateLost\"} 90.0",
+            "captf_destroys_failing{kind=\"TerraformMachine\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+        assert!(!text.contains("captf_object_info{"), "{text}");
+        // The held deletion is released: its series go, the phase counts follow.
+        entries.lock().expect("entries").pop();
+        m.keep_object_info(true);
+        let text = m.render_at(Timestamp::from_second(1_100).expect("a time"));
+        assert!(!text.contains("captf_deletions_held{"), "{text}");
+        assert!(
+            text.contains("captf_objects{kind=\"TerraformMachine\",phase=\"deleting\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("captf_object_info{kind=\"TerraformMachine\",namespace=\"team-a\",name=\"web-1\",cluster=\"prod\",phase=\"provisioned\"} 1"), "{text}");
+    }
+}

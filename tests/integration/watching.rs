@@ -1,0 +1,186 @@
+//! What an operator watches without running `captf explain`: the gauges of what is so now
+//! (counted from the manager's caches at each scrape), and health and readiness probes
+//! that mean something.
+
+use std::time::Duration;
+
+use captf::api::TerraformMachine as Tfm;
+use captf::api::names;
+
+use crate::manager::{http_get, restart_with_metrics};
+use crate::support::*;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The value of the sample `series` (name and labels, as the text format writes them) in
+/// the manager's `/metrics`, if it has one.
+async fn sample(port: u16, series: &str) -> Option<f64> {
+    let (_, text) = http_get(port, "/metrics").await;
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Waits until `series` is `want`; on a timeout, says what it was.
+async fn wait_sample(port: u16, series: &str, want: f64) {
+    let start = std::time::Instant::now();
+    loop {
+        let now = sample(port, series).await;
+        if now == Some(want) {
+            return;
+        }
+        if start.elapsed() > WAIT {
+            let (_, text) = http_get(port, "/metrics").await;
+            panic!("timed out waiting for {series} = {want}: it is {now:?}; /metrics:\n{text}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A machine applied, then deleted: its destroy fails, then its state is lost and it is
+/// held, then it is abandoned. At each step the gauges say so, and the abandon's
+/// Secrets are counted as orphans by the next sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gauges_say_what_is_held_now_and_for_how_long() {
+    // One failed destroy, retried 60 s later: long enough to see it failing and to lose
+    // the state before the retry.
+    let mut env = Env::with_machine("gauges", &module(1), Duration::from_secs(60)).await;
+    env.config.rbac_sweep_every = Duration::from_secs(1);
+    let port = restart_with_metrics(&mut env).await;
+    let tfm = r#"kind="TerraformMachine""#;
+    wait_sample(
+        port,
+        &format!("captf_objects{{{tfm},phase=\"provisioned\"}}"),
+        1.0,
+    )
+    .await;
+    wait_sample(
+        port,
+        &format!("captf_objects{{{tfm},phase=\"deleting\"}}"),
+        0.0,
+    )
+    .await;
+    wait_sample(port, &format!("captf_destroys_failing{{{tfm}}}"), 0.0).await;
+
+    env.delete::<Tfm>("web-1").await;
+    wait_sample(port, &format!("captf_destroys_failing{{{tfm}}}"), 1.0).await;
+    wait_sample(
+        port,
+        &format!("captf_destroy_failures_in_a_row_max{{{tfm}}}"),
+        1.0,
+    )
+    .await;
+    wait_sample(
+        port,
+        &format!("captf_deletions{{{tfm},reason=\"DestroyFailed\"}}"),
+        1.0,
+    )
+    .await;
+    wait_sample(
+        port,
+        &format!("captf_objects{{{tfm},phase=\"provisioned\"}}"),
+        0.0,
+    )
+    .await;
+    wait_sample(
+        port,
+        &format!("captf_objects{{{tfm},phase=\"deleting\"}}"),
+        1.0,
+    )
+    .await;
+
+    let state = names::state_secret_name("web-1.tfm");
+    env.lose_secret(&state).await;
+    let held = format!("captf_deletions_held{{{tfm},reason=\"StateLost\"}}");
+    wait_sample(port, &held, 1.0).await;
+    wait_sample(port, &format!("captf_destroys_failing{{{tfm}}}"), 0.0).await;
+    // The age of the oldest held deletion grows from when the deletion was asked.
+    let oldest = format!("captf_deletion_held_oldest_seconds{{{tfm},reason=\"StateLost\"}}");
+    let first = sample(port, &oldest)
+        .await
+        .expect("the oldest held deletion's age");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let later = sample(port, &oldest)
+        .await
+        .expect("the oldest held deletion's age");
+    assert!(first > 0.0 && later >= first + 1.0, "{first} then {later}");
+
+    // Abandoned: released, its inputs and backup Secrets kept, which the sweep counts.
+    env.abandon::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", WAIT).await;
+    wait_sample(
+        port,
+        &format!("captf_objects{{{tfm},phase=\"deleting\"}}"),
+        0.0,
+    )
+    .await;
+    let (_, text) = http_get(port, "/metrics").await;
+    assert!(!text.contains("captf_deletions_held{"), "{text}");
+    wait_sample(port, r#"captf_orphaned_secrets{role="backup"}"#, 1.0).await;
+    wait_sample(port, r#"captf_orphaned_secrets{role="inputs"}"#, 1.0).await;
+    wait_sample(port, r#"captf_orphaned_secrets{role="state"}"#, 0.0).await;
+    env.shutdown().await;
+}
+
+/// A pass that does not end (its write held by the proxy) makes `/healthz` fail naming
+/// it; a controller that then finishes no pass for longer than `--stalled-after` while
+/// it has objects keeps it failing; with no object left it is healthy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_fails_while_a_pass_does_not_end_or_a_controller_with_objects_finishes_none() {
+    let mut env = Env::start("stalled").await;
+    env.config.stalled_after = Duration::from_secs(3);
+    let port = restart_with_metrics(&mut env).await;
+    wait_for("readiness", WAIT, || async {
+        http_get(port, "/readyz").await.0 == 200
+    })
+    .await;
+    assert_eq!(http_get(port, "/healthz").await.0, 200);
+    // The first pass puts the finalizer on: its patch is held for 30 s.
+    env.proxy.faults().delay_next(
+        1,
+        Some("patch"),
+        Some("terraformmachines"),
+        Duration::from_secs(30),
+    );
+    let markers = env.markers();
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &markers)
+        .await;
+    let object = format!("{}/web-1", env.ns);
+    let running = format!("a TerraformMachine pass over {object} has run for");
+    wait_for(
+        "the health probe naming the pass that does not end",
+        WAIT,
+        || async {
+            let (code, body) = http_get(port, "/healthz").await;
+            code == 503 && body.contains(&running) && body.contains("--stalled-after")
+        },
+    )
+    .await;
+    // Once it ended, the object waits for its next resync (600 s): longer than 3 s with
+    // an object is a stall as far as the probe knows.
+    env.wait_finalizer::<Tfm>("web-1").await;
+    wait_for(
+        "the health probe naming the stalled controller",
+        WAIT,
+        || async {
+            let (code, body) = http_get(port, "/healthz").await;
+            code == 503
+                && body.contains("the TerraformMachine controller has finished no pass for")
+                && body.contains("while it has objects")
+        },
+    )
+    .await;
+    // Nothing left to look at: healthy.
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", WAIT).await;
+    wait_for("healthy again", WAIT, || async {
+        http_get(port, "/healthz").await.0 == 200
+    })
+    .await;
+    env.shutdown().await;
+}
