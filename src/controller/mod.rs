@@ -488,6 +488,7 @@ pub async fn run(
         cfg.stalled_after,
     ));
     metrics.keep_object_info(cfg.metrics_object_info);
+    metrics.watch_permits(state_reads.clone());
     if let Some(addr) = cfg.health_addr {
         server::serve(addr, metrics.clone(), probes.clone())
             .await

@@ -22,6 +22,7 @@ use prometheus_client::metrics::histogram::{Histogram as PromHistogram, exponent
 use prometheus_client::registry::Registry;
 
 use crate::api::names::Kind;
+use crate::state::permits::StateReads;
 
 type Labels = Vec<(String, String)>;
 
@@ -164,6 +165,9 @@ struct Present {
     applies_blocked: Family<census::ByReason, PromGauge>,
     apply_failures_max: Family<census::ByKind, PromGauge>,
     object_info: Family<census::ObjectLabels, PromGauge>,
+    permits_in_use: PromGauge,
+    permits_waiting: PromGauge,
+    permit_longest_wait: GaugeF64,
 }
 
 impl Present {
@@ -178,6 +182,9 @@ impl Present {
             applies_blocked: Family::default(),
             apply_failures_max: Family::default(),
             object_info: Family::default(),
+            permits_in_use: PromGauge::default(),
+            permits_waiting: PromGauge::default(),
+            permit_longest_wait: GaugeF64::default(),
         };
         r.register("captf_objects", "Objects in the manager's caches, by kind and phase (unknown, waiting, paused, applying, failing, refused, provisioned, deleting)", p.objects.clone());
         r.register("captf_deletions", "Objects being deleted, by kind and the reason of their Deleting condition (DestroyRunning, WaitingForJob, DestroyFailed, Held, …; Unknown before their first deletion pass)", p.deletions.clone());
@@ -200,7 +207,28 @@ impl Present {
             p.apply_failures_max.clone(),
         );
         r.register("captf_object_info", "One series per object with its namespace, name, Cluster and phase (only with --metrics-object-info: its labels grow with the fleet)", p.object_info.clone());
+        r.register(
+            "captf_state_read_permits_in_use",
+            "State-read permits held by passes now (at most --max-state-reads)",
+            p.permits_in_use.clone(),
+        );
+        r.register(
+            "captf_state_read_permits_waiting",
+            "Passes waiting for a state-read permit now",
+            p.permits_waiting.clone(),
+        );
+        r.register("captf_state_read_longest_wait_seconds", "How long the pass that has waited longest for a state-read permit, still waiting, has waited (0 when none waits); /healthz fails past --state-read-starved-after", p.permit_longest_wait.clone());
         p
+    }
+
+    fn set_permits(&self, permits: &StateReads) {
+        self.permits_in_use.set(
+            i64::try_from(permits.max().saturating_sub(permits.available())).unwrap_or(i64::MAX),
+        );
+        self.permits_waiting
+            .set(i64::try_from(permits.waiting()).unwrap_or(i64::MAX));
+        self.permit_longest_wait
+            .set(permits.longest_wait().map_or(0.0, |d| d.as_secs_f64()));
     }
 
     fn set(&self, kinds: &[Kind], entries: &[census::Entry], now: Timestamp, info: bool) {
@@ -282,6 +310,8 @@ pub struct Metrics {
     present: Present,
     /// Each running controller's cache, read at each scrape.
     census: Mutex<BTreeMap<Kind, CensusSource>>,
+    /// The state-read permits, once the manager runs.
+    permits: Mutex<Option<Arc<StateReads>>>,
     /// Whether `captf_object_info` is kept (`--metrics-object-info`).
     object_info: AtomicBool,
     /// Secrets CAPTF wrote for objects that are gone, by role, as the last sweep found
@@ -415,6 +445,7 @@ impl Default for Metrics {
             registry: r,
             present,
             census: Mutex::new(BTreeMap::new()),
+            permits: Mutex::new(None),
             object_info: AtomicBool::new(false),
             orphaned_secrets,
             reconciles,
@@ -443,6 +474,11 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(kind, source);
+    }
+
+    /// Shows how the state-read permits are used at each scrape.
+    pub fn watch_permits(&self, permits: Arc<StateReads>) {
+        *self.permits.lock().unwrap_or_else(|e| e.into_inner()) = Some(permits);
     }
 
     /// Keeps one `captf_object_info` series per object.
@@ -477,6 +513,14 @@ impl Metrics {
             now,
             self.object_info.load(Ordering::Relaxed),
         );
+        if let Some(p) = self
+            .permits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+        {
+            self.present.set_permits(p);
+        }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {
             out = format!("# the metrics could not be encoded: {e}\n");
@@ -523,8 +567,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_gauges_of_the_present_are_counted_at_each_scrape_from_the_caches() {
+    #[tokio::test]
+    async fn the_gauges_of_the_present_are_counted_at_each_scrape_from_the_caches() {
         use census::{Entry, Phase, Reason};
         let m = Metrics::default();
         let asked = Timestamp::from_second(1_000).expect("a time");
@@ -548,8 +592,14 @@ mod tests {
             Kind::TerraformMachine,
             Arc::new(move || source.lock().expect("entries").clone()),
         );
+        let permits = Arc::new(StateReads::new(3));
+        m.watch_permits(permits.clone());
+        let _held = permits.acquire(crate::state::permits::Lane::Ordinary).await;
         let text = m.render_at(Timestamp::from_second(1_090).expect("a time"));
         for line in [
+            "captf_state_read_permits_in_use 1",
+            "captf_state_read_permits_waiting 0",
+            "captf_state_read_longest_wait_seconds 0.0",
             "captf_objects{kind=\"TerraformMachine\",phase=\"provisioned\"} 1",
             "captf_objects{kind=\"TerraformMachine\",phase=\"deleting\"} 1",
             "captf_objects{kind=\"TerraformMachine\",phase=\"failing\"} 0",

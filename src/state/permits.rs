@@ -91,6 +91,11 @@ impl StateReads {
         waiting.values().min().map(|since| since.elapsed())
     }
 
+    /// How many passes wait for a permit now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     fn start_waiting(&self) -> Waiting<'_> {
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
         self.waiting
