@@ -164,11 +164,16 @@ pub struct Entry {
     /// A deletion held for a person, why (the state's reason, the blocker's own, or why
     /// the destroy cannot start), and when the deletion was asked.
     pub held: Option<(Reason, Timestamp)>,
-    /// A deletion whose latest destroy failed: how many attempts failed in a row.
+    /// A deletion whose destroy failed and is retried (its next attempt pending or
+    /// running): how many attempts failed in a row.
     pub destroy_failures: Option<u32>,
     /// A live object whose latest inputs are not applied and do not just wait or run: the
     /// reason (`ApplyFailed`, `ApplyCannotStart`, …) and the failures in a row.
-    pub apply_blocked: Option<(Reason, u32)>,
+    pub apply_blocked: Option<Reason>,
+    /// A live object's apply attempts failed in a row (0 when its latest finished apply
+    /// succeeded): kept while the next attempt runs, so that a failing apply stays
+    /// failing across its retries.
+    pub apply_failures: u32,
 }
 
 fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
@@ -206,6 +211,7 @@ impl Entry {
             held: None,
             destroy_failures: None,
             apply_blocked: None,
+            apply_failures: 0,
         };
         if let Some(asked) = &obj.meta().deletion_timestamp {
             e.phase = Phase::Deleting;
@@ -221,9 +227,20 @@ impl Entry {
                 _ => None,
             };
             e.held = held.map(|why| (Reason::new(why), asked.0));
-            if deleting == reason::DESTROY_FAILED {
-                e.destroy_failures = Some(number(obj, names::DESTROY_ATTEMPT).max(1));
-            }
+            // Failing from the first failure until the release, across the retries (an
+            // attempt running again does not end it): attempt N failed, or attempt N runs
+            // after N - 1 failures.
+            let attempt: u32 =
+                crate::gather::deletion_bookkeeping(obj.meta(), names::DESTROY_ATTEMPT)
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+            e.destroy_failures = match deleting {
+                reason::DESTROY_FAILED => Some(attempt.max(1)),
+                reason::DESTROY_RUNNING | reason::WAITING_FOR_JOB if attempt >= 2 => {
+                    Some(attempt - 1)
+                }
+                _ => None,
+            };
             return e;
         }
         e.phase = match of(INPUTS_APPLIED) {
@@ -235,8 +252,9 @@ impl Entry {
         if matches!(e.phase, Phase::Failing | Phase::Refused)
             && let Some(c) = of(INPUTS_APPLIED)
         {
-            e.apply_blocked = Some((Reason::new(&c.reason), number(obj, names::APPLY_FAILURES)));
+            e.apply_blocked = Some(Reason::new(&c.reason));
         }
+        e.apply_failures = number(obj, names::APPLY_FAILURES);
         e
     }
 }
@@ -251,8 +269,9 @@ pub struct Tally {
     /// Per kind: how many deletions' destroys are failing, and the most failures in a row.
     pub destroys_failing: BTreeMap<Kind, (i64, u32)>,
     pub applies_blocked: BTreeMap<(Kind, Reason), i64>,
-    /// Per kind: the most apply failures in a row among the objects whose apply fails.
-    pub apply_failures_max: BTreeMap<Kind, u32>,
+    /// Per kind: how many live objects' applies are failing (retried), and the most
+    /// failures in a row.
+    pub applies_failing: BTreeMap<Kind, (i64, u32)>,
 }
 
 /// Counts `entries`. Every kind and phase is present (at 0), so that a series that was
@@ -264,7 +283,7 @@ pub fn tally<'a>(kinds: &[Kind], entries: impl IntoIterator<Item = &'a Entry>) -
             t.objects.insert((k, p), 0);
         }
         t.destroys_failing.insert(k, (0, 0));
-        t.apply_failures_max.insert(k, 0);
+        t.applies_failing.insert(k, (0, 0));
     }
     for e in entries {
         *t.objects.entry((e.kind, e.phase)).or_default() += 1;
@@ -281,10 +300,13 @@ pub fn tally<'a>(kinds: &[Kind], entries: impl IntoIterator<Item = &'a Entry>) -
             slot.0 += 1;
             slot.1 = slot.1.max(n);
         }
-        if let Some((r, n)) = &e.apply_blocked {
+        if let Some(r) = &e.apply_blocked {
             *t.applies_blocked.entry((e.kind, r.clone())).or_default() += 1;
-            let max = t.apply_failures_max.entry(e.kind).or_default();
-            *max = (*max).max(*n);
+        }
+        if e.apply_failures > 0 {
+            let slot = t.applies_failing.entry(e.kind).or_default();
+            slot.0 += 1;
+            slot.1 = slot.1.max(e.apply_failures);
         }
     }
     t
@@ -301,7 +323,7 @@ mod tests {
     ) -> TerraformMachine {
         let mut m: TerraformMachine = serde_json::from_value(serde_json::json!({
             "apiVersion": names::API_VERSION, "kind": "TerraformMachine",
-            "metadata": {"name": "web-1", "namespace": "team-a",
+            "metadata": {"name": "web-1", "namespace": "team-a", "uid": "uid-1",
                 "labels": {names::CAPI_CLUSTER_NAME_LABEL: "prod"}},
             "spec": {"module": {"source": "./m"}},
         }))
@@ -387,7 +409,23 @@ mod tests {
             &[(INPUTS_APPLIED, "False", "ApplyFailed")],
             &[(names::APPLY_FAILURES, "3")],
         ));
-        assert_eq!(failing.apply_blocked, Some((Reason::new("ApplyFailed"), 3)));
+        assert_eq!(failing.apply_blocked, Some(Reason::new("ApplyFailed")));
+        assert_eq!(failing.apply_failures, 3);
+        // Its next attempt runs: still failing, no longer blocked.
+        let retrying = Entry::of(&machine(
+            &[(INPUTS_APPLIED, "False", "Applying")],
+            &[(names::APPLY_FAILURES, "3")],
+        ));
+        assert_eq!(
+            (
+                retrying.phase,
+                retrying.apply_blocked.clone(),
+                retrying.apply_failures
+            ),
+            (Phase::Applying, None, 3)
+        );
+        let t = tally(&[Kind::TerraformMachine], [&failing, &retrying]);
+        assert_eq!(t.applies_failing[&Kind::TerraformMachine], (2, 3));
     }
 
     #[test]
@@ -439,18 +477,43 @@ mod tests {
             Some(Reason::new("DestroyCannotStart"))
         );
 
-        // A destroy that failed is retried by itself: failing, not held.
+        // A destroy that failed is retried by itself: failing, not held, and still
+        // failing while its next attempt runs.
+        let bookkeeping = |attempt: &'static str| {
+            [
+                (names::DELETION_UID, "uid-1"),
+                (names::DESTROY_ATTEMPT, attempt),
+            ]
+        };
         let failed = Entry::of(&deleting(
             machine(
                 &[(cond::DELETING, "True", reason::DESTROY_FAILED)],
-                &[(names::DESTROY_ATTEMPT, "4")],
+                &bookkeeping("4"),
             ),
             1_000,
         ));
         assert_eq!(failed.held, None);
         assert_eq!(failed.destroy_failures, Some(4));
+        let retrying = Entry::of(&deleting(
+            machine(
+                &[(cond::DELETING, "True", reason::DESTROY_RUNNING)],
+                &bookkeeping("5"),
+            ),
+            1_000,
+        ));
+        assert_eq!(retrying.destroy_failures, Some(4));
+        // The bookkeeping of an earlier object of this name is not this one's.
+        let mut earlier = deleting(
+            machine(
+                &[(cond::DELETING, "True", reason::DESTROY_RUNNING)],
+                &bookkeeping("5"),
+            ),
+            1_000,
+        );
+        earlier.metadata.uid = Some("uid-2".into());
+        assert_eq!(Entry::of(&earlier).destroy_failures, None);
 
-        // Running, waiting for a Job or for dependents: in flight, not held.
+        // A first attempt running, waiting for a Job or for dependents: in flight, not held.
         for why in [
             reason::DESTROY_RUNNING,
             reason::WAITING_FOR_JOB,
@@ -458,7 +521,7 @@ mod tests {
             reason::CLEANING_UP,
         ] {
             let e = Entry::of(&deleting(
-                machine(&[(cond::DELETING, "True", why)], &[]),
+                machine(&[(cond::DELETING, "True", why)], &bookkeeping("1")),
                 1_000,
             ));
             assert_eq!((e.held, e.destroy_failures), (None, None), "{why}");
@@ -496,14 +559,20 @@ mod tests {
             Entry::of(&deleting(
                 machine(
                     &[(cond::DELETING, "True", reason::DESTROY_FAILED)],
-                    &[(names::DESTROY_ATTEMPT, "2")],
+                    &[
+                        (names::DELETION_UID, "uid-1"),
+                        (names::DESTROY_ATTEMPT, "2"),
+                    ],
                 ),
                 1_000,
             )),
             Entry::of(&deleting(
                 machine(
                     &[(cond::DELETING, "True", reason::DESTROY_FAILED)],
-                    &[(names::DESTROY_ATTEMPT, "7")],
+                    &[
+                        (names::DELETION_UID, "uid-1"),
+                        (names::DESTROY_ATTEMPT, "7"),
+                    ],
                 ),
                 1_000,
             )),

@@ -42,13 +42,13 @@ pub struct Counter {
 
 impl Counter {
     fn register(
-        registry: &mut Registry,
-        name: &str,
+        registry: &mut Registrar,
+        name: &'static str,
         help: &str,
         labels: &'static [&'static str],
     ) -> Counter {
         let family = Family::<Labels, PromCounter>::default();
-        registry.register(name, help, family.clone());
+        registry.add(name, help, family.clone());
         Counter { labels, family }
     }
 
@@ -73,13 +73,13 @@ pub struct Gauge {
 
 impl Gauge {
     fn register(
-        registry: &mut Registry,
-        name: &str,
+        registry: &mut Registrar,
+        name: &'static str,
         help: &str,
         labels: &'static [&'static str],
     ) -> Gauge {
         let family = Family::<Labels, PromGauge>::default();
-        registry.register(name, help, family.clone());
+        registry.add(name, help, family.clone());
         Gauge { labels, family }
     }
 
@@ -124,15 +124,15 @@ pub struct Histogram {
 impl Histogram {
     /// Buckets from `first` seconds, doubling, `count` of them.
     fn register(
-        registry: &mut Registry,
-        name: &str,
+        registry: &mut Registrar,
+        name: &'static str,
         help: &str,
         labels: &'static [&'static str],
         first: f64,
         count: u16,
     ) -> Histogram {
         let family = Family::new_with_constructor(Buckets { first, count });
-        registry.register(name, help, family.clone());
+        registry.add(name, help, family.clone());
         Histogram { labels, family }
     }
 
@@ -163,6 +163,7 @@ struct Present {
     destroys_failing: Family<census::ByKind, PromGauge>,
     destroy_failures_max: Family<census::ByKind, PromGauge>,
     applies_blocked: Family<census::ByReason, PromGauge>,
+    applies_failing: Family<census::ByKind, PromGauge>,
     apply_failures_max: Family<census::ByKind, PromGauge>,
     object_info: Family<census::ObjectLabels, PromGauge>,
     permits_in_use: PromGauge,
@@ -171,7 +172,7 @@ struct Present {
 }
 
 impl Present {
-    fn register(r: &mut Registry) -> Present {
+    fn register(r: &mut Registrar) -> Present {
         let p = Present {
             objects: Family::default(),
             deletions: Family::default(),
@@ -180,44 +181,50 @@ impl Present {
             destroys_failing: Family::default(),
             destroy_failures_max: Family::default(),
             applies_blocked: Family::default(),
+            applies_failing: Family::default(),
             apply_failures_max: Family::default(),
             object_info: Family::default(),
             permits_in_use: PromGauge::default(),
             permits_waiting: PromGauge::default(),
             permit_longest_wait: GaugeF64::default(),
         };
-        r.register("captf_objects", "Objects in the manager's caches, by kind and phase (unknown, waiting, paused, applying, failing, refused, provisioned, deleting)", p.objects.clone());
-        r.register("captf_deletions", "Objects being deleted, by kind and the reason of their Deleting condition (DestroyRunning, WaitingForJob, DestroyFailed, Held, …; Unknown before their first deletion pass)", p.deletions.clone());
-        r.register("captf_deletions_held", "Deletions held until a person acts, by kind and why (StateLost, StateCorrupt, StateEncrypted, StateInconsistent, OwnerGone, ErroredState, DestroyCannotStart)", p.held.clone());
-        r.register(
+        r.add("captf_objects", "Objects in the manager's caches, by kind and phase (unknown, waiting, paused, applying, failing, refused, provisioned, deleting)", p.objects.clone());
+        r.add("captf_deletions", "Objects being deleted, by kind and the reason of their Deleting condition (DestroyRunning, WaitingForJob, DestroyFailed, Held, …; Unknown before their first deletion pass)", p.deletions.clone());
+        r.add("captf_deletions_held", "Deletions held until a person acts, by kind and why (StateLost, StateCorrupt, StateEncrypted, StateInconsistent, OwnerGone, ErroredState, DestroyCannotStart)", p.held.clone());
+        r.add(
             "captf_deletion_held_oldest_seconds",
             "How long ago the oldest held deletion was asked, by kind and why it is held",
             p.held_oldest.clone(),
         );
-        r.register(
+        r.add(
             "captf_destroys_failing",
-            "Deletions whose latest destroy failed (retried on the backoff schedule), by kind",
+            "Deletions whose destroy failed and is retried on the backoff schedule (the next attempt pending or running), by kind",
             p.destroys_failing.clone(),
         );
-        r.register("captf_destroy_failures_in_a_row_max", "The most destroy attempts failed in a row among the deletions whose destroy fails, by kind", p.destroy_failures_max.clone());
-        r.register("captf_applies_blocked", "Live objects whose latest inputs are not applied and do not merely wait or run (ApplyFailed, ApplyCannotStart, DestructivePlanBlocked, OutputsInvalid, ChangeRefused, …), by kind and reason", p.applies_blocked.clone());
-        r.register(
+        r.add("captf_destroy_failures_in_a_row_max", "The most destroy attempts failed in a row among the deletions whose destroy fails, by kind", p.destroy_failures_max.clone());
+        r.add("captf_applies_blocked", "Live objects whose latest inputs are not applied and do not merely wait or run (ApplyFailed, ApplyCannotStart, DestructivePlanBlocked, OutputsInvalid, ChangeRefused, …), by kind and reason", p.applies_blocked.clone());
+        r.add(
+            "captf_applies_failing",
+            "Live objects whose latest apply attempts failed and are retried (their next attempt pending or running), by kind",
+            p.applies_failing.clone(),
+        );
+        r.add(
             "captf_apply_failures_in_a_row_max",
             "The most apply attempts failed in a row among the objects whose apply fails, by kind",
             p.apply_failures_max.clone(),
         );
-        r.register("captf_object_info", "One series per object with its namespace, name, Cluster and phase (only with --metrics-object-info: its labels grow with the fleet)", p.object_info.clone());
-        r.register(
+        r.add("captf_object_info", "One series per object with its namespace, name, Cluster and phase (only with --metrics-object-info: its labels grow with the fleet)", p.object_info.clone());
+        r.add(
             "captf_state_read_permits_in_use",
             "State-read permits held by passes now (at most --max-state-reads)",
             p.permits_in_use.clone(),
         );
-        r.register(
+        r.add(
             "captf_state_read_permits_waiting",
             "Passes waiting for a state-read permit now",
             p.permits_waiting.clone(),
         );
-        r.register("captf_state_read_longest_wait_seconds", "How long the pass that has waited longest for a state-read permit, still waiting, has waited (0 when none waits); /healthz fails past --state-read-starved-after", p.permit_longest_wait.clone());
+        r.add("captf_state_read_longest_wait_seconds", "How long the pass that has waited longest for a state-read permit, still waiting, has waited (0 when none waits); /healthz fails past --state-read-starved-after", p.permit_longest_wait.clone());
         p
     }
 
@@ -281,11 +288,13 @@ impl Present {
                 })
                 .set(n);
         }
-        for (kind, max) in t.apply_failures_max {
+        for (kind, (n, max)) in t.applies_failing {
+            let labels = ByKind {
+                kind: KindValue(kind),
+            };
+            self.applies_failing.get_or_create(&labels).set(n);
             self.apply_failures_max
-                .get_or_create(&ByKind {
-                    kind: KindValue(kind),
-                })
+                .get_or_create(&labels)
                 .set(i64::from(max));
         }
         if info {
@@ -304,9 +313,30 @@ impl Present {
     }
 }
 
+/// The registry, and the names of the families registered in it (which `/metrics` shows
+/// only once they have a sample).
+#[derive(Default)]
+struct Registrar {
+    registry: Registry,
+    names: Vec<&'static str>,
+}
+
+impl Registrar {
+    fn add(
+        &mut self,
+        name: &'static str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        self.registry.register(name, help, metric);
+        self.names.push(name);
+    }
+}
+
 /// The manager's metrics.
 pub struct Metrics {
     registry: Registry,
+    families: Vec<&'static str>,
     present: Present,
     /// Each running controller's cache, read at each scrape.
     census: Mutex<BTreeMap<Kind, CensusSource>>,
@@ -343,7 +373,7 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut r = Registry::default();
+        let mut r = Registrar::default();
         let reconciles = Counter::register(
             &mut r,
             "captf_reconciles",
@@ -405,7 +435,7 @@ impl Default for Metrics {
             &["state"],
         );
         let disposal_next_deletion = PromGauge::default();
-        r.register(
+        r.add(
             "captf_disposal_next_deletion_timestamp_seconds",
             "When the soonest pending disposal deletes its Cluster (Unix seconds; 0 when no disposal is pending); time() subtracted from it is the time left",
             disposal_next_deletion.clone(),
@@ -436,13 +466,14 @@ impl Default for Metrics {
         );
         let present = Present::register(&mut r);
         let orphaned_secrets = Family::<ByRole, PromGauge>::default();
-        r.register(
+        r.add(
             "captf_orphaned_secrets",
             "Secrets CAPTF wrote for objects that are gone (state, inputs, backup, errored, abandoned-copy), by role, as the manager's last sweep found them; `captf orphans` lists them",
             orphaned_secrets.clone(),
         );
         Metrics {
-            registry: r,
+            registry: r.registry,
+            families: r.names,
             present,
             census: Mutex::new(BTreeMap::new()),
             permits: Mutex::new(None),
@@ -467,6 +498,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The name of every family the manager exports (a counter's samples add `_total`, a
+    /// histogram's `_bucket`, `_sum` and `_count`).
+    pub fn families(&self) -> &[&'static str] {
+        &self.families
+    }
+
     /// Counts kind `kind`'s objects from `source` at each scrape (replacing the source of
     /// a controller that ran before).
     pub fn count_from(&self, kind: Kind, source: CensusSource) {
@@ -582,6 +619,7 @@ mod tests {
             held: held.map(|why| (Reason::new(why), asked)),
             destroy_failures: None,
             apply_blocked: None,
+            apply_failures: 0,
         };
         let entries = Arc::new(Mutex::new(vec![
             entry("web-1", Phase::Provisioned, None),

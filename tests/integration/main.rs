@@ -1,6 +1,7 @@
 //! The one integration-test binary (each test binary links kube again, so there is one).
 //! Modules read like the situations they prove.
 
+mod alerts;
 mod apply_safety;
 mod cli;
 mod cluster_api;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use captf::api::TerraformMachine as Tfm;
 use captf::api::names;
 
+use crate::alerts::{Expected, alerts_on_recorded};
 use crate::manager::{http_get, restart_with_metrics};
 use crate::support::*;
 
@@ -108,6 +109,28 @@ async fn the_gauges_say_what_is_held_now_and_for_how_long() {
         .await
         .expect("the oldest held deletion's age");
     assert!(first > 0.0 && later >= first + 1.0, "{first} then {later}");
+    let (_, held_now) = http_get(port, "/metrics").await;
+    alerts_on_recorded(
+        "held",
+        &held_now,
+        &[
+            Expected {
+                alert: "CaptfDeletionHeld",
+                at_minutes: 20,
+                firing: vec![vec![("kind", "TerraformMachine"), ("reason", "StateLost")]],
+            },
+            Expected {
+                alert: "CaptfDestroyFailing",
+                at_minutes: 40,
+                firing: vec![],
+            },
+            Expected {
+                alert: "CaptfCannotStart",
+                at_minutes: 40,
+                firing: vec![],
+            },
+        ],
+    );
 
     // Abandoned: released, its inputs and backup Secrets kept, which the sweep counts.
     env.abandon::<Tfm>("web-1").await;
@@ -123,6 +146,14 @@ async fn the_gauges_say_what_is_held_now_and_for_how_long() {
     wait_sample(port, r#"captf_orphaned_secrets{role="backup"}"#, 1.0).await;
     wait_sample(port, r#"captf_orphaned_secrets{role="inputs"}"#, 1.0).await;
     wait_sample(port, r#"captf_orphaned_secrets{role="state"}"#, 0.0).await;
+    // The alert's runbook lists them.
+    let run = crate::runbooks::run_runbook(&env, "runbooks/OrphanedState.md").await;
+    for secret in [
+        names::backup_secret_name("web-1.tfm"),
+        names::inputs_secret_name("web-1.tfm"),
+    ] {
+        assert!(run.stdout.contains(&secret), "{secret} in:\n{}", run.stdout);
+    }
     env.shutdown().await;
 }
 
