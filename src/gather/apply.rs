@@ -695,10 +695,10 @@ pub fn apply_state_seen(o: &Observed, settings: &Settings) -> ApplyStateSeen {
     let (lock_held, stale_lock) = match lock::judge(o.lock.as_ref(), &suffix, &pods, o.now) {
         Lock::Free => (None, false),
         Lock::StaleOwn { .. } => (None, true),
-        Lock::Held { holder, age } => (
+        Lock::Held { holder, age, why } => (
             Some(match age {
-                Some(age) => format!("{holder} since {age}"),
-                None => holder,
+                Some(age) => format!("{holder} since {age}; {why}"),
+                None => format!("{holder}; {why}"),
             }),
             false,
         ),

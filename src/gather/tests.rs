@@ -177,9 +177,13 @@ fn a_lock_of_a_gone_pod_of_this_object_is_stale_and_any_other_lock_holds() {
     assert!(findings.stale_lock);
     o.lock = Some(lease("alice@laptop"));
     match gather(&o, &Settings::default()).0.blocker {
-        Some(Blocker::LockHeld { holder, age }) => {
+        Some(Blocker::LockHeld { holder, age, why }) => {
             assert!(holder.contains("alice@laptop"));
             assert!(age.is_some_and(|a| a.contains("3h")));
+            assert!(
+                why.contains("laptop is not a runner Pod of this object"),
+                "{why}"
+            );
         }
         other => panic!("expected LockHeld, got {other:?}"),
     }

@@ -153,7 +153,7 @@ pub(super) fn lock_blocker(o: &Observed, suffix: &str, findings: &mut Findings) 
             findings.stale_lock = true;
             None
         }
-        Lock::Held { holder, age } => Some(Blocker::LockHeld { holder, age }),
+        Lock::Held { holder, age, why } => Some(Blocker::LockHeld { holder, age, why }),
     }
 }
 

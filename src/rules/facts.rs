@@ -183,7 +183,11 @@ pub enum Blocker {
     /// The namespace is terminating: Kubernetes refuses new Jobs there.
     NamespaceTerminating(String),
     /// Terraform's lock is held by something that is not a gone Pod of this object.
-    LockHeld { holder: String, age: Option<String> },
+    LockHeld {
+        holder: String,
+        age: Option<String>,
+        why: String,
+    },
     /// The attempt's Job does not render from the inputs and the manager's templates (an
     /// inline module too large for the Pod, a template the operator broke). Only the
     /// manager knows its templates, so only it reports this; `captf explain` cannot.
@@ -215,12 +219,12 @@ impl Blocker {
             Blocker::NamespaceTerminating(ns) => format!(
                 "namespace {ns} is terminating and Kubernetes refuses new Jobs there; run the destroy from another namespace or abandon"
             ),
-            Blocker::LockHeld { holder, age } => match age {
+            Blocker::LockHeld { holder, age, why } => match age {
                 Some(age) => format!(
-                    "Terraform's state lock is held by {holder} since {age}; it is never broken by CAPTF"
+                    "Terraform's state lock is held by {holder} since {age}; {why}; it is never broken by CAPTF"
                 ),
                 None => format!(
-                    "Terraform's state lock is held by {holder}; it is never broken by CAPTF"
+                    "Terraform's state lock is held by {holder}; {why}; it is never broken by CAPTF"
                 ),
             },
             Blocker::JobDoesNotRender(why) => format!(

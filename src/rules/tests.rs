@@ -388,6 +388,7 @@ fn row9_cannot_start_names_what_keeps_it() {
             Blocker::LockHeld {
                 holder: "alice@laptop".into(),
                 age: Some("2h".into()),
+                why: "not stale".into(),
             },
             "alice@laptop",
         ),
@@ -864,6 +865,7 @@ mod preview_of_a_live_object {
                 Blocker::LockHeld {
                     holder: "someone".into(),
                     age: None,
+                    why: "not stale".into(),
                 },
                 "DestroyCannotStart",
                 RUNBOOK_DESTROY_CANNOT_START,

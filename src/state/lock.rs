@@ -29,10 +29,12 @@ pub enum Lock {
     StaleOwn { pod: String },
     /// Held by someone else, or by a runner that may still run: never broken.
     Held {
-        /// `Who` and the lock ID, for the message.
+        /// `Who`, the lock ID and Terraform's operation, for the message.
         holder: String,
         /// When the lock was taken, and how long ago.
         age: Option<String>,
+        /// Why CAPTF did not judge it stale: whose it is, as far as CAPTF can tell.
+        why: String,
     },
 }
 
@@ -156,29 +158,57 @@ pub fn judge(lease: Option<&Lease>, suffix: &str, pods: &[Pod], now: Timestamp) 
         return Lock::Free;
     };
     let info = LockInfo::of(lease);
-    if let Some(host) = info.host() {
-        match pods
+    let why = match info.host() {
+        Some(host) => match pods
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(host))
         {
             Some(p) if pod_terminated(p) => return Lock::StaleOwn { pod: host.into() },
-            Some(_) => {}
+            Some(p) => format!(
+                "not stale: its holder is runner Pod {host} of this object, which has not terminated ({}); the Terraform in it unlocks when it ends",
+                pod_state(p)
+            ),
             None if generated_runner_name(host, suffix) => {
                 return Lock::StaleOwn { pod: host.into() };
             }
-            None => {}
-        }
-    }
+            None => format!(
+                "not stale: {host} is not a runner Pod of this object, so a person, CI or another tool holds it; only they may release it (or `terraform force-unlock {id}` once they are known to be gone)"
+            ),
+        },
+        None => "not stale as far as CAPTF can tell: the lock info names no holder host".into(),
+    };
     let age = info
         .created()
         .map(|c| format!("{c} ({} ago)", human_age(now.as_second() - c.as_second())));
-    let who = info.who;
-    let holder = if who.is_empty() {
-        format!("lock {id}")
+    let mut about = vec![format!("lock {id}")];
+    if !info.operation.is_empty() {
+        about.push(format!(
+            "operation {}",
+            info.operation
+                .strip_prefix("OperationType")
+                .unwrap_or(&info.operation)
+                .to_lowercase()
+        ));
+    }
+    let holder = if info.who.is_empty() {
+        about.join(", ")
     } else {
-        format!("{who} (lock {id})")
+        format!("{} ({})", info.who, about.join(", "))
     };
-    Lock::Held { holder, age }
+    Lock::Held { holder, age, why }
+}
+
+/// A Pod's phase, and since when it is being deleted, for a message.
+fn pod_state(p: &Pod) -> String {
+    let phase = p
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending");
+    match &p.metadata.deletion_timestamp {
+        Some(at) => format!("phase {phase}, terminating since {}", at.0),
+        None => format!("phase {phase}"),
+    }
 }
 
 fn human_age(seconds: i64) -> String {
@@ -301,12 +331,43 @@ mod tests {
         ] {
             let l = lease(who);
             match judge(Some(&l), "web-1.tfm", &[], now()) {
-                Lock::Held { holder, age } => {
-                    assert!(holder.contains("lock abc"), "{holder}");
+                Lock::Held { holder, age, why } => {
+                    assert!(holder.contains("lock abc, operation apply"), "{holder}");
                     assert_eq!(age.as_deref(), Some("2026-12-01T10:00:00Z (2h ago)"));
+                    match who.rsplit_once('@') {
+                        Some((_, host)) => assert!(
+                            why.contains(&format!("{host} is not a runner Pod of this object"))
+                                && why.contains("terraform force-unlock abc"),
+                            "{why}"
+                        ),
+                        None => assert!(why.contains("names no holder host"), "{why}"),
+                    }
                 }
                 other => panic!("{who}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_lock_of_a_runner_still_running_names_the_pod_and_why_it_is_not_stale() {
+        let name = generated(&names::job_name("web-1.tfm", "destroy", 2), "x7k2p");
+        let l = lease(&format!("runner@{name}"));
+        let mut stuck = pod(&name, "Running", true);
+        stuck.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-12-01T11:00:00Z".parse().unwrap(),
+            ));
+        match judge(Some(&l), "web-1.tfm", &[stuck], now()) {
+            Lock::Held { holder, why, .. } => {
+                assert_eq!(holder, format!("runner@{name} (lock abc, operation apply)"));
+                assert_eq!(
+                    why,
+                    format!(
+                        "not stale: its holder is runner Pod {name} of this object, which has not terminated (phase Running, terminating since 2026-12-01T11:00:00Z); the Terraform in it unlocks when it ends"
+                    )
+                );
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -215,3 +215,85 @@ async fn health_fails_while_a_pass_does_not_end_or_a_controller_with_objects_fin
     .await;
     env.shutdown().await;
 }
+
+/// Terraform's lock held by a person: the deletion cannot start, and the object's status
+/// and `captf explain` (live) both name the holder, the lock, Terraform's operation, since
+/// when, and why CAPTF did not judge it stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_lock_is_named_with_its_holder_in_the_status_and_in_explain() {
+    use crate::deletion::EnvExt;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+    let env = Env::with_machine("lock-holder", &module(0), Duration::from_millis(300)).await;
+    env.wait_protected(&names::state_secret_name("web-1.tfm"))
+        .await;
+    let info = serde_json::json!({"ID": "alice-1", "Operation": "OperationTypePlan",
+        "Who": "alice@laptop", "Version": "1.11.4", "Created": "2026-12-01T10:00:00Z", "Path": ""});
+    let lock_name = names::lock_lease_name("web-1.tfm");
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let held = serde_json::json!({"metadata": {"annotations": {names::TF_LOCK_INFO: info.to_string()}},
+        "spec": {"holderIdentity": "alice-1"}});
+    match leases.get_opt(&lock_name).await.expect("lease") {
+        Some(_) => {
+            leases
+                .patch(
+                    &lock_name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&held),
+                )
+                .await
+                .expect("take the lock");
+        }
+        None => {
+            let mut lease: Lease = serde_json::from_value(held).expect("lease");
+            lease.metadata.name = Some(lock_name.clone());
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .expect("take the lock");
+        }
+    }
+    env.delete::<Tfm>("web-1").await;
+    let named = [
+        "held by alice@laptop (lock alice-1, operation plan) since 2026-12-01T10:00:00Z",
+        "laptop is not a runner Pod of this object",
+        "terraform force-unlock alice-1",
+    ];
+    let mut message = String::new();
+    let start = std::time::Instant::now();
+    while !named.iter().all(|n| message.contains(n)) {
+        assert!(
+            start.elapsed() < WAIT,
+            "timed out waiting for the lock's holder in Deleting: {message}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        message = env
+            .condition::<Tfm>("web-1", "Deleting")
+            .await
+            .map(|(_, reason, m)| format!("{reason}: {m}"))
+            .unwrap_or_default();
+    }
+    assert!(message.starts_with("DestroyCannotStart: "), "{message}");
+    let out = env.captf(&["explain", "-n", &env.ns]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for n in named {
+        assert!(text.contains(n), "{n} in captf explain:\n{text}");
+    }
+    // Alice lets go: the destroy runs and the object goes.
+    leases
+        .patch(
+            &lock_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"holderIdentity": null}})),
+        )
+        .await
+        .expect("release the lock");
+    env.wait_gone::<Tfm>("web-1", WAIT).await;
+    assert!(env.destroyed("web-1"));
+    env.shutdown().await;
+}
