@@ -199,3 +199,33 @@ async fn the_flowschema_example_is_accepted_by_the_api_server() {
     }
     env.shutdown().await;
 }
+
+/// The monitoring manifests build with kustomize: the alert rules (config/prometheus) and
+/// kube-state-metrics' configuration for the three kinds (config/metrics).
+#[test]
+fn kustomize_builds_the_monitoring_manifests() {
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
+    for (dir, kinds) in [
+        ("config/prometheus", &["PrometheusRule"][..]),
+        ("config/metrics", &["ClusterRole", "ConfigMap"][..]),
+    ] {
+        let out = Command::new(&kubectl)
+            .args(["kustomize", dir])
+            .current_dir(ROOT)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `{kubectl} kustomize {dir}` ({e})"));
+        assert!(
+            out.status.success(),
+            "`kubectl kustomize {dir}` failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let built = String::from_utf8_lossy(&out.stdout);
+        for kind in kinds {
+            assert!(
+                built.contains(&format!("kind: {kind}\n")),
+                "{dir}: {kind} in:\n{built}"
+            );
+        }
+    }
+}

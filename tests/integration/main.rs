@@ -12,6 +12,7 @@ mod crds;
 mod deletion;
 mod disposal;
 mod jobs;
+mod kube_state_metrics;
 mod local_images;
 mod machine_deployments;
 mod machine_pools;
