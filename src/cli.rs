@@ -165,9 +165,18 @@ pub struct ManagerArgs {
     /// Elect a leader on a Lease so that several replicas are safe.
     #[arg(long)]
     pub leader_elect: bool,
-    /// Where /metrics is served (e.g. 0.0.0.0:8080); off when empty.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Where /metrics is served (e.g. 0.0.0.0:8443); off when empty.
+    #[arg(long, default_value = "0.0.0.0:8443")]
     pub metrics_bind_address: String,
+    /// Serve /metrics over HTTPS to callers the API server authenticates (TokenReview) and
+    /// allows `get` on the non-resource URL /metrics (SubjectAccessReview); with
+    /// `--metrics-secure=false`, over plain HTTP to anyone who reaches the port.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+    /// A directory with `tls.crt` and `tls.key` for the secure metrics port (a
+    /// cert-manager Secret mounted there); a self-signed certificate is made when absent.
+    #[arg(long)]
+    pub metrics_cert_dir: Option<PathBuf>,
     /// Where /healthz and /readyz are served; off when empty.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub health_probe_bind_address: String,
@@ -398,6 +407,8 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
         templates_dir: args.templates_dir.clone(),
         leader_elect: args.leader_elect,
         metrics_addr: bind("--metrics-bind-address", &args.metrics_bind_address)?,
+        metrics_secure: args.metrics_secure,
+        metrics_cert_dir: args.metrics_cert_dir.clone(),
         health_addr: bind(
             "--health-probe-bind-address",
             &args.health_probe_bind_address,

@@ -32,6 +32,13 @@ pub struct ManagerConfig {
     pub templates_dir: Option<PathBuf>,
     pub leader_elect: bool,
     pub metrics_addr: Option<SocketAddr>,
+    /// `/metrics` over HTTPS to callers the API server authenticates and allows (see
+    /// [`super::metrics_auth`]); plain HTTP to anyone otherwise. `captf manager` turns it
+    /// on by default; the tests' in-process managers keep it off.
+    pub metrics_secure: bool,
+    /// `tls.crt` and `tls.key` for the secure metrics port; a self-signed certificate is
+    /// made when none is given.
+    pub metrics_cert_dir: Option<PathBuf>,
     pub health_addr: Option<SocketAddr>,
     /// Where the leader Lease and abandoned copies live.
     pub manager_namespace: String,
@@ -72,6 +79,8 @@ impl Default for ManagerConfig {
             templates_dir: None,
             leader_elect: false,
             metrics_addr: None,
+            metrics_secure: false,
+            metrics_cert_dir: None,
             health_addr: None,
             manager_namespace: "captf-system".into(),
             identity: "captf-manager".into(),

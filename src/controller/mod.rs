@@ -21,6 +21,7 @@ mod gate;
 pub mod leader;
 pub mod leftovers;
 pub mod live;
+pub mod metrics_auth;
 pub mod observe;
 pub mod preview;
 pub mod rbac;
@@ -494,10 +495,29 @@ pub async fn run(
             .await
             .map_err(|e| Error::Setup(format!("health probe address {addr}: {e}")))?;
     }
-    if let Some(addr) = cfg.metrics_addr.filter(|a| Some(*a) != cfg.health_addr) {
-        server::serve(addr, metrics.clone(), probes.clone())
-            .await
-            .map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
+    match cfg.metrics_addr {
+        Some(addr) if cfg.metrics_secure => {
+            if Some(addr) == cfg.health_addr {
+                return Err(Error::Setup(format!(
+                    "--metrics-bind-address {addr} is also --health-probe-bind-address: secure metrics need a port of their own (or --metrics-secure=false)"
+                )));
+            }
+            let tls = metrics_auth::serving_tls(
+                cfg.metrics_cert_dir.as_deref(),
+                vec!["localhost".into(), cfg.identity.clone()],
+            )
+            .map_err(|e| Error::Setup(format!("--metrics-cert-dir: {e}")))?;
+            let auth = Arc::new(metrics_auth::MetricsAuth::new(client.clone()));
+            server::serve_metrics_secure(addr, tls, metrics.clone(), auth)
+                .await
+                .map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
+        }
+        Some(addr) if Some(addr) != cfg.health_addr => {
+            server::serve(addr, metrics.clone(), probes.clone())
+                .await
+                .map_err(|e| Error::Setup(format!("metrics address {addr}: {e}")))?;
+        }
+        _ => {}
     }
     // The shutdown, seen by every wait below (leader election included): once it came, it
     // stays come.

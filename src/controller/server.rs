@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tracing::warn;
 
+use super::metrics_auth::{MetricsAuth, Verdict};
 use crate::api::names::Kind;
 use crate::metrics::Metrics;
 use crate::state::permits::StateReads;
@@ -222,17 +223,89 @@ async fn handle(
         _ => (StatusCode::NOT_FOUND, "not found".to_string()),
     };
     let content_type = if req.uri().path() == "/metrics" {
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        METRICS_TYPE
     } else {
-        "text/plain; charset=utf-8"
+        TEXT_TYPE
     };
+    Ok(respond(status, body, content_type))
+}
+
+const METRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT_TYPE: &str = "text/plain; charset=utf-8";
+
+fn respond(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static(content_type),
     );
-    Ok(resp)
+    resp
+}
+
+/// `/metrics` to a caller the API server authenticates and allows (see
+/// [`MetricsAuth`]); nothing else is served on the secure port.
+async fn handle_secure(
+    req: Request<Incoming>,
+    metrics: Arc<Metrics>,
+    auth: Arc<MetricsAuth>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() != "/metrics" {
+        return Ok(respond(
+            StatusCode::NOT_FOUND,
+            "not found".into(),
+            TEXT_TYPE,
+        ));
+    }
+    let header = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok());
+    Ok(match auth.check(header).await {
+        Verdict::Allowed => respond(StatusCode::OK, metrics.render(), METRICS_TYPE),
+        Verdict::Unauthenticated(why) => respond(StatusCode::UNAUTHORIZED, why, TEXT_TYPE),
+        Verdict::Forbidden(why) => respond(StatusCode::FORBIDDEN, why, TEXT_TYPE),
+        Verdict::Unknown(why) => {
+            warn!(%why, "a scrape of /metrics could not be authorized");
+            respond(StatusCode::INTERNAL_SERVER_ERROR, why, TEXT_TYPE)
+        }
+    })
+}
+
+/// Serves `/metrics` over TLS (`tls`) on `addr`, to callers `auth` allows, until the
+/// process ends.
+pub async fn serve_metrics_secure(
+    addr: SocketAddr,
+    tls: tokio_rustls::TlsAcceptor,
+    metrics: Arc<Metrics>,
+    auth: Arc<MetricsAuth>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (tls, metrics, auth) = (tls.clone(), metrics.clone(), auth.clone());
+            tokio::spawn(async move {
+                let stream = match tls.accept(stream).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a metrics connection's TLS handshake failed");
+                        return;
+                    }
+                };
+                let svc = service_fn(move |req| handle_secure(req, metrics.clone(), auth.clone()));
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await
+                {
+                    warn!(error = %e, "metrics connection failed");
+                }
+            });
+        }
+    });
+    Ok(())
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until the process ends.

@@ -50,7 +50,8 @@ fn kustomize_builds_the_install_manifests() {
         "namespace: captf-system\n",
         "- manager\n",
         "- --leader-elect\n",
-        "- --metrics-bind-address=0.0.0.0:8080\n",
+        "- --metrics-bind-address=0.0.0.0:8443\n",
+        "containerPort: 8443\n",
         "- --health-probe-bind-address=0.0.0.0:8081\n",
         "livenessProbe:\n",
         "path: /healthz\n",
@@ -206,7 +207,10 @@ async fn the_flowschema_example_is_accepted_by_the_api_server() {
 fn kustomize_builds_the_monitoring_manifests() {
     let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
     for (dir, kinds) in [
-        ("config/prometheus", &["PrometheusRule"][..]),
+        (
+            "config/prometheus",
+            &["PrometheusRule", "ServiceMonitor"][..],
+        ),
         ("config/metrics", &["ClusterRole", "ConfigMap"][..]),
     ] {
         let out = Command::new(&kubectl)

@@ -97,7 +97,7 @@ fn build_image(store: &Path) -> (PathBuf, String) {
 
 /// `config/default` as `kubectl kustomize` builds it, with the image set to `image` and the
 /// probe and metrics ports moved to `health` and `metrics` (the local kubelet's Pods share
-/// this machine's network, where 8080 and 8081 may be taken).
+/// this machine's network, where 8443 and 8081 may be taken).
 fn install_manifests(image: &str, health: u16, metrics: u16) -> String {
     let out = Command::new("kubectl")
         .arg("kustomize")
@@ -118,7 +118,7 @@ fn install_manifests(image: &str, health: u16, metrics: u16) -> String {
             format!("--health-probe-bind-address=0.0.0.0:{health}"),
         ),
         (
-            "--metrics-bind-address=0.0.0.0:8080".into(),
+            "--metrics-bind-address=0.0.0.0:8443".into(),
             format!("--metrics-bind-address=0.0.0.0:{metrics}"),
         ),
         // The ports the probes name.
@@ -127,7 +127,7 @@ fn install_manifests(image: &str, health: u16, metrics: u16) -> String {
             format!("containerPort: {health}"),
         ),
         (
-            "containerPort: 8080".into(),
+            "containerPort: 8443".into(),
             format!("containerPort: {metrics}"),
         ),
     ] {

@@ -297,3 +297,197 @@ async fn a_held_lock_is_named_with_its_holder_in_the_status_and_in_explain() {
     assert!(env.destroyed("web-1"));
     env.shutdown().await;
 }
+
+/// A TLS client that accepts any server certificate: the manager's is self-signed (as a
+/// ServiceMonitor's `insecureSkipVerify` accepts it).
+fn trusting_client() -> tokio_rustls::TlsConnector {
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    #[derive(Debug)]
+    struct AnyCert(std::sync::Arc<rustls::crypto::CryptoProvider>);
+    impl ServerCertVerifier for AnyCert {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// `GET /metrics` over TLS on `port`, with `token` as the bearer token when given: the
+/// status code and the whole response.
+async fn https_metrics(port: u16, token: Option<&str>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = trusting_client()
+        .connect(name, tcp)
+        .await
+        .expect("a TLS handshake");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    tls.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut out = Vec::new();
+    let _ = tls.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out).to_string();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, out)
+}
+
+/// `/metrics` over HTTPS, as `captf manager` serves it by default, on the real API server:
+/// the token of a ServiceAccount bound to `captf-metrics-reader` gets the metrics, another
+/// ServiceAccount's is refused (403), and no or a bad token is not authenticated (401).
+/// The manager runs with the ClusterRole of config/rbac/role.yaml, which must let it
+/// create the TokenReview and the SubjectAccessReview.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_over_https_are_served_only_to_callers_the_api_server_allows() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    use kube::api::{Api, DeleteParams, PostParams};
+    let mut env = Env::start("secure-metrics").await;
+    env.stop_manager().await;
+    let binding = env.run_manager_as_installed().await;
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .args(["apply", "-f"])
+        .arg(repo_root().join("config/rbac/metrics_reader_role.yaml"))
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (metrics, health) = (crate::manager::free_port(), crate::manager::free_port());
+    env.config.metrics_secure = true;
+    env.config.metrics_addr = Some(format!("127.0.0.1:{metrics}").parse().expect("addr"));
+    env.config.health_addr = Some(format!("127.0.0.1:{health}").parse().expect("addr"));
+    env.start_manager();
+    // Two ServiceAccounts; the scraper is bound to the reader role.
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut tokens = Vec::new();
+    for name in ["scraper", "stranger"] {
+        let sa: ServiceAccount =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("sa");
+        accounts
+            .create(&PostParams::default(), &sa)
+            .await
+            .expect("create the ServiceAccount");
+        let request: TokenRequest = serde_json::from_value(
+            serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 600}}),
+        )
+        .expect("request");
+        let issued: TokenRequest = accounts
+            .create_subresource(
+                "token",
+                name,
+                &PostParams::default(),
+                &request,
+            )
+            .await
+            .expect("a token");
+        tokens.push(issued.status.expect("status").token);
+    }
+    let reader = format!("captf-metrics-reader-{}", env.ns);
+    let crb: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": reader},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "captf-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": env.ns}]
+    }))
+    .expect("binding");
+    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
+    bindings
+        .create(&PostParams::default(), &crb)
+        .await
+        .expect("bind the reader role");
+    wait_for("the secure metrics port", WAIT, || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", metrics))
+            .await
+            .is_ok()
+    })
+    .await;
+    // The scraper's token: the metrics.
+    wait_for("the scraper's scrape", WAIT, || async {
+        https_metrics(metrics, Some(&tokens[0])).await.0 == 200
+    })
+    .await;
+    let (_, body) = https_metrics(metrics, Some(&tokens[0])).await;
+    assert!(body.contains("captf_objects"), "{body}");
+    // Another ServiceAccount's: refused, naming what it lacks.
+    let (code, body) = https_metrics(metrics, Some(&tokens[1])).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains(&format!(
+            "system:serviceaccount:{}:stranger may not get /metrics",
+            env.ns
+        )) && body.contains("captf-metrics-reader"),
+        "{body}"
+    );
+    // No token, a token the API server does not know.
+    let (code, body) = https_metrics(metrics, None).await;
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = https_metrics(metrics, Some("not-a-token")).await;
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("does not accept the bearer token"), "{body}");
+    // The probes stay plain on their own port.
+    assert_eq!(http_get(health, "/healthz").await.0, 200);
+    let _ = bindings.delete(&reader, &DeleteParams::default()).await;
+    env.remove_manager_binding(&binding).await;
+    env.shutdown().await;
+}
