@@ -369,6 +369,9 @@ pub struct Metrics {
     /// How long a runner Job ran, from its start to its end, by kind, operation and
     /// outcome.
     pub job_seconds: Histogram,
+    /// From a deletion's request (its deletionTimestamp) to the release of the object
+    /// (its finalizer removed), by kind.
+    pub release_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -464,6 +467,14 @@ impl Default for Metrics {
             1.0,
             16,
         );
+        let release_seconds = Histogram::register(
+            &mut r,
+            "captf_release_duration_seconds",
+            "From a deletion's request to the release of the object (the destroy, or an abandon, and the cleanup), by kind",
+            &["kind"],
+            0.25,
+            20,
+        );
         let present = Present::register(&mut r);
         let orphaned_secrets = Family::<ByRole, PromGauge>::default();
         r.add(
@@ -493,6 +504,7 @@ impl Default for Metrics {
             pass_seconds,
             gate_wait_seconds,
             job_seconds,
+            release_seconds,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The alert rules of config/prometheus/alerts.yaml: they pass `promtool check rules` and
+//! The alert rules of config/prometheus/alerts.yaml and the dashboard of config/grafana: the rules pass `promtool check rules` and
 //! their unit tests (tests/alerts/, `promtool test rules`, with the real promtool built
 //! from the Go module tests/promtool pins), every series they and their tests name is one
 //! the manager exports, and, on series recorded from a real manager
@@ -246,5 +246,52 @@ pub(crate) fn alerts_on_recorded(tag: &str, metrics: &str, expected: &[Expected<
     });
     std::fs::write(dir.join("recorded.test.yaml"), file.to_string()).expect("the test file");
     promtool(&dir, &["test", "rules", "recorded.test.yaml"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Grafana dashboard (config/grafana/captf-dashboard.json): every query parses as
+/// PromQL (promtool checks each as a recording rule, with the dashboard's `$job` variable
+/// given a value) and names only series the manager exports; panels have ids of their
+/// own.
+#[test]
+fn every_query_of_the_dashboard_parses_and_names_a_series_the_manager_exports() {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("config/grafana/captf-dashboard.json"))
+        .expect("the dashboard");
+    let dash: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    let ids: BTreeSet<u64> = panels.iter().filter_map(|p| p["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len(), "each panel has an id of its own");
+    let exprs: Vec<String> = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("an expr").to_string())
+        .collect();
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    let families = exported_families();
+    for e in &exprs {
+        let names = captf_names(e);
+        assert!(!names.is_empty(), "{e} reads no captf_ series");
+        for n in names {
+            assert!(is_exported(&families, &n), "{e}: {n} is not exported");
+        }
+    }
+    let rules: Vec<Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| serde_json::json!({"record": format!("captf:panel_{i}"), "expr": e.replace("$job", ".*")}))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("captf-dashboard-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    std::fs::write(
+        dir.join("panels.yaml"),
+        serde_json::json!({"groups": [{"name": "panels", "rules": rules}]}).to_string(),
+    )
+    .expect("the rule file");
+    let checked = promtool(&dir, &["check", "rules", "panels.yaml"]);
+    assert!(
+        checked.contains(&format!("SUCCESS: {} rules found", exprs.len())),
+        "{checked}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -294,6 +294,8 @@ async fn clusterctl_describe_shows_the_reason_and_its_runbook() {
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // docs/12-reading-captf-in-clusterctl-describe.md shows this output.
+    println!("{stdout}");
     assert!(
         out.status.success(),
         "clusterctl describe: {stdout}\n{}",

@@ -434,12 +434,7 @@ async fn metrics_over_https_are_served_only_to_callers_the_api_server_allows() {
         )
         .expect("request");
         let issued: TokenRequest = accounts
-            .create_subresource(
-                "token",
-                name,
-                &PostParams::default(),
-                &request,
-            )
+            .create_subresource("token", name, &PostParams::default(), &request)
             .await
             .expect("a token");
         tokens.push(issued.status.expect("status").token);

@@ -43,6 +43,13 @@ pub async fn release<K: TerraformObject>(
     }
     ctx.released.insert(&scope.uid);
     ctx.forget(K::KIND, &scope.namespace, &scope.name, &scope.uid);
+    if let Some(asked) = &obj.meta().deletion_timestamp {
+        let took = jiff::Timestamp::now().duration_since(asked.0);
+        ctx.metrics.release_seconds.observe(
+            &[K::KIND.as_str()],
+            std::time::Duration::try_from(took).unwrap_or_default(),
+        );
+    }
     Ok(())
 }
 
