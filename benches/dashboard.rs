@@ -29,7 +29,9 @@ const MACHINES: usize = 8;
 
 fn main() {
     if !support::on_path("terraform") {
-        eprintln!("error: `terraform` is not on PATH; the recording runs the real applies and destroys");
+        eprintln!(
+            "error: `terraform` is not on PATH; the recording runs the real applies and destroys"
+        );
         std::process::exit(2);
     }
     let every = Duration::from_millis(common::env_usize("CAPTF_DASHBOARD_EVERY_MS", 1000) as u64);
@@ -42,7 +44,9 @@ fn main() {
 
 async fn scrape(port: u16) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .ok()?;
@@ -95,20 +99,26 @@ async fn record(every: Duration) {
         env.delete::<Tfm>(name).await;
     }
     // web-1's first destroy fails; its state is lost before the retry: held.
-    support::wait_for("web-1's failed destroy", Duration::from_secs(300), || async {
-        env.condition::<Tfm>("web-1", "Deleting")
-            .await
-            .is_some_and(|(_, r, _)| r == "DestroyFailed")
-    })
+    support::wait_for(
+        "web-1's failed destroy",
+        Duration::from_secs(300),
+        || async {
+            env.condition::<Tfm>("web-1", "Deleting")
+                .await
+                .is_some_and(|(_, r, _)| r == "DestroyFailed")
+        },
+    )
     .await;
-    env.lose_secret(&names::state_secret_name("web-1.tfm")).await;
+    env.lose_secret(&names::state_secret_name("web-1.tfm"))
+        .await;
     for name in names.iter().skip(1) {
         env.wait_gone::<Tfm>(name, Duration::from_secs(600)).await;
     }
     eprintln!("dashboard: all but web-1 released; web-1 held a minute, then abandoned");
     tokio::time::sleep(Duration::from_secs(60)).await;
     env.abandon::<Tfm>("web-1").await;
-    env.wait_gone::<Tfm>("web-1", Duration::from_secs(120)).await;
+    env.wait_gone::<Tfm>("web-1", Duration::from_secs(120))
+        .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     recorder.abort();
     let dir = support::repo_root().join("target/dashboard");

@@ -22,6 +22,7 @@ use crate::api::names;
 use crate::gather::{self, Observed, Settings};
 use crate::io::writes::{self, annotation_ops, guarded_patch};
 use crate::job::{self, JobOutcome};
+use crate::metrics::labels::{ByCause, ByJob, KindValue};
 use crate::rules::{Action, Decision, Facts, StateFacts};
 
 #[cfg(test)]
@@ -499,17 +500,27 @@ pub async fn apply<K: TerraformObject>(
     if let Some(reason) = &plan.failure {
         ctx.metrics
             .destroy_failures
-            .inc(&[K::KIND.as_str(), reason]);
+            .inc(&ByCause::new(K::KIND, reason));
     }
     if let Some(ran) = plan.failed_job_ran {
-        let labels = [K::KIND.as_str(), names::OPERATION_DESTROY, "failed"];
+        let labels = ByJob {
+            kind: KindValue(K::KIND),
+            operation: names::OPERATION_DESTROY,
+            outcome: "failed",
+        };
         ctx.metrics.job_seconds.observe(&labels, ran);
     }
     if let Some(reason) = &plan.apply_failure {
-        ctx.metrics.apply_failures.inc(&[K::KIND.as_str(), reason]);
+        ctx.metrics
+            .apply_failures
+            .inc(&ByCause::new(K::KIND, reason));
     }
     if let Some((ran, outcome)) = plan.apply_job_ran {
-        let labels = [K::KIND.as_str(), names::OPERATION_APPLY, outcome];
+        let labels = ByJob {
+            kind: KindValue(K::KIND),
+            operation: names::OPERATION_APPLY,
+            outcome,
+        };
         ctx.metrics.job_seconds.observe(&labels, ran);
     }
     let jobs: Api<Job> = scope.api_of();

@@ -59,10 +59,14 @@ impl Counted {
             return;
         }
         if let Some(b) = before {
-            ctx.metrics.clusters_in_disposal.dec(&[b]);
+            ctx.metrics
+                .clusters_in_disposal
+                .dec(&crate::metrics::ByState { state: b });
         }
         if let Some(s) = state {
-            ctx.metrics.clusters_in_disposal.inc(&[s]);
+            ctx.metrics
+                .clusters_in_disposal
+                .inc(&crate::metrics::ByState { state: s });
         }
     }
 

@@ -25,9 +25,10 @@ pub(super) fn error_policy<K: TerraformObject>(
         return Requeue::requeue(Duration::from_millis(20));
     }
     warn!(kind = %K::KIND, name = %obj.name_any(), namespace = obj.namespace().unwrap_or_default(), error = %err, "reconcile failed; retrying");
-    ctx.metrics
-        .reconcile_errors
-        .inc(&[K::KIND.as_str(), &err.label()]);
+    ctx.metrics.reconcile_errors.inc(&crate::metrics::ByError {
+        kind: crate::metrics::labels::KindValue(K::KIND),
+        error: err.label(),
+    });
     Requeue::requeue(
         ctx.settings
             .backoff

@@ -434,7 +434,7 @@ where
                                 format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
                             )
                         });
-                        let kind = [K::KIND.as_str()];
+                        let kind = crate::metrics::ByKind::of(K::KIND);
                         ctx.metrics.gate_wait_seconds.observe(&kind, waited);
                         let started = std::time::Instant::now();
                         let metrics = ctx.metrics.clone();

@@ -24,6 +24,7 @@ use crate::api::TerraformObject;
 use crate::api::conditions::{Desired, Status};
 use crate::api::names::{self, Kind};
 use crate::gather::{self, Observed};
+use crate::metrics::ByCause;
 use crate::rules::{self, Blocker, Facts, StateFacts};
 
 /// What a read of the state told the preview of one object.
@@ -90,10 +91,10 @@ impl Previews {
             return;
         }
         if let Some((k, why)) = r.counted {
-            ctx.metrics.deletion_not_ready.dec(&[k.as_str(), why]);
+            ctx.metrics.deletion_not_ready.dec(&ByCause::new(k, why));
         }
         if let Some((k, why)) = now {
-            ctx.metrics.deletion_not_ready.inc(&[k.as_str(), why]);
+            ctx.metrics.deletion_not_ready.inc(&ByCause::new(k, why));
         }
         r.counted = now;
     }
@@ -105,7 +106,7 @@ impl Previews {
             ..
         }) = self.lock().remove(uid)
         {
-            ctx.metrics.deletion_not_ready.dec(&[k.as_str(), why]);
+            ctx.metrics.deletion_not_ready.dec(&ByCause::new(k, why));
         }
     }
 

@@ -22,6 +22,7 @@ use crate::api::conditions;
 use crate::api::names;
 use crate::gather;
 use crate::io::writes::{self, guarded_patch};
+use crate::metrics::labels::{ByKind, ByRow, KindValue};
 use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts};
 use crate::state::permits::Lane;
 
@@ -58,7 +59,7 @@ pub async fn reconcile<K: TerraformObject>(
         debug!("released by an earlier pass; this cached copy is older than the release");
         return Ok(Requeue::await_change());
     }
-    ctx.metrics.reconciles.inc(&[K::KIND.as_str()]);
+    ctx.metrics.reconciles.inc(&ByKind::of(K::KIND));
 
     // The finalizer goes on at first sight, before anything can be created for the object,
     // paused or not (as CAPI's controllers do), except on an object clusterctl move is
@@ -185,9 +186,10 @@ pub async fn reconcile<K: TerraformObject>(
         write_status_keeping_with(&scope.api, obj, &shown, &extra).await?
     };
     if deleting {
-        ctx.metrics
-            .decisions
-            .inc(&[K::KIND.as_str(), &row_label(&decision)]);
+        ctx.metrics.decisions.inc(&ByRow {
+            kind: KindValue(K::KIND),
+            row: row_label(&decision),
+        });
     }
 
     match decision.action {
@@ -212,15 +214,15 @@ pub async fn reconcile<K: TerraformObject>(
             Ok(Requeue::requeue(resync))
         }
         Action::Hold => {
-            ctx.metrics.held.inc(&[
-                K::KIND.as_str(),
+            ctx.metrics.held.inc(&crate::metrics::ByCause::new(
+                K::KIND,
                 decision
                     .others
                     .iter()
                     .find(|c| c.type_ == conditions::STATE_READABLE)
                     .map(|c| c.reason)
                     .unwrap_or("Held"),
-            ]);
+            ));
             publish(
                 &ctx,
                 obj.as_ref(),

@@ -10,6 +10,8 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 
+pub use super::labels::{ByKind, ByReason, KindValue, Reason};
+
 use crate::api::conditions::{self as cond, Condition, reason};
 use crate::api::names::{self, Kind};
 use crate::api::object::TerraformObject;
@@ -83,60 +85,11 @@ impl EncodeLabelValue for Phase {
     }
 }
 
-/// A condition's reason as a label value: the manager writes reasons from its own
-/// constants (CamelCase words); anything else (a status edited by hand) counts as
-/// `Other`, so that the label stays bounded.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Reason(String);
-
-impl Reason {
-    pub fn new(why: &str) -> Reason {
-        let word = !why.is_empty()
-            && why.len() <= 64
-            && why.starts_with(|c: char| c.is_ascii_uppercase())
-            && why.chars().all(|c| c.is_ascii_alphanumeric());
-        Reason(if word { why } else { "Other" }.to_string())
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl EncodeLabelValue for Reason {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, &self.0)
-    }
-}
-
-/// The object's kind as a label value (`TerraformMachine`).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
-pub struct KindValue(pub Kind);
-
-impl EncodeLabelValue for KindValue {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.0.as_str())
-    }
-}
-
-/// `kind`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ByKind {
-    pub kind: KindValue,
-}
-
 /// `kind`, `phase`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ByPhase {
     pub kind: KindValue,
     pub phase: Phase,
-}
-
-/// `kind`, `reason`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ByReason {
-    pub kind: KindValue,
-    pub reason: Reason,
 }
 
 /// One object, as the opt-in info series names it (`--metrics-object-info`): the only

@@ -5,6 +5,7 @@
 //! ([`census`]). docs/operations/metrics.md lists every family.
 
 pub mod census;
+pub mod labels;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,84 +22,64 @@ use prometheus_client::metrics::gauge::Gauge as PromGauge;
 use prometheus_client::metrics::histogram::{Histogram as PromHistogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub use self::labels::{ByCause, ByError, ByJob, ByKind, ByRole, ByRow, ByState};
 use crate::api::names::Kind;
 use crate::state::permits::StateReads;
 
-type Labels = Vec<(String, String)>;
-
-fn labels(names: &[&str], values: &[&str]) -> Labels {
-    names
-        .iter()
-        .zip(values)
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// What a label set of a family must be: typed (`EncodeLabelSet`), and a map key.
+pub trait LabelSet:
+    EncodeLabelSet + Clone + std::fmt::Debug + std::hash::Hash + Eq + Send + Sync + 'static
+{
 }
 
-/// A counter family with a fixed list of label names (`_total` is added to its name).
-pub struct Counter {
-    labels: &'static [&'static str],
-    family: Family<Labels, PromCounter>,
+impl<T> LabelSet for T where
+    T: EncodeLabelSet + Clone + std::fmt::Debug + std::hash::Hash + Eq + Send + Sync + 'static
+{
 }
 
-impl Counter {
-    fn register(
-        registry: &mut Registrar,
-        name: &'static str,
-        help: &str,
-        labels: &'static [&'static str],
-    ) -> Counter {
-        let family = Family::<Labels, PromCounter>::default();
+/// A counter family with typed labels (`_total` is added to its name).
+pub struct Counter<L: LabelSet> {
+    family: Family<L, PromCounter>,
+}
+
+impl<L: LabelSet> Counter<L> {
+    fn register(registry: &mut Registrar, name: &'static str, help: &str) -> Counter<L> {
+        let family = Family::<L, PromCounter>::default();
         registry.add(name, help, family.clone());
-        Counter { labels, family }
+        Counter { family }
     }
 
-    pub fn inc(&self, values: &[&str]) {
-        self.family
-            .get_or_create(&labels(self.labels, values))
-            .inc();
+    pub fn inc(&self, labels: &L) {
+        self.family.get_or_create(labels).inc();
     }
 
-    pub fn get(&self, values: &[&str]) -> u64 {
-        self.family
-            .get_or_create(&labels(self.labels, values))
-            .get()
+    pub fn get(&self, labels: &L) -> u64 {
+        self.family.get_or_create(labels).get()
     }
 }
 
-/// A gauge family with a fixed list of label names: what is so now.
-pub struct Gauge {
-    labels: &'static [&'static str],
-    family: Family<Labels, PromGauge>,
+/// A gauge family with typed labels, moved up and down by what is counted in it.
+pub struct Gauge<L: LabelSet> {
+    family: Family<L, PromGauge>,
 }
 
-impl Gauge {
-    fn register(
-        registry: &mut Registrar,
-        name: &'static str,
-        help: &str,
-        labels: &'static [&'static str],
-    ) -> Gauge {
-        let family = Family::<Labels, PromGauge>::default();
+impl<L: LabelSet> Gauge<L> {
+    fn register(registry: &mut Registrar, name: &'static str, help: &str) -> Gauge<L> {
+        let family = Family::<L, PromGauge>::default();
         registry.add(name, help, family.clone());
-        Gauge { labels, family }
+        Gauge { family }
     }
 
-    pub fn inc(&self, values: &[&str]) {
-        self.family
-            .get_or_create(&labels(self.labels, values))
-            .inc();
+    pub fn inc(&self, labels: &L) {
+        self.family.get_or_create(labels).inc();
     }
 
-    pub fn dec(&self, values: &[&str]) {
-        self.family
-            .get_or_create(&labels(self.labels, values))
-            .dec();
+    pub fn dec(&self, labels: &L) {
+        self.family.get_or_create(labels).dec();
     }
 
-    pub fn get(&self, values: &[&str]) -> i64 {
-        self.family
-            .get_or_create(&labels(self.labels, values))
-            .get()
+    pub fn get(&self, labels: &L) -> i64 {
+        self.family.get_or_create(labels).get()
     }
 }
 
@@ -115,42 +96,34 @@ impl MetricConstructor<PromHistogram> for Buckets {
     }
 }
 
-/// A histogram family of seconds with a fixed list of label names.
-pub struct Histogram {
-    labels: &'static [&'static str],
-    family: Family<Labels, PromHistogram, Buckets>,
+/// A histogram family of seconds with typed labels.
+pub struct Histogram<L: LabelSet> {
+    family: Family<L, PromHistogram, Buckets>,
 }
 
-impl Histogram {
+impl<L: LabelSet> Histogram<L> {
     /// Buckets from `first` seconds, doubling, `count` of them.
     fn register(
         registry: &mut Registrar,
         name: &'static str,
         help: &str,
-        labels: &'static [&'static str],
         first: f64,
         count: u16,
-    ) -> Histogram {
+    ) -> Histogram<L> {
         let family = Family::new_with_constructor(Buckets { first, count });
         registry.add(name, help, family.clone());
-        Histogram { labels, family }
+        Histogram { family }
     }
 
-    pub fn observe(&self, values: &[&str], took: Duration) {
+    pub fn observe(&self, labels: &L, took: Duration) {
         self.family
-            .get_or_create(&labels(self.labels, values))
+            .get_or_create(labels)
             .observe(took.as_secs_f64());
     }
 }
 
 /// Where the census reads one kind's objects: the controller's cache.
 pub type CensusSource = Arc<dyn Fn() -> Vec<census::Entry> + Send + Sync>;
-
-/// `role` (of an orphaned Secret: `state`, `inputs`, `backup`, …).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ByRole {
-    pub role: String,
-}
 
 type GaugeF64 = PromGauge<f64, AtomicU64>;
 
@@ -347,95 +320,81 @@ pub struct Metrics {
     /// Secrets CAPTF wrote for objects that are gone, by role, as the last sweep found
     /// them (`captf orphans` lists them).
     pub orphaned_secrets: Family<ByRole, PromGauge>,
-    pub reconciles: Counter,
-    pub reconcile_errors: Counter,
-    pub decisions: Counter,
-    pub destroy_attempts: Counter,
-    pub destroy_failures: Counter,
-    pub held: Counter,
-    pub apply_attempts: Counter,
-    pub apply_failures: Counter,
+    pub reconciles: Counter<ByKind>,
+    pub reconcile_errors: Counter<ByError>,
+    pub decisions: Counter<ByRow>,
+    pub destroy_attempts: Counter<ByKind>,
+    pub destroy_failures: Counter<ByCause>,
+    pub held: Counter<ByCause>,
+    pub apply_attempts: Counter<ByKind>,
+    pub apply_failures: Counter<ByCause>,
     /// Live objects whose deletion, asked now, would not finish by itself (their
     /// `DeletionReady` is False or Unknown), by kind and reason.
-    pub deletion_not_ready: Gauge,
+    pub deletion_not_ready: Gauge<ByCause>,
     /// Clusters marked for disposal, by state (pending, held, due, deleting).
-    pub clusters_in_disposal: Gauge,
+    pub clusters_in_disposal: Gauge<ByState>,
     /// The end of the soonest pending disposal's retention (Unix seconds; 0 when none).
     pub disposal_next_deletion: PromGauge,
     /// How long a pass took, by kind.
-    pub pass_seconds: Histogram,
+    pub pass_seconds: Histogram<ByKind>,
     /// How long a pass waited for the fair gate, by kind.
-    pub gate_wait_seconds: Histogram,
+    pub gate_wait_seconds: Histogram<ByKind>,
     /// How long a runner Job ran, from its start to its end, by kind, operation and
     /// outcome.
-    pub job_seconds: Histogram,
+    pub job_seconds: Histogram<ByJob>,
     /// From a deletion's request (its deletionTimestamp) to the release of the object
     /// (its finalizer removed), by kind.
-    pub release_seconds: Histogram,
+    pub release_seconds: Histogram<ByKind>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let mut r = Registrar::default();
-        let reconciles = Counter::register(
-            &mut r,
-            "captf_reconciles",
-            "Reconcile passes by kind",
-            &["kind"],
-        );
+        let reconciles = Counter::register(&mut r, "captf_reconciles", "Reconcile passes by kind");
         let reconcile_errors = Counter::register(
             &mut r,
             "captf_reconcile_errors",
             "Reconcile passes that failed, by kind and error",
-            &["kind", "error"],
         );
         let decisions = Counter::register(
             &mut r,
             "captf_deletion_decisions",
             "Deletion passes by kind and rule-table row",
-            &["kind", "row"],
         );
         let destroy_attempts = Counter::register(
             &mut r,
             "captf_destroy_attempts",
             "Destroy Jobs started, by kind",
-            &["kind"],
         );
         let destroy_failures = Counter::register(
             &mut r,
             "captf_destroy_failures",
             "Destroy attempts that failed, by kind and reason",
-            &["kind", "reason"],
         );
         let apply_attempts = Counter::register(
             &mut r,
             "captf_apply_attempts",
             "Apply Jobs started, by kind",
-            &["kind"],
         );
         let apply_failures = Counter::register(
             &mut r,
             "captf_apply_failures",
             "Apply attempts that failed, by kind and reason",
-            &["kind", "reason"],
         );
         let held = Counter::register(
             &mut r,
             "captf_held_deletions",
             "Passes that held a deletion, by kind and reason",
-            &["kind", "reason"],
         );
         let deletion_not_ready = Gauge::register(
             &mut r,
             "captf_deletion_not_ready",
             "Live objects whose deletion would not finish by itself if it were asked now (DeletionReady False or Unknown), by kind and reason",
-            &["kind", "reason"],
         );
         let clusters_in_disposal = Gauge::register(
             &mut r,
             "captf_clusters_in_disposal",
             "Cluster API Clusters marked for disposal, by state (pending: the retention runs; held: over, held by disposal-hold; due: being deleted by CAPTF; deleting)",
-            &["state"],
         );
         let disposal_next_deletion = PromGauge::default();
         r.add(
@@ -447,7 +406,6 @@ impl Default for Metrics {
             &mut r,
             "captf_pass_duration_seconds",
             "How long a reconcile pass took, by kind",
-            &["kind"],
             0.005,
             14,
         );
@@ -455,7 +413,6 @@ impl Default for Metrics {
             &mut r,
             "captf_gate_wait_seconds",
             "How long a pass waited for its turn (the fair pass limit), by kind",
-            &["kind"],
             0.005,
             16,
         );
@@ -463,7 +420,6 @@ impl Default for Metrics {
             &mut r,
             "captf_job_duration_seconds",
             "How long a runner Job ran, by kind, operation and outcome",
-            &["kind", "operation", "outcome"],
             1.0,
             16,
         );
@@ -471,7 +427,6 @@ impl Default for Metrics {
             &mut r,
             "captf_release_duration_seconds",
             "From a deletion's request to the release of the object (the destroy, or an abandon, and the cleanup), by kind",
-            &["kind"],
             0.25,
             20,
         );
@@ -585,12 +540,13 @@ mod tests {
     #[test]
     fn counters_and_histograms_render_in_the_text_format() {
         let m = Metrics::default();
-        m.destroy_failures
-            .inc(&["TerraformMachine", "BackoffLimitExceeded"]);
-        m.destroy_failures
-            .inc(&["TerraformMachine", "BackoffLimitExceeded"]);
-        m.pass_seconds
-            .observe(&["TerraformMachine"], Duration::from_millis(30));
+        let failed = ByCause::new(Kind::TerraformMachine, "BackoffLimitExceeded");
+        m.destroy_failures.inc(&failed);
+        m.destroy_failures.inc(&failed);
+        m.pass_seconds.observe(
+            &ByKind::of(Kind::TerraformMachine),
+            Duration::from_millis(30),
+        );
         let text = m.render();
         assert!(text.contains("captf_destroy_failures_total{kind=\"TerraformMachine\",reason=\"BackoffLimitExceeded\"} 2"), "{text}");
         assert!(
@@ -609,11 +565,7 @@ mod tests {
             ),
             "{text}"
         );
-        assert_eq!(
-            m.destroy_failures
-                .get(&["TerraformMachine", "BackoffLimitExceeded"]),
-            2
-        );
+        assert_eq!(m.destroy_failures.get(&failed), 2);
     }
 
     #[tokio::test]

@@ -60,7 +60,7 @@ pub const MANAGER_VARIABLES: [ManagerVariable; 5] = [
 
 /// The install manifests of `config/default`, in its order (`../crd` is the CRDs,
 /// [`crate::api::crds`]): a unit test checks this list against the kustomizations.
-pub const CONFIG: [(&str, &str); 10] = [
+pub const CONFIG: [(&str, &str); 11] = [
     (
         "config/rbac/service_account.yaml",
         include_str!("../../config/rbac/service_account.yaml"),
@@ -80,6 +80,10 @@ pub const CONFIG: [(&str, &str); 10] = [
     (
         "config/rbac/capi_aggregate_role.yaml",
         include_str!("../../config/rbac/capi_aggregate_role.yaml"),
+    ),
+    (
+        "config/rbac/metrics_reader_role.yaml",
+        include_str!("../../config/rbac/metrics_reader_role.yaml"),
     ),
     (
         "config/manager/namespace.yaml",

@@ -133,7 +133,10 @@ pub async fn abandon<K: TerraformObject>(
     if !terminating {
         publish(ctx, obj, EventType::Warning, events::ABANDONED, "Abandon", &format!("released without a destroy; Secrets kept and marked abandoned; the state described: {described}")).await;
     }
-    ctx.metrics.decisions.inc(&[K::KIND.as_str(), "abandon"]);
+    ctx.metrics.decisions.inc(&crate::metrics::ByRow {
+        kind: crate::metrics::labels::KindValue(K::KIND),
+        row: "abandon".into(),
+    });
     release(ctx, scope, &current).await
 }
 

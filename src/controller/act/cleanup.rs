@@ -70,7 +70,11 @@ pub async fn cleanup<K: TerraformObject>(
             .filter(|j| job::outcome(j, &o.pods) == JobOutcome::Succeeded)
             .max_by_key(|j| job::attempt_of(j));
         if let Some(ran) = succeeded.and_then(job::ran_for) {
-            let labels = [K::KIND.as_str(), names::OPERATION_DESTROY, "succeeded"];
+            let labels = crate::metrics::ByJob {
+                kind: crate::metrics::labels::KindValue(K::KIND),
+                operation: names::OPERATION_DESTROY,
+                outcome: "succeeded",
+            };
             ctx.metrics.job_seconds.observe(&labels, ran);
         }
     }

@@ -46,7 +46,7 @@ pub async fn release<K: TerraformObject>(
     if let Some(asked) = &obj.meta().deletion_timestamp {
         let took = jiff::Timestamp::now().duration_since(asked.0);
         ctx.metrics.release_seconds.observe(
-            &[K::KIND.as_str()],
+            &crate::metrics::ByKind::of(K::KIND),
             std::time::Duration::try_from(took).unwrap_or_default(),
         );
     }
@@ -279,7 +279,7 @@ pub async fn announce_start<K: TerraformObject>(
             "Destroy",
         )
     };
-    counter.inc(&[K::KIND.as_str()]);
+    counter.inc(&crate::metrics::ByKind::of(K::KIND));
     events::publish(
         ctx,
         obj,
