@@ -280,32 +280,22 @@ pub async fn serve_metrics_secure(
     metrics: Arc<Metrics>,
     auth: Arc<MetricsAuth>,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let (tls, metrics, auth) = (tls.clone(), metrics.clone(), auth.clone());
-            tokio::spawn(async move {
-                let stream = match tls.accept(stream).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "a metrics connection's TLS handshake failed");
-                        return;
-                    }
-                };
-                let svc = service_fn(move |req| handle_secure(req, metrics.clone(), auth.clone()));
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    warn!(error = %e, "metrics connection failed");
+    accept_forever(addr, "metrics", move |stream| {
+        let (tls, metrics, auth) = (tls.clone(), metrics.clone(), auth.clone());
+        async move {
+            match tls.accept(stream).await {
+                Ok(s) => Some((
+                    TokioIo::new(s),
+                    service_fn(move |req| handle_secure(req, metrics.clone(), auth.clone())),
+                )),
+                Err(e) => {
+                    tracing::debug!(error = %e, "a metrics connection's TLS handshake failed");
+                    None
                 }
-            });
+            }
         }
-    });
-    Ok(())
+    })
+    .await
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `addr` until the process ends.
@@ -314,20 +304,50 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     probes: Arc<Probes>,
 ) -> std::io::Result<()> {
+    accept_forever(addr, "probe", move |stream| {
+        let (metrics, probes) = (metrics.clone(), probes.clone());
+        async move {
+            Some((
+                TokioIo::new(stream),
+                service_fn(move |req| handle(req, metrics.clone(), probes.clone())),
+            ))
+        }
+    })
+    .await
+}
+
+/// Binds `addr` and serves each connection, once `open` made it ready (a TLS handshake,
+/// or nothing), with the service `open` gives, until the process ends.
+async fn accept_forever<F, Fut, I, S>(
+    addr: SocketAddr,
+    what: &'static str,
+    open: F,
+) -> std::io::Result<()>
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Option<(I, S)>> + Send + 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<Full<Bytes>>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let listener = TcpListener::bind(addr).await?;
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let (metrics, probes) = (metrics.clone(), probes.clone());
+            let opened = open(stream);
             tokio::spawn(async move {
-                let svc = service_fn(move |req| handle(req, metrics.clone(), probes.clone()));
-                if let Err(e) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await
-                {
-                    warn!(error = %e, "probe connection failed");
+                let Some((io, svc)) = opened.await else {
+                    return;
+                };
+                if let Err(e) = http1::Builder::new().serve_connection(io, svc).await {
+                    warn!(error = %e, "{what} connection failed");
                 }
             });
         }

@@ -142,28 +142,7 @@ async fn a_lock_held_by_a_person_outlives_the_cleanup() {
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     let info = json!({"ID": "alice-1", "Operation": "OperationTypePlan", "Who": "alice@laptop",
         "Version": "1.11.4", "Created": "2026-12-01T10:00:00Z", "Path": ""});
-    let held = json!({"metadata": {"annotations": {names::TF_LOCK_INFO: info.to_string()}},
-        "spec": {"holderIdentity": "alice-1"}});
-    match leases.get_opt(&lock_name).await.expect("lease") {
-        Some(_) => {
-            leases
-                .patch(
-                    &lock_name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&held),
-                )
-                .await
-                .expect("take the lock");
-        }
-        None => {
-            let mut lease: Lease = serde_json::from_value(held).expect("lease");
-            lease.metadata.name = Some(lock_name.clone());
-            leases
-                .create(&PostParams::default(), &lease)
-                .await
-                .expect("take the lock");
-        }
-    }
+    env.take_lock("web-1.tfm", "alice-1", &info).await;
     wait_for("the release, pass by pass", long(), || pass(&env, &ctx)).await;
     let lease = leases
         .get_opt(&lock_name)

@@ -223,36 +223,15 @@ async fn health_fails_while_a_pass_does_not_end_or_a_controller_with_objects_fin
 async fn a_held_lock_is_named_with_its_holder_in_the_status_and_in_explain() {
     use crate::deletion::EnvExt;
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube::api::{Api, PostParams};
+    use kube::api::Api;
     let env = Env::with_machine("lock-holder", &module(0), Duration::from_millis(300)).await;
     env.wait_protected(&names::state_secret_name("web-1.tfm"))
         .await;
     let info = serde_json::json!({"ID": "alice-1", "Operation": "OperationTypePlan",
         "Who": "alice@laptop", "Version": "1.11.4", "Created": "2026-12-01T10:00:00Z", "Path": ""});
+    env.take_lock("web-1.tfm", "alice-1", &info).await;
     let lock_name = names::lock_lease_name("web-1.tfm");
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    let held = serde_json::json!({"metadata": {"annotations": {names::TF_LOCK_INFO: info.to_string()}},
-        "spec": {"holderIdentity": "alice-1"}});
-    match leases.get_opt(&lock_name).await.expect("lease") {
-        Some(_) => {
-            leases
-                .patch(
-                    &lock_name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&held),
-                )
-                .await
-                .expect("take the lock");
-        }
-        None => {
-            let mut lease: Lease = serde_json::from_value(held).expect("lease");
-            lease.metadata.name = Some(lock_name.clone());
-            leases
-                .create(&PostParams::default(), &lease)
-                .await
-                .expect("take the lock");
-        }
-    }
     env.delete::<Tfm>("web-1").await;
     let named = [
         "held by alice@laptop (lock alice-1, operation plan) since 2026-12-01T10:00:00Z",

@@ -589,18 +589,7 @@ impl Env {
     /// request as on a real installation. Returns the ClusterRoleBinding's name (remove it
     /// with [`Env::remove_manager_binding`]).
     pub async fn run_manager_as_installed(&mut self) -> String {
-        let out = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig_path())
-            .args(["apply", "-f"])
-            .arg(repo_root().join("config/rbac/role.yaml"))
-            .output()
-            .expect("kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl apply config/rbac/role.yaml: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.kubectl_apply("config/rbac/role.yaml");
         let sa: k8s_openapi::api::core::v1::ServiceAccount =
             serde_json::from_value(json!({"metadata": {"name": "captf-manager"}})).expect("sa");
         Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
@@ -626,6 +615,50 @@ impl Env {
             self.manager_ns
         ));
         binding
+    }
+
+    /// `kubectl apply -f` of `path` (relative to the repository) with the admin's
+    /// credentials.
+    pub fn kubectl_apply(&self, path: &str) {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_path())
+            .args(["apply", "-f"])
+            .arg(repo_root().join(path))
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl apply {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Takes Terraform's lock on the state of `suffix` as someone else would (a person
+    /// running Terraform by hand, a CI job): the Lease Terraform's backend uses, held by
+    /// lock `id` with lock info `info` (Terraform's fields: `ID`, `Operation`, `Who`, …).
+    pub async fn take_lock(&self, suffix: &str, id: &str, info: &serde_json::Value) {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let lock_name = names::lock_lease_name(suffix);
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        let held = json!({"metadata": {"annotations": {names::TF_LOCK_INFO: info.to_string()}},
+            "spec": {"holderIdentity": id}});
+        match leases.get_opt(&lock_name).await.expect("lease") {
+            Some(_) => {
+                leases
+                    .patch(&lock_name, &PatchParams::default(), &Patch::Merge(&held))
+                    .await
+                    .expect("take the lock");
+            }
+            None => {
+                let mut lease: Lease = serde_json::from_value(held).expect("lease");
+                lease.metadata.name = Some(lock_name.clone());
+                leases
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .expect("take the lock");
+            }
+        }
     }
 
     /// Removes a binding of [`Env::run_manager_as_installed`].
