@@ -163,6 +163,17 @@ pub fn serving_tls(
             (certs, key)
         }
         None => {
+            // Only names a certificate may carry (a Pod's name is one; a hostname with
+            // other characters is left out rather than failing the start).
+            let hosts: Vec<String> = hosts
+                .into_iter()
+                .filter(|h| {
+                    !h.is_empty()
+                        && h.len() <= 253
+                        && h.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+                })
+                .collect();
             let made = rcgen::generate_simple_self_signed(hosts)
                 .map_err(|e| format!("a self-signed certificate: {e}"))?;
             (
@@ -189,6 +200,8 @@ mod tests {
     #[test]
     fn a_self_signed_certificate_is_made_when_no_directory_is_given() {
         assert!(serving_tls(None, vec!["localhost".into()]).is_ok());
+        // A host name no certificate may carry is left out, not a failure to start.
+        assert!(serving_tls(None, vec!["localhost".into(), "ünïcode host_1".into()]).is_ok());
         let missing = serving_tls(Some(Path::new("/nonexistent/certs")), vec![]);
         assert!(
             missing.is_err_and(|e| e.contains("/nonexistent/certs/tls.crt")),

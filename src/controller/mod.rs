@@ -506,7 +506,7 @@ pub async fn run(
                 cfg.metrics_cert_dir.as_deref(),
                 vec!["localhost".into(), cfg.identity.clone()],
             )
-            .map_err(|e| Error::Setup(format!("--metrics-cert-dir: {e}")))?;
+            .map_err(|e| Error::Setup(format!("the metrics port's certificate: {e}")))?;
             let auth = Arc::new(metrics_auth::MetricsAuth::new(client.clone()));
             server::serve_metrics_secure(addr, tls, metrics.clone(), auth)
                 .await
