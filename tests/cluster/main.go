@@ -29,6 +29,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -276,7 +277,21 @@ type child struct {
 	done chan struct{}
 }
 
+// freePort picks a port the components listen on, free now. It is taken below Linux's
+// ephemeral range (32768 and up by default), where the kernel never picks the local port
+// of an outgoing connection: a port taken from that range (":0") could be given to one
+// of the many connections the tests open in the seconds before the component binds it
+// (seen: Cluster API's manager failing with "address already in use").
 func freePort() (int, error) {
+	for i := 0; i < 64; i++ {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
