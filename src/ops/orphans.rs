@@ -71,13 +71,10 @@ impl Owners {
     /// backup, errored state, an abandon's copy) whose object is not among those noted.
     pub fn orphan(&self, meta: &ObjectMeta) -> Option<Orphan> {
         let (role, kind, name) = owner_of_secret(meta)?;
-        let labels = meta.labels.clone().unwrap_or_default();
-        let uid = labels.get(names::LABEL_OWNER_UID).cloned();
+        let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
+        let uid = label(names::LABEL_OWNER_UID);
         let secret_ns = meta.namespace.clone().unwrap_or_default();
-        let object_ns = labels
-            .get(names::LABEL_SOURCE_NAMESPACE)
-            .cloned()
-            .unwrap_or_else(|| secret_ns.clone());
+        let object_ns = label(names::LABEL_SOURCE_NAMESPACE).unwrap_or_else(|| secret_ns.clone());
         let owned = uid.as_ref().is_some_and(|u| self.uids.contains(u))
             || self
                 .namesakes

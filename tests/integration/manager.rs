@@ -120,12 +120,16 @@ pub(crate) async fn http_get(port: u16, path: &str) -> (u16, String) {
         .expect("write");
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
-    let code = out
+    (status_code(&out), out)
+}
+
+/// The status code of a whole HTTP/1.1 response (0 when it has none).
+pub(crate) fn status_code(response: &str) -> u16 {
+    response
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out)
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -359,12 +359,7 @@ async fn https_metrics(port: u16, token: Option<&str>) -> (u16, String) {
     let mut out = Vec::new();
     let _ = tls.read_to_end(&mut out).await;
     let out = String::from_utf8_lossy(&out).to_string();
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out)
+    (crate::manager::status_code(&out), out)
 }
 
 /// `/metrics` over HTTPS, as `captf manager` serves it by default, on the real API server:
