@@ -506,8 +506,13 @@ async fn scenario_12_stripped_finalizer_leaves_orphans_that_only_the_saved_objec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_recreated_object_ignores_the_earlier_deletion_bookkeeping_and_records_what_it_adopts() {
-    // The first destroy fails, so that the new object's deletion can be looked at.
-    let mut env = machine_env("rebirth", 1, FAST).await;
+    // The first two destroys fail, so that the new object's deletion can be looked at.
+    // Not with the FAST backoff: a failure is recorded at the Job's finish time, in whole
+    // seconds, so with a backoff under a second the retry can start at once and
+    // `Deleting=DestroyFailed` shows for milliseconds; a poll on a loaded machine missed
+    // it, the retry succeeded, and the wait ran out its 90 s. With 2 s, attempt 1's
+    // failure shows for at least 1 s and attempt 2's for at least 3 s.
+    let mut env = machine_env("rebirth", 2, Duration::from_secs(2)).await;
     let saved = env.object::<Tfm>("web-1").await.expect("object");
     let old_uid = saved.metadata.uid.clone().expect("uid");
     let lineage = match env.read_state(Kind::TerraformMachine, "web-1").await {
@@ -545,17 +550,17 @@ async fn a_recreated_object_ignores_the_earlier_deletion_bookkeeping_and_records
     env.start_manager();
     env.wait_finalizer::<Tfm>("web-1").await;
     env.delete::<Tfm>("web-1").await;
-    // Not a cleanup of a state that lists instances: the new object's own first attempt,
-    // which fails once.
+    // Not a cleanup of a state that lists instances: the new object's own attempts, the
+    // first two of which fail.
     env.wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
         .await;
     let now = env.object::<Tfm>("web-1").await.expect("object");
     let ann = now.metadata.annotations.clone().unwrap_or_default();
-    // Its attempts count from 1 (attempt 2 may have started since attempt 1 failed).
+    // Its attempts count from 1 (a retry may have started since the failure was seen).
     assert!(
         matches!(
             ann.get(names::DESTROY_ATTEMPT).map(String::as_str),
-            Some("1" | "2")
+            Some("1" | "2" | "3")
         ),
         "{ann:?}"
     );
@@ -569,6 +574,9 @@ async fn a_recreated_object_ignores_the_earlier_deletion_bookkeeping_and_records
         env.destroyed("web-1"),
         "the adopted state's instances are destroyed"
     );
+    // Terraform ran three times: two failures and the success, none for the earlier
+    // object's bookkeeping and none twice.
+    assert_eq!(env.tries("web-1"), 3);
     env.shutdown().await;
 }
 

@@ -110,29 +110,33 @@ fn install_manifests(image: &str, health: u16, metrics: u16) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     let yaml = String::from_utf8(out.stdout).expect("UTF-8");
-    let mut edited = yaml.clone();
+    let from = "image: captf:latest";
+    assert_eq!(yaml.matches(from).count(), 1, "{from} in:\n{yaml}");
+    on_ports(
+        &yaml.replace(from, &format!("image: {image}")),
+        health,
+        metrics,
+    )
+}
+
+/// The manager's manifests `yaml` with its probe and metrics ports (8081 and 8443, in its
+/// arguments and in the ports its probes name) moved to `health` and `metrics`.
+fn on_ports(yaml: &str, health: u16, metrics: u16) -> String {
+    let mut edited = yaml.to_string();
     for (from, to) in [
-        ("image: captf:latest".to_string(), format!("image: {image}")),
         (
-            "--health-probe-bind-address=0.0.0.0:8081".into(),
+            "--health-probe-bind-address=0.0.0.0:8081",
             format!("--health-probe-bind-address=0.0.0.0:{health}"),
         ),
         (
-            "--metrics-bind-address=0.0.0.0:8443".into(),
+            "--metrics-bind-address=0.0.0.0:8443",
             format!("--metrics-bind-address=0.0.0.0:{metrics}"),
         ),
-        // The ports the probes name.
-        (
-            "containerPort: 8081".into(),
-            format!("containerPort: {health}"),
-        ),
-        (
-            "containerPort: 8443".into(),
-            format!("containerPort: {metrics}"),
-        ),
+        ("containerPort: 8081", format!("containerPort: {health}")),
+        ("containerPort: 8443", format!("containerPort: {metrics}")),
     ] {
-        assert_eq!(edited.matches(&from).count(), 1, "{from} in:\n{yaml}");
-        edited = edited.replace(&from, &to);
+        assert_eq!(edited.matches(from).count(), 1, "{from} in:\n{yaml}");
+        edited = edited.replace(from, &to);
     }
     edited
 }
@@ -393,6 +397,32 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
         "the Lease is held by the Deployment's next Pod, {next}"
     );
     drop(watch);
+
+    // A rollout, as `clusterctl upgrade` or a changed flag makes one: the Deployment's
+    // new Pod replaces the leading one and leads once that one gave the Lease up.
+    wait_for("the leading Pod to be Ready", WAIT, || async {
+        pods.get(&next).await.is_ok_and(|p| {
+            p.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    let (moved, _) = move_manager_ports(&env).await;
+    let rolled = ready_manager_on(&pods, moved, &digest).await;
+    wait_for("the rolled-out Pod to lead", WAIT, || async {
+        holder(&leases).await.as_deref() == Some(rolled.as_str())
+    })
+    .await;
+    wait_for("the Pod it replaced to go", GRACE + WAIT, || async {
+        !manager_pods(&pods)
+            .await
+            .iter()
+            .any(|p| p.name_any() == next)
+    })
+    .await;
     eprintln!(
         "manager Pod: image built in {built:.1?} ({}), ready {ready:.1?} after the install, \
          applied a TerraformCluster {applied:.1?} after it; SIGTERM to exit {stopped:.1?}, \
@@ -404,47 +434,55 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
     let _ = std::fs::remove_dir_all(&store);
 }
 
-/// Moves the probe and metrics ports of the installed manager's Deployment to free ones
-/// (the local kubelet's Pods share this machine's network, where 8080 and 8081 may be
-/// taken, and another test's manager Pod may run at once): its arguments and the ports
-/// its probes name. A new rollout, whose Pod leads once the old one gave the Lease up.
+/// Moves the probe and metrics ports of the installed manager's Deployment to free ones:
+/// its arguments and the ports its probes name. A new rollout, whose Pod leads once the
+/// old one gave the Lease up.
 async fn move_manager_ports(env: &Env) -> (u16, u16) {
     let (health, metrics) = (free_port(), free_port());
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), SYSTEM);
-    let mut d = deployments
-        .get("captf-manager")
-        .await
-        .expect("the manager's Deployment");
-    let pod = d
-        .spec
-        .as_mut()
-        .and_then(|s| s.template.spec.as_mut())
-        .expect("its Pod template");
-    let c = &mut pod.containers[0];
-    for arg in c.args.iter_mut().flatten() {
-        if arg.starts_with("--health-probe-bind-address=") {
-            *arg = format!("--health-probe-bind-address=0.0.0.0:{health}");
-        } else if arg.starts_with("--metrics-bind-address=") {
-            *arg = format!("--metrics-bind-address=0.0.0.0:{metrics}");
+    // Read and replaced again on a conflict: the Deployment controller writes its status
+    // while a rollout goes on.
+    for _ in 0..20 {
+        let mut d = deployments
+            .get("captf-manager")
+            .await
+            .expect("the manager's Deployment");
+        let pod = d
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .expect("its Pod template");
+        let c = &mut pod.containers[0];
+        for arg in c.args.iter_mut().flatten() {
+            if arg.starts_with("--health-probe-bind-address=") {
+                *arg = format!("--health-probe-bind-address=0.0.0.0:{health}");
+            } else if arg.starts_with("--metrics-bind-address=") {
+                *arg = format!("--metrics-bind-address=0.0.0.0:{metrics}");
+            }
+        }
+        for p in c.ports.iter_mut().flatten() {
+            match p.name.as_deref() {
+                Some("healthz") => p.container_port = health.into(),
+                Some("metrics") => p.container_port = metrics.into(),
+                _ => {}
+            }
+        }
+        match deployments
+            .replace("captf-manager", &PostParams::default(), &d)
+            .await
+        {
+            Ok(_) => return (health, metrics),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("move the manager's ports: {e}"),
         }
     }
-    for p in c.ports.iter_mut().flatten() {
-        match p.name.as_deref() {
-            Some("healthz") => p.container_port = health.into(),
-            Some("metrics") => p.container_port = metrics.into(),
-            _ => {}
-        }
-    }
-    deployments
-        .replace("captf-manager", &PostParams::default(), &d)
-        .await
-        .expect("move the manager's ports");
-    (health, metrics)
+    panic!("move the manager's ports: 20 conflicts in a row");
 }
 
-/// Waits for a Ready manager Pod listening on `health`, running the image `digest`; its name.
+/// Waits for a Ready manager Pod listening on `health`, running the image `digest`, and for
+/// its `/readyz` to answer 200; its name.
 async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String {
-    let name = wait_for_value("a Ready manager Pod on the moved ports", WAIT, || async {
+    let found = || async {
         manager_pods(pods).await.into_iter().find_map(|p| {
             let ready = p
                 .status
@@ -460,8 +498,45 @@ async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String 
             });
             (running(&p) && ready && on_port).then(|| p.name_any())
         })
-    })
-    .await;
+    };
+    let start = Instant::now();
+    let name = loop {
+        if let Some(name) = found().await {
+            break name;
+        }
+        if start.elapsed() > WAIT {
+            // What there is instead: each Pod's ports, phase, conditions and containers,
+            // and the log of each.
+            let mut shown = String::new();
+            for p in manager_pods(pods).await {
+                let args = p
+                    .spec
+                    .as_ref()
+                    .map(|s| s.containers[0].args.clone().unwrap_or_default().join(" "))
+                    .unwrap_or_default();
+                let log = pods
+                    .logs(
+                        &p.name_any(),
+                        &kube::api::LogParams {
+                            tail_lines: Some(40),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .unwrap_or_else(|e| format!("(no log: {e})"));
+                shown += &format!(
+                    "\n{} (deleting: {}), args {args}\nstatus {}\nlog:\n{log}",
+                    p.name_any(),
+                    p.metadata.deletion_timestamp.is_some(),
+                    serde_json::to_string(&p.status).unwrap_or_default()
+                );
+            }
+            panic!(
+                "timed out after {WAIT:?} waiting for a Ready manager Pod on port {health}; the Pods:{shown}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let pod = pods.get(&name).await.expect("the manager's Pod");
     let status = serde_json::to_value(&pod.status).expect("status");
     assert_eq!(
@@ -469,10 +544,17 @@ async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String 
         Some(format!("registry.captf.test/captf@{digest}").as_str()),
         "the Pod runs the image built here: {status}"
     );
-    let (code, _) = http_get(health, "/readyz").await;
+    // The kubelet's probe found it ready, but it is not ready again for a moment when its
+    // controllers start again (Cluster API's kind found after it began), so a poll.
+    let start = Instant::now();
+    let mut code = http_get(health, "/readyz").await.0;
+    while code != 200 && start.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        code = http_get(health, "/readyz").await.0;
+    }
     if code != 200 {
-        // A Ready Pod that no longer answers ready: its manager stopped or restarted. Its
-        // log says why.
+        // A Ready Pod that does not answer ready again: its manager stopped or restarted,
+        // or its caches never listed. Its log says why.
         let log = |previous: bool| {
             let params = kube::api::LogParams {
                 previous,
@@ -517,6 +599,8 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     if envtest_only("it installs CAPTF with clusterctl on a control plane of its own") {
         return;
     }
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("clusterctl-image: {what} at {:.1?}", t0.elapsed());
     let store = scratch_dir("clusterctl-image");
     let store_for_build = store.clone();
     let (_archive, digest) = tokio::task::spawn_blocking(move || build_image(&store_for_build))
@@ -529,10 +613,23 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     .await;
 
     // A local repository of CAPTF's assets beside Cluster API's core; the image is the
-    // one built here.
+    // one built here. The components' probe and metrics ports are moved to free ones
+    // before clusterctl reads them (the local kubelet's Pods share this machine's
+    // network, where 8081 and 8443 may be taken), so that the Pod clusterctl's Deployment
+    // makes is the one that runs. (A second rollout at once after the install, to move
+    // them, brought no Ready Pod within 90 s on a loaded machine in CI and here; why is
+    // not known. The rollout of the test above runs with its Pod leading and Ready, and
+    // prints the Pods if it fails so.)
     let dir = temp_dir("clusterctl-image");
     let home = dir.join("home");
     let config = local_repository(&dir, &format!("CAPTF_IMAGE: {}\n", image_ref()));
+    let (health, metrics) = (free_port(), free_port());
+    let components = dir
+        .join("repo/infrastructure-terraform")
+        .join(VERSION)
+        .join("infrastructure-components.yaml");
+    let yaml = std::fs::read_to_string(&components).expect("the components");
+    std::fs::write(&components, on_ports(&yaml, health, metrics)).expect("the components");
     let kubeconfig = env.kubeconfig_path().to_str().expect("path").to_string();
     let config = config.to_str().expect("path").to_string();
     let init = || {
@@ -564,6 +661,7 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
         printed
     };
     let printed = init();
+    mark("clusterctl init done");
     eprintln!("clusterctl init printed:\n{printed}");
     let providers = clusterctl_inventory(&env.client, SYSTEM);
     let provider = providers
@@ -585,7 +683,6 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
             .map(String::as_str),
         Some("restricted")
     );
-    let (health, _) = move_manager_ports(&env).await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM);
     let leader = ready_manager_on(&pods, health, &digest).await;
@@ -593,6 +690,7 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
         holder(&leases).await.as_deref() == Some(leader.as_str())
     })
     .await;
+    mark("the Pod leads");
     let pid = manager_process(&leader).expect("the manager's process");
     assert_eq!(proc_status(pid, "Uid:"), ["65532"; 4]);
 
@@ -606,6 +704,7 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     )
     .await;
     wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    mark("provisioned");
     let fingerprint = env.fingerprint(Kind::TerraformCluster, "prod").await;
     let applies = |tfc: &Tfc| tfc.annotations().get(names::APPLY_ATTEMPT).cloned();
     let applied = applies(&env.object::<Tfc>("prod").await.expect("prod"));
@@ -650,6 +749,7 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
             && manager_pods(&pods).await.is_empty()
     })
     .await;
+    mark("the provider is gone");
     let tfc = env
         .object::<Tfc>("prod")
         .await
@@ -677,16 +777,17 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     // Installed again, CAPTF takes the object up where it was: no new apply. Deleting
     // the Cluster then destroys it and releases it.
     init();
-    let (health, _) = move_manager_ports(&env).await;
     ready_manager_on(&pods, health, &digest).await;
     wait_for("a Pod of the new installation to lead", WAIT, || async {
         holder(&leases).await.is_some()
     })
     .await;
+    mark("the new installation leads");
     env.delete_cluster("prod").await;
     let after = applies(&env.object::<Tfc>("prod").await.expect("prod"));
     assert_eq!(after, applied, "no new apply after the reinstall");
     env.wait_gone::<Tfc>("prod", WAIT).await;
+    mark("released");
     assert!(env.destroyed("prod"), "terraform destroyed prod");
     assert_eq!(
         env.destroy_jobs().await.len(),
