@@ -27,6 +27,17 @@
 //! `info,kube=warn`). `CAPTF_SCALE_MANAGER_WRAP` runs the manager under a profiler.
 //! `CAPTF_SCALE_TIMES=FILE` writes each object's Job-Complete and release times, and the
 //! fault proxy's `CAPTF_PROXY_TRACE=FILE` each of the manager's requests with its time.
+//!
+//! `CAPTF_SCALE_PROVISION=1` lets the manager provision the N objects first, as Cluster
+//! API asks for them: the Cluster made ready, then for each object its bootstrap data
+//! Secret, its Machine (reconciled by Cluster API's own controllers in the control plane)
+//! and the TerraformMachine the Machine owns, all at once, with the manager running
+//! (`--provision=true`); the N applies run with the real `terraform`. Measured over the
+//! provisioning (from the first create to the last `Provisioned=True`): the manager's
+//! requests per provisioning by verb and resource, each object's create → `Provisioned`
+//! time, the apply Jobs that existed unfinished at once, the manager's CPU per object and
+//! its peak RSS. The deletion of the N provisioned objects is then measured as above. (The
+//! stand-in runner only destroys: provisioning runs with the real `terraform` only.)
 
 #[path = "common/mod.rs"]
 mod common;
@@ -84,6 +95,20 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let provision = match std::env::var("CAPTF_SCALE_PROVISION").as_deref() {
+        Ok("1") => true,
+        Ok("0") | Err(_) => false,
+        Ok(other) => {
+            eprintln!("error: CAPTF_SCALE_PROVISION is 1 or 0, not `{other}`");
+            std::process::exit(2);
+        }
+    };
+    if provision && standin {
+        eprintln!(
+            "error: CAPTF_SCALE_PROVISION=1 needs the real terraform: the stand-in runner only destroys (unset CAPTF_SCALE_RUNNER)"
+        );
+        std::process::exit(2);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -91,7 +116,7 @@ fn main() {
         .expect("runtime");
     let mut runs = Vec::new();
     for n in series {
-        match runtime.block_on(bench(n, jobs, standin)) {
+        match runtime.block_on(bench(n, jobs, standin, provision)) {
             Ok(figures) => runs.push(figures),
             Err(e) => {
                 eprintln!("error: {e}");
@@ -167,7 +192,12 @@ fn side_by_side(runs: &[PerDeletion]) {
     line("all released in s", &|r| format!("{:.1}", r.seconds));
 }
 
-async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, String> {
+async fn bench(
+    n: usize,
+    jobs: usize,
+    standin: bool,
+    provision: bool,
+) -> Result<PerDeletion, String> {
     let started = Instant::now();
     let runner = if standin {
         "a stand-in that empties the state at once (benches/standin/terraform)"
@@ -197,32 +227,134 @@ async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, Stri
         format!("--kube-api-burst={}", qps * 3 / 2),
     ];
     let kcm_args: Vec<&str> = kcm_args.iter().map(String::as_str).collect();
-    let mut env = Env::start_dedicated_tuned("scale", &kubelet_args, &kcm_args).await;
+    // With the real Cluster API when it provisions (its Machine controller reconciles the
+    // Machines that own the objects); a deletion-only run needs its Cluster CRD only.
+    let mut env = Env::start_dedicated_tuned("scale", &kubelet_args, &kcm_args, provision).await;
     // The product's default deadline: the N destroy Jobs wait for the runner's few slots,
     // and a Job's deadline counts from its start, waiting included (as in Kubernetes).
     // Thousands of Jobs wait longer than that for their turn.
     env.job_timeout_seconds = 1800.max(n as i64);
     let markers = env.markers();
     let uid = env.create_cluster("scale").await;
-
-    // The objects.
     let names: Vec<String> = (0..n).map(name_of).collect();
-    futures::stream::iter(names.iter())
-        .for_each_concurrent(16, |name| {
-            let env = &env;
-            let uid = &uid;
-            let markers = &markers;
-            async move {
-                env.create_object::<Tfm>(name, "scale", uid, markers).await;
-            }
+    if provision {
+        env.mark_cluster_ready("scale").await;
+    } else {
+        set_up_applied(&env, &names, &uid, &markers).await?;
+        println!(
+            "  setup: {n} objects created, 1 applied by terraform, {} states cloned from it ({:.1}s)",
+            n - 1,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    // The manager, as its own process.
+    let log_path = env.dir.join("manager.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    // `CAPTF_SCALE_MANAGER_WRAP` ("heaptrack -o /tmp/heap", "perf record -g -o /tmp/perf.data")
+    // runs the manager under a profiler; its figures are then the profiler's process's.
+    // The profiler and the manager run in a process group of their own, interrupted
+    // together at the end (the profiler then writes its file).
+    let wrap: Vec<String> = std::env::var("CAPTF_SCALE_MANAGER_WRAP")
+        .map(|w| w.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args)
+                .arg(env!("CARGO_BIN_EXE_captf"))
+                .process_group(0);
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_captf")),
+    };
+    let mut manager: Child = command
+        .args([
+            "manager",
+            if provision {
+                "--provision=true"
+            } else {
+                "--provision=false"
+            },
+            "--metrics-bind-address=",
+            "--health-probe-bind-address=",
+            "--destroy-backoff-base",
+            "300ms",
+            "--destroy-backoff-max",
+            "3s",
+            "--rbac-sweep-interval",
+            "1s",
+            "--manager-namespace",
+            &env.manager_ns,
+            "--namespace",
+            &env.ns,
+        ])
+        .env("KUBECONFIG", env.proxy.kubeconfig_path())
+        .env(
+            "RUST_LOG",
+            std::env::var("CAPTF_SCALE_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .env("CAPTF_LOG_FORMAT", "json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .map_err(|e| format!("cannot start the manager: {e}"))?;
+    let pid = manager.id();
+    if provision
+        && let Err(e) = provisioning(&env, &mut manager, pid, &names, &log_path, jobs).await
+    {
+        let _ = manager.kill();
+        let _ = manager.wait();
+        env.shutdown().await;
+        return Err(e);
+    }
+    let result = measure(
+        &env,
+        &mut manager,
+        pid,
+        &names,
+        &log_path,
+        &markers,
+        n,
+        jobs,
+        standin,
+    )
+    .await;
+    if wrap.is_empty() {
+        let _ = manager.kill();
+    } else {
+        let _ = Command::new("kill")
+            .args(["-INT", "--", &format!("-{pid}")])
+            .status();
+    }
+    let _ = manager.wait();
+    let kept = std::env::temp_dir().join("captf-scale-manager.log");
+    if std::fs::copy(&log_path, &kept).is_ok() {
+        println!("\n(the manager's log: {})", kept.display());
+    }
+    env.shutdown().await;
+    result
+}
+
+/// The objects of a deletion-only run: created, one applied by the real `terraform`, and
+/// its state cloned for the others (see the top of this file).
+async fn set_up_applied(
+    env: &Env,
+    objects: &[String],
+    uid: &str,
+    markers: &Path,
+) -> Result<(), String> {
+    futures::stream::iter(objects.iter())
+        .for_each_concurrent(16, |name| async move {
+            env.create_object::<Tfm>(name, "scale", uid, markers).await;
         })
         .await;
 
     // One real apply; its state Secret is the template of the others.
     let body = module(0);
-    env.apply::<Tfm>(&names[0], &body, &markers).await;
+    env.apply::<Tfm>(&objects[0], &body, markers).await;
     let template_name =
-        names::state_secret_name(&names::state_suffix(Kind::TerraformMachine, &names[0]));
+        names::state_secret_name(&names::state_suffix(Kind::TerraformMachine, &objects[0]));
     let template = env
         .secrets()
         .get(&template_name)
@@ -236,14 +368,12 @@ async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, Stri
             .ok_or("the template state Secret has no tfstate")?
             .0,
     );
-    let first_path = format!("{}/{}-", markers.display(), names[0]);
-    futures::stream::iter(names.iter().enumerate().skip(1))
+    let first_path = format!("{}/{}-", markers.display(), objects[0]);
+    futures::stream::iter(objects.iter().enumerate().skip(1))
         .for_each_concurrent(16, |(i, name)| {
-            let env = &env;
             let template = &template;
             let template_state = &template_state;
             let first_path = &first_path;
-            let markers = &markers;
             let body = &body;
             async move {
                 let (_, uid, suffix) = env.write_inputs::<Tfm>(name, body, markers).await;
@@ -285,87 +415,223 @@ async fn bench(n: usize, jobs: usize, standin: bool) -> Result<PerDeletion, Stri
             }
         })
         .await;
-    println!(
-        "  setup: {n} objects created, 1 applied by terraform, {} states cloned from it ({:.1}s)",
-        n - 1,
-        started.elapsed().as_secs_f64()
-    );
+    Ok(())
+}
 
-    // The manager, as its own process.
-    let log_path = env.dir.join("manager.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
-    // `CAPTF_SCALE_MANAGER_WRAP` ("heaptrack -o /tmp/heap", "perf record -g -o /tmp/perf.data")
-    // runs the manager under a profiler; its figures are then the profiler's process's.
-    // The profiler and the manager run in a process group of their own, interrupted
-    // together at the end (the profiler then writes its file).
-    let wrap: Vec<String> = std::env::var("CAPTF_SCALE_MANAGER_WRAP")
-        .map(|w| w.split_whitespace().map(str::to_string).collect())
-        .unwrap_or_default();
-    let mut command = match wrap.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args)
-                .arg(env!("CARGO_BIN_EXE_captf"))
-                .process_group(0);
-            c
+/// Creates each object as Cluster API would have it made (its bootstrap data Secret, its
+/// Machine, the TerraformMachine the Machine owns) with the manager running, waits until
+/// every one is `Provisioned`, and prints what the provisioning cost.
+async fn provisioning(
+    env: &Env,
+    manager: &mut Child,
+    pid: u32,
+    objects: &[String],
+    log_path: &Path,
+    jobs: usize,
+) -> Result<(), String> {
+    let n = objects.len();
+    let client = bench_client(env.kubeconfig_path()).await;
+    let log = env.proxy.request_log();
+    // The manager's start (its first lists and watches) is not the provisioning's.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let provisioned: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let unfinished: Arc<Mutex<(BTreeSet<String>, usize)>> = Arc::default();
+    let watchers = [
+        tokio::spawn({
+            let api: Api<Tfm> = Api::namespaced(client.clone(), &env.ns);
+            let provisioned = provisioned.clone();
+            async move {
+                let stream = watcher(api, watcher::Config::default());
+                futures::pin_mut!(stream);
+                while let Some(ev) = stream.next().await {
+                    let (Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o))) = ev
+                    else {
+                        continue;
+                    };
+                    let done = o.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Provisioned" && c.status == "True")
+                    });
+                    if done {
+                        let mut p = provisioned.lock().unwrap_or_else(|e| e.into_inner());
+                        p.entry(o.name_any()).or_insert_with(Instant::now);
+                    }
+                }
+            }
+        }),
+        tokio::spawn({
+            let api: Api<Job> = Api::namespaced(client.clone(), &env.ns);
+            let unfinished = unfinished.clone();
+            async move {
+                let stream = watcher(api, watcher::Config::default());
+                futures::pin_mut!(stream);
+                while let Some(ev) = stream.next().await {
+                    let mut u = unfinished.lock().unwrap_or_else(|e| e.into_inner());
+                    match ev {
+                        Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
+                            let finished = j
+                                .status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|cs| {
+                                    cs.iter().any(|c| {
+                                        (c.type_ == "Complete" || c.type_ == "Failed")
+                                            && c.status == "True"
+                                    })
+                                });
+                            if finished {
+                                u.0.remove(&j.name_any());
+                            } else {
+                                u.0.insert(j.name_any());
+                            }
+                        }
+                        Ok(watcher::Event::Delete(j)) => {
+                            u.0.remove(&j.name_any());
+                        }
+                        _ => {}
+                    }
+                    u.1 = u.1.max(u.0.len());
+                }
+            }
+        }),
+    ];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    log.reset();
+    let cpu_before = cpu_seconds(&format!("/proc/{pid}/stat"), 11);
+    let hwm_before = common::proc_kib(pid, "VmHWM:").unwrap_or(0);
+    let t0 = Instant::now();
+    let module = format!(
+        "{}{}",
+        module(0),
+        support::contract_outputs(Kind::TerraformMachine)
+    );
+    let created: HashMap<String, Instant> = futures::stream::iter(objects.iter())
+        .map(|name| {
+            let module = &module;
+            async move {
+                let secret = format!("{name}-bootstrap");
+                env.create_bootstrap_secret("scale", &secret, &format!("#cloud-config {name}"))
+                    .await;
+                let uid = env.create_machine(name, "scale", Some(&secret)).await;
+                env.create_owned::<Tfm>(
+                    name,
+                    "scale",
+                    &[("Machine", name, &uid, true)],
+                    module,
+                    json!({}),
+                )
+                .await;
+                (name.clone(), Instant::now())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    println!(
+        "  created {n} bootstrap Secrets, Machines and TerraformMachines ({:.1}s); waiting for Provisioned",
+        t0.elapsed().as_secs_f64()
+    );
+    let timeout = Duration::from_secs(300 + n as u64 * 3);
+    let mut last_report = Instant::now();
+    loop {
+        let done = provisioned.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if done >= n {
+            break;
         }
-        None => Command::new(env!("CARGO_BIN_EXE_captf")),
+        if let Ok(Some(st)) = manager.try_wait() {
+            return Err(format!(
+                "the manager exited ({st}); its log: {}",
+                log_path.display()
+            ));
+        }
+        if t0.elapsed() > timeout {
+            return Err(format!(
+                "{done} of {n} objects provisioned after {timeout:?}"
+            ));
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            let at_once = unfinished.lock().unwrap_or_else(|e| e.into_inner()).0.len();
+            println!(
+                "  … {:>4.0}s: {done} provisioned, {at_once} apply Jobs unfinished",
+                t0.elapsed().as_secs_f64()
+            );
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let window = t0.elapsed();
+    let cpu = cpu_seconds(&format!("/proc/{pid}/stat"), 11) - cpu_before;
+    let hwm = common::proc_kib(pid, "VmHWM:").unwrap_or(0);
+    let by_client = log.snapshot_by_client();
+    for w in watchers {
+        w.abort();
+    }
+    let provisioned = std::mem::take(&mut *provisioned.lock().unwrap_or_else(|e| e.into_inner()));
+    let at_once = unfinished.lock().unwrap_or_else(|e| e.into_inner()).1;
+    let mut lat: Vec<Duration> = objects
+        .iter()
+        .filter_map(|name| {
+            Some(
+                provisioned
+                    .get(name)?
+                    .saturating_duration_since(*created.get(name)?),
+            )
+        })
+        .collect();
+    lat.sort();
+    let mut per: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for ((_, verb, resource, sub), count) in &by_client {
+        let res = if sub.is_empty() {
+            resource.clone()
+        } else {
+            format!("{resource}/{sub}")
+        };
+        *per.entry((verb.to_string(), res)).or_default() += count;
+    }
+    let is_write = |v: &str| captf_faultproxy::WRITE_VERBS.contains(&v);
+    let total = |write: bool| -> u64 {
+        per.iter()
+            .filter(|((v, _), _)| is_write(v) == write)
+            .map(|(_, c)| *c)
+            .sum()
     };
-    let mut manager: Child = command
-        .args([
-            "manager",
-            "--provision=false",
-            "--metrics-bind-address=",
-            "--health-probe-bind-address=",
-            "--destroy-backoff-base",
-            "300ms",
-            "--destroy-backoff-max",
-            "3s",
-            "--rbac-sweep-interval",
-            "1s",
-            "--manager-namespace",
-            &env.manager_ns,
-            "--namespace",
-            &env.ns,
-        ])
-        .env("KUBECONFIG", env.proxy.kubeconfig_path())
-        .env(
-            "RUST_LOG",
-            std::env::var("CAPTF_SCALE_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .env("CAPTF_LOG_FORMAT", "json")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .map_err(|e| format!("cannot start the manager: {e}"))?;
-    let pid = manager.id();
-    let result = measure(
-        &env,
-        &mut manager,
-        pid,
-        &names,
-        &log_path,
-        &markers,
-        n,
-        jobs,
-        standin,
-    )
-    .await;
-    if wrap.is_empty() {
-        let _ = manager.kill();
-    } else {
-        let _ = Command::new("kill")
-            .args(["-INT", "--", &format!("-{pid}")])
-            .status();
+    let per_object = |x: u64| x as f64 / n as f64;
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    println!();
+    println!(
+        "Provisioned {n} TerraformMachines in {:.1}s (apply Jobs' Pods {jobs} at a time)",
+        window.as_secs_f64()
+    );
+    println!(
+        "  reads (get/list/watch) per provisioning {:.2} (target <= 4); writes per provisioning {:.2} (target <= 10)",
+        per_object(total(false)),
+        per_object(total(true))
+    );
+    println!(
+        "  create -> Provisioned: p50 {} / p95 {} / max {}",
+        ms(percentile(&lat, 0.50)),
+        ms(percentile(&lat, 0.95)),
+        ms(lat.last().copied().unwrap_or_default())
+    );
+    println!("  apply Jobs unfinished at once, at most: {at_once}");
+    println!(
+        "  manager CPU {:.1} ms per object; peak RSS {:.1} MiB (before the creates {:.1} MiB)",
+        cpu * 1000.0 / n as f64,
+        hwm as f64 / 1024.0,
+        hwm_before as f64 / 1024.0
+    );
+    println!(
+        "  the manager's requests during the provisioning (verb resource: total / per provisioning):"
+    );
+    for ((verb, res), count) in &per {
+        println!(
+            "    {verb:<8} {res:<36} {count:>7}  {:>6.2}",
+            per_object(*count)
+        );
     }
-    let _ = manager.wait();
-    let kept = std::env::temp_dir().join("captf-scale-manager.log");
-    if std::fs::copy(&log_path, &kept).is_ok() {
-        println!("\n(the manager's log: {})", kept.display());
-    }
-    env.shutdown().await;
-    result
+    println!();
+    Ok(())
 }
 
 /// Objects with the manager's finalizer, a status, and a protected state Secret.
@@ -470,6 +736,12 @@ async fn watch_jobs(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) {
         }) else {
             continue;
         };
+        // Destroy Jobs only (with CAPTF_SCALE_PROVISION, the apply Jobs are there too).
+        if j.labels().get(names::LABEL_OPERATION).map(String::as_str)
+            != Some(names::OPERATION_DESTROY)
+        {
+            continue;
+        }
         let Some(owner) = j.labels().get(names::LABEL_OWNER_NAME).cloned() else {
             continue;
         };

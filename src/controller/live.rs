@@ -262,7 +262,9 @@ pub async fn live_pass<K: TerraformObject>(
                         Started::Running => Requeue::requeue(resync),
                         Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
                         // The cache catches up with the pause meanwhile.
-                        Started::ClusterPaused => Requeue::requeue(Duration::from_secs(1)),
+                        Started::ClusterPaused | Started::OwnerGone => {
+                            Requeue::requeue(Duration::from_secs(1))
+                        }
                     })
                 }
                 // Refused (an admission policy, a quota, a permission): the conditions say

@@ -11,7 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 
@@ -210,24 +210,32 @@ async fn observe_rounds<K: TerraformObject>(
         }
     };
     // During a deletion, the Machines and MachinePools that own the object (the Cluster
-    // is read above): one gone means a move or a stripped finalizer, not a teardown.
+    // is read above): one gone means a move or a stripped finalizer, not a teardown. From
+    // the cache of the kind's owners when the manager keeps one (a destroy's start reads
+    // them live once more: `act::owner_gone_since_read`), else live.
     let owners = async {
         let mut found = BTreeMap::new();
         if let (Some(_), Some(ar)) = (&meta.deletion_timestamp, cluster_api.resource()) {
+            // The cache holds the owners of the kind's own owner kind only.
+            let cached = caches
+                .and_then(|c| c.owners.as_ref())
+                .map(|s| (s, gather::apply::owner_kind(K::KIND)));
             for r in gather::capi_owners(&meta).filter(|r| r.kind != "Cluster") {
-                let owner_ar = ApiResource {
-                    kind: r.kind.clone(),
-                    plural: format!("{}s", r.kind.to_lowercase()),
-                    ..ar.clone()
+                let owner_ar = super::owner_resource(ar, &r.kind);
+                let store = cached
+                    .filter(|(_, kind)| *kind == Some(r.kind.as_str()))
+                    .map(|(s, _)| s);
+                let uid = match store {
+                    Some(store) => store
+                        .get(&ObjectRef::new_with(&r.name, owner_ar).within(&ns))
+                        .map(|o| o.metadata.uid.clone()),
+                    None => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &owner_ar)
+                        .get_metadata_opt(&r.name)
+                        .await?
+                        .map(|o| o.metadata.uid),
                 };
-                let got = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &owner_ar)
-                    .get_metadata_opt(&r.name)
-                    .await?;
-                if let Some(o) = got {
-                    found.insert(
-                        (r.kind.clone(), r.name.clone()),
-                        o.metadata.uid.unwrap_or_default(),
-                    );
+                if let Some(uid) = uid {
+                    found.insert((r.kind.clone(), r.name.clone()), uid.unwrap_or_default());
                 }
             }
         }

@@ -284,7 +284,7 @@ pub async fn reconcile<K: TerraformObject>(
                         Ok(match started {
                             destroy::Started::Running => Requeue::requeue(RESYNC),
                             destroy::Started::NumberMovedOn => Requeue::requeue(Duration::ZERO),
-                            destroy::Started::ClusterPaused => {
+                            destroy::Started::ClusterPaused | destroy::Started::OwnerGone => {
                                 Requeue::requeue(Duration::from_secs(1))
                             }
                         })

@@ -580,6 +580,27 @@ async fn a_recreated_object_ignores_the_earlier_deletion_bookkeeping_and_records
     env.shutdown().await;
 }
 
+/// A deletion finds the Machine that owns its object in the manager's cache of Machines:
+/// the Machine is read from the API server once per destroy start (after `block-move` is
+/// written, before the Job is made: a cache that has not seen it go must not start a
+/// destroy), not at every pass of the deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deletion_reads_its_machine_live_only_when_a_destroy_starts() {
+    let env = machine_env("owner-reads", 2, Duration::from_secs(2)).await;
+    let log = env.proxy.request_log();
+    log.reset();
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert_eq!(env.tries("web-1"), 3, "two failed attempts and the last");
+    let gets = log.count("get", "machines", "");
+    assert!(
+        (1..=3).contains(&gets),
+        "the Machine read once per destroy start (3 starts), not once per pass: {gets} reads; {:?}",
+        log.snapshot()
+    );
+    env.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orphans_and_restore_work_for_a_ninety_character_name() {
     let name = format!("web-{}", "x".repeat(86));

@@ -168,6 +168,9 @@ pub async fn start_attempt<K: TerraformObject>(
     if super::paused_since_read(ctx, scope, current).await? {
         return Ok(Started::ClusterPaused);
     }
+    if super::owner_gone_since_read(ctx, scope, current).await? {
+        return Ok(Started::OwnerGone);
+    }
     let (started, created) =
         super::create_attempt_job(scope, o, &job, &secret, names::DESTROY_ATTEMPT, n, current)
             .await?;

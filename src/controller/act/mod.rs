@@ -179,6 +179,9 @@ pub enum Started {
     /// The owning Cluster was paused after the pass read it (see [`paused_since_read`]):
     /// no Job, and `block-move` taken off again.
     ClusterPaused,
+    /// A Machine or MachinePool owning the object was gone when read before the Job (see
+    /// [`owner_gone_since_read`]): no Job, and `block-move` taken off again.
+    OwnerGone,
 }
 
 /// Whether the Cluster owning the object is paused now, read from the API server after
@@ -213,6 +216,52 @@ pub async fn paused_since_read<K: TerraformObject>(
     if let Some(c) = &scope.caches {
         c.note_pause_read_live(&scope.namespace, &cluster, ar);
     }
+    let off = [(names::CLUSTERCTL_BLOCK_MOVE, None)];
+    guarded_patch(&scope.api, current, annotation_ops(current, &off)).await?;
+    Ok(true)
+}
+
+/// Whether a Machine or MachinePool owning the object is gone when read from the API
+/// server, after the attempt's `block-move` annotation was written and before a destroy's
+/// Job is made. The passes find the owners in the manager's cache, which may not have seen
+/// an owner go (a move, a stripped finalizer): a destroy must not start on that. When one
+/// is gone, `block-move` is taken off again and no Job is made; the next pass holds with
+/// `OwnerGone` once the cache has seen it.
+pub async fn owner_gone_since_read<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    current: &kube::api::ObjectMeta,
+) -> Result<bool, Error> {
+    let Some(ar) = ctx.cluster_api.resource() else {
+        return Ok(false);
+    };
+    // An operator who allowed this object's destroy without its owners needs no read.
+    if current.uid.is_some()
+        && current
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::DESTROY_WITHOUT_OWNER))
+            == current.uid.as_ref()
+    {
+        return Ok(false);
+    }
+    let mut gone = None;
+    for r in crate::gather::capi_owners(current).filter(|r| r.kind != "Cluster") {
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            ctx.client.clone(),
+            &scope.namespace,
+            &super::owner_resource(ar, &r.kind),
+        );
+        let found = api.get_metadata_opt(&r.name).await?;
+        if found.and_then(|o| o.metadata.uid).as_deref() != Some(r.uid.as_str()) {
+            gone = Some(format!("{} {}", r.kind, r.name));
+            break;
+        }
+    }
+    let Some(owner) = gone else {
+        return Ok(false);
+    };
+    tracing::info!(%owner, "an owner went after this pass read it: no Job now");
     let off = [(names::CLUSTERCTL_BLOCK_MOVE, None)];
     guarded_patch(&scope.api, current, annotation_ops(current, &off)).await?;
     Ok(true)

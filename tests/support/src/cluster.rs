@@ -108,19 +108,21 @@ impl ControlPlane {
         Arc::new(ControlPlane::start(tag, kubelet_args, &[], Capi::Real))
     }
 
-    /// As [`ControlPlane::dedicated`], with `kcm_args` after kube-controller-manager's own
-    /// (the scale bench raises its clients' QPS).
+    /// A control plane of its own with `kcm_args` after kube-controller-manager's own (the
+    /// scale bench raises its clients' QPS): with the real Cluster API when `cluster_api`,
+    /// else with Cluster API's Cluster CRD only.
     pub fn dedicated_tuned(
         tag: &str,
         kubelet_args: &[&str],
         kcm_args: &[&str],
+        cluster_api: bool,
     ) -> Arc<ControlPlane> {
-        Arc::new(ControlPlane::start(
-            tag,
-            kubelet_args,
-            kcm_args,
-            Capi::Minimal,
-        ))
+        let capi = if cluster_api {
+            Capi::Real
+        } else {
+            Capi::Minimal
+        };
+        Arc::new(ControlPlane::start(tag, kubelet_args, kcm_args, capi))
     }
 
     /// A control plane of its own without Cluster API's Cluster CRD (a test installs it

@@ -459,9 +459,15 @@ impl Env {
         Env::start_on(tag, Cluster::Envtest(plane), None).await
     }
 
-    /// As [`Env::start_dedicated_with`], with `kcm_args` for kube-controller-manager.
-    pub async fn start_dedicated_tuned(tag: &str, kubelet_args: &[&str], kcm_args: &[&str]) -> Env {
-        let plane = ControlPlane::dedicated_tuned(tag, kubelet_args, kcm_args);
+    /// As [`Env::start_dedicated_with`], with `kcm_args` for kube-controller-manager, and
+    /// the real Cluster API only when `cluster_api` (else its Cluster CRD only).
+    pub async fn start_dedicated_tuned(
+        tag: &str,
+        kubelet_args: &[&str],
+        kcm_args: &[&str],
+        cluster_api: bool,
+    ) -> Env {
+        let plane = ControlPlane::dedicated_tuned(tag, kubelet_args, kcm_args, cluster_api);
         Env::start_on(tag, Cluster::Envtest(plane), None).await
     }
 
