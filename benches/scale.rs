@@ -532,34 +532,18 @@ async fn provisioning(
         "  created {n} bootstrap Secrets, Machines and TerraformMachines ({:.1}s); waiting for Provisioned",
         t0.elapsed().as_secs_f64()
     );
-    let timeout = Duration::from_secs(300 + n as u64 * 3);
-    let mut last_report = Instant::now();
-    loop {
-        let done = provisioned.lock().unwrap_or_else(|e| e.into_inner()).len();
-        if done >= n {
-            break;
-        }
-        if let Ok(Some(st)) = manager.try_wait() {
-            return Err(format!(
-                "the manager exited ({st}); its log: {}",
-                log_path.display()
-            ));
-        }
-        if t0.elapsed() > timeout {
-            return Err(format!(
-                "{done} of {n} objects provisioned after {timeout:?}"
-            ));
-        }
-        if last_report.elapsed() > Duration::from_secs(10) {
+    wait_for_all(
+        manager,
+        log_path,
+        (n, "provisioned"),
+        (t0, Duration::from_secs(300 + n as u64 * 3)),
+        || provisioned.lock().unwrap_or_else(|e| e.into_inner()).len(),
+        || {
             let at_once = unfinished.lock().unwrap_or_else(|e| e.into_inner()).0.len();
-            println!(
-                "  … {:>4.0}s: {done} provisioned, {at_once} apply Jobs unfinished",
-                t0.elapsed().as_secs_f64()
-            );
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            format!("{at_once} apply Jobs unfinished")
+        },
+    )
+    .await?;
     let window = t0.elapsed();
     let cpu = cpu_seconds(&format!("/proc/{pid}/stat"), 11) - cpu_before;
     let hwm = common::proc_kib(pid, "VmHWM:").unwrap_or(0);
@@ -632,6 +616,44 @@ async fn provisioning(
     }
     println!();
     Ok(())
+}
+
+/// Waits until `done()` counts all `n` objects `what` (provisioned, released), from `t0`
+/// for at most `timeout`; fails when the manager exits or the time is up. Prints the count
+/// and `progress()` every 10 s.
+async fn wait_for_all(
+    manager: &mut Child,
+    log_path: &Path,
+    (n, what): (usize, &str),
+    (t0, timeout): (Instant, Duration),
+    done: impl Fn() -> usize,
+    progress: impl Fn() -> String,
+) -> Result<(), String> {
+    let mut last_report = Instant::now();
+    loop {
+        let count = done();
+        if count >= n {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = manager.try_wait() {
+            return Err(format!(
+                "the manager exited ({st}); its log: {}",
+                log_path.display()
+            ));
+        }
+        if t0.elapsed() > timeout {
+            return Err(format!("{count} of {n} objects {what} after {timeout:?}"));
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            println!(
+                "  … {:>4.0}s: {count} {what}, {}",
+                t0.elapsed().as_secs_f64(),
+                progress()
+            );
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Objects with the manager's finalizer, a status, and a protected state Secret.
@@ -932,33 +954,18 @@ async fn measure(
         t0.elapsed().as_secs_f64()
     );
 
-    let mut last_report = Instant::now();
-    let timeout = Duration::from_secs(120 + n as u64 * 2);
-    loop {
-        let (created, complete, released) = seen.counts();
-        if released >= n {
-            break;
-        }
-        if let Ok(Some(st)) = manager.try_wait() {
-            return Err(format!(
-                "the manager exited ({st}); its log: {}",
-                log_path.display()
-            ));
-        }
-        if t0.elapsed() > timeout {
-            return Err(format!(
-                "{released} of {n} objects released after {timeout:?}"
-            ));
-        }
-        if last_report.elapsed() > Duration::from_secs(10) {
-            println!(
-                "  … {:>4.0}s: {created} destroy Jobs created, {complete} complete, {released} released",
-                t0.elapsed().as_secs_f64(),
-            );
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_all(
+        manager,
+        log_path,
+        (n, "released"),
+        (t0, Duration::from_secs(120 + n as u64 * 2)),
+        || seen.counts().2,
+        || {
+            let (created, complete, _) = seen.counts();
+            format!("{created} destroy Jobs created, {complete} complete")
+        },
+    )
+    .await?;
     for w in watchers {
         w.abort();
     }

@@ -174,6 +174,14 @@ async fn manager_pods(pods: &Api<Pod>) -> Vec<Pod> {
         .items
 }
 
+/// Whether the Pod's `Ready` condition is True.
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 fn running(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()
         && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
@@ -275,13 +283,7 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
     );
     // Ready by its readiness probe (/readyz, after the probe's initial delay of 5 s).
     wait_for("the manager's Pod to be Ready", WAIT, || async {
-        pods.get(&name).await.is_ok_and(|p| {
-            p.status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+        pods.get(&name).await.is_ok_and(|p| pod_ready(&p))
     })
     .await;
     let ready = installed.elapsed();
@@ -401,13 +403,7 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
     // A rollout, as `clusterctl upgrade` or a changed flag makes one: the Deployment's
     // new Pod replaces the leading one and leads once that one gave the Lease up.
     wait_for("the leading Pod to be Ready", WAIT, || async {
-        pods.get(&next).await.is_ok_and(|p| {
-            p.status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+        pods.get(&next).await.is_ok_and(|p| pod_ready(&p))
     })
     .await;
     let (moved, _) = move_manager_ports(&env).await;
@@ -484,11 +480,6 @@ async fn move_manager_ports(env: &Env) -> (u16, u16) {
 async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String {
     let found = || async {
         manager_pods(pods).await.into_iter().find_map(|p| {
-            let ready = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
             let on_port = p.spec.as_ref().is_some_and(|s| {
                 s.containers[0]
                     .args
@@ -496,7 +487,7 @@ async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String 
                     .flatten()
                     .any(|a| a.ends_with(&format!(":{health}")))
             });
-            (running(&p) && ready && on_port).then(|| p.name_any())
+            (running(&p) && pod_ready(&p) && on_port).then(|| p.name_any())
         })
     };
     let start = Instant::now();
