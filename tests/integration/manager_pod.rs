@@ -624,25 +624,40 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     let kubeconfig = env.kubeconfig_path().to_str().expect("path").to_string();
     let config = config.to_str().expect("path").to_string();
     let init = || {
-        let out = clusterctl(
-            &home,
-            &[
-                "init",
-                "--kubeconfig",
-                &kubeconfig,
-                "--config",
-                &config,
-                "--infrastructure",
-                &format!("terraform:{VERSION}"),
-            ],
-            &[],
-        );
-        let printed = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "clusterctl init: {printed}");
+        let run = || {
+            let out = clusterctl(
+                &home,
+                &[
+                    "init",
+                    "--kubeconfig",
+                    &kubeconfig,
+                    "--config",
+                    &config,
+                    "--infrastructure",
+                    &format!("terraform:{VERSION}"),
+                ],
+                &[],
+            );
+            let printed = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status.success(), printed)
+        };
+        // Run again (as a user would) when clusterctl's own wait for cert-manager ran out:
+        // on a machine loaded by the whole suite, the second init once failed 20 s in with
+        // "Waiting for cert-manager to be available... Error: context deadline exceeded"
+        // (CI, cold run of f24c8a5); init is idempotent.
+        let (mut ok, mut printed) = run();
+        for _ in 0..2 {
+            if ok || !printed.contains("context deadline exceeded") {
+                break;
+            }
+            eprintln!("clusterctl init ran out of time; again:\n{printed}");
+            (ok, printed) = run();
+        }
+        assert!(ok, "clusterctl init: {printed}");
         // Cluster API's core was there: clusterctl installs CAPTF beside it.
         assert!(
             printed.contains("Installing provider=\"infrastructure-terraform\"")
