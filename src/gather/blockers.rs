@@ -16,10 +16,7 @@ pub(super) fn blocker(
     errored: Option<&str>,
     findings: &mut Findings,
 ) -> Option<Blocker> {
-    let uid = o.meta.uid.as_deref().unwrap_or_default();
-    if !o.owners_gone.is_empty()
-        && (uid.is_empty() || annotation(&o.meta, names::DESTROY_WITHOUT_OWNER) != Some(uid))
-    {
+    if !o.owners_gone.is_empty() && !super::destroy_without_owner(&o.meta) {
         return Some(Blocker::OwnerGone(o.owners_gone.join("; ")));
     }
     if let Some(what) = errored {

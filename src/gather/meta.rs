@@ -63,6 +63,14 @@ pub fn capi_owners(meta: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
     })
 }
 
+/// Whether an operator allowed this object's destroy without its Cluster API owners
+/// (`destroy-without-owner` set to the object's uid).
+pub fn destroy_without_owner(meta: &ObjectMeta) -> bool {
+    meta.uid.as_deref().is_some_and(|uid| {
+        !uid.is_empty() && annotation(meta, names::DESTROY_WITHOUT_OWNER) == Some(uid)
+    })
+}
+
 /// Which Cluster API owners of `meta` are gone: `found(kind, name)` is the uid of the
 /// owner of that kind and name that exists (empty when its uid is unknown), or None.
 /// An owner that exists with another uid is a new object of that name, not the owner.

@@ -33,7 +33,8 @@ pub use jobs::{ERRORED_SETTLES, POD_EXPECTED_WITHIN, failed_lately, started_job_
 use jobs::{destroy_history, pause_cause, unfinished};
 use meta::{annotation, deletion_time, label};
 pub use meta::{
-    capi_owners, deletion_bookkeeping, of_earlier_namesake, owned_by, owners_gone, owning_cluster,
+    capi_owners, deletion_bookkeeping, destroy_without_owner, of_earlier_namesake, owned_by,
+    owners_gone, owning_cluster,
 };
 pub use tfstate::errored_uncovered;
 use tfstate::lock_blocker;

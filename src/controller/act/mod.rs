@@ -216,9 +216,18 @@ pub async fn paused_since_read<K: TerraformObject>(
     if let Some(c) = &scope.caches {
         c.note_pause_read_live(&scope.namespace, &cluster, ar);
     }
+    block_move_off(scope, current).await?;
+    Ok(true)
+}
+
+/// Takes the attempt's `block-move` off again when its Job is not made after all.
+async fn block_move_off<K: TerraformObject>(
+    scope: &Scope<K>,
+    current: &kube::api::ObjectMeta,
+) -> Result<(), Error> {
     let off = [(names::CLUSTERCTL_BLOCK_MOVE, None)];
     guarded_patch(&scope.api, current, annotation_ops(current, &off)).await?;
-    Ok(true)
+    Ok(())
 }
 
 /// Whether a Machine or MachinePool owning the object is gone when read from the API
@@ -236,13 +245,7 @@ pub async fn owner_gone_since_read<K: TerraformObject>(
         return Ok(false);
     };
     // An operator who allowed this object's destroy without its owners needs no read.
-    if current.uid.is_some()
-        && current
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(names::DESTROY_WITHOUT_OWNER))
-            == current.uid.as_ref()
-    {
+    if crate::gather::destroy_without_owner(current) {
         return Ok(false);
     }
     let mut gone = None;
@@ -262,8 +265,7 @@ pub async fn owner_gone_since_read<K: TerraformObject>(
         return Ok(false);
     };
     tracing::info!(%owner, "an owner went after this pass read it: no Job now");
-    let off = [(names::CLUSTERCTL_BLOCK_MOVE, None)];
-    guarded_patch(&scope.api, current, annotation_ops(current, &off)).await?;
+    block_move_off(scope, current).await?;
     Ok(true)
 }
 
