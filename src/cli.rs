@@ -215,6 +215,15 @@ pub struct ManagerArgs {
     /// deletes it.
     #[arg(long, default_value = "72h", value_parser = parse_duration)]
     pub disposal_retention: std::time::Duration,
+    /// Clean up each Cluster's workload cluster (webhooks, extended APIs, workloads,
+    /// Services, PersistentVolumeClaims, snapshots) before its infrastructure is destroyed,
+    /// unless the Cluster says otherwise (`terraform.infrastructure.cluster.x-k8s.io/workload-cleanup`).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub workload_cleanup: bool,
+    /// How long a workload cleanup may fail (the workload cluster unreachable, its
+    /// requests refused) before it gives up and lets the Machines' infrastructure go.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub workload_cleanup_give_up_after: std::time::Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -424,6 +433,8 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
         metrics_object_info: args.metrics_object_info,
         provision: args.provision,
         disposal_retention: args.disposal_retention,
+        workload_cleanup: args.workload_cleanup,
+        workload_cleanup_give_up_after: args.workload_cleanup_give_up_after,
         shutdown_grace: SHUTDOWN_GRACE,
         ..Default::default()
     };

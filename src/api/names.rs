@@ -69,6 +69,49 @@ pub const RUNNER_IMAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/runner
 /// retention (a duration; empty for the manager's `--disposal-retention`) instead of
 /// deleting it now. Removing it before the end takes the disposal back.
 pub const DISPOSE_AFTER: &str = "terraform.infrastructure.cluster.x-k8s.io/dispose-after";
+/// On a Cluster API Cluster: `"true"` or `"false"`, whether its workload cluster is cleaned
+/// up before its infrastructure is destroyed (docs/14-workload-cleanup.md); the manager's
+/// `--workload-cleanup` when absent.
+pub const WORKLOAD_CLEANUP: &str = "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup";
+/// On a Cluster API Cluster, `"true"`: its workload cleanup deletes only Services and
+/// PersistentVolumeClaims (what holds load balancers and disks).
+pub const WORKLOAD_CLEANUP_SKIP: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-skip";
+/// On a Cluster API Cluster: each cleanup step's finalize period in seconds (`0` removes
+/// finalizers at once, without a graceful deletion first).
+pub const WORKLOAD_CLEANUP_WEBHOOKS_SECONDS: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-webhooks-finalize-seconds";
+pub const WORKLOAD_CLEANUP_EXTENDED_APIS_SECONDS: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-extended-apis-finalize-seconds";
+pub const WORKLOAD_CLEANUP_RESOURCES_SECONDS: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-resources-finalize-seconds";
+pub const WORKLOAD_CLEANUP_SNAPSHOTS_SECONDS: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-snapshots-finalize-seconds";
+/// A label on an object of a workload cluster, `"true"`: the workload cleanup leaves it
+/// alone.
+pub const WORKLOAD_CLEANUP_EXCLUDE_LABEL: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-exclude";
+/// On a TerraformCluster: when its Cluster's workload cleanup began (RFC 3339).
+pub const WORKLOAD_CLEANUP_STARTED: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-started";
+/// On a TerraformCluster: since when its workload cluster could not be cleaned up (RFC
+/// 3339); removed when it can again. The cleanup gives up `--workload-cleanup-give-up-after`
+/// on.
+pub const WORKLOAD_CLEANUP_FAILING_SINCE: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-failing-since";
+/// On a TerraformCluster: how its workload cleanup ended, `done` or `gave-up`; the
+/// Machines' hooks are off from then on.
+pub const WORKLOAD_CLEANUP_FINISHED: &str =
+    "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-finished";
+pub const WORKLOAD_CLEANUP_DONE: &str = "done";
+pub const WORKLOAD_CLEANUP_GAVE_UP: &str = "gave-up";
+/// The pre-terminate hook on a Cluster's Machines: Cluster API deletes no infrastructure
+/// Machine (control-plane ones included) while it is there, and CAPTF removes it once the
+/// workload cleanup finished, or at once from a Machine deleted while its Cluster is not.
+pub const WORKLOAD_CLEANUP_HOOK: &str =
+    "pre-terminate.delete.hook.machine.cluster.x-k8s.io/captf-workload-cleanup";
+/// The hook's value: who owns it, as Cluster API asks.
+pub const WORKLOAD_CLEANUP_HOOK_OWNER: &str = "infrastructure-terraform";
 /// On a Cluster API Cluster marked for disposal, `"true"`: its modules hibernate while the
 /// retention runs (they are given `captf_hibernated = true`).
 pub const DISPOSE_HIBERNATE: &str = "terraform.infrastructure.cluster.x-k8s.io/dispose-hibernate";

@@ -67,6 +67,12 @@ pub struct ManagerConfig {
     /// crash would: the tests stop and restart managers that way after any write.
     /// `captf manager` gives them [`crate::cli::SHUTDOWN_GRACE`].
     pub shutdown_grace: Duration,
+    /// Whether a Cluster's workload cluster is cleaned up before its infrastructure goes,
+    /// when the Cluster does not say (see [`super::workload`]).
+    pub workload_cleanup: bool,
+    /// How long a workload cleanup may fail (its cluster unreachable, its requests
+    /// refused) before it gives up and lets the Machines go.
+    pub workload_cleanup_give_up_after: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -94,6 +100,8 @@ impl Default for ManagerConfig {
             provision: true,
             disposal_retention: crate::rules::disposal::DEFAULT_RETENTION,
             shutdown_grace: Duration::ZERO,
+            workload_cleanup: false,
+            workload_cleanup_give_up_after: Duration::from_secs(600),
         }
     }
 }

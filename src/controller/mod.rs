@@ -30,6 +30,7 @@ pub mod scope;
 pub mod server;
 pub mod status;
 mod triggers;
+pub mod workload;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -621,6 +622,12 @@ pub async fn run(
             })
             .into_iter()
             .collect();
+        // The workload cleanup, on Clusters, when Cluster API is there.
+        if let Some(ar) = ctx.cluster_api.resource().cloned() {
+            let (trigger, stop) = oneshot::channel::<()>();
+            triggers.push(trigger);
+            controllers.push(workload::controller(ctx.clone(), &cfg, ar, stop).boxed());
+        }
         tokio::select! {
             _ = controllers.next() => break,
             _ = stopping() => {

@@ -112,3 +112,16 @@ impl ByKind {
         }
     }
 }
+
+/// `outcome`: how a workload cleanup ended (`CleanedUp`, `GaveUp`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ByOutcome {
+    pub outcome: Reason,
+}
+
+/// `step`: a workload cleanup's step (`Webhooks`, `ExtendedAPIs`, `Resources`,
+/// `Snapshots`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ByStep {
+    pub step: Reason,
+}

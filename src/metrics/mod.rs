@@ -345,6 +345,10 @@ pub struct Metrics {
     /// From a deletion's request (its deletionTimestamp) to the release of the object
     /// (its finalizer removed), by kind.
     pub release_seconds: Histogram<ByKind>,
+    /// Workload cleanups that ended, by outcome (`CleanedUp`, `GaveUp`).
+    pub workload_cleanups: Counter<labels::ByOutcome>,
+    /// Objects of workload clusters whose finalizers a cleanup removed by force, by step.
+    pub workload_objects_forced: Counter<labels::ByStep>,
 }
 
 impl Default for Metrics {
@@ -430,6 +434,16 @@ impl Default for Metrics {
             0.25,
             20,
         );
+        let workload_cleanups = Counter::register(
+            &mut r,
+            "captf_workload_cleanups",
+            "Workload cleanups that ended before a Cluster's infrastructure went, by outcome (CleanedUp, GaveUp)",
+        );
+        let workload_objects_forced = Counter::register(
+            &mut r,
+            "captf_workload_objects_forced",
+            "Objects of workload clusters whose finalizers a workload cleanup removed by force after their step's period, by step",
+        );
         let present = Present::register(&mut r);
         let orphaned_secrets = Family::<ByRole, PromGauge>::default();
         r.add(
@@ -460,6 +474,8 @@ impl Default for Metrics {
             gate_wait_seconds,
             job_seconds,
             release_seconds,
+            workload_cleanups,
+            workload_objects_forced,
         }
     }
 }

@@ -17,6 +17,7 @@ mod facts;
 mod preview;
 mod readable;
 mod row;
+pub mod workload;
 
 pub use backoff::Backoff;
 pub use facts::*;

@@ -27,5 +27,6 @@ mod state_safety;
 mod templates;
 mod uninstall;
 mod watching;
+mod workload_cleanup;
 
 use captf_test_support as support;

@@ -1,0 +1,509 @@
+//! The workload cleanup's controller (docs/14-workload-cleanup.md): one pass per Cluster
+//! API Cluster whose infrastructure is a TerraformCluster. It keeps Cluster API's
+//! pre-terminate hook on the Cluster's Machines while the cleanup may run, so that no
+//! infrastructure Machine is deleted before it ends; once the Cluster is deleted it
+//! cleans the workload cluster up step by step ([`crate::rules::workload`] decides,
+//! [`remote`] reaches it), records its progress on the TerraformCluster (annotations and
+//! the `WorkloadCleanedUp` condition), and takes the hooks off when it is done or gives
+//! up. Nothing of the deletion's rule table is involved: the Machines' deletion simply
+//! waits for Cluster API's hook.
+
+pub mod remote;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use super::{Context, ManagerConfig, events};
+use crate::api::TerraformCluster;
+use crate::api::conditions::{self, Desired, Status};
+use crate::api::names;
+use crate::io::Error;
+use crate::metrics::labels::{ByOutcome, ByStep, Reason};
+use crate::rules::workload::{self as rules, Act, Settings, Step, StepPlan};
+
+/// The condition on the TerraformCluster, and its reasons.
+pub const CONDITION: &str = "WorkloadCleanedUp";
+pub mod reason {
+    pub const CLEANING: &str = "Cleaning";
+    pub const UNREACHABLE: &str = "WorkloadClusterUnreachable";
+    pub const REFUSED: &str = "WorkloadCleanupRefused";
+    pub const CLEANED_UP: &str = "CleanedUp";
+    pub const GAVE_UP: &str = "GaveUp";
+}
+
+/// The Events' reasons (on the TerraformCluster).
+pub mod event {
+    pub const STARTED: &str = "WorkloadCleanupStarted";
+    pub const STEP: &str = "WorkloadCleanupStep";
+    pub const FORCED: &str = "WorkloadObjectFinalized";
+    pub const FAILING: &str = "WorkloadCleanupFailing";
+    pub const DONE: &str = "WorkloadCleanedUp";
+    pub const GAVE_UP: &str = "WorkloadCleanupGaveUp";
+}
+
+/// How often a running cleanup looks again (sooner when a finalizer's period ends).
+const LOOK_AGAIN: Duration = Duration::from_secs(10);
+
+/// What the passes share.
+struct Shared {
+    ctx: Arc<Context>,
+    machines: Store<PartialObjectMeta<DynamicObject>>,
+    machine_ar: ApiResource,
+    enabled_by_default: bool,
+    give_up_after: Duration,
+}
+
+/// The controller, on Clusters of kind `cluster_ar`, until `stop`.
+pub fn controller(
+    ctx: Arc<Context>,
+    cfg: &ManagerConfig,
+    cluster_ar: ApiResource,
+    stop: oneshot::Receiver<()>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let client = ctx.client.clone();
+    let scoped = |ar: &ApiResource| -> Api<DynamicObject> {
+        match &cfg.namespace {
+            Some(n) => Api::namespaced_with(client.clone(), n, ar),
+            None => Api::all_with(client.clone(), ar),
+        }
+    };
+    let mut wc = watcher::Config::default().any_semantic();
+    if let Some(f) = &cfg.watch_filter {
+        wc = wc.labels(&format!("{}={f}", names::CAPI_WATCH_FILTER_LABEL));
+    }
+    let (clusters, clusters_stream) =
+        super::caches::reflect_dynamic(scoped(&cluster_ar), cluster_ar.clone(), wc);
+    // The Machines' metadata: their Cluster (a label), their hook, their deletion.
+    let machine_ar = super::owner_resource(&cluster_ar, "Machine");
+    let machines_api: Api<PartialObjectMeta<DynamicObject>> = match &cfg.namespace {
+        Some(n) => Api::namespaced_with(client.clone(), n, &machine_ar),
+        None => Api::all_with(client.clone(), &machine_ar),
+    };
+    let writer = reflector::store::Writer::new(machine_ar.clone());
+    let machines = writer.as_reader();
+    let machines_stream = reflector::reflector(
+        writer,
+        watcher(machines_api, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(|m: &mut PartialObjectMeta<DynamicObject>| m.metadata.managed_fields = None),
+    )
+    .touched_objects()
+    .boxed();
+    let shared = Arc::new(Shared {
+        ctx,
+        machines,
+        machine_ar: machine_ar.clone(),
+        enabled_by_default: cfg.workload_cleanup,
+        give_up_after: cfg.workload_cleanup_give_up_after,
+    });
+    let ar = cluster_ar.clone();
+    Controller::for_stream_with(clusters_stream, clusters, cluster_ar.clone())
+        .watches_stream_with(
+            machines_stream,
+            move |m: PartialObjectMeta<DynamicObject>| {
+                let cluster = m.labels().get(names::CAPI_CLUSTER_NAME_LABEL).cloned();
+                let ns = m.namespace().unwrap_or_default();
+                cluster.map(|c| ObjectRef::new_with(&c, ar.clone()).within(&ns))
+            },
+            machine_ar,
+        )
+        .graceful_shutdown_on(stop.map(|_| ()))
+        .run(pass, error_policy, shared)
+        .for_each(|_| futures::future::ready(()))
+}
+
+fn error_policy(cluster: Arc<DynamicObject>, err: &Error, _: Arc<Shared>) -> Requeue {
+    warn!(cluster = %cluster.name_any(), namespace = cluster.namespace().unwrap_or_default(), error = %err, "workload cleanup pass failed; retrying");
+    Requeue::requeue(Duration::from_secs(5))
+}
+
+/// The TerraformCluster a Cluster names as its infrastructure, if it does.
+fn infrastructure(cluster: &DynamicObject) -> Option<String> {
+    let r = &cluster.data["spec"]["infrastructureRef"];
+    let ours = r["kind"] == "TerraformCluster"
+        && r["apiGroup"]
+            .as_str()
+            .is_none_or(|g| g.is_empty() || g == names::GROUP);
+    r["name"]
+        .as_str()
+        .filter(|n| ours && !n.is_empty())
+        .map(str::to_string)
+}
+
+async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeue, Error> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let settings = Settings::of(cluster.annotations(), shared.enabled_by_default);
+    let deleting = cluster.meta().deletion_timestamp.is_some();
+    let infra = infrastructure(&cluster);
+    let enabled = settings.enabled && infra.is_some();
+    if !(enabled && deleting) {
+        set_hooks(&shared, &ns, &name, |machine_deleting| {
+            rules::hook_wanted(enabled, deleting, false, machine_deleting)
+        })
+        .await?;
+        return Ok(Requeue::await_change());
+    }
+    let infra = infra.unwrap_or_default();
+    let tfcs = Api::<TerraformCluster>::namespaced(shared.ctx.client.clone(), &ns);
+    let Some(tfc) = tfcs.get_opt(&infra).await? else {
+        warn!(cluster = %name, namespace = %ns, terraform_cluster = %infra, "the Cluster's TerraformCluster is gone: no workload cleanup to record; its Machines are let go");
+        set_hooks(&shared, &ns, &name, |_| false).await?;
+        return Ok(Requeue::await_change());
+    };
+    let finished = tfc
+        .annotations()
+        .contains_key(names::WORKLOAD_CLEANUP_FINISHED);
+    set_hooks(&shared, &ns, &name, |d| {
+        rules::hook_wanted(true, true, finished, d)
+    })
+    .await?;
+    if finished {
+        return Ok(Requeue::await_change());
+    }
+    let now = Timestamp::now();
+    let (tfc, started) = match stamp(&tfc, names::WORKLOAD_CLEANUP_STARTED) {
+        Some(t) => (tfc, t),
+        None => {
+            let tfc = annotate(&tfcs, &infra, names::WORKLOAD_CLEANUP_STARTED, Some(now)).await?;
+            let note = format!(
+                "Cluster {name} is being deleted: its workload cluster is cleaned up before its Machines' infrastructure goes (step 1 of 4 first)"
+            );
+            publish(&shared, &tfc, EventType::Normal, event::STARTED, &note).await;
+            (tfc, now)
+        }
+    };
+    let problems = if settings.problems.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", settings.problems.join("; "))
+    };
+    match clean(&shared, &ns, &name, &settings, started, now).await {
+        Ok(Cleaned { plan: None, .. }) => {
+            let tfc = annotate(&tfcs, &infra, names::WORKLOAD_CLEANUP_FAILING_SINCE, None).await?;
+            let tfc = annotate_value(
+                &tfcs,
+                &infra,
+                names::WORKLOAD_CLEANUP_FINISHED,
+                names::WORKLOAD_CLEANUP_DONE,
+            )
+            .await
+            .unwrap_or(tfc);
+            let msg = format!(
+                "the workload cluster of Cluster {name} is cleaned up (began {started}): its Machines' infrastructure may go"
+            );
+            write_condition(&tfcs, &tfc, Status::True, reason::CLEANED_UP, msg.clone()).await?;
+            publish(&shared, &tfc, EventType::Normal, event::DONE, &msg).await;
+            outcome(&shared, reason::CLEANED_UP);
+            info!(cluster = %name, namespace = %ns, "workload cleanup done");
+            set_hooks(&shared, &ns, &name, |_| false).await?;
+            Ok(Requeue::await_change())
+        }
+        Ok(Cleaned {
+            plan: Some(plan),
+            forced,
+        }) => {
+            let tfc = annotate(&tfcs, &infra, names::WORKLOAD_CLEANUP_FAILING_SINCE, None).await?;
+            for o in &forced {
+                shared.ctx.metrics.workload_objects_forced.inc(&ByStep {
+                    step: Reason::new(plan.step.as_str()),
+                });
+                let note = format!(
+                    "the finalizers of {} were removed by force, {} s after its deletion: what they guarded (a load balancer, a disk) may be left in the cloud",
+                    o.describe(),
+                    settings.finalize_after(plan.step).as_secs()
+                );
+                publish(&shared, &tfc, EventType::Warning, event::FORCED, &note).await;
+            }
+            let msg = plan.message();
+            let new_step = !current(&tfc).is_some_and(|(r, m)| {
+                r == reason::CLEANING && m.starts_with(&format!("step {} ", plan.step.number()))
+            });
+            write_condition(
+                &tfcs,
+                &tfc,
+                Status::False,
+                reason::CLEANING,
+                format!("{msg}{problems}"),
+            )
+            .await?;
+            if new_step {
+                publish(&shared, &tfc, EventType::Normal, event::STEP, &msg).await;
+            }
+            Ok(Requeue::requeue(look_again(&plan, now)))
+        }
+        Err(f) => {
+            let since = match stamp(&tfc, names::WORKLOAD_CLEANUP_FAILING_SINCE) {
+                Some(s) => s,
+                None => {
+                    annotate(
+                        &tfcs,
+                        &infra,
+                        names::WORKLOAD_CLEANUP_FAILING_SINCE,
+                        Some(now),
+                    )
+                    .await?;
+                    now
+                }
+            };
+            let tfc = tfcs.get(&infra).await?;
+            let give_up = rules::give_up_at(since, shared.give_up_after);
+            if now >= give_up {
+                let tfc = annotate_value(
+                    &tfcs,
+                    &infra,
+                    names::WORKLOAD_CLEANUP_FINISHED,
+                    names::WORKLOAD_CLEANUP_GAVE_UP,
+                )
+                .await?;
+                let msg = format!(
+                    "gave up cleaning up the workload cluster of Cluster {name} after failing since {since}: {}. Its Machines' infrastructure goes now; what the workload cluster's load balancers and volumes made may be left in the cloud (runbooks/WorkloadClusterUnreachable.md)",
+                    f.message
+                );
+                write_condition(&tfcs, &tfc, Status::False, reason::GAVE_UP, msg.clone()).await?;
+                publish(&shared, &tfc, EventType::Warning, event::GAVE_UP, &msg).await;
+                outcome(&shared, reason::GAVE_UP);
+                warn!(cluster = %name, namespace = %ns, "workload cleanup gave up");
+                set_hooks(&shared, &ns, &name, |_| false).await?;
+                return Ok(Requeue::await_change());
+            }
+            let why = if f.unreachable {
+                reason::UNREACHABLE
+            } else {
+                reason::REFUSED
+            };
+            let msg = format!(
+                "{}; failing since {since}, the cleanup gives up at {give_up} and lets the Machines go{problems}",
+                f.message
+            );
+            if since == now {
+                publish(&shared, &tfc, EventType::Warning, event::FAILING, &msg).await;
+            }
+            write_condition(&tfcs, &tfc, Status::False, why, msg).await?;
+            let left = give_up.duration_since(now).unsigned_abs();
+            Ok(Requeue::requeue(
+                left.clamp(Duration::from_secs(1), LOOK_AGAIN),
+            ))
+        }
+    }
+}
+
+/// What a pass of the cleanup did: the first step with work left (none: all done), and the
+/// objects whose finalizers it removed by force.
+struct Cleaned {
+    plan: Option<StepPlan>,
+    forced: Vec<rules::Object>,
+}
+
+/// One pass of the cleanup: the steps in order, acting on the first with work left.
+async fn clean(
+    shared: &Shared,
+    ns: &str,
+    cluster: &str,
+    settings: &Settings,
+    started: Timestamp,
+    now: Timestamp,
+) -> Result<Cleaned, remote::Failure> {
+    let client = remote::connect(&shared.ctx.client, ns, cluster).await?;
+    let namespaces = remote::namespaces(&client).await?;
+    for step in Step::ALL {
+        let mut objects = Vec::new();
+        for t in step.targets(settings.only_services_and_volumes) {
+            objects.extend(remote::list(&client, t).await?);
+        }
+        let plan = rules::plan_step(step, objects, &namespaces, started, settings, now);
+        if plan.done() {
+            continue;
+        }
+        let mut forced = Vec::new();
+        for (o, a) in &plan.remaining {
+            if remote::act(&client, o, *a).await? {
+                forced.push(o.clone());
+            }
+        }
+        return Ok(Cleaned {
+            plan: Some(plan),
+            forced,
+        });
+    }
+    Ok(Cleaned {
+        plan: None,
+        forced: Vec::new(),
+    })
+}
+
+/// When a running step looks again: soon, and at the end of the first finalize period.
+fn look_again(plan: &StepPlan, now: Timestamp) -> Duration {
+    let forced_now = plan
+        .remaining
+        .iter()
+        .any(|(_, a)| matches!(a, Act::Force | Act::Delete { .. }));
+    if forced_now {
+        return Duration::from_secs(1);
+    }
+    plan.next_force()
+        .map(|t| t.duration_since(now).unsigned_abs())
+        .unwrap_or(LOOK_AGAIN)
+        .clamp(Duration::from_secs(1), LOOK_AGAIN)
+}
+
+/// Puts the hook on, or takes it off, each Machine of Cluster `ns/cluster` as `wanted`
+/// (given whether the Machine is being deleted) says.
+async fn set_hooks(
+    shared: &Shared,
+    ns: &str,
+    cluster: &str,
+    wanted: impl Fn(bool) -> bool,
+) -> Result<(), Error> {
+    let api =
+        Api::<DynamicObject>::namespaced_with(shared.ctx.client.clone(), ns, &shared.machine_ar);
+    let machines = shared.machines.state_filter(|m| {
+        m.namespace().as_deref() == Some(ns)
+            && m.labels()
+                .get(names::CAPI_CLUSTER_NAME_LABEL)
+                .map(String::as_str)
+                == Some(cluster)
+    });
+    for m in machines {
+        let has = m.annotations().contains_key(names::WORKLOAD_CLEANUP_HOOK);
+        let want = wanted(m.metadata.deletion_timestamp.is_some());
+        if has == want {
+            continue;
+        }
+        let value = want.then_some(names::WORKLOAD_CLEANUP_HOOK_OWNER);
+        let patch = json!({"metadata": {"annotations": {names::WORKLOAD_CLEANUP_HOOK: value}}});
+        match api
+            .patch(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// An annotation of the TerraformCluster read as a time.
+fn stamp(tfc: &TerraformCluster, key: &str) -> Option<Timestamp> {
+    tfc.annotations()
+        .get(key)
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Sets (or, with `None`, removes) a time annotation; returns the object as written.
+async fn annotate(
+    api: &Api<TerraformCluster>,
+    name: &str,
+    key: &str,
+    at: Option<Timestamp>,
+) -> Result<TerraformCluster, Error> {
+    let patch = json!({"metadata": {"annotations": {key: at.map(|t| t.to_string())}}});
+    Ok(api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
+}
+
+async fn annotate_value(
+    api: &Api<TerraformCluster>,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> Result<TerraformCluster, Error> {
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    Ok(api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
+}
+
+/// The condition's reason and message now, if it is there.
+fn current(tfc: &TerraformCluster) -> Option<(String, String)> {
+    tfc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION)
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+/// Merges the condition into the TerraformCluster's status, guarded by the
+/// resourceVersion read (the TerraformCluster's own passes write its other conditions);
+/// on a conflict it reads the object again and merges again.
+async fn write_condition(
+    api: &Api<TerraformCluster>,
+    tfc: &TerraformCluster,
+    status: Status,
+    why: &'static str,
+    message: String,
+) -> Result<(), Error> {
+    let desired = Desired::new(CONDITION, status, why, message);
+    let mut tfc = tfc.clone();
+    for _ in 0..3 {
+        let existing = tfc
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let merged = conditions::merge(
+            &existing,
+            std::slice::from_ref(&desired),
+            tfc.meta().generation,
+            Timestamp::now(),
+        );
+        if !conditions::differ_ignoring_time(&existing, &merged) {
+            return Ok(());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": tfc.resource_version()},
+            "status": {"conditions": merged}
+        });
+        match api
+            .patch_status(
+                &tfc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                match api.get_opt(&tfc.name_any()).await? {
+                    Some(fresh) => tfc = fresh,
+                    None => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Stale(format!("TerraformCluster {}", tfc.name_any())))
+}
+
+async fn publish(shared: &Shared, tfc: &TerraformCluster, type_: EventType, why: &str, note: &str) {
+    let reference: ObjectReference = tfc.object_ref(&());
+    events::publish_ref(&shared.ctx, &reference, type_, why, "WorkloadCleanup", note).await;
+}
+
+fn outcome(shared: &Shared, why: &str) {
+    shared.ctx.metrics.workload_cleanups.inc(&ByOutcome {
+        outcome: Reason::new(why),
+    });
+}
