@@ -223,7 +223,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
                     step: Reason::new(plan.step.as_str()),
                 });
                 let note = format!(
-                    "the finalizers of {} were removed by force, {} s after its deletion: what they guarded (a load balancer, a disk) may be left in the cloud",
+                    "the finalizers of {} were removed by force, {} s after its deletion: what they guarded (a load balancer, a disk) may be left in the cloud; see runbooks/WorkloadObjectFinalized.md",
                     o.describe(),
                     settings.finalize_after(plan.step).as_secs()
                 );
@@ -287,7 +287,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
                 reason::REFUSED
             };
             let msg = format!(
-                "{}; failing since {since}, the cleanup gives up at {give_up} and lets the Machines go{problems}",
+                "{}; failing since {since}, the cleanup gives up at {give_up} and lets the Machines go; see runbooks/WorkloadClusterUnreachable.md{problems}",
                 f.message
             );
             if since == now {
