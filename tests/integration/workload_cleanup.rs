@@ -216,10 +216,11 @@ async fn cleanup_condition(env: &Env, name: &str) -> Option<(String, String)> {
         .map(|(_, r, m)| (r, m))
 }
 
-/// The manager, opting in by the Cluster's annotation, with a short backoff and its
-/// metrics on a port of their own (returned).
-async fn start(tag: &str, give_up_after: Duration) -> (Env, u16) {
+/// The manager, the cleanup on for every Cluster when `by_default` (else by the Cluster's
+/// annotation), with a short backoff and its metrics on a port of their own (returned).
+async fn start(tag: &str, give_up_after: Duration, by_default: bool) -> (Env, u16) {
     let mut env = Env::start(tag).await;
+    env.config.workload_cleanup = by_default;
     env.config.provision = true;
     env.config.settings.backoff.base = Duration::from_millis(300);
     env.config.settings.backoff.max = Duration::from_millis(600);
@@ -264,7 +265,7 @@ async fn a_deleted_clusters_workload_is_cleaned_up_step_by_step_before_its_machi
         .await
         .expect("the workload cluster");
     let wl = plane.client().await;
-    let (env, port) = start("wl-clean", Duration::from_secs(600)).await;
+    let (env, port) = start("wl-clean", Duration::from_secs(600), false).await;
     give_kubeconfig(
         &env,
         "prod",
@@ -606,7 +607,7 @@ async fn a_cleanup_that_cannot_reach_the_workload_cluster_gives_up_and_lets_the_
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let (env, port) = start("wl-gone", Duration::from_secs(6)).await;
+    let (env, port) = start("wl-gone", Duration::from_secs(6), false).await;
     cluster_with_machines(&env, json!({names::WORKLOAD_CLEANUP: "true"}), &["web-1"]).await;
     // The workload cluster's address goes nowhere (its API server is gone).
     let kubeconfig = format!(
@@ -654,6 +655,153 @@ async fn a_cleanup_that_cannot_reach_the_workload_cluster_gives_up_and_lets_the_
     let (_, text) = http_get(port, "/metrics").await;
     assert!(
         text.contains("captf_workload_cleanups_total{outcome=\"GaveUp\"} 1"),
+        "{text}"
+    );
+    env.shutdown().await;
+}
+
+/// The manager's default turns the cleanup on without a Cluster annotation; the skip
+/// annotation limits it to Services and PersistentVolumeClaims (the webhook and the
+/// Deployment stay); a period of 0 finalizes them at once, with nothing to remove their
+/// finalizers; a paused Cluster's deletion starts no cleanup until it is unpaused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_skip_annotation_and_a_period_of_zero_clean_up_only_services_and_claims_at_once() {
+    if envtest_only("it starts a second control plane as the workload cluster") {
+        return;
+    }
+    let plane = tokio::task::spawn_blocking(|| ControlPlane::dedicated_without_capi("workload"))
+        .await
+        .expect("the workload cluster");
+    let wl = plane.client().await;
+    let (env, port) = start("wl-skip", Duration::from_secs(600), true).await;
+    give_kubeconfig(
+        &env,
+        "prod",
+        std::fs::read(plane.kubeconfig()).expect("the workload kubeconfig"),
+    )
+    .await;
+    cluster_with_machines(
+        &env,
+        json!({
+            names::WORKLOAD_CLEANUP_SKIP: "true",
+            names::WORKLOAD_CLEANUP_RESOURCES_SECONDS: "0",
+        }),
+        &["web-1"],
+    )
+    .await;
+    create(
+        &Api::<Namespace>::all(wl.clone()),
+        json!({"metadata": {"name": "apps"}}),
+    )
+    .await;
+    let vwc = Api::<DynamicObject>::all_with(wl.clone(), &webhooks());
+    let keep: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "keep-me"},
+        "webhooks": [{"name": "keep.me.test", "sideEffects": "None",
+            "admissionReviewVersions": ["v1"], "failurePolicy": "Ignore", "timeoutSeconds": 1,
+            "clientConfig": {"url": "https://127.0.0.1:1/keep"},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"],
+                "resources": ["configmaps"]}]}]
+    }))
+    .expect("webhook");
+    vwc.create(&PostParams::default(), &keep)
+        .await
+        .expect("create the webhook");
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(wl.clone(), "apps");
+    create(
+        &deployments,
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 0,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "web"}]}}}}),
+    )
+    .await;
+    let services = Api::<Service>::namespaced(wl.clone(), "apps");
+    create(
+        &services,
+        json!({"metadata": {"name": "lb", "finalizers": [NEVER]},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}),
+    )
+    .await;
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(wl.clone(), "apps");
+    create(
+        &pvcs,
+        json!({"metadata": {"name": "data", "finalizers": [NEVER]},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await;
+
+    // Paused, its deletion starts nothing.
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("pause");
+    env.delete_cluster("prod").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tfc = env.object::<Tfc>("prod").await.expect("TerraformCluster");
+    assert!(
+        !tfc.annotations()
+            .contains_key(names::WORKLOAD_CLEANUP_STARTED),
+        "a paused Cluster's cleanup started"
+    );
+    assert!(
+        services
+            .get("lb")
+            .await
+            .expect("lb")
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    env.cluster_api()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpause");
+
+    wait_for_value("the cleanup done", long(), || async {
+        cleanup_condition(&env, "prod")
+            .await
+            .filter(|(r, _)| r == reason::CLEANED_UP)
+    })
+    .await;
+    wait_for("everything released", long(), || async {
+        !env.exists::<Tfm>("web-1").await && !env.exists::<Tfc>("prod").await
+    })
+    .await;
+    assert!(env.destroyed("web-1") && env.destroyed("prod"));
+    for (what, gone) in [
+        (
+            "Service apps/lb",
+            services.get_opt("lb").await.expect("get").is_none(),
+        ),
+        (
+            "PersistentVolumeClaim apps/data",
+            pvcs.get_opt("data").await.expect("get").is_none(),
+        ),
+    ] {
+        assert!(gone, "{what} is still there");
+    }
+    assert!(
+        vwc.get_opt("keep-me").await.expect("get").is_some(),
+        "the webhook was deleted"
+    );
+    assert!(
+        deployments.get_opt("web").await.expect("get").is_some(),
+        "the Deployment was deleted"
+    );
+    let (_, text) = http_get(port, "/metrics").await;
+    assert!(
+        text.contains("captf_workload_objects_forced_total{step=\"Resources\"} 2"),
         "{text}"
     );
     env.shutdown().await;

@@ -147,6 +147,19 @@ fn infrastructure(cluster: &DynamicObject) -> Option<String> {
 async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeue, Error> {
     let ns = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
+    // A paused Cluster (`clusterctl move` pauses, and then deletes the source's objects
+    // for the move) is left as it is, as Cluster API's own controllers leave it.
+    let view = crate::gather::ClusterView::from_value(
+        &serde_json::to_value(cluster.as_ref()).unwrap_or_default(),
+    );
+    if view.spec_paused
+        || view.annotation_paused
+        || cluster
+            .annotations()
+            .contains_key(names::CLUSTERCTL_DELETE_FOR_MOVE)
+    {
+        return Ok(Requeue::await_change());
+    }
     let settings = Settings::of(cluster.annotations(), shared.enabled_by_default);
     let deleting = cluster.meta().deletion_timestamp.is_some();
     let infra = infrastructure(&cluster);
