@@ -420,7 +420,18 @@ async fn read_bootstrap<K: TerraformObject>(
     owner: Option<&serde_json::Value>,
 ) -> Result<Option<Secret>, Error> {
     match owner.and_then(|o| gather_apply::bootstrap_secret_name(kind, o)) {
-        Some(name) if kind != Kind::TerraformCluster => Ok(scope.secrets.get_opt(name).await?),
+        Some(name) if kind != Kind::TerraformCluster => {
+            // Kept from an earlier pass while the watch saw no other version of it.
+            let kept = scope.caches.as_ref().and_then(|c| c.bootstrap.as_ref());
+            if let Some(s) = kept.and_then(|k| k.get(&scope.namespace, name)) {
+                return Ok(Some(s.as_ref().clone()));
+            }
+            let got = scope.secrets.get_opt(name).await?;
+            if let (Some(k), Some(s)) = (kept, &got) {
+                k.keep(s.clone());
+            }
+            Ok(got)
+        }
         _ => Ok(None),
     }
 }

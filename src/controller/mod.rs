@@ -36,7 +36,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -259,6 +259,7 @@ where
     // either changes, so that bootstrap data, or a rotated token, reaches the module at
     // once instead of at the next resync.
     let mut owners = None;
+    let mut bootstrap_secrets = None;
     if let (Some(ar), Some(owner_kind)) = (
         ctx.cluster_api.resource(),
         gather::apply::owner_kind(K::KIND),
@@ -270,11 +271,14 @@ where
         };
         let (reader, stream) = caches::reflect_owners(api, owner_ar.clone());
         owners = Some(reader.clone());
+        let kept = Arc::new(caches::BootstrapSecrets::default());
+        bootstrap_secrets = Some(kept.clone());
         let bootstrap = watcher(
             scoped::<PartialObjectMeta<Secret>>(&client, &ns),
             watcher::Config::default().labels(names::CAPI_CLUSTER_NAME_LABEL),
         )
         .default_backoff()
+        .inspect_ok(move |e| kept.saw(e))
         .touched_objects()
         .boxed();
         c = c
@@ -344,6 +348,7 @@ where
         machines_by_cluster,
         pools_by_cluster,
         owners,
+        bootstrap: bootstrap_secrets,
         objects_in: {
             let store = store.clone();
             Arc::new(move |n: &str| {

@@ -4,6 +4,8 @@
 //! `provision` on here, as in the deletion scenarios, which start from such an apply
 //! (`Env::provision`).
 
+use std::time::Duration;
+
 use captf::api::TerraformObject;
 use captf::api::names::{self, Kind};
 use kube::ResourceExt;
@@ -412,6 +414,37 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     );
     env.assert_nothing_left(Kind::TerraformMachine, "web-1")
         .await;
+    env.shutdown().await;
+}
+
+/// A machine reads its bootstrap data Secret once while the Secret does not change, not
+/// at every pass of its provisioning (redteam-3 L1; issue 37: 20.68 of the 30.10 reads per
+/// provisioning were these): an apply that fails twice takes a score of passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_machine_reads_its_bootstrap_data_once_while_it_does_not_change() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::start_provisioning("bootstrap-reads", Some(Duration::from_millis(300))).await;
+    env.create_cluster("prod").await;
+    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
+    env.mark_cluster_ready("prod").await;
+    let log = env.proxy.request_log();
+    log.reset();
+    env.provision::<Tfm>("web-1", "prod", &apply_module(2))
+        .await;
+    let statuses = log.count("patch", "terraformmachines", "status");
+    let gets = log.gets_of("secrets", "web-1-bootstrap");
+    assert!(
+        statuses >= 4,
+        "three attempts write the status at least four times: {statuses}"
+    );
+    assert_eq!(
+        gets,
+        1,
+        "the bootstrap data Secret read once, not at every pass; the manager's requests: {:?}",
+        log.snapshot()
+    );
     env.shutdown().await;
 }
 

@@ -214,6 +214,11 @@ async fn forward(
     }
     if let Some((verb, resource, sub)) = &class {
         log.record(&client, verb, resource, sub);
+        if verb == "get" && sub.is_empty() {
+            // `/api/v1/namespaces/NS/secrets/NAME`: the last segment names the object.
+            let name = path.rsplit('/').next().unwrap_or_default();
+            log.record_get(resource, name);
+        }
         if let Some(delay) = faults.take_delay(verb, resource, sub) {
             tokio::time::sleep(delay).await;
         }

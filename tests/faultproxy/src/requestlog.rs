@@ -30,6 +30,8 @@ pub struct RequestLog {
     succeeded: Arc<Mutex<Counts>>,
     /// The successful writes, in order (at most [`WRITES_KEPT`]).
     in_order: Arc<Mutex<Vec<Write>>>,
+    /// GETs of one object, by resource and name.
+    gets: Arc<Mutex<BTreeMap<(String, String), u64>>>,
 }
 
 /// The client of a request: its `User-Agent` (`captf/0.1.0 (manager)`,
@@ -66,6 +68,26 @@ impl RequestLog {
                 subresource.into(),
             ))
             .or_default() += 1;
+    }
+
+    /// A GET of the object `name` of `resource` (its main resource).
+    pub(crate) fn record_get(&self, resource: &str, name: &str) {
+        *self
+            .gets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((resource.into(), name.into()))
+            .or_default() += 1;
+    }
+
+    /// GETs of the object `name` of `resource` (in any namespace).
+    pub fn gets_of(&self, resource: &str, name: &str) -> u64 {
+        self.gets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(resource.to_string(), name.to_string()))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub(crate) fn record_success(
@@ -162,5 +184,6 @@ impl RequestLog {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.gets.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
