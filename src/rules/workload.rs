@@ -490,6 +490,19 @@ pub fn hook_wanted(
     }
 }
 
+/// The start a TerraformCluster records (`workload-cleanup-started`), if it belongs to this
+/// deletion of the Cluster: a start older than the Cluster's `deletionTimestamp` came with
+/// YAML saved from an earlier object of the same name, and with it its end and failures,
+/// which must not stand for this deletion's (a `finished` copied along would let the
+/// Machines go with no cleanup at all). The deletionTimestamp has whole seconds, the start
+/// is written after it was seen.
+pub fn started_for(
+    recorded: Option<Timestamp>,
+    cluster_deleted_at: Timestamp,
+) -> Option<Timestamp> {
+    recorded.filter(|t| t.as_second() >= cluster_deleted_at.as_second())
+}
+
 /// When a cleanup that has failed since `since` gives up.
 pub fn give_up_at(since: Timestamp, give_up_after: Duration) -> Timestamp {
     add(since, give_up_after)

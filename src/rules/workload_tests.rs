@@ -391,3 +391,18 @@ fn every_annotation_and_label_is_a_valid_key() {
         assert!(name.len() <= 63, "{key}: name part of {} bytes", name.len());
     }
 }
+
+#[test]
+fn a_start_recorded_before_this_deletion_belongs_to_an_earlier_object() {
+    let deleted = t("2026-12-06T11:00:00Z");
+    assert_eq!(started_for(None, deleted), None);
+    assert_eq!(
+        started_for(Some(t("2026-12-06T10:59:59.900Z")), deleted),
+        None,
+        "saved with an earlier object's YAML"
+    );
+    let same_second = t("2026-12-06T11:00:00.400Z");
+    assert_eq!(started_for(Some(same_second), deleted), Some(same_second));
+    let later = t("2026-12-06T11:05:00Z");
+    assert_eq!(started_for(Some(later), deleted), Some(later));
+}

@@ -663,7 +663,8 @@ async fn a_cleanup_that_cannot_reach_the_workload_cluster_gives_up_and_lets_the_
 /// The manager's default turns the cleanup on without a Cluster annotation; the skip
 /// annotation limits it to Services and PersistentVolumeClaims (the webhook and the
 /// Deployment stay); a period of 0 finalizes them at once, with nothing to remove their
-/// finalizers; a paused Cluster's deletion starts no cleanup until it is unpaused.
+/// finalizers; a paused Cluster's deletion starts no cleanup until it is unpaused; what an
+/// earlier object of the same name recorded of its cleanup is not this one's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_skip_annotation_and_a_period_of_zero_clean_up_only_services_and_claims_at_once() {
     if envtest_only("it starts a second control plane as the workload cluster") {
@@ -733,6 +734,22 @@ async fn the_skip_annotation_and_a_period_of_zero_clean_up_only_services_and_cla
     )
     .await;
 
+    // What an earlier TerraformCluster of the same name recorded of its cleanup, come back
+    // with its saved YAML: it does not stand for this deletion's.
+    env.annotate::<Tfc>(
+        "prod",
+        &[
+            (
+                names::WORKLOAD_CLEANUP_STARTED,
+                Some("2026-01-01T00:00:00Z".into()),
+            ),
+            (
+                names::WORKLOAD_CLEANUP_FINISHED,
+                Some(names::WORKLOAD_CLEANUP_DONE.into()),
+            ),
+        ],
+    )
+    .await;
     // Paused, its deletion starts nothing.
     env.cluster_api()
         .patch(
@@ -745,9 +762,11 @@ async fn the_skip_annotation_and_a_period_of_zero_clean_up_only_services_and_cla
     env.delete_cluster("prod").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let tfc = env.object::<Tfc>("prod").await.expect("TerraformCluster");
-    assert!(
-        !tfc.annotations()
-            .contains_key(names::WORKLOAD_CLEANUP_STARTED),
+    assert_eq!(
+        tfc.annotations()
+            .get(names::WORKLOAD_CLEANUP_STARTED)
+            .map(String::as_str),
+        Some("2026-01-01T00:00:00Z"),
         "a paused Cluster's cleanup started"
     );
     assert!(

@@ -178,9 +178,24 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
         set_hooks(&shared, &ns, &name, |_| false).await?;
         return Ok(Requeue::await_change());
     };
-    let finished = tfc
-        .annotations()
-        .contains_key(names::WORKLOAD_CLEANUP_FINISHED);
+    // What the TerraformCluster records counts only from this deletion on.
+    let deleted_at = cluster
+        .meta()
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or_else(Timestamp::now);
+    let recorded = stamp(&tfc, names::WORKLOAD_CLEANUP_STARTED);
+    let started = rules::started_for(recorded, deleted_at);
+    let tfc = if recorded.is_some() && started.is_none() {
+        forget_earlier(&tfcs, &infra).await?
+    } else {
+        tfc
+    };
+    let finished = started.is_some()
+        && tfc
+            .annotations()
+            .contains_key(names::WORKLOAD_CLEANUP_FINISHED);
     set_hooks(&shared, &ns, &name, |d| {
         rules::hook_wanted(true, true, finished, d)
     })
@@ -189,7 +204,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
         return Ok(Requeue::await_change());
     }
     let now = Timestamp::now();
-    let (tfc, started) = match stamp(&tfc, names::WORKLOAD_CLEANUP_STARTED) {
+    let (tfc, started) = match started {
         Some(t) => (tfc, t),
         None => {
             let tfc = annotate(&tfcs, &infra, names::WORKLOAD_CLEANUP_STARTED, Some(now)).await?;
@@ -207,7 +222,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
     };
     match clean(&shared, &ns, &name, &settings, started, now).await {
         Ok(Cleaned { plan: None, .. }) => {
-            let tfc = annotate(&tfcs, &infra, names::WORKLOAD_CLEANUP_FAILING_SINCE, None).await?;
+            let tfc = clear_failing(&tfcs, tfc).await?;
             let tfc = annotate_value(
                 &tfcs,
                 &infra,
@@ -230,7 +245,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
             plan: Some(plan),
             forced,
         }) => {
-            let tfc = annotate(&tfcs, &infra, names::WORKLOAD_CLEANUP_FAILING_SINCE, None).await?;
+            let tfc = clear_failing(&tfcs, tfc).await?;
             for o in &forced {
                 shared.ctx.metrics.workload_objects_forced.inc(&ByStep {
                     step: Reason::new(plan.step.as_str()),
@@ -420,6 +435,41 @@ fn stamp(tfc: &TerraformCluster, key: &str) -> Option<Timestamp> {
     tfc.annotations()
         .get(key)
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Removes the record of failures, when there is one (a success resets the clock).
+async fn clear_failing(
+    api: &Api<TerraformCluster>,
+    tfc: TerraformCluster,
+) -> Result<TerraformCluster, Error> {
+    if !tfc
+        .annotations()
+        .contains_key(names::WORKLOAD_CLEANUP_FAILING_SINCE)
+    {
+        return Ok(tfc);
+    }
+    annotate(
+        api,
+        &tfc.name_any(),
+        names::WORKLOAD_CLEANUP_FAILING_SINCE,
+        None,
+    )
+    .await
+}
+
+/// Removes what an earlier object of the same name recorded of its cleanup.
+async fn forget_earlier(
+    api: &Api<TerraformCluster>,
+    name: &str,
+) -> Result<TerraformCluster, Error> {
+    let patch = json!({"metadata": {"annotations": {
+        names::WORKLOAD_CLEANUP_STARTED: null,
+        names::WORKLOAD_CLEANUP_FAILING_SINCE: null,
+        names::WORKLOAD_CLEANUP_FINISHED: null,
+    }}});
+    Ok(api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
 }
 
 /// Sets (or, with `None`, removes) a time annotation; returns the object as written.
