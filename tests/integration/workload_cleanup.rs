@@ -249,6 +249,27 @@ async fn cluster_with_machines(env: &Env, annotations: serde_json::Value, machin
     }
 }
 
+/// A second control plane as the workload cluster of Cluster `prod` (its kubeconfig in
+/// `prod-kubeconfig`), the manager started ([`start`], the cleanup on by default when
+/// `by_default`), and the Cluster made with `annotations` and its `machines`
+/// ([`cluster_with_machines`]). The plane stops when the returned handle goes.
+async fn with_workload_cluster(
+    tag: &str,
+    by_default: bool,
+    annotations: serde_json::Value,
+    machines: &[&str],
+) -> (Arc<ControlPlane>, Client, Env, u16) {
+    let plane = tokio::task::spawn_blocking(|| ControlPlane::dedicated_without_capi("workload"))
+        .await
+        .expect("the workload cluster");
+    let wl = plane.client().await;
+    let (env, port) = start(tag, Duration::from_secs(600), by_default).await;
+    let kubeconfig = std::fs::read(plane.kubeconfig()).expect("the workload kubeconfig");
+    give_kubeconfig(&env, "prod", kubeconfig).await;
+    cluster_with_machines(&env, annotations, machines).await;
+    (plane, wl, env, port)
+}
+
 /// The workload cluster of a deleted Cluster is cleaned up in seed 000's steps before
 /// any infrastructure Machine goes: the webhook that refuses deletes first, then the
 /// extended APIs, then the workloads, the load balancer and the volumes (one whose cloud
@@ -261,19 +282,9 @@ async fn a_deleted_clusters_workload_is_cleaned_up_step_by_step_before_its_machi
     if envtest_only("it starts a second control plane as the workload cluster") {
         return;
     }
-    let plane = tokio::task::spawn_blocking(|| ControlPlane::dedicated_without_capi("workload"))
-        .await
-        .expect("the workload cluster");
-    let wl = plane.client().await;
-    let (env, port) = start("wl-clean", Duration::from_secs(600), false).await;
-    give_kubeconfig(
-        &env,
-        "prod",
-        std::fs::read(plane.kubeconfig()).expect("the workload kubeconfig"),
-    )
-    .await;
-    cluster_with_machines(
-        &env,
+    let (_plane, wl, env, port) = with_workload_cluster(
+        "wl-clean",
+        false,
         json!({
             names::WORKLOAD_CLEANUP: "true",
             names::WORKLOAD_CLEANUP_WEBHOOKS_SECONDS: "30",
@@ -670,19 +681,9 @@ async fn the_skip_annotation_and_a_period_of_zero_clean_up_only_services_and_cla
     if envtest_only("it starts a second control plane as the workload cluster") {
         return;
     }
-    let plane = tokio::task::spawn_blocking(|| ControlPlane::dedicated_without_capi("workload"))
-        .await
-        .expect("the workload cluster");
-    let wl = plane.client().await;
-    let (env, port) = start("wl-skip", Duration::from_secs(600), true).await;
-    give_kubeconfig(
-        &env,
-        "prod",
-        std::fs::read(plane.kubeconfig()).expect("the workload kubeconfig"),
-    )
-    .await;
-    cluster_with_machines(
-        &env,
+    let (_plane, wl, env, port) = with_workload_cluster(
+        "wl-skip",
+        true,
         json!({
             names::WORKLOAD_CLEANUP_SKIP: "true",
             names::WORKLOAD_CLEANUP_RESOURCES_SECONDS: "0",

@@ -207,7 +207,12 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
     let (tfc, started) = match started {
         Some(t) => (tfc, t),
         None => {
-            let tfc = annotate(&tfcs, &infra, names::WORKLOAD_CLEANUP_STARTED, Some(now)).await?;
+            let tfc = annotate(
+                &tfcs,
+                &infra,
+                &[(names::WORKLOAD_CLEANUP_STARTED, Some(now.to_string()))],
+            )
+            .await?;
             let note = format!(
                 "Cluster {name} is being deleted: its workload cluster is cleaned up before its Machines' infrastructure goes (step 1 of 4 first)"
             );
@@ -222,15 +227,18 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
     };
     match clean(&shared, &ns, &name, &settings, started, now).await {
         Ok(Cleaned { plan: None, .. }) => {
-            let tfc = clear_failing(&tfcs, tfc).await?;
-            let tfc = annotate_value(
+            let tfc = annotate(
                 &tfcs,
                 &infra,
-                names::WORKLOAD_CLEANUP_FINISHED,
-                names::WORKLOAD_CLEANUP_DONE,
+                &[
+                    (
+                        names::WORKLOAD_CLEANUP_FINISHED,
+                        Some(names::WORKLOAD_CLEANUP_DONE.into()),
+                    ),
+                    (names::WORKLOAD_CLEANUP_FAILING_SINCE, None),
+                ],
             )
-            .await
-            .unwrap_or(tfc);
+            .await?;
             let msg = format!(
                 "the workload cluster of Cluster {name} is cleaned up (began {started}): its Machines' infrastructure may go"
             );
@@ -281,8 +289,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
                     annotate(
                         &tfcs,
                         &infra,
-                        names::WORKLOAD_CLEANUP_FAILING_SINCE,
-                        Some(now),
+                        &[(names::WORKLOAD_CLEANUP_FAILING_SINCE, Some(now.to_string()))],
                     )
                     .await?;
                     now
@@ -291,11 +298,13 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
             let tfc = tfcs.get(&infra).await?;
             let give_up = rules::give_up_at(since, shared.give_up_after);
             if now >= give_up {
-                let tfc = annotate_value(
+                let tfc = annotate(
                     &tfcs,
                     &infra,
-                    names::WORKLOAD_CLEANUP_FINISHED,
-                    names::WORKLOAD_CLEANUP_GAVE_UP,
+                    &[(
+                        names::WORKLOAD_CLEANUP_FINISHED,
+                        Some(names::WORKLOAD_CLEANUP_GAVE_UP.into()),
+                    )],
                 )
                 .await?;
                 let msg = format!(
@@ -451,8 +460,7 @@ async fn clear_failing(
     annotate(
         api,
         &tfc.name_any(),
-        names::WORKLOAD_CLEANUP_FAILING_SINCE,
-        None,
+        &[(names::WORKLOAD_CLEANUP_FAILING_SINCE, None)],
     )
     .await
 }
@@ -462,36 +470,26 @@ async fn forget_earlier(
     api: &Api<TerraformCluster>,
     name: &str,
 ) -> Result<TerraformCluster, Error> {
-    let patch = json!({"metadata": {"annotations": {
-        names::WORKLOAD_CLEANUP_STARTED: null,
-        names::WORKLOAD_CLEANUP_FAILING_SINCE: null,
-        names::WORKLOAD_CLEANUP_FINISHED: null,
-    }}});
-    Ok(api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?)
+    let keys = [
+        names::WORKLOAD_CLEANUP_STARTED,
+        names::WORKLOAD_CLEANUP_FAILING_SINCE,
+        names::WORKLOAD_CLEANUP_FINISHED,
+    ];
+    annotate(api, name, &keys.map(|k| (k, None))).await
 }
 
-/// Sets (or, with `None`, removes) a time annotation; returns the object as written.
+/// Sets (or, with `None`, removes) annotations of the TerraformCluster; returns it as
+/// written.
 async fn annotate(
     api: &Api<TerraformCluster>,
     name: &str,
-    key: &str,
-    at: Option<Timestamp>,
+    edits: &[(&str, Option<String>)],
 ) -> Result<TerraformCluster, Error> {
-    let patch = json!({"metadata": {"annotations": {key: at.map(|t| t.to_string())}}});
-    Ok(api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?)
-}
-
-async fn annotate_value(
-    api: &Api<TerraformCluster>,
-    name: &str,
-    key: &str,
-    value: &str,
-) -> Result<TerraformCluster, Error> {
-    let patch = json!({"metadata": {"annotations": {key: value}}});
+    let annotations: serde_json::Map<String, serde_json::Value> = edits
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let patch = json!({"metadata": {"annotations": annotations}});
     Ok(api
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?)
