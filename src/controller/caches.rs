@@ -613,6 +613,13 @@ impl BootstrapSecrets {
         }
     }
 
+    /// The watch failed: until it lists again or resumes, a change may go unseen, so
+    /// nothing kept so far is served (what is read from now on is compared with what the
+    /// watch reports next).
+    pub fn lost(&self) {
+        self.lock().kept.clear();
+    }
+
     /// The Secret `ns/name` as kept, when the watch saw no other version of it since.
     pub fn get(&self, ns: &str, name: &str) -> Option<Arc<Secret>> {
         let inner = self.lock();
@@ -852,6 +859,15 @@ mod bootstrap_tests {
         assert!(b.get("team-a", "a").is_some());
         assert!(b.get("team-a", "b").is_none());
         assert_eq!(b.kept(), 1);
+    }
+
+    #[test]
+    fn a_failed_watch_drops_what_was_kept() {
+        let b = BootstrapSecrets::default();
+        listed(&b, &[("a", "1")]);
+        b.keep(secret("a", "1"));
+        b.lost();
+        assert!(b.get("team-a", "a").is_none());
     }
 
     #[test]

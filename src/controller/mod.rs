@@ -36,7 +36,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -278,7 +278,10 @@ where
             watcher::Config::default().labels(names::CAPI_CLUSTER_NAME_LABEL),
         )
         .default_backoff()
-        .inspect_ok(move |e| kept.saw(e))
+        .inspect(move |r| match r {
+            Ok(e) => kept.saw(e),
+            Err(_) => kept.lost(),
+        })
         .touched_objects()
         .boxed();
         c = c

@@ -139,6 +139,10 @@ pub enum Step {
 const FIVE_MINUTES: Duration = Duration::from_secs(300);
 const ONE_HOUR: Duration = Duration::from_secs(3600);
 
+/// The longest finalize period a Cluster may set (7 days): a cleanup that the workload
+/// cluster answers always ends.
+pub const MAX_FINALIZE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The longest grace period a cleanup's delete asks for (a Pod's time to stop).
 pub const DELETE_GRACE: Duration = FIVE_MINUTES;
 
@@ -248,6 +252,14 @@ impl Settings {
                 let period = match annotations.get(key).map(|v| v.trim()) {
                     None => default,
                     Some(v) => match v.parse::<u32>() {
+                        Ok(s) if u64::from(s) > MAX_FINALIZE_AFTER.as_secs() => {
+                            problems.push(format!(
+                                "annotation {key}: {s} s is more than the {} s (7 days) a step may wait: {} s is used",
+                                MAX_FINALIZE_AFTER.as_secs(),
+                                MAX_FINALIZE_AFTER.as_secs()
+                            ));
+                            MAX_FINALIZE_AFTER
+                        }
                         Ok(s) => Duration::from_secs(u64::from(s)),
                         Err(_) => {
                             problems.push(format!(
@@ -316,11 +328,11 @@ pub enum Left {
     CreatedLater,
 }
 
-/// Whether `o` is left alone, given the namespaces that exist, when the cleanup
-/// `started`, and its step's finalize period.
+/// Whether `o` is left alone, given the namespaces that exist (without them, every rule but
+/// [`Left::NamespaceGone`]), when the cleanup `started`, and its step's finalize period.
 pub fn left_alone(
     o: &Object,
-    namespaces: &BTreeSet<String>,
+    namespaces: Option<&BTreeSet<String>>,
     started: Timestamp,
     finalize_after: Duration,
 ) -> Option<Left> {
@@ -349,8 +361,8 @@ pub fn left_alone(
     if own {
         return Some(Left::ApiServers);
     }
-    if let Some(ns) = &o.namespace
-        && !namespaces.contains(ns)
+    if let (Some(ns), Some(existing)) = (&o.namespace, namespaces)
+        && !existing.contains(ns)
     {
         return Some(Left::NamespaceGone);
     }
@@ -462,7 +474,7 @@ pub fn plan_step(
     let period = settings.finalize_after(step);
     let remaining = objects
         .into_iter()
-        .filter(|o| left_alone(o, namespaces, started, period).is_none())
+        .filter(|o| left_alone(o, Some(namespaces), started, period).is_none())
         .map(|o| {
             let a = act(&o, now, period);
             (o, a)

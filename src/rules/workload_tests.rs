@@ -209,7 +209,12 @@ fn objects_in_a_namespace_already_gone_are_ignored() {
         "data",
     );
     assert_eq!(
-        left_alone(&o, &namespaces(), t(STARTED), Duration::from_secs(300)),
+        left_alone(
+            &o,
+            Some(&namespaces()),
+            t(STARTED),
+            Duration::from_secs(300)
+        ),
         Some(Left::NamespaceGone)
     );
     let there = obj(
@@ -219,7 +224,12 @@ fn objects_in_a_namespace_already_gone_are_ignored() {
         "data",
     );
     assert_eq!(
-        left_alone(&there, &namespaces(), t(STARTED), Duration::from_secs(300)),
+        left_alone(
+            &there,
+            Some(&namespaces()),
+            t(STARTED),
+            Duration::from_secs(300)
+        ),
         None
     );
 }
@@ -230,13 +240,13 @@ fn objects_made_after_the_start_plus_the_period_are_ignored() {
     let mut o = obj(Step::Resources, "Service", Some("apps"), "late");
     o.created = Some(t("2026-12-06T11:05:00Z"));
     assert_eq!(
-        left_alone(&o, &namespaces(), t(STARTED), period),
+        left_alone(&o, Some(&namespaces()), t(STARTED), period),
         None,
         "made within the period: cleaned up"
     );
     o.created = Some(t("2026-12-06T11:05:01Z"));
     assert_eq!(
-        left_alone(&o, &namespaces(), t(STARTED), period),
+        left_alone(&o, Some(&namespaces()), t(STARTED), period),
         Some(Left::CreatedLater)
     );
 }
@@ -245,42 +255,43 @@ fn objects_made_after_the_start_plus_the_period_are_ignored() {
 fn what_the_api_server_and_kube_system_need_is_left_alone() {
     let p = Duration::from_secs(300);
     let s = t(STARTED);
-    let ns = namespaces();
+    let namespaces = namespaces();
+    let ns = Some(&namespaces);
     let kubernetes = obj(Step::Resources, "Service", Some("default"), "kubernetes");
-    assert_eq!(left_alone(&kubernetes, &ns, s, p), Some(Left::ApiServers));
+    assert_eq!(left_alone(&kubernetes, ns, s, p), Some(Left::ApiServers));
     let ccm = obj(Step::Resources, "Deployment", Some("kube-system"), "ccm");
-    assert_eq!(left_alone(&ccm, &ns, s, p), Some(Left::KubeSystem));
+    assert_eq!(left_alone(&ccm, ns, s, p), Some(Left::KubeSystem));
     let mut local = obj(Step::ExtendedApis, "APIService", None, "v1.apps");
     local.labels.insert(
         "kube-aggregator.kubernetes.io/automanaged".into(),
         "onstart".into(),
     );
-    assert_eq!(left_alone(&local, &ns, s, p), Some(Left::ApiServers));
+    assert_eq!(left_alone(&local, ns, s, p), Some(Left::ApiServers));
     let metrics = obj(
         Step::ExtendedApis,
         "APIService",
         None,
         "v1beta1.metrics.k8s.io",
     );
-    assert_eq!(left_alone(&metrics, &ns, s, p), None);
+    assert_eq!(left_alone(&metrics, ns, s, p), None);
     let snap = obj(
         Step::ExtendedApis,
         "CustomResourceDefinition",
         None,
         "volumesnapshots.snapshot.storage.k8s.io",
     );
-    assert_eq!(left_alone(&snap, &ns, s, p), Some(Left::ApiServers));
+    assert_eq!(left_alone(&snap, ns, s, p), Some(Left::ApiServers));
     let widgets = obj(
         Step::ExtendedApis,
         "CustomResourceDefinition",
         None,
         "widgets.example.com",
     );
-    assert_eq!(left_alone(&widgets, &ns, s, p), None);
+    assert_eq!(left_alone(&widgets, ns, s, p), None);
     let mut kept = obj(Step::Resources, "Service", Some("apps"), "kept");
     kept.labels
         .insert(names::WORKLOAD_CLEANUP_EXCLUDE_LABEL.into(), "true".into());
-    assert_eq!(left_alone(&kept, &ns, s, p), Some(Left::Labelled));
+    assert_eq!(left_alone(&kept, ns, s, p), Some(Left::Labelled));
 }
 
 #[test]
@@ -405,4 +416,11 @@ fn a_start_recorded_before_this_deletion_belongs_to_an_earlier_object() {
     assert_eq!(started_for(Some(same_second), deleted), Some(same_second));
     let later = t("2026-12-06T11:05:00Z");
     assert_eq!(started_for(Some(later), deleted), Some(later));
+}
+
+#[test]
+fn a_period_is_at_most_seven_days() {
+    let s = settings(&[(names::WORKLOAD_CLEANUP_SNAPSHOTS_SECONDS, "4000000000")]);
+    assert_eq!(s.finalize_after(Step::Snapshots), MAX_FINALIZE_AFTER);
+    assert!(s.problems[0].contains("7 days"), "{:?}", s.problems);
 }

@@ -635,7 +635,7 @@ async fn a_cleanup_that_cannot_reach_the_workload_cluster_gives_up_and_lets_the_
     .await;
     assert!(
         msg.contains("the cleanup gives up at")
-            && msg.contains("listing the workload cluster's Namespaces")
+            && msg.contains("listing ValidatingWebhookConfigurations")
             && msg.contains("runbooks/WorkloadClusterUnreachable.md"),
         "{msg}"
     );

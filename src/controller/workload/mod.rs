@@ -63,6 +63,7 @@ struct Shared {
     ctx: Arc<Context>,
     machines: Store<PartialObjectMeta<DynamicObject>>,
     machine_ar: ApiResource,
+    cluster_ar: ApiResource,
     enabled_by_default: bool,
     give_up_after: Duration,
 }
@@ -107,6 +108,7 @@ pub fn controller(
         ctx,
         machines,
         machine_ar: machine_ar.clone(),
+        cluster_ar: cluster_ar.clone(),
         enabled_by_default: cfg.workload_cleanup,
         give_up_after: cfg.workload_cleanup_give_up_after,
     });
@@ -165,6 +167,21 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
     let infra = infrastructure(&cluster);
     let enabled = settings.enabled && infra.is_some();
     if !(enabled && deleting) {
+        // A hook comes off a Machine being deleted while its Cluster is not. The Clusters'
+        // cache may lag the Cluster's own deletion (the Machines are deleted because of it,
+        // and their watch is another): then the hook must stay, so the Cluster is read
+        // live first.
+        if enabled && hooked_and_deleting(&shared, &ns, &name) {
+            let clusters = Api::<DynamicObject>::namespaced_with(
+                shared.ctx.client.clone(),
+                &ns,
+                &shared.cluster_ar,
+            );
+            let live = clusters.get_opt(&name).await?;
+            if live.is_some_and(|c| c.metadata.deletion_timestamp.is_some()) {
+                return Ok(Requeue::requeue(Duration::from_secs(1)));
+            }
+        }
         set_hooks(&shared, &ns, &name, |machine_deleting| {
             rules::hook_wanted(enabled, deleting, false, machine_deleting)
         })
@@ -196,28 +213,38 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
         && tfc
             .annotations()
             .contains_key(names::WORKLOAD_CLEANUP_FINISHED);
-    set_hooks(&shared, &ns, &name, |d| {
+    let hooks = set_hooks(&shared, &ns, &name, |d| {
         rules::hook_wanted(true, true, finished, d)
     })
-    .await?;
+    .await;
     if finished {
+        hooks?;
+        // The TerraformCluster's own status writes replace its conditions as they read
+        // them: the end is written again if one of them lost it.
+        restore_end(&tfcs, &tfc, &name).await?;
         return Ok(Requeue::await_change());
     }
+    // A hook that cannot be put on a Machine (an admission policy refuses) does not stop
+    // the cleanup, which the other Machines wait for; the failure is in the log.
+    drop(hooks);
     let now = Timestamp::now();
     let (tfc, started) = match started {
         Some(t) => (tfc, t),
         None => {
+            // Never before the deletion as the API server stamped it (the manager's clock
+            // may be behind), or the next pass would take it for an earlier object's.
+            let start = now.max(deleted_at);
             let tfc = annotate(
                 &tfcs,
                 &infra,
-                &[(names::WORKLOAD_CLEANUP_STARTED, Some(now.to_string()))],
+                &[(names::WORKLOAD_CLEANUP_STARTED, Some(start.to_string()))],
             )
             .await?;
             let note = format!(
                 "Cluster {name} is being deleted: its workload cluster is cleaned up before its Machines' infrastructure goes (step 1 of 4 first)"
             );
             publish(&shared, &tfc, EventType::Normal, event::STARTED, &note).await;
-            (tfc, now)
+            (tfc, start)
         }
     };
     let problems = if settings.problems.is_empty() {
@@ -240,7 +267,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
             )
             .await?;
             let msg = format!(
-                "the workload cluster of Cluster {name} is cleaned up (began {started}): its Machines' infrastructure may go"
+                "the workload cluster of Cluster {name} is cleaned up (began {started}): its Machines' infrastructure may go{problems}"
             );
             write_condition(&tfcs, &tfc, Status::True, reason::CLEANED_UP, msg.clone()).await?;
             publish(&shared, &tfc, EventType::Normal, event::DONE, &msg).await;
@@ -308,7 +335,7 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
                 )
                 .await?;
                 let msg = format!(
-                    "gave up cleaning up the workload cluster of Cluster {name} after failing since {since}: {}. Its Machines' infrastructure goes now; what the workload cluster's load balancers and volumes made may be left in the cloud (runbooks/WorkloadClusterUnreachable.md)",
+                    "gave up cleaning up the workload cluster of Cluster {name} after failing since {since}: {}. Its Machines' infrastructure goes now; what the workload cluster's load balancers and volumes made may be left in the cloud (runbooks/WorkloadClusterUnreachable.md){problems}",
                     f.message
                 );
                 write_condition(&tfcs, &tfc, Status::False, reason::GAVE_UP, msg.clone()).await?;
@@ -356,12 +383,19 @@ async fn clean(
     now: Timestamp,
 ) -> Result<Cleaned, remote::Failure> {
     let client = remote::connect(&shared.ctx.client, ns, cluster).await?;
-    let namespaces = remote::namespaces(&client).await?;
     for step in Step::ALL {
+        let period = settings.finalize_after(step);
         let mut objects = Vec::new();
         for t in step.targets(settings.only_services_and_volumes) {
-            objects.extend(remote::list(&client, t).await?);
+            let wanted = |o: &rules::Object| rules::left_alone(o, None, started, period).is_none();
+            objects.extend(remote::list(&client, t, wanted).await?);
         }
+        if objects.is_empty() {
+            continue;
+        }
+        // Listed after the objects: an object in a namespace made meanwhile is not taken
+        // for one whose namespace is gone.
+        let namespaces = remote::namespaces(&client).await?;
         let plan = rules::plan_step(step, objects, &namespaces, started, settings, now);
         if plan.done() {
             continue;
@@ -398,6 +432,29 @@ fn look_again(plan: &StepPlan, now: Timestamp) -> Duration {
         .clamp(Duration::from_secs(1), LOOK_AGAIN)
 }
 
+/// The Machines of Cluster `ns/cluster` in the cache.
+fn machines_of(
+    shared: &Shared,
+    ns: &str,
+    cluster: &str,
+) -> Vec<Arc<PartialObjectMeta<DynamicObject>>> {
+    shared.machines.state_filter(|m| {
+        m.namespace().as_deref() == Some(ns)
+            && m.labels()
+                .get(names::CAPI_CLUSTER_NAME_LABEL)
+                .map(String::as_str)
+                == Some(cluster)
+    })
+}
+
+/// Whether a Machine of the Cluster is being deleted and carries the hook.
+fn hooked_and_deleting(shared: &Shared, ns: &str, cluster: &str) -> bool {
+    machines_of(shared, ns, cluster).iter().any(|m| {
+        m.metadata.deletion_timestamp.is_some()
+            && m.annotations().contains_key(names::WORKLOAD_CLEANUP_HOOK)
+    })
+}
+
 /// Puts the hook on, or takes it off, each Machine of Cluster `ns/cluster` as `wanted`
 /// (given whether the Machine is being deleted) says.
 async fn set_hooks(
@@ -408,13 +465,8 @@ async fn set_hooks(
 ) -> Result<(), Error> {
     let api =
         Api::<DynamicObject>::namespaced_with(shared.ctx.client.clone(), ns, &shared.machine_ar);
-    let machines = shared.machines.state_filter(|m| {
-        m.namespace().as_deref() == Some(ns)
-            && m.labels()
-                .get(names::CAPI_CLUSTER_NAME_LABEL)
-                .map(String::as_str)
-                == Some(cluster)
-    });
+    let machines = machines_of(shared, ns, cluster);
+    let mut failed = None;
     for m in machines {
         let has = m.annotations().contains_key(names::WORKLOAD_CLEANUP_HOOK);
         let want = wanted(m.metadata.deletion_timestamp.is_some());
@@ -433,8 +485,15 @@ async fn set_hooks(
         {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
+            // Every Machine is tried; the first failure is the pass's.
+            Err(e) => {
+                warn!(machine = %m.name_any(), namespace = %ns, error = %e, "cannot set the workload cleanup's hook");
+                failed.get_or_insert(e);
+            }
         }
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
     }
     Ok(())
 }
@@ -493,6 +552,41 @@ async fn annotate(
     Ok(api
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?)
+}
+
+/// Writes the end of a finished cleanup into the condition again when it is not there (the
+/// Events and the log keep the details).
+async fn restore_end(
+    api: &Api<TerraformCluster>,
+    tfc: &TerraformCluster,
+    cluster: &str,
+) -> Result<(), Error> {
+    let ended = current(tfc).is_some_and(|(r, _)| r == reason::CLEANED_UP || r == reason::GAVE_UP);
+    if ended {
+        return Ok(());
+    }
+    let gave_up = tfc
+        .annotations()
+        .get(names::WORKLOAD_CLEANUP_FINISHED)
+        .is_some_and(|v| v == names::WORKLOAD_CLEANUP_GAVE_UP);
+    let (status, why, msg) = if gave_up {
+        (
+            Status::False,
+            reason::GAVE_UP,
+            format!(
+                "gave up cleaning up the workload cluster of Cluster {cluster}: see the Warning Event WorkloadCleanupGaveUp (runbooks/WorkloadClusterUnreachable.md)"
+            ),
+        )
+    } else {
+        (
+            Status::True,
+            reason::CLEANED_UP,
+            format!(
+                "the workload cluster of Cluster {cluster} is cleaned up: its Machines' infrastructure may go"
+            ),
+        )
+    };
+    write_condition(api, tfc, status, why, msg).await
 }
 
 /// The condition's reason and message now, if it is there.

@@ -14,13 +14,15 @@ use kube::core::PartialObjectMeta;
 use kube::{Client, Config};
 use serde_json::json;
 
-use crate::rules::workload::{Act, Object, Target};
+use crate::rules::workload::{Act, Object, SNAPSHOT_GROUP, Target};
 
 /// The largest kubeconfig read from the Secret: a CAPI kubeconfig is a few kilobytes.
 pub const MAX_KUBECONFIG_BYTES: usize = 256 * 1024;
-/// At most this many objects of one kind are read in one pass (pages of 500): the rest
-/// are reached by the passes after, as those deleted go.
+/// At most this many objects of one kind that the cleanup acts on are kept in one pass
+/// (the rest are reached by the passes after, as those deleted go), from at most
+/// [`MAX_PAGES`] pages of 500 (objects left alone are read and dropped).
 const MAX_OBJECTS_PER_KIND: usize = 5_000;
+const MAX_PAGES: usize = 200;
 const PAGE: u32 = 500;
 
 /// Why the workload cluster could not be cleaned up in this pass.
@@ -173,39 +175,52 @@ pub async fn namespaces(client: &Client) -> Result<BTreeSet<String>, Failure> {
     }
 }
 
-/// The objects of kind `t` in the workload cluster (metadata only); none when the kind is
-/// not served there (the snapshot kinds need their CRDs).
-pub async fn list(client: &Client, t: &Target) -> Result<Vec<Object>, Failure> {
+/// The objects of kind `t` in the workload cluster that `wanted` keeps (metadata only);
+/// none when a snapshot kind is not served there (their CRDs are optional). Any other
+/// kind not found is a failure: every API server serves them.
+pub async fn list(
+    client: &Client,
+    t: &Target,
+    wanted: impl Fn(&Object) -> bool,
+) -> Result<Vec<Object>, Failure> {
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource(t));
     let mut out = Vec::new();
     let mut token: Option<String> = None;
-    loop {
+    for _ in 0..MAX_PAGES {
         let mut lp = ListParams::default().limit(PAGE);
         if let Some(tok) = token.take() {
             lp = lp.continue_token(&tok);
         }
         let page = match api.list_metadata(&lp).await {
             Ok(p) => p,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(out),
+            Err(kube::Error::Api(s)) if s.code == 404 && t.group == SNAPSHOT_GROUP => {
+                return Ok(out);
+            }
             Err(e) => return Err(Failure::of(&format!("listing {}s", t.kind), e)),
         };
-        out.extend(page.items.into_iter().map(|o| {
-            let m = o.metadata;
-            Object {
-                target: *t,
-                namespace: m.namespace,
-                name: m.name.unwrap_or_default(),
-                created: m.creation_timestamp.map(|c| c.0),
-                deleting_since: m.deletion_timestamp.map(|d| d.0),
-                finalizers: m.finalizers.unwrap_or_default(),
-                labels: m.labels.unwrap_or_default(),
-            }
-        }));
+        out.extend(
+            page.items
+                .into_iter()
+                .map(|o| {
+                    let m = o.metadata;
+                    Object {
+                        target: *t,
+                        namespace: m.namespace,
+                        name: m.name.unwrap_or_default(),
+                        created: m.creation_timestamp.map(|c| c.0),
+                        deleting_since: m.deletion_timestamp.map(|d| d.0),
+                        finalizers: m.finalizers.unwrap_or_default(),
+                        labels: m.labels.unwrap_or_default(),
+                    }
+                })
+                .filter(|o| wanted(o)),
+        );
         match page.metadata.continue_ {
             Some(tok) if !tok.is_empty() && out.len() < MAX_OBJECTS_PER_KIND => token = Some(tok),
             _ => return Ok(out),
         }
     }
+    Ok(out)
 }
 
 /// Does what `act` says to `o`; an object already gone is fine. Returns whether its
