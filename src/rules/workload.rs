@@ -11,114 +11,11 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::api::names;
 
-/// One kind the cleanup deletes in the workload cluster.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Target {
-    pub group: &'static str,
-    pub version: &'static str,
-    pub kind: &'static str,
-    pub plural: &'static str,
-    pub namespaced: bool,
-}
+#[path = "workload_kinds.rs"]
+mod kinds;
 
-const fn target(
-    group: &'static str,
-    version: &'static str,
-    kind: &'static str,
-    plural: &'static str,
-    namespaced: bool,
-) -> Target {
-    Target {
-        group,
-        version,
-        kind,
-        plural,
-        namespaced,
-    }
-}
-
-const WEBHOOKS: [Target; 2] = [
-    target(
-        "admissionregistration.k8s.io",
-        "v1",
-        "ValidatingWebhookConfiguration",
-        "validatingwebhookconfigurations",
-        false,
-    ),
-    target(
-        "admissionregistration.k8s.io",
-        "v1",
-        "MutatingWebhookConfiguration",
-        "mutatingwebhookconfigurations",
-        false,
-    ),
-];
-
-const EXTENDED_APIS: [Target; 2] = [
-    target(
-        "apiregistration.k8s.io",
-        "v1",
-        "APIService",
-        "apiservices",
-        false,
-    ),
-    target(
-        "apiextensions.k8s.io",
-        "v1",
-        "CustomResourceDefinition",
-        "customresourcedefinitions",
-        false,
-    ),
-];
-
-const SERVICE: Target = target("", "v1", "Service", "services", true);
-const PVC: Target = target(
-    "",
-    "v1",
-    "PersistentVolumeClaim",
-    "persistentvolumeclaims",
-    true,
-);
-
-const RESOURCES: [Target; 11] = [
-    target("batch", "v1", "CronJob", "cronjobs", true),
-    target("apps", "v1", "DaemonSet", "daemonsets", true),
-    target("apps", "v1", "Deployment", "deployments", true),
-    target("networking.k8s.io", "v1", "Ingress", "ingresses", true),
-    target("batch", "v1", "Job", "jobs", true),
-    target("", "v1", "Pod", "pods", true),
-    target("apps", "v1", "ReplicaSet", "replicasets", true),
-    target(
-        "",
-        "v1",
-        "ReplicationController",
-        "replicationcontrollers",
-        true,
-    ),
-    SERVICE,
-    target("apps", "v1", "StatefulSet", "statefulsets", true),
-    PVC,
-];
-
-/// The group of the snapshot kinds: their CRDs are left to the last step.
-pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
-
-const SNAPSHOTS: [Target; 2] = [
-    target(
-        SNAPSHOT_GROUP,
-        "v1",
-        "VolumeSnapshot",
-        "volumesnapshots",
-        true,
-    ),
-    target(
-        SNAPSHOT_GROUP,
-        "v1",
-        "VolumeSnapshotContent",
-        "volumesnapshotcontents",
-        false,
-    ),
-];
+use kinds::{EXTENDED_APIS, PVC, RESOURCES, SERVICE, SNAPSHOTS, WEBHOOKS};
+pub use kinds::{SNAPSHOT_GROUP, Target};
 
 /// The steps, in their order: each starts when the one before has nothing left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -8,6 +8,8 @@
 //! up. Nothing of the deletion's rule table is involved: the Machines' deletion simply
 //! waits for Cluster API's hook.
 
+mod hooks;
+mod record;
 pub mod remote;
 
 use std::sync::Arc;
@@ -15,25 +17,28 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use super::{Context, ManagerConfig, events};
+use super::{Context, ManagerConfig};
 use crate::api::TerraformCluster;
-use crate::api::conditions::{self, Desired, Status};
+use crate::api::conditions::Status;
 use crate::api::names;
 use crate::io::Error;
-use crate::metrics::labels::{ByOutcome, ByStep, Reason};
+use crate::metrics::labels::{ByStep, Reason};
 use crate::rules::workload::{self as rules, Act, Settings, Step, StepPlan};
+use hooks::{hooked_and_deleting, set_hooks};
+use record::{
+    annotate, clear_failing, current, forget_earlier, outcome, publish, restore_end, stamp,
+    write_condition,
+};
 
 /// The condition on the TerraformCluster, and its reasons.
 pub const CONDITION: &str = "WorkloadCleanedUp";
@@ -430,235 +435,4 @@ fn look_again(plan: &StepPlan, now: Timestamp) -> Duration {
         .map(|t| t.duration_since(now).unsigned_abs())
         .unwrap_or(LOOK_AGAIN)
         .clamp(Duration::from_secs(1), LOOK_AGAIN)
-}
-
-/// The Machines of Cluster `ns/cluster` in the cache.
-fn machines_of(
-    shared: &Shared,
-    ns: &str,
-    cluster: &str,
-) -> Vec<Arc<PartialObjectMeta<DynamicObject>>> {
-    shared.machines.state_filter(|m| {
-        m.namespace().as_deref() == Some(ns)
-            && m.labels()
-                .get(names::CAPI_CLUSTER_NAME_LABEL)
-                .map(String::as_str)
-                == Some(cluster)
-    })
-}
-
-/// Whether a Machine of the Cluster is being deleted and carries the hook.
-fn hooked_and_deleting(shared: &Shared, ns: &str, cluster: &str) -> bool {
-    machines_of(shared, ns, cluster).iter().any(|m| {
-        m.metadata.deletion_timestamp.is_some()
-            && m.annotations().contains_key(names::WORKLOAD_CLEANUP_HOOK)
-    })
-}
-
-/// Puts the hook on, or takes it off, each Machine of Cluster `ns/cluster` as `wanted`
-/// (given whether the Machine is being deleted) says.
-async fn set_hooks(
-    shared: &Shared,
-    ns: &str,
-    cluster: &str,
-    wanted: impl Fn(bool) -> bool,
-) -> Result<(), Error> {
-    let api =
-        Api::<DynamicObject>::namespaced_with(shared.ctx.client.clone(), ns, &shared.machine_ar);
-    let machines = machines_of(shared, ns, cluster);
-    let mut failed = None;
-    for m in machines {
-        let has = m.annotations().contains_key(names::WORKLOAD_CLEANUP_HOOK);
-        let want = wanted(m.metadata.deletion_timestamp.is_some());
-        if has == want {
-            continue;
-        }
-        let value = want.then_some(names::WORKLOAD_CLEANUP_HOOK_OWNER);
-        let patch = json!({"metadata": {"annotations": {names::WORKLOAD_CLEANUP_HOOK: value}}});
-        match api
-            .patch(
-                &m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            // Every Machine is tried; the first failure is the pass's.
-            Err(e) => {
-                warn!(machine = %m.name_any(), namespace = %ns, error = %e, "cannot set the workload cleanup's hook");
-                failed.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
-    Ok(())
-}
-
-/// An annotation of the TerraformCluster read as a time.
-fn stamp(tfc: &TerraformCluster, key: &str) -> Option<Timestamp> {
-    tfc.annotations()
-        .get(key)
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// Removes the record of failures, when there is one (a success resets the clock).
-async fn clear_failing(
-    api: &Api<TerraformCluster>,
-    tfc: TerraformCluster,
-) -> Result<TerraformCluster, Error> {
-    if !tfc
-        .annotations()
-        .contains_key(names::WORKLOAD_CLEANUP_FAILING_SINCE)
-    {
-        return Ok(tfc);
-    }
-    annotate(
-        api,
-        &tfc.name_any(),
-        &[(names::WORKLOAD_CLEANUP_FAILING_SINCE, None)],
-    )
-    .await
-}
-
-/// Removes what an earlier object of the same name recorded of its cleanup.
-async fn forget_earlier(
-    api: &Api<TerraformCluster>,
-    name: &str,
-) -> Result<TerraformCluster, Error> {
-    let keys = [
-        names::WORKLOAD_CLEANUP_STARTED,
-        names::WORKLOAD_CLEANUP_FAILING_SINCE,
-        names::WORKLOAD_CLEANUP_FINISHED,
-    ];
-    annotate(api, name, &keys.map(|k| (k, None))).await
-}
-
-/// Sets (or, with `None`, removes) annotations of the TerraformCluster; returns it as
-/// written.
-async fn annotate(
-    api: &Api<TerraformCluster>,
-    name: &str,
-    edits: &[(&str, Option<String>)],
-) -> Result<TerraformCluster, Error> {
-    let annotations: serde_json::Map<String, serde_json::Value> = edits
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    let patch = json!({"metadata": {"annotations": annotations}});
-    Ok(api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?)
-}
-
-/// Writes the end of a finished cleanup into the condition again when it is not there (the
-/// Events and the log keep the details).
-async fn restore_end(
-    api: &Api<TerraformCluster>,
-    tfc: &TerraformCluster,
-    cluster: &str,
-) -> Result<(), Error> {
-    let ended = current(tfc).is_some_and(|(r, _)| r == reason::CLEANED_UP || r == reason::GAVE_UP);
-    if ended {
-        return Ok(());
-    }
-    let gave_up = tfc
-        .annotations()
-        .get(names::WORKLOAD_CLEANUP_FINISHED)
-        .is_some_and(|v| v == names::WORKLOAD_CLEANUP_GAVE_UP);
-    let (status, why, msg) = if gave_up {
-        (
-            Status::False,
-            reason::GAVE_UP,
-            format!(
-                "gave up cleaning up the workload cluster of Cluster {cluster}: see the Warning Event WorkloadCleanupGaveUp (runbooks/WorkloadClusterUnreachable.md)"
-            ),
-        )
-    } else {
-        (
-            Status::True,
-            reason::CLEANED_UP,
-            format!(
-                "the workload cluster of Cluster {cluster} is cleaned up: its Machines' infrastructure may go"
-            ),
-        )
-    };
-    write_condition(api, tfc, status, why, msg).await
-}
-
-/// The condition's reason and message now, if it is there.
-fn current(tfc: &TerraformCluster) -> Option<(String, String)> {
-    tfc.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == CONDITION)
-        .map(|c| (c.reason.clone(), c.message.clone()))
-}
-
-/// Merges the condition into the TerraformCluster's status, guarded by the
-/// resourceVersion read (the TerraformCluster's own passes write its other conditions);
-/// on a conflict it reads the object again and merges again.
-async fn write_condition(
-    api: &Api<TerraformCluster>,
-    tfc: &TerraformCluster,
-    status: Status,
-    why: &'static str,
-    message: String,
-) -> Result<(), Error> {
-    let desired = Desired::new(CONDITION, status, why, message);
-    let mut tfc = tfc.clone();
-    for _ in 0..3 {
-        let existing = tfc
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        let merged = conditions::merge(
-            &existing,
-            std::slice::from_ref(&desired),
-            tfc.meta().generation,
-            Timestamp::now(),
-        );
-        if !conditions::differ_ignoring_time(&existing, &merged) {
-            return Ok(());
-        }
-        let patch = json!({
-            "metadata": {"resourceVersion": tfc.resource_version()},
-            "status": {"conditions": merged}
-        });
-        match api
-            .patch_status(
-                &tfc.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                match api.get_opt(&tfc.name_any()).await? {
-                    Some(fresh) => tfc = fresh,
-                    None => return Ok(()),
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(Error::Stale(format!("TerraformCluster {}", tfc.name_any())))
-}
-
-async fn publish(shared: &Shared, tfc: &TerraformCluster, type_: EventType, why: &str, note: &str) {
-    let reference: ObjectReference = tfc.object_ref(&());
-    events::publish_ref(&shared.ctx, &reference, type_, why, "WorkloadCleanup", note).await;
-}
-
-fn outcome(shared: &Shared, why: &str) {
-    shared.ctx.metrics.workload_cleanups.inc(&ByOutcome {
-        outcome: Reason::new(why),
-    });
 }

@@ -1,0 +1,228 @@
+//! The bootstrap data Secrets a machine's or pool's passes read, kept while the watch of
+//! the Secrets labelled with a cluster's name says they have not changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
+
+/// The bootstrap data Secrets passes read, kept while the watch of the Secrets labelled
+/// with a cluster's name says they have not changed: a machine or pool reads its
+/// bootstrap data at every pass until it has recorded its values (the contract's inputs),
+/// and a provisioning takes a score of passes. Only the resourceVersions the watch saw
+/// are kept for every Secret (the watch is of metadata); at most [`BOOTSTRAP_KEPT`]
+/// Secrets are kept whole.
+#[derive(Default)]
+pub struct BootstrapSecrets {
+    inner: std::sync::Mutex<BootstrapInner>,
+}
+
+#[derive(Default)]
+struct BootstrapInner {
+    /// The resourceVersion the watch last saw, by `namespace/name`.
+    seen: HashMap<String, String>,
+    /// While the watch lists again (after a start or a lost watch): what it saw so far.
+    /// Nothing is served from the kept Secrets meanwhile.
+    relisting: Option<HashMap<String, String>>,
+    /// The Secrets as read, by `namespace/name`.
+    kept: HashMap<String, Arc<Secret>>,
+}
+
+/// How many bootstrap data Secrets are kept whole at most (a kubeadm bootstrap's data is
+/// a few to some tens of kilobytes).
+pub const BOOTSTRAP_KEPT: usize = 256;
+
+fn key_of(meta: &kube::api::ObjectMeta) -> Option<String> {
+    Some(format!(
+        "{}/{}",
+        meta.namespace.as_deref()?,
+        meta.name.as_deref()?
+    ))
+}
+
+impl BootstrapSecrets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BootstrapInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the watch of the labelled Secrets saw.
+    pub fn saw(&self, event: &watcher::Event<PartialObjectMeta<Secret>>) {
+        let mut inner = self.lock();
+        let rv = |m: &PartialObjectMeta<Secret>| m.metadata.resource_version.clone();
+        match event {
+            watcher::Event::Init => inner.relisting = Some(HashMap::new()),
+            watcher::Event::InitApply(m) => {
+                if let (Some(k), Some(v), Some(r)) =
+                    (key_of(&m.metadata), rv(m), inner.relisting.as_mut())
+                {
+                    r.insert(k, v);
+                }
+            }
+            watcher::Event::InitDone => {
+                let seen = inner.relisting.take().unwrap_or_default();
+                let BootstrapInner { kept, .. } = &mut *inner;
+                kept.retain(|k, s| seen.get(k) == s.metadata.resource_version.as_ref());
+                inner.seen = seen;
+            }
+            watcher::Event::Apply(m) => {
+                if let (Some(k), Some(v)) = (key_of(&m.metadata), rv(m)) {
+                    if let Some(r) = inner.relisting.as_mut() {
+                        r.insert(k.clone(), v.clone());
+                    }
+                    inner.seen.insert(k, v);
+                }
+            }
+            watcher::Event::Delete(m) => {
+                if let Some(k) = key_of(&m.metadata) {
+                    if let Some(r) = inner.relisting.as_mut() {
+                        r.remove(&k);
+                    }
+                    inner.seen.remove(&k);
+                    inner.kept.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// The watch failed: until it lists again or resumes, a change may go unseen, so
+    /// nothing kept so far is served (what is read from now on is compared with what the
+    /// watch reports next).
+    pub fn lost(&self) {
+        self.lock().kept.clear();
+    }
+
+    /// The Secret `ns/name` as kept, when the watch saw no other version of it since.
+    pub fn get(&self, ns: &str, name: &str) -> Option<Arc<Secret>> {
+        let inner = self.lock();
+        if inner.relisting.is_some() {
+            return None;
+        }
+        let key = format!("{ns}/{name}");
+        let kept = inner.kept.get(&key)?;
+        (inner.seen.get(&key) == kept.metadata.resource_version.as_ref()).then(|| kept.clone())
+    }
+
+    /// Keeps a Secret as read, without its managed fields.
+    pub fn keep(&self, mut secret: Secret) {
+        let Some(key) = key_of(&secret.metadata) else {
+            return;
+        };
+        secret.metadata.managed_fields = None;
+        let mut inner = self.lock();
+        if inner.kept.len() >= BOOTSTRAP_KEPT && !inner.kept.contains_key(&key) {
+            let any = inner.kept.keys().next().cloned();
+            if let Some(any) = any {
+                inner.kept.remove(&any);
+            }
+        }
+        inner.kept.insert(key, Arc::new(secret));
+    }
+
+    /// How many Secrets are kept whole (for the tests).
+    pub fn kept(&self) -> usize {
+        self.lock().kept.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(name: &str, rv: &str) -> PartialObjectMeta<Secret> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "team-a", "resourceVersion": rv}
+        }))
+        .expect("metadata")
+    }
+
+    fn secret(name: &str, rv: &str) -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "team-a", "resourceVersion": rv},
+            "data": {"value": "I2Nsb3VkLWNvbmZpZw=="}
+        }))
+        .expect("secret")
+    }
+
+    fn listed(b: &BootstrapSecrets, items: &[(&str, &str)]) {
+        b.saw(&watcher::Event::Init);
+        for (n, rv) in items {
+            b.saw(&watcher::Event::InitApply(meta(n, rv)));
+        }
+        b.saw(&watcher::Event::InitDone);
+    }
+
+    #[test]
+    fn a_kept_secret_is_served_only_while_the_watch_saw_no_other_version() {
+        let b = BootstrapSecrets::default();
+        listed(&b, &[("web-1-bootstrap", "10")]);
+        assert!(
+            b.get("team-a", "web-1-bootstrap").is_none(),
+            "nothing kept yet"
+        );
+        b.keep(secret("web-1-bootstrap", "10"));
+        assert_eq!(
+            b.get("team-a", "web-1-bootstrap")
+                .and_then(|s| s.metadata.resource_version.clone())
+                .as_deref(),
+            Some("10")
+        );
+        // A rotation: the watch sees version 11; the kept 10 is not served.
+        b.saw(&watcher::Event::Apply(meta("web-1-bootstrap", "11")));
+        assert!(b.get("team-a", "web-1-bootstrap").is_none());
+        // Read again at 11 and kept: served.
+        b.keep(secret("web-1-bootstrap", "11"));
+        assert!(b.get("team-a", "web-1-bootstrap").is_some());
+        // Deleted: gone.
+        b.saw(&watcher::Event::Delete(meta("web-1-bootstrap", "12")));
+        assert!(b.get("team-a", "web-1-bootstrap").is_none());
+        assert_eq!(b.kept(), 0);
+    }
+
+    #[test]
+    fn a_read_older_than_the_watch_is_not_served() {
+        // The watch saw 11 before the pass's read of 10 came back and was kept.
+        let b = BootstrapSecrets::default();
+        listed(&b, &[]);
+        b.saw(&watcher::Event::Apply(meta("web-1-bootstrap", "11")));
+        b.keep(secret("web-1-bootstrap", "10"));
+        assert!(b.get("team-a", "web-1-bootstrap").is_none());
+    }
+
+    #[test]
+    fn nothing_is_served_while_the_watch_lists_again_and_what_went_meanwhile_is_dropped() {
+        let b = BootstrapSecrets::default();
+        listed(&b, &[("a", "1"), ("b", "1")]);
+        b.keep(secret("a", "1"));
+        b.keep(secret("b", "1"));
+        b.saw(&watcher::Event::Init);
+        b.saw(&watcher::Event::InitApply(meta("a", "1")));
+        assert!(b.get("team-a", "a").is_none(), "served during a relist");
+        // `b` was deleted while the watch was lost: the relist does not show it.
+        b.saw(&watcher::Event::InitDone);
+        assert!(b.get("team-a", "a").is_some());
+        assert!(b.get("team-a", "b").is_none());
+        assert_eq!(b.kept(), 1);
+    }
+
+    #[test]
+    fn a_failed_watch_drops_what_was_kept() {
+        let b = BootstrapSecrets::default();
+        listed(&b, &[("a", "1")]);
+        b.keep(secret("a", "1"));
+        b.lost();
+        assert!(b.get("team-a", "a").is_none());
+    }
+
+    #[test]
+    fn at_most_so_many_secrets_are_kept_whole() {
+        let b = BootstrapSecrets::default();
+        listed(&b, &[]);
+        for i in 0..BOOTSTRAP_KEPT + 10 {
+            b.keep(secret(&format!("s{i}"), "1"));
+        }
+        assert_eq!(b.kept(), BOOTSTRAP_KEPT);
+    }
+}
