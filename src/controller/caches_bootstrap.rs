@@ -120,7 +120,8 @@ impl BootstrapSecrets {
         inner.kept.insert(key, Arc::new(secret));
     }
 
-    /// How many Secrets are kept whole (for the tests).
+    /// How many Secrets are kept whole.
+    #[cfg(test)]
     pub fn kept(&self) -> usize {
         self.lock().kept.len()
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use serde_json::json;
 
 use crate::support::*;
@@ -87,14 +87,7 @@ async fn a_cluster_pause_is_not_missed_when_cluster_api_comes_after_the_manager(
     .await;
     assert_eq!(env.jobs_created(), 0);
     // Unpaused: the destroy runs.
-    env.cluster_api()
-        .patch(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": false}})),
-        )
-        .await
-        .expect("unpause");
+    env.set_cluster_paused("prod", false).await;
     env.wait_gone::<Tfm>("web-1", long()).await;
     assert!(env.destroyed("web-1"));
     env.shutdown().await;

@@ -15,7 +15,8 @@ use captf::api::{TerraformCluster as Tfc, TerraformMachine as Tfm};
 use captf::controller::workload::{CONDITION, reason};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Service};
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -28,17 +29,7 @@ use crate::support::*;
 const NEVER: &str = "test.captf.io/never";
 
 fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: if group.is_empty() {
-            version.into()
-        } else {
-            format!("{group}/{version}")
-        },
-        kind: kind.into(),
-        plural: plural.into(),
-    }
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
 fn webhooks() -> ApiResource {
@@ -752,14 +743,7 @@ async fn the_skip_annotation_and_a_period_of_zero_clean_up_only_services_and_cla
     )
     .await;
     // Paused, its deletion starts nothing.
-    env.cluster_api()
-        .patch(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": true}})),
-        )
-        .await
-        .expect("pause");
+    env.set_cluster_paused("prod", true).await;
     env.delete_cluster("prod").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let tfc = env.object::<Tfc>("prod").await.expect("TerraformCluster");
@@ -779,14 +763,7 @@ async fn the_skip_annotation_and_a_period_of_zero_clean_up_only_services_and_cla
             .deletion_timestamp
             .is_none()
     );
-    env.cluster_api()
-        .patch(
-            "prod",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": false}})),
-        )
-        .await
-        .expect("unpause");
+    env.set_cluster_paused("prod", false).await;
 
     wait_for_value("the cleanup done", long(), || async {
         cleanup_condition(&env, "prod")

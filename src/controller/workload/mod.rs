@@ -138,27 +138,13 @@ fn error_policy(cluster: Arc<DynamicObject>, err: &Error, _: Arc<Shared>) -> Req
     Requeue::requeue(Duration::from_secs(5))
 }
 
-/// The TerraformCluster a Cluster names as its infrastructure, if it does.
-fn infrastructure(cluster: &DynamicObject) -> Option<String> {
-    let r = &cluster.data["spec"]["infrastructureRef"];
-    let ours = r["kind"] == "TerraformCluster"
-        && r["apiGroup"]
-            .as_str()
-            .is_none_or(|g| g.is_empty() || g == names::GROUP);
-    r["name"]
-        .as_str()
-        .filter(|n| ours && !n.is_empty())
-        .map(str::to_string)
-}
-
 async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeue, Error> {
     let ns = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     // A paused Cluster (`clusterctl move` pauses, and then deletes the source's objects
     // for the move) is left as it is, as Cluster API's own controllers leave it.
-    let view = crate::gather::ClusterView::from_value(
-        &serde_json::to_value(cluster.as_ref()).unwrap_or_default(),
-    );
+    let value = serde_json::to_value(cluster.as_ref()).unwrap_or_default();
+    let view = crate::gather::ClusterView::from_value(&value);
     if view.spec_paused
         || view.annotation_paused
         || cluster
@@ -169,7 +155,8 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
     }
     let settings = Settings::of(cluster.annotations(), shared.enabled_by_default);
     let deleting = cluster.meta().deletion_timestamp.is_some();
-    let infra = infrastructure(&cluster);
+    // The TerraformCluster the Cluster names as its infrastructure, as the hand-off reads it.
+    let infra = crate::contract::values::handoff_source(&value).map(str::to_string);
     let enabled = settings.enabled && infra.is_some();
     if !(enabled && deleting) {
         // A hook comes off a Machine being deleted while its Cluster is not. The Clusters'
@@ -315,19 +302,18 @@ async fn pass(cluster: Arc<DynamicObject>, shared: Arc<Shared>) -> Result<Requeu
             Ok(Requeue::requeue(look_again(&plan, now)))
         }
         Err(f) => {
-            let since = match stamp(&tfc, names::WORKLOAD_CLEANUP_FAILING_SINCE) {
-                Some(s) => s,
+            let (tfc, since) = match stamp(&tfc, names::WORKLOAD_CLEANUP_FAILING_SINCE) {
+                Some(s) => (tfc, s),
                 None => {
-                    annotate(
+                    let written = annotate(
                         &tfcs,
                         &infra,
                         &[(names::WORKLOAD_CLEANUP_FAILING_SINCE, Some(now.to_string()))],
                     )
                     .await?;
-                    now
+                    (written, now)
                 }
             };
-            let tfc = tfcs.get(&infra).await?;
             let give_up = rules::give_up_at(since, shared.give_up_after);
             if now >= give_up {
                 let tfc = annotate(

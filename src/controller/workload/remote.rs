@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::PartialObjectMeta;
 use kube::{Client, Config};
@@ -140,39 +142,51 @@ fn config_of(
 }
 
 fn resource(t: &Target) -> ApiResource {
-    ApiResource {
-        group: t.group.into(),
-        version: t.version.into(),
-        api_version: if t.group.is_empty() {
-            t.version.into()
-        } else {
-            format!("{}/{}", t.group, t.version)
-        },
-        kind: t.kind.into(),
-        plural: t.plural.into(),
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(t.group, t.version, t.kind), t.plural)
+}
+
+/// The metadata of `api`'s objects, page by page (at most [`MAX_PAGES`]), each page's
+/// items handed to `take`, until it says it has enough; `Ok(false)` when the kind is not
+/// served (404) and `missing_ok`.
+async fn pages<K>(
+    api: &Api<K>,
+    what: &str,
+    missing_ok: bool,
+    mut take: impl FnMut(Vec<PartialObjectMeta<K>>) -> bool,
+) -> Result<(), Failure>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + kube::Resource,
+{
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let mut lp = ListParams::default().limit(PAGE);
+        if let Some(tok) = token.take() {
+            lp = lp.continue_token(&tok);
+        }
+        let page = match api.list_metadata(&lp).await {
+            Ok(p) => p,
+            Err(kube::Error::Api(s)) if s.code == 404 && missing_ok => return Ok(()),
+            Err(e) => return Err(Failure::of(&format!("listing {what}"), e)),
+        };
+        let enough = take(page.items);
+        match page.metadata.continue_ {
+            Some(tok) if !tok.is_empty() && !enough => token = Some(tok),
+            _ => return Ok(()),
+        }
     }
+    Ok(())
 }
 
 /// The namespaces of the workload cluster (their names).
 pub async fn namespaces(client: &Client) -> Result<BTreeSet<String>, Failure> {
-    let api = Api::<PartialObjectMeta<Namespace>>::all(client.clone());
+    let api = Api::<Namespace>::all(client.clone());
     let mut out = BTreeSet::new();
-    let mut token: Option<String> = None;
-    loop {
-        let mut lp = ListParams::default().limit(PAGE);
-        if let Some(t) = token.take() {
-            lp = lp.continue_token(&t);
-        }
-        let page = api
-            .list_metadata(&lp)
-            .await
-            .map_err(|e| Failure::of("listing the workload cluster's Namespaces", e))?;
-        out.extend(page.items.into_iter().filter_map(|n| n.metadata.name));
-        match page.metadata.continue_ {
-            Some(t) if !t.is_empty() => token = Some(t),
-            _ => return Ok(out),
-        }
-    }
+    pages(&api, "the workload cluster's Namespaces", false, |items| {
+        out.extend(items.into_iter().filter_map(|n| n.metadata.name));
+        false
+    })
+    .await?;
+    Ok(out)
 }
 
 /// The objects of kind `t` in the workload cluster that `wanted` keeps (metadata only);
@@ -185,21 +199,10 @@ pub async fn list(
 ) -> Result<Vec<Object>, Failure> {
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource(t));
     let mut out = Vec::new();
-    let mut token: Option<String> = None;
-    for _ in 0..MAX_PAGES {
-        let mut lp = ListParams::default().limit(PAGE);
-        if let Some(tok) = token.take() {
-            lp = lp.continue_token(&tok);
-        }
-        let page = match api.list_metadata(&lp).await {
-            Ok(p) => p,
-            Err(kube::Error::Api(s)) if s.code == 404 && t.group == SNAPSHOT_GROUP => {
-                return Ok(out);
-            }
-            Err(e) => return Err(Failure::of(&format!("listing {}s", t.kind), e)),
-        };
+    let what = format!("{}s", t.kind);
+    pages(&api, &what, t.group == SNAPSHOT_GROUP, |items| {
         out.extend(
-            page.items
+            items
                 .into_iter()
                 .map(|o| {
                     let m = o.metadata;
@@ -215,11 +218,9 @@ pub async fn list(
                 })
                 .filter(|o| wanted(o)),
         );
-        match page.metadata.continue_ {
-            Some(tok) if !tok.is_empty() && out.len() < MAX_OBJECTS_PER_KIND => token = Some(tok),
-            _ => return Ok(out),
-        }
-    }
+        out.len() >= MAX_OBJECTS_PER_KIND
+    })
+    .await?;
     Ok(out)
 }
 

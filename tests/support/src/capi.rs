@@ -209,6 +209,18 @@ impl Env {
         created.metadata.uid.unwrap_or_default()
     }
 
+    /// Sets the Cluster `name`'s `spec.paused`.
+    pub async fn set_cluster_paused(&self, name: &str, paused: bool) {
+        self.cluster_api()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"paused": paused}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("spec.paused: {paused} on Cluster {name}: {e}"));
+    }
+
     /// The tests' bootstrap configs in the test's namespace.
     pub fn bootstrap_configs(&self) -> Api<DynamicObject> {
         Api::namespaced_with(
