@@ -410,12 +410,14 @@ pub fn read_noting(secrets: &StateSecrets, cap: u64) -> (StateContent, Option<St
         ),
     };
     let all = chunks.len();
+    let length = |chunks: &[&[u8]]| chunks.iter().map(|c| c.len() as u64).sum();
     let scanned = scan::scan(
         Chain {
             chunks: chunks.clone(),
             index: 0,
         },
         cap,
+        length(&chunks),
     );
     if let scan::Scanned::Gzip(scan::GzipFailure::TrailingData { compressed }) = &scanned
         && let Some(live) = live_chunks(&chunks, *compressed)
@@ -426,6 +428,7 @@ pub fn read_noting(secrets: &StateSecrets, cap: u64) -> (StateContent, Option<St
                 index: 0,
             },
             cap,
+            length(&chunks[..live]),
         );
         if matches!(rescanned, scan::Scanned::Ok(_)) {
             let stale: Vec<u32> = (live as u32..all as u32).collect();
@@ -474,8 +477,8 @@ fn live_chunks(chunks: &[&[u8]], end: u64) -> Option<usize> {
 
 /// Streams gunzip over `gzip` under the decompression cap and scans the JSON: the core of
 /// [`read`], also used by the benchmark.
-pub fn read_bytes(gzip: impl Read, cap: u64) -> StateContent {
-    content("the state", scan::scan(gzip, cap))
+pub fn read_bytes(gzip: &[u8], cap: u64) -> StateContent {
+    content("the state", scan::scan(gzip, cap, gzip.len() as u64))
 }
 
 /// "256 MiB" or "1000 bytes".
