@@ -29,8 +29,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -42,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/captf/captf/tests/cluster/ports"
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -277,27 +276,9 @@ type child struct {
 	done chan struct{}
 }
 
-// freePort picks a port the components listen on, free now. It is taken below Linux's
-// ephemeral range (32768 and up by default), where the kernel never picks the local port
-// of an outgoing connection: a port taken from that range (":0") could be given to one
-// of the many connections the tests open in the seconds before the component binds it
-// (seen: Cluster API's manager failing with "address already in use").
+// freePort picks a port a component listens on: see package ports.
 func freePort() (int, error) {
-	for i := 0; i < 64; i++ {
-		port := 20000 + rand.IntN(12000)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		return port, nil
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports.Free()
 }
 
 func (c *cluster) start(ctx context.Context) error {

@@ -120,7 +120,57 @@ pub(crate) async fn http_get(port: u16, path: &str) -> (u16, String) {
         .expect("write");
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
+    let out = dechunked(out);
     (status_code(&out), out)
+}
+
+/// A whole HTTP/1.1 response with a chunked body (`Transfer-Encoding: chunked`, as Go's
+/// servers send a long body, kube-state-metrics' among them) made plain: the chunk-size
+/// lines, which may fall in the middle of a line of the body, taken out.
+pub(crate) fn dechunked(response: String) -> String {
+    let Some((head, mut body)) = response.split_once("\r\n\r\n") else {
+        return response;
+    };
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding")
+                && value.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    if !chunked {
+        return response;
+    }
+    let mut plain = format!("{head}\r\n\r\n");
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = size.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size, 16)
+            .unwrap_or_else(|_| panic!("a chunk size, not {size:?}, in:\n{response}"));
+        if size == 0 {
+            break;
+        }
+        let chunk = rest
+            .get(..size)
+            .unwrap_or_else(|| panic!("a chunk of {size} bytes cut short in:\n{response}"));
+        plain.push_str(chunk);
+        body = rest[size..].strip_prefix("\r\n").unwrap_or(&rest[size..]);
+    }
+    plain
+}
+
+#[test]
+fn a_chunked_response_is_read_whole_with_lines_split_across_chunks_joined() {
+    let response =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n\
+                    c\r\nfoo_total{a=\r\n8\r\n\"b\"} 1\nx\r\n0\r\n\r\n"
+            .to_string();
+    let plain = dechunked(response);
+    assert!(
+        plain.ends_with("\r\n\r\nfoo_total{a=\"b\"} 1\nx"),
+        "{plain:?}"
+    );
+    assert_eq!(status_code(&plain), 200);
+    let unchunked = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_string();
+    assert_eq!(dechunked(unchunked.clone()), unchunked);
 }
 
 /// The status code of a whole HTTP/1.1 response (0 when it has none).

@@ -24,8 +24,17 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use serde_json::json;
+use std::time::Duration;
 
 use crate::{Env, long, wait_for, wait_for_value};
+
+/// The workload cluster's Nodes are the shared API server's, and the providerID CAPTF gives
+/// a Machine is the same in every test (`captf:///web-1`): while two Nodes carry it, Cluster
+/// API sets neither Machine's `nodeRef` ("unexpectedly found more than one Node matching the
+/// providerID", `getNode` in `core/reconcilers/machine` of v1.14.2). Tests that run at once
+/// take turns: a Node is made only when no other carries its providerID, and goes with its
+/// test ([`Env::shutdown`]).
+static NODE_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The group, version and kind of the tests' control-plane provider.
 pub const CONTROL_PLANE_GROUP: &str = "controlplane.test.captf.dev";
@@ -343,6 +352,25 @@ impl Env {
         )
         .await;
         let name = format!("{}-{machine}", self.ns);
+        // Take turns with the tests that run at once (see NODE_TURN), for up to 15 minutes:
+        // a Node a failed test left behind is its failure, not this test's.
+        let turn = NODE_TURN.lock().await;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(900) {
+            // Another Node with this providerID, or the Nodes not listed: wait.
+            let taken = nodes.list(&Default::default()).await.map_or(true, |list| {
+                list.items.iter().any(|n| {
+                    n.metadata.name.as_deref() != Some(name.as_str())
+                        && n.spec.as_ref().and_then(|s| s.provider_id.as_deref())
+                            == Some(provider_id.as_str())
+                })
+            });
+            if !taken {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {"captf-e2e-namespace": self.ns}},
             "spec": {"providerID": provider_id}
@@ -356,6 +384,7 @@ impl Env {
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => panic!("create the Node of {machine}: {e}"),
         }
+        drop(turn);
         wait_for(&format!("Machine {machine}'s nodeRef"), long(), || async {
             machines
                 .get(machine)
