@@ -1,8 +1,9 @@
 //! The sweep of what gone objects left behind (see `gather::leftovers`): the finished
 //! Jobs, their Pods and the attempts' variables Secrets of an object that left without a
 //! cleanup (`clusterctl move`), and the free lock Lease of its state, which moved with it.
-//! Run with the RBAC sweep, from the caches; a namespace with such things is looked at
-//! live (its objects, its Leases) before anything there is deleted.
+//! Run with the RBAC sweep, from the caches; a namespace where the caches show such things
+//! is looked at live (its objects, its Leases) before anything there is deleted, and no
+//! other is.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -64,18 +65,31 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
     let Some(all) = ctx.all_caches() else {
         return Ok(0);
     };
-    // Candidates from the caches: what carries the owner labels and has finished.
+    // Candidates from the caches: what carries the owner labels, has finished, and whose
+    // object and state the caches do not hold. Only their namespaces are looked at live:
+    // a cache that lags only delays a sweep (an object it still holds) or costs a live look
+    // that finds the object there (one it does not hold yet, or one outside
+    // `--watch-filter`).
     let mut by_ns: BTreeMap<String, Found> = BTreeMap::new();
     let ns_of = |m: &kube::api::ObjectMeta| m.namespace.clone().unwrap_or_default();
-    let empty = Present::default();
+    let cached = present_in_caches(&all);
+    let none = Present::default();
+    let cached_in = |m: &kube::api::ObjectMeta| {
+        m.namespace
+            .as_deref()
+            .and_then(|ns| cached.get(ns))
+            .unwrap_or(&none)
+    };
     for c in &all {
         for j in c.jobs.state() {
-            if empty.left_over(&j.metadata, super::triggers::job_finished(&j)) {
+            if cached_in(&j.metadata).left_over(&j.metadata, super::triggers::job_finished(&j)) {
                 by_ns.entry(ns_of(&j.metadata)).or_default();
             }
         }
         for s in c.secrets.state() {
-            if is_variables_secret(&s.metadata) && empty.left_over(&s.metadata, true) {
+            if is_variables_secret(&s.metadata)
+                && cached_in(&s.metadata).left_over(&s.metadata, true)
+            {
                 by_ns.entry(ns_of(&s.metadata)).or_default();
             }
         }
@@ -156,6 +170,37 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
     Ok(deleted)
 }
 
+/// The objects and states of every namespace as the caches hold them: the objects of the
+/// three kinds' caches (all of them unless `--watch-filter` is set), the states of the
+/// caches of Secrets.
+fn present_in_caches(all: &[Arc<Caches>]) -> BTreeMap<String, Present> {
+    let mut by_ns: BTreeMap<String, Present> = BTreeMap::new();
+    for (kind, c) in Kind::ALL.iter().zip(all) {
+        (c.members)(&mut |m| {
+            by_ns
+                .entry(m.namespace.clone().unwrap_or_default())
+                .or_default()
+                .object(*kind, m.name.as_deref().unwrap_or_default());
+        });
+    }
+    cached_states(all, |m| {
+        by_ns
+            .entry(m.namespace.clone().unwrap_or_default())
+            .or_default()
+            .secret(m)
+    });
+    by_ns
+}
+
+/// Hands `note` each state Secret of the caches of Secrets (labelled or not).
+fn cached_states(all: &[Arc<Caches>], mut note: impl FnMut(&kube::api::ObjectMeta)) {
+    for c in all {
+        for s in c.secrets.state().iter().chain(c.states.state().iter()) {
+            note(&s.metadata);
+        }
+    }
+}
+
 /// The objects and states of `ns`: the objects listed live (whatever `--watch-filter`
 /// says: another manager's object is no leftover), the states from the caches of Secrets.
 async fn present_in(
@@ -195,12 +240,10 @@ async fn present_in(
             m.metadata.name.as_deref().unwrap_or_default(),
         );
     }
-    for c in all {
-        for s in c.secrets.state().iter().chain(c.states.state().iter()) {
-            if s.metadata.namespace.as_deref() == Some(ns) {
-                present.secret(&s.metadata);
-            }
+    cached_states(all, |m| {
+        if m.namespace.as_deref() == Some(ns) {
+            present.secret(m);
         }
-    }
+    });
     Ok(present)
 }
