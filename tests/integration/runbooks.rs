@@ -1179,12 +1179,15 @@ fn explain_names_the_runbook_the_flowchart_leads_to() {
 /// name exists, and every module under src/ is in the README's layout.
 #[test]
 fn the_layout_pages_match_the_tree() {
-    let readme = std::fs::read_to_string(repo("README.md")).expect("README.md");
-    let layout = readme
-        .split("\n## Layout\n")
+    let architecture = std::fs::read_to_string(repo("docs/architecture.md")).expect("page");
+    let layout = architecture
+        .split("\n## The tree\n")
         .nth(1)
-        .expect("a Layout section in the README");
-    let block = layout.split("```").nth(1).expect("a code block in Layout");
+        .expect("a section \"The tree\" in docs/architecture.md");
+    let block = layout
+        .split("```")
+        .nth(1)
+        .expect("a code block in The tree");
     // Each line: paths separated by single spaces, then two or more spaces and the text.
     let named: Vec<String> = block
         .lines()
@@ -1194,7 +1197,7 @@ fn the_layout_pages_match_the_tree() {
     for path in &named {
         assert!(
             repo(path).exists(),
-            "the README's layout names {path}, which is not in the tree"
+            "docs/architecture.md's tree names {path}, which is not in the tree"
         );
     }
     let unlisted: Vec<String> = std::fs::read_dir(repo("src"))
@@ -1206,9 +1209,8 @@ fn the_layout_pages_match_the_tree() {
         .collect();
     assert!(
         unlisted.is_empty(),
-        "the README's layout does not name {unlisted:?}"
+        "docs/architecture.md's tree does not name {unlisted:?}"
     );
-    let architecture = std::fs::read_to_string(repo("docs/architecture.md")).expect("page");
     let mut cited = 0;
     for quoted in architecture.split('`').skip(1).step_by(2) {
         let path = quoted.split_whitespace().next().unwrap_or_default();
@@ -1232,6 +1234,53 @@ fn the_layout_pages_match_the_tree() {
         }
     }
     assert!(cited > 10, "docs/architecture.md cites {cited} src/ paths");
+    // Every path of the repository the contributor pages name, beyond src/, exists too.
+    for page in [
+        "docs/architecture.md",
+        "docs/dependencies.md",
+        "docs/testing.md",
+    ] {
+        let text = std::fs::read_to_string(repo(page)).expect(page);
+        let paths = repository_paths(&text);
+        assert!(!paths.is_empty(), "{page} names no path");
+        let missing: Vec<&String> = paths.iter().filter(|p| !repo(p).exists()).collect();
+        assert!(
+            missing.is_empty(),
+            "{page} names paths that do not exist: {missing:?}"
+        );
+    }
+}
+
+/// The backticked words of `text` that name a path of the repository: one word that
+/// starts with one of its top-level directories.
+fn repository_paths(text: &str) -> Vec<String> {
+    const ROOTS: &[&str] = &[
+        "src/",
+        "tests/",
+        "docs/",
+        "benches/",
+        "templates/",
+        "config/",
+        "release/",
+        "examples/",
+        "crds/",
+        "runbooks/",
+        "fuzz/",
+    ];
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|t| t.trim_end_matches(['/', ':', ',']))
+        .filter(|t| ROOTS.iter().any(|r| t.starts_with(r)))
+        .filter(|t| !t.contains(char::is_whitespace) && !t.contains(['*', '<', '{']))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_repository_path_is_told_from_other_backticked_words() {
+    let text = "`src/state/scan/` and `src/a.rs`, not `cargo test`, `src/*.rs` or `kube`";
+    assert_eq!(repository_paths(text), ["src/state/scan", "src/a.rs"]);
 }
 
 /// Every Event reason the manager publishes is in the destroy Job page's table of Events,
