@@ -45,8 +45,9 @@ fn annotation<'a, K: ResourceExt>(obj: &'a K, key: &str) -> Option<&'a str> {
 }
 
 /// One pass over `obj`. `lane` says whether it is the pass after a Job of the object
-/// finished, which takes its state-read permit before the others ([`Lane`]).
-#[instrument(skip(obj, ctx, lane), fields(kind = %K::KIND, namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
+/// finished, which takes its state-read permit before the others ([`Lane`]). Its span
+/// names the object `object`: in the JSON logs, a span's `name` is the span's own name.
+#[instrument(skip(obj, ctx, lane), fields(kind = %K::KIND, namespace = obj.namespace().unwrap_or_default(), object = obj.name_any()))]
 pub async fn reconcile<K: TerraformObject>(
     obj: Arc<K>,
     ctx: Arc<Context>,

@@ -315,6 +315,73 @@ async fn the_manager_and_the_cli_name_themselves_in_their_user_agent() {
     env.shutdown().await;
 }
 
+/// The manager's JSON log lines (the Deployment sets `CAPTF_LOG_FORMAT=json`) name the
+/// object each pass is about: its span carries the kind, namespace and name, and the JSON
+/// formatter's own keys (`name` is the span's name there) do not hide any of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_json_log_lines_of_a_pass_name_its_object() {
+    let env = Env::start("json-logs").await;
+    let uid = env.create_cluster("prod").await;
+    env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
+        .await;
+    let log_path = env.dir.join("manager-json.log");
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _manager = std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
+        .args([
+            "manager",
+            "--provision=false",
+            "--metrics-bind-address=",
+            "--health-probe-bind-address=",
+            "--namespace",
+            &env.ns,
+            "--manager-namespace",
+            &env.manager_ns,
+        ])
+        .env("KUBECONFIG", env.proxy.kubeconfig_path())
+        .env("CAPTF_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info,captf=debug,kube=warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).expect("the log file"))
+        .spawn()
+        .map(Killed)
+        .expect("start the manager");
+    // A line logged inside a pass over web-1: its spans name the object.
+    let of_web_1 = |line: &serde_json::Value| {
+        line["spans"].as_array().is_some_and(|spans| {
+            spans.iter().any(|s| {
+                s["kind"] == "TerraformMachine"
+                    && s["namespace"] == env.ns.as_str()
+                    && s.as_object()
+                        .is_some_and(|o| o.values().any(|v| v == "web-1"))
+            })
+        })
+    };
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    env.wait_finalizer::<Tfm>("web-1").await;
+    let passes = lines()
+        .into_iter()
+        .filter(|l| l["spans"].as_array().is_some_and(|s| !s.is_empty()))
+        .count();
+    assert!(passes > 0, "no log line inside a pass");
+    wait_for("a log line of a pass over web-1 naming it", LONG_WAIT, || async {
+        lines().iter().any(of_web_1)
+    })
+    .await;
+    env.shutdown().await;
+}
+
 /// The passes the in-process manager serving metrics on `port` has counted, all kinds.
 pub(crate) async fn passes(port: u16) -> u64 {
     let (_, text) = http_get(port, "/metrics").await;
