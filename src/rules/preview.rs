@@ -45,6 +45,23 @@ pub fn preview(f: &Facts) -> Preview {
             ),
         };
     }
+    // A Job of the object that runs may be writing the state a deletion would decide on
+    // (a first apply's, as Terraform goes): while there is none yet, nothing can be said
+    // of it. A missing state is a lost state only once no Job runs.
+    if f.state == StateFacts::Missing && !f.unfinished_jobs.is_empty() {
+        return Preview {
+            decision: None,
+            ready: Desired::new(
+                cond::DELETION_READY,
+                Status::Unknown,
+                reason::WAITING_FOR_JOB,
+                format!(
+                    "if deleted now: a deletion first waits for {} to finish, and decides on the state it leaves; it has written none yet",
+                    UnfinishedJob::list(&f.unfinished_jobs)
+                ),
+            ),
+        };
+    }
     let assumed = Facts {
         deleting: true,
         paused: None,

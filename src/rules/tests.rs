@@ -932,6 +932,34 @@ mod preview_of_a_live_object {
     }
 
     #[test]
+    fn no_state_yet_while_a_job_runs_is_unknown_never_a_lost_state() {
+        // A first apply: `applied-at` is written before its Job starts, and Terraform
+        // writes the state as it goes. Until it has, a deletion would wait for the Job and
+        // decide on the state it leaves: nothing can be said of that yet.
+        let p = preview(&Facts {
+            state: StateFacts::Missing,
+            unfinished_jobs: vec![running_job()],
+            ..live()
+        });
+        assert_eq!(p.decision, None);
+        assert_eq!(p.ready.status, Status::Unknown);
+        assert_eq!(p.ready.reason, "WaitingForJob");
+        for said in ["captf-web-1-tfm-apply-1", "decides on the state it leaves"] {
+            assert!(
+                p.ready.message.contains(said),
+                "{said}: {}",
+                p.ready.message
+            );
+        }
+        // Once no Job runs, a missing state of an object that applied is a lost state.
+        let p = preview(&Facts {
+            state: StateFacts::Missing,
+            ..live()
+        });
+        assert_eq!(p.ready.reason, "StateLost");
+    }
+
+    #[test]
     fn a_state_not_read_is_unknown_never_a_lost_state() {
         let p = preview(&Facts {
             state: StateFacts::NotRead,
