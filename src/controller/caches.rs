@@ -29,6 +29,9 @@ use crate::api::{TerraformMachine, TerraformMachinePool};
 #[path = "caches_bootstrap.rs"]
 mod bootstrap;
 pub use bootstrap::{BOOTSTRAP_KEPT, BootstrapSecrets};
+#[path = "caches_recorded.rs"]
+mod recorded;
+pub use recorded::{RECORDED_KEPT_BYTES, RecordedValues};
 
 /// What one controller (one kind) reads from its watches.
 #[derive(Clone)]

@@ -16,6 +16,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use super::Caches;
+use super::caches::RecordedValues;
 use crate::api::names::{self, Kind};
 use crate::gather::Settings;
 use crate::job::Templates;
@@ -137,6 +138,9 @@ pub struct Context {
     /// resourceVersion of the state Secret it was read from: the cluster's machines and
     /// pools are given it, and its state is read again only once it changed.
     pub handoffs: Mutex<HashMap<String, (String, serde_json::Value)>>,
+    /// What the inputs Secrets of provisioned machines record, kept while the cache shows
+    /// the version they were read at ([`RecordedValues`]).
+    pub recorded: RecordedValues,
     /// A permit per state a pass may hold in memory at once: taken before a pass reads the
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
@@ -188,6 +192,7 @@ impl Context {
             refused: Mutex::default(),
             backups: Mutex::default(),
             handoffs: Mutex::default(),
+            recorded: RecordedValues::default(),
             state_reads: Arc::new(StateReads::new(cfg.max_state_reads)),
             caches: Mutex::default(),
             previews: Default::default(),
@@ -264,12 +269,13 @@ impl Context {
         self.refusals().remove(uid);
     }
 
-    /// Forgets what the manager remembers of an object it released: its refusal, what its
-    /// backup held and, for a TerraformCluster, its hand-off. A released object never needs
+    /// Forgets what the manager remembers of an object it released: its refusal, its
+    /// recorded values, what its backup held and, for a TerraformCluster, its hand-off. A released object never needs
     /// them again, and kept they would grow with every object a fleet ever deleted, for
     /// the life of the process.
     pub fn forget(&self, kind: Kind, namespace: &str, name: &str, uid: &str) {
         self.clear_refusal(uid);
+        self.recorded.forget(uid);
         self.backups
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -103,17 +103,13 @@ pub async fn decide_live<K: TerraformObject>(
         cluster: cluster.as_ref(),
         ..Default::default()
     };
-    if gather_apply::keeps_recorded_values(observed.kind, provisioned) {
-        // The pass read it already when it read the state; else one GET.
-        let secret = match &observed.inputs_secret {
-            Some(s) => Some(s.clone()),
-            None => {
-                let name = names::inputs_secret_name(&scope.suffix);
-                scope.secrets.get_opt(&name).await?
-            }
+    let keeps_recorded = gather_apply::keeps_recorded_values(observed.kind, provisioned);
+    if keeps_recorded {
+        sources.recorded = match &observed.inputs_secret {
+            // The pass read it already when it read the state.
+            Some(s) => gather_apply::recorded_values(s, &scope.namespace, &scope.suffix),
+            None => recorded_values(ctx, scope).await?,
         };
-        sources.recorded =
-            secret.and_then(|s| gather_apply::recorded_values(&s, &scope.namespace, &scope.suffix));
     }
     let (owner, bootstrap) = if sources.recorded.is_some() {
         (None, None)
@@ -136,7 +132,7 @@ pub async fn decide_live<K: TerraformObject>(
     {
         sources.handoff = Some(cluster_outputs(ctx, scope, cluster.as_ref()).await?);
     }
-    let seen = gather_apply::apply_observed(&observed, &sources);
+    let mut seen = gather_apply::apply_observed(&observed, &sources);
 
     // Decide. An apply that is due reads its state first (with the errored states and
     // Terraform's lock): no apply starts against a state that was lost or cannot be
@@ -154,6 +150,15 @@ pub async fn decide_live<K: TerraformObject>(
         )
         .await?;
         state_seen = gather_apply::apply_state_seen(&observed, &ctx.settings);
+        if keeps_recorded {
+            // An attempt starts from the recorded values as this read found them, not as
+            // an earlier pass kept them.
+            sources.recorded = observed
+                .inputs_secret
+                .as_ref()
+                .and_then(|s| gather_apply::recorded_values(s, &scope.namespace, &scope.suffix));
+            seen = gather_apply::apply_observed(&observed, &sources);
+        }
         facts = apply_facts_seen(&observed, &seen, &state_seen, &ctx.settings);
     }
     let mut decision = decide_apply(&facts);
@@ -411,6 +416,38 @@ async fn read_cluster<K: TerraformObject>(
         }
     };
     Ok(got.map(|c| serde_json::to_value(c).unwrap_or_default()))
+}
+
+/// The values a provisioned machine's inputs Secret records: as an earlier pass kept them
+/// while the cache of the object's Secrets shows the version they were read at, else read
+/// (one GET) and kept. Without the manager's caches, always read.
+async fn recorded_values<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Error> {
+    let name = names::inputs_secret_name(&scope.suffix);
+    let cached = scope
+        .caches
+        .as_ref()
+        .and_then(|c| c.secret_meta(&scope.namespace, &name))
+        .and_then(|m| m.metadata.resource_version.clone());
+    if let Some(kept) = cached.and_then(|rv| ctx.recorded.get(&scope.uid, &rv)) {
+        return Ok(kept.map(|v| v.as_ref().clone()));
+    }
+    let secret = scope.secrets.get_opt(&name).await?;
+    let values = secret
+        .as_ref()
+        .and_then(|s| gather_apply::recorded_values(s, &scope.namespace, &scope.suffix));
+    if let (Some(_), Some(rv)) = (
+        &scope.caches,
+        secret
+            .as_ref()
+            .and_then(|s| s.metadata.resource_version.as_deref()),
+    ) {
+        ctx.recorded
+            .keep(&scope.uid, rv, values.clone().map(Arc::new));
+    }
+    Ok(values)
 }
 
 /// The bootstrap data Secret a machine's or pool's owner names, as read.

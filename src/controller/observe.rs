@@ -570,6 +570,7 @@ async fn read_secrets(
     let permit = state_reads.acquire(lane).await;
     let ns = o.meta.namespace.clone().unwrap_or_default();
     let name = o.meta.name.clone().unwrap_or_default();
+    tracing::debug!(kind = o.kind.as_str(), %name, "reading the state, the inputs and the lock");
     let suffix = names::state_suffix(o.kind, &name);
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);

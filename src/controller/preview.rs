@@ -143,6 +143,9 @@ pub async fn deletion_ready<K: TerraformObject>(
                 None => {
                     // Read once for this key: the state, the inputs, the lock, the errored
                     // states and what the inputs reference, under a permit.
+                    tracing::debug!(
+                        "the deletion preview reads the state: nothing read for this key"
+                    );
                     let mut o = observed.clone();
                     observe::read_state_into(
                         &ctx.client,

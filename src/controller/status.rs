@@ -78,6 +78,21 @@ async fn write_status_with<K: TerraformObject>(
     if !conditions::differ_ignoring_time(&existing, &merged) && same_generation {
         return Ok(None);
     }
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let changed: Vec<String> = merged
+            .iter()
+            .filter(|m| {
+                !existing.iter().any(|e| {
+                    e.type_ == m.type_
+                        && e.status == m.status
+                        && e.reason == m.reason
+                        && e.message == m.message
+                })
+            })
+            .map(|m| format!("{}={}/{}", m.type_, m.status, m.reason))
+            .collect();
+        tracing::debug!(changed = %changed.join(" "), same_generation, "writing the status");
+    }
     let status = json!({ "conditions": merged, "observedGeneration": generation });
     match writes::patch_status(api, &obj.name_any(), status).await {
         Ok(written) => Ok(Some(written)),

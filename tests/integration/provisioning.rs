@@ -448,6 +448,67 @@ async fn a_machine_reads_its_bootstrap_data_once_while_it_does_not_change() {
     env.shutdown().await;
 }
 
+/// A provisioned machine decides from the values its inputs Secret recorded: its passes
+/// read that Secret once while it does not change, not at every pass (issue 37: a
+/// provisioned machine's passes read it at each one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provisioned_machine_reads_its_recorded_values_once_while_they_do_not_change() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let mut env = Env::start_provisioning("recorded-reads", None).await;
+    env.create_cluster("prod").await;
+    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
+    env.mark_cluster_ready("prod").await;
+    env.provision::<Tfm>("web-1", "prod", &apply_module(0))
+        .await;
+    // A manager that starts with nothing kept; then five changes of the Cluster, each a
+    // pass of web-1 (and of the TerraformCluster) that changes nothing of web-1's own.
+    let port = crate::manager::restart_with_metrics(&mut env).await;
+    env.wait_provisioned::<Tfm>("web-1").await;
+    let log = env.proxy.request_log();
+    log.reset();
+    let before = crate::manager::passes(port).await;
+    for i in 0..5 {
+        let seen = crate::manager::passes(port).await;
+        env.cluster_api()
+            .patch(
+                "prod",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"example.com/touched": i.to_string()}}}),
+                ),
+            )
+            .await
+            .expect("annotate the Cluster");
+        wait_for("a pass after the Cluster changed", long(), || async {
+            crate::manager::passes(port).await >= seen + 2
+        })
+        .await;
+    }
+    let passes = crate::manager::passes(port).await - before;
+    let inputs = names::inputs_secret_name(&names::state_suffix(Kind::TerraformMachine, "web-1"));
+    let gets = log.gets_of("secrets", &inputs);
+    assert!(
+        passes >= 10,
+        "five changes of the Cluster, two objects: {passes} passes"
+    );
+    assert!(
+        gets <= 1,
+        "the inputs Secret read at most once in {passes} passes, not at each: {gets} reads; the manager's requests: {:?}",
+        log.snapshot()
+    );
+    let machine = env.object::<Tfm>("web-1").await.expect("web-1");
+    assert!(
+        machine.status.as_ref().is_some_and(|s| s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Provisioned" && c.status == "True")),
+        "still provisioned"
+    );
+    env.shutdown().await;
+}
+
 /// A machine module of `count` instances that declares `variables` and writes `record`
 /// (a shell word list of Terraform expressions) into each instance's created marker, with
 /// the machine's contract outputs.
