@@ -6,8 +6,9 @@
 //! `CAPTF_SCALE_JOBS` (4) at a time (the Node's Pod capacity, `--max-pods`).
 //!
 //! `CAPTF_SCALE_RUNNER=standin` runs the Pods with `benches/standin/terraform` first on
-//! their PATH instead: a stand-in that empties the state at once (Terraform is the
-//! bottleneck on two cores, not the manager), for N in the thousands. Everything else
+//! their PATH instead: a stand-in that empties the state at once on a destroy, and writes
+//! the state the bench's module would leave on an apply (Terraform is the bottleneck on
+//! two cores, not the manager), for N in the thousands. Everything else
 //! (the Jobs, their Pods, the runner script, the manager) is as with Terraform; the
 //! stand-in takes no lock Lease, so there is no Lease for the cleanup to delete.
 //!
@@ -36,8 +37,8 @@
 //! provisioning (from the first create to the last `Provisioned=True`): the manager's
 //! requests per provisioning by verb and resource, each object's create → `Provisioned`
 //! time, the apply Jobs that existed unfinished at once, the manager's CPU per object and
-//! its peak RSS. The deletion of the N provisioned objects is then measured as above. (The
-//! stand-in runner only destroys: provisioning runs with the real `terraform` only.)
+//! its peak RSS. The deletion of the N provisioned objects is then measured as above. With
+//! `CAPTF_SCALE_RUNNER=standin` the applies run the stand-in too.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -103,12 +104,6 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if provision && standin {
-        eprintln!(
-            "error: CAPTF_SCALE_PROVISION=1 needs the real terraform: the stand-in runner only destroys (unset CAPTF_SCALE_RUNNER)"
-        );
-        std::process::exit(2);
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -200,12 +195,12 @@ async fn bench(
 ) -> Result<PerDeletion, String> {
     let started = Instant::now();
     let runner = if standin {
-        "a stand-in that empties the state at once (benches/standin/terraform)"
+        "a stand-in that writes or empties the state at once (benches/standin/terraform)"
     } else {
         "the real terraform"
     };
     println!(
-        "scale bench: {n} TerraformMachines, destroy Jobs' Pods run by the local kubelet with {runner}, {jobs} at a time; kube-controller-manager at {} requests per second",
+        "scale bench: {n} TerraformMachines, Jobs' Pods run by the local kubelet with {runner}, {jobs} at a time; kube-controller-manager at {} requests per second",
         common::env_usize("CAPTF_SCALE_KCM_QPS", 20)
     );
     let max_pods = format!("--max-pods={jobs}");
@@ -430,7 +425,7 @@ async fn provisioning(
     jobs: usize,
 ) -> Result<(), String> {
     let n = objects.len();
-    let client = bench_client(env.kubeconfig_path()).await;
+    let client = common::bench_client(env.kubeconfig_path()).await;
     let log = env.proxy.request_log();
     // The manager's start (its first lists and watches) is not the provisioning's.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -498,7 +493,7 @@ async fn provisioning(
     ];
     tokio::time::sleep(Duration::from_secs(1)).await;
     log.reset();
-    let cpu_before = cpu_seconds(&format!("/proc/{pid}/stat"), 11);
+    let cpu_before = common::cpu_seconds(&format!("/proc/{pid}/stat"), 11);
     let hwm_before = common::proc_kib(pid, "VmHWM:").unwrap_or(0);
     let t0 = Instant::now();
     let module = format!(
@@ -545,7 +540,7 @@ async fn provisioning(
     )
     .await?;
     let window = t0.elapsed();
-    let cpu = cpu_seconds(&format!("/proc/{pid}/stat"), 11) - cpu_before;
+    let cpu = common::cpu_seconds(&format!("/proc/{pid}/stat"), 11) - cpu_before;
     let hwm = common::proc_kib(pid, "VmHWM:").unwrap_or(0);
     let by_client = log.snapshot_by_client();
     for w in watchers {
@@ -731,24 +726,9 @@ impl Seen {
     }
 }
 
-/// A client straight to the API server (not through the proxy, so not counted as the
-/// manager's), with `User-Agent: captf-scale-bench`.
-async fn bench_client(kubeconfig: &Path) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let mut cfg =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .expect("config");
-    cfg.headers.push((
-        hyper::header::USER_AGENT,
-        hyper::header::HeaderValue::from_static("captf-scale-bench"),
-    ));
-    kube::Client::try_from(cfg).expect("client")
-}
-
 /// Records when each object's destroy Job is first seen Complete.
 async fn watch_jobs(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) {
-    let api: Api<Job> = Api::namespaced(bench_client(&kubeconfig).await, &ns);
+    let api: Api<Job> = Api::namespaced(common::bench_client(&kubeconfig).await, &ns);
     let stream = watcher(api, watcher::Config::default());
     futures::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
@@ -785,7 +765,7 @@ async fn watch_jobs(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) {
 
 /// Records when each object goes (its finalizer removed).
 async fn watch_releases(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) {
-    let api: Api<Tfm> = Api::namespaced(bench_client(&kubeconfig).await, &ns);
+    let api: Api<Tfm> = Api::namespaced(common::bench_client(&kubeconfig).await, &ns);
     let stream = watcher(api, watcher::Config::default());
     futures::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
@@ -798,26 +778,6 @@ async fn watch_releases(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) 
     }
 }
 
-/// utime + stime (field `at`, counted after the command name) of a `/proc/*/stat` file, in
-/// seconds; `at` 13 gives cutime + cstime (reaped children).
-fn cpu_seconds(path: &str, at: usize) -> f64 {
-    let stat = std::fs::read_to_string(path).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|x| x.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // USER_HZ is 100 on Linux.
-    (ticks(at) + ticks(at + 1)) / 100.0
-}
-
 /// The CPU seconds of the control plane (captf-envtest and its children) and of the Jobs'
 /// processes (the kubelet's reaped children).
 fn control_plane_cpu(env: &Env) -> (f64, f64) {
@@ -827,7 +787,7 @@ fn control_plane_cpu(env: &Env) -> (f64, f64) {
     let Some(root) = plane.pid() else {
         return (0.0, 0.0);
     };
-    let mut plane_cpu = cpu_seconds(&format!("/proc/{root}/stat"), 11);
+    let mut plane_cpu = common::cpu_seconds(&format!("/proc/{root}/stat"), 11);
     let mut jobs = 0.0;
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let path = entry.path().join("stat");
@@ -844,9 +804,9 @@ fn control_plane_cpu(env: &Env) -> (f64, f64) {
             continue;
         }
         let path = path.display().to_string();
-        plane_cpu += cpu_seconds(&path, 11);
+        plane_cpu += common::cpu_seconds(&path, 11);
         if head.contains("captf-kubelet") {
-            jobs += cpu_seconds(&path, 13);
+            jobs += common::cpu_seconds(&path, 13);
         }
     }
     (plane_cpu, jobs)
@@ -872,7 +832,7 @@ async fn measure(
     jobs: usize,
     standin: bool,
 ) -> Result<PerDeletion, String> {
-    let client = bench_client(env.kubeconfig_path()).await;
+    let client = common::bench_client(env.kubeconfig_path()).await;
     let log = env.proxy.request_log();
     // Let the manager take the objects in (finalizer, first status, protected state) and
     // go quiet, so that what follows is the deletion only.
@@ -930,7 +890,7 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Delete all at once (the bench's own client: not counted as the manager's).
     log.reset();
-    let cpu_before = cpu_seconds(&format!("/proc/{pid}/stat"), 11);
+    let cpu_before = common::cpu_seconds(&format!("/proc/{pid}/stat"), 11);
     let log_offset = std::fs::metadata(log_path).map(|m| m.len()).unwrap_or(0);
     let t0 = Instant::now();
     let wall0 = jiff::Timestamp::now();
@@ -987,7 +947,7 @@ async fn measure(
     // CPU seconds since each process started: the manager's; the control plane's
     // (captf-envtest with etcd, and its children kube-apiserver, kube-controller-manager
     // and the kubelet); the Jobs' processes (reaped children of the kubelet).
-    let cpu_manager = cpu_seconds(&format!("/proc/{pid}/stat"), 11);
+    let cpu_manager = common::cpu_seconds(&format!("/proc/{pid}/stat"), 11);
     let (cpu_plane, cpu_jobs) = control_plane_cpu(env);
     let by_client = log.snapshot_by_client();
 
@@ -1213,7 +1173,7 @@ async fn measure(
     );
     println!();
     println!(
-        "(b) from the bench's own watches (User-Agent captf-scale-bench, not counted as the manager's); {} of {n} objects had their Job seen Complete.",
+        "(b) from the bench's own watches (User-Agent captf-bench, not counted as the manager's); {} of {n} objects had their Job seen Complete.",
         lat.len()
     );
     for (d, name) in &slowest {

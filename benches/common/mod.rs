@@ -1,5 +1,5 @@
-//! What the benches share: their settings from the environment, a process's memory from
-//! `/proc`, and deterministic data without a crate.
+//! What the benches share: their settings from the environment, a process's memory and
+//! CPU from `/proc`, a client of their own, and deterministic data without a crate.
 #![allow(dead_code)]
 
 /// `key` as a positive number, else `default`.
@@ -60,4 +60,39 @@ impl Rng {
         s.truncate(len);
         s
     }
+}
+
+/// utime + stime (field `at`, counted after the command name) of a `/proc/*/stat` file, in
+/// seconds; `at` 13 gives cutime + cstime (reaped children).
+pub fn cpu_seconds(path: &str, at: usize) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // USER_HZ is 100 on Linux.
+    (ticks(at) + ticks(at + 1)) / 100.0
+}
+
+/// A client straight to the API server (not through the proxy, so not counted as the
+/// manager's), with `User-Agent: captf-bench`.
+pub async fn bench_client(kubeconfig: &std::path::Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("config");
+    cfg.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static("captf-bench"),
+    ));
+    kube::Client::try_from(cfg).expect("client")
 }
