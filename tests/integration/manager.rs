@@ -369,15 +369,9 @@ async fn the_json_log_lines_of_a_pass_name_its_object() {
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
     };
-    env.wait_finalizer::<Tfm>("web-1").await;
-    let passes = lines()
-        .into_iter()
-        .filter(|l| l["spans"].as_array().is_some_and(|s| !s.is_empty()))
-        .count();
-    assert!(passes > 0, "no log line inside a pass");
     wait_for(
         "a log line of a pass over web-1 naming it",
-        LONG_WAIT,
+        long(),
         || async { lines().iter().any(of_web_1) },
     )
     .await;
