@@ -263,31 +263,7 @@ async fn the_manager_and_the_cli_name_themselves_in_their_user_agent() {
             .map(|(_, n)| *n)
             .sum::<u64>()
     };
-    /// Kills the manager however the test ends.
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let manager = std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
-        .args([
-            "manager",
-            "--provision=false",
-            "--metrics-bind-address=",
-            "--health-probe-bind-address=",
-            "--namespace",
-            &env.ns,
-            "--manager-namespace",
-            &env.manager_ns,
-        ])
-        .env("KUBECONFIG", env.proxy.kubeconfig_path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .map(Killed)
-        .expect("start the manager");
+    let manager = manager_process(&env, &[], std::process::Stdio::null());
     wait_for("the manager's watches", LONG_WAIT, || async {
         sent_by(&manager_agent) >= 5
     })
@@ -325,32 +301,16 @@ async fn the_json_log_lines_of_a_pass_name_its_object() {
     env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
         .await;
     let log_path = env.dir.join("manager-json.log");
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _manager = std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
-        .args([
-            "manager",
-            "--provision=false",
-            "--metrics-bind-address=",
-            "--health-probe-bind-address=",
-            "--namespace",
-            &env.ns,
-            "--manager-namespace",
-            &env.manager_ns,
-        ])
-        .env("KUBECONFIG", env.proxy.kubeconfig_path())
-        .env("CAPTF_LOG_FORMAT", "json")
-        .env("RUST_LOG", "info,captf=debug,kube=warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log_path).expect("the log file"))
-        .spawn()
-        .map(Killed)
-        .expect("start the manager");
+    let _manager = manager_process(
+        &env,
+        &[
+            ("CAPTF_LOG_FORMAT", "json"),
+            ("RUST_LOG", "info,captf=debug,kube=warn"),
+        ],
+        std::fs::File::create(&log_path)
+            .expect("the log file")
+            .into(),
+    );
     // A line logged inside a pass over web-1: its spans name the object.
     let of_web_1 = |line: &serde_json::Value| {
         line["spans"].as_array().is_some_and(|spans| {
@@ -376,6 +336,40 @@ async fn the_json_log_lines_of_a_pass_name_its_object() {
     )
     .await;
     env.shutdown().await;
+}
+
+/// `captf manager` as its own process through the fault proxy (`--provision=false`, one
+/// namespace, no probes or metrics), with `vars` in its environment and its stderr to
+/// `stderr`; killed when the handle drops, however the test ends.
+fn manager_process(env: &Env, vars: &[(&str, &str)], stderr: std::process::Stdio) -> Killed {
+    std::process::Command::new(env!("CARGO_BIN_EXE_captf"))
+        .args([
+            "manager",
+            "--provision=false",
+            "--metrics-bind-address=",
+            "--health-probe-bind-address=",
+            "--namespace",
+            &env.ns,
+            "--manager-namespace",
+            &env.manager_ns,
+        ])
+        .env("KUBECONFIG", env.proxy.kubeconfig_path())
+        .envs(vars.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map(Killed)
+        .expect("start the manager")
+}
+
+/// A child process killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The passes the in-process manager serving metrics on `port` has counted, all kinds.
