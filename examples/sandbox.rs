@@ -1,4 +1,4 @@
-//! `cargo run --release --example sandbox`: a whole apply and clean teardown in one
+//! `cargo run --example sandbox`: a whole apply and clean teardown in one
 //! process, with the real Cluster API.
 //!
 //! Starts a real control plane (`captf-envtest --cluster-api`: etcd, kube-apiserver,
