@@ -323,10 +323,7 @@ async fn bench(
             .status();
     }
     let _ = manager.wait();
-    let kept = std::env::temp_dir().join("captf-scale-manager.log");
-    if std::fs::copy(&log_path, &kept).is_ok() {
-        println!("\n(the manager's log: {})", kept.display());
-    }
+    common::keep_manager_log(&log_path, "captf-scale-manager.log");
     env.shutdown().await;
     result
 }

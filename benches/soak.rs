@@ -127,10 +127,7 @@ async fn soak(
     let result = run(&env, &mut manager, (machines, pools), days, tick).await;
     let _ = manager.kill();
     let _ = manager.wait();
-    let kept = std::env::temp_dir().join("captf-soak-manager.log");
-    if std::fs::copy(&log_path, &kept).is_ok() {
-        println!("\n(the manager's log: {})", kept.display());
-    }
+    common::keep_manager_log(&log_path, "captf-soak-manager.log");
     env.shutdown().await;
     result
 }
@@ -423,35 +420,28 @@ async fn alive(client: &kube::Client, ns: &str) -> Alive {
                 })
         })
         .count();
-    let count = |n: Result<usize, kube::Error>| n.unwrap_or(0);
     Alive {
         jobs: jobs.len(),
         unfinished,
-        pods: count(
-            Api::<Pod>::namespaced(client.clone(), ns)
-                .list_metadata(&lp)
-                .await
-                .map(|l| l.items.len()),
-        ),
-        secrets: count(
-            Api::<Secret>::namespaced(client.clone(), ns)
-                .list_metadata(&lp)
-                .await
-                .map(|l| l.items.len()),
-        ),
-        events: count(
-            Api::<Event>::namespaced(client.clone(), ns)
-                .list_metadata(&lp)
-                .await
-                .map(|l| l.items.len()),
-        ),
-        leases: count(
-            Api::<Lease>::namespaced(client.clone(), ns)
-                .list_metadata(&lp)
-                .await
-                .map(|l| l.items.len()),
-        ),
+        pods: count::<Pod>(client, ns).await,
+        secrets: count::<Secret>(client, ns).await,
+        events: count::<Event>(client, ns).await,
+        leases: count::<Lease>(client, ns).await,
     }
+}
+
+/// How many objects of kind `K` the namespace holds (0 when the list fails).
+async fn count<K>(client: &kube::Client, ns: &str) -> usize
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .list_metadata(&ListParams::default())
+        .await
+        .map_or(0, |l| l.items.len())
 }
 
 /// How many objects of kind `K` are `Provisioned=True`.

@@ -96,3 +96,12 @@ pub async fn bench_client(kubeconfig: &std::path::Path) -> kube::Client {
     ));
     kube::Client::try_from(cfg).expect("client")
 }
+
+/// Copies the manager's log at `from` to `name` in the temp directory, where it outlives
+/// the bench's control plane, and says where.
+pub fn keep_manager_log(from: &std::path::Path, name: &str) {
+    let kept = std::env::temp_dir().join(name);
+    if std::fs::copy(from, &kept).is_ok() {
+        println!("\n(the manager's log: {})", kept.display());
+    }
+}

@@ -1,7 +1,7 @@
 //! The contract's values a provisioned machine's inputs Secret records, kept per object
 //! while the cache of the object's Secrets shows the version they were read from.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The values an inputs Secret records (none when it records none).
@@ -22,11 +22,19 @@ pub struct RecordedValues {
 #[derive(Default)]
 struct Inner {
     by_uid: HashMap<String, Kept>,
-    /// The uids in the order they were kept, oldest first (a uid kept again is in it twice;
-    /// the older entry is skipped when it comes up).
-    order: VecDeque<(String, u64)>,
+    /// The uids by when they were kept, oldest first.
+    order: BTreeMap<u64, String>,
     bytes: usize,
     next: u64,
+}
+
+impl Inner {
+    fn forget(&mut self, uid: &str) {
+        if let Some(k) = self.by_uid.remove(uid) {
+            self.bytes -= k.bytes;
+            self.order.remove(&k.at);
+        }
+    }
 }
 
 struct Kept {
@@ -63,21 +71,15 @@ impl RecordedValues {
         let mut inner = self.lock();
         let at = inner.next;
         inner.next += 1;
-        if let Some(old) = inner.by_uid.remove(uid) {
-            inner.bytes -= old.bytes;
-        }
+        inner.forget(uid);
         while inner.bytes + bytes > RECORDED_KEPT_BYTES {
-            let Some((oldest, when)) = inner.order.pop_front() else {
+            let Some((_, oldest)) = inner.order.pop_first() else {
                 break;
             };
-            if inner.by_uid.get(&oldest).is_some_and(|k| k.at == when)
-                && let Some(k) = inner.by_uid.remove(&oldest)
-            {
-                inner.bytes -= k.bytes;
-            }
+            inner.forget(&oldest);
         }
         inner.bytes += bytes;
-        inner.order.push_back((uid.to_string(), at));
+        inner.order.insert(at, uid.to_string());
         inner.by_uid.insert(
             uid.to_string(),
             Kept {
@@ -87,19 +89,11 @@ impl RecordedValues {
                 at,
             },
         );
-        // The order holds at most one stale entry per live one: drop them when it doubles.
-        if inner.order.len() > 2 * inner.by_uid.len() + 64 {
-            let Inner { order, by_uid, .. } = &mut *inner;
-            order.retain(|(u, when)| by_uid.get(u).is_some_and(|k| k.at == *when));
-        }
     }
 
     /// Forgets `uid` (released, or gone).
     pub fn forget(&self, uid: &str) {
-        let mut inner = self.lock();
-        if let Some(k) = inner.by_uid.remove(uid) {
-            inner.bytes -= k.bytes;
-        }
+        self.lock().forget(uid);
     }
 
     /// How many objects' values are kept.

@@ -438,12 +438,12 @@ async fn recorded_values<K: TerraformObject>(
     let values = secret
         .as_ref()
         .and_then(|s| gather_apply::recorded_values(s, &scope.namespace, &scope.suffix));
-    if let (Some(_), Some(rv)) = (
-        &scope.caches,
-        secret
-            .as_ref()
-            .and_then(|s| s.metadata.resource_version.as_deref()),
-    ) {
+    let read_at = secret
+        .as_ref()
+        .and_then(|s| s.metadata.resource_version.as_deref());
+    if scope.caches.is_some()
+        && let Some(rv) = read_at
+    {
         ctx.recorded
             .keep(&scope.uid, rv, values.clone().map(Arc::new));
     }
