@@ -39,9 +39,10 @@ const TURN_KEPT: Duration = Duration::from_secs(5);
 /// The pass after a destroy or apply Job of the object has finished goes through a lane of
 /// its own: it is the one that records a failure or cleans up and releases, and it would
 /// otherwise wait behind every other pass triggered before it (after a mass deletion, the
-/// passes that start the other destroys). Such passes come at most once per finished Job
-/// (the Job's event triggers them), and wait in the second lane as running passes; their
-/// object leaves the first lane's queue.
+/// passes that start the other destroys). Such passes come once per finished Job (the
+/// Job's event triggers them), with the passes that carry them on at once (the retry of
+/// one that failed; the one after it wrote its record, which decides on it), and wait in
+/// the second lane as running passes; their object leaves the first lane's queue.
 pub(crate) struct Gate<K: Resource + Clone + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -338,10 +339,16 @@ where
             }
             None => Ok(Requeue::await_change()),
         };
-        // The pass after a Job failed (a conflict, an API error): its retry keeps the lane,
-        // or it would wait behind every pass triggered meanwhile.
+        // The pass after a Job failed (a conflict, an API error), or wrote its record and
+        // asks for the next pass at once (which decides on what it wrote, the conditions
+        // that say provisioned among it): that pass keeps the lane, or it would wait behind
+        // every pass triggered meanwhile.
+        let again_at_once = match &result {
+            Err(_) => true,
+            Ok(requeue) => *requeue == Requeue::requeue(Duration::ZERO),
+        };
         if after_job
-            && result.is_err()
+            && again_at_once
             && let Some(uid) = obj.meta().uid.as_deref()
         {
             self.job_finished(uid);
