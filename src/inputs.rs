@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::api::labels::{OwnerRef, owner_labels};
+use crate::api::labels::Identity;
 use crate::api::names;
 use crate::api::types::{EnvFromSecret, TerraformSpec, VariablesSourceKind};
 
@@ -793,12 +793,11 @@ pub fn rebuilt_matches(inputs: &Inputs, recorded_sha: Option<&str>) -> bool {
 /// `inputs.json` (canonical bytes), the protection finalizer, the move label and the owner
 /// labels, and no ownerReference (garbage collection must not take it while the object is
 /// held). The caller records [`Inputs::sha256`] in `A/inputs-sha256`.
-pub fn inputs_secret(inputs: &Inputs, owner: &OwnerRef) -> Secret {
-    let mut labels = owner_labels(owner.kind, owner.name, owner.uid);
-    labels.insert(names::CLUSTERCTL_MOVE_LABEL.to_string(), String::new());
+pub fn inputs_secret(inputs: &Inputs, owner: &Identity) -> Secret {
+    let labels = owner.moved_labels();
     Secret {
         metadata: ObjectMeta {
-            name: Some(names::inputs_secret_name(owner.suffix)),
+            name: Some(names::inputs_secret_name(&owner.suffix())),
             namespace: Some(owner.namespace.to_string()),
             labels: Some(labels),
             finalizers: Some(vec![names::PROTECT_FINALIZER.to_string()]),

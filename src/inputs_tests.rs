@@ -241,12 +241,11 @@ fn bad_module_file_names_are_unusable() {
 #[test]
 fn from_secret_reads_the_inputs_key() {
     let i = parse_value(&example()).unwrap();
-    let owner = OwnerRef {
+    let owner = crate::api::labels::Identity {
         kind: Kind::TerraformMachine,
         name: "web-1",
         uid: "u-1",
         namespace: NS,
-        suffix: SUFFIX,
     };
     let s = inputs_secret(&i, &owner);
     assert_eq!(from_secret(&s, NS, SUFFIX).unwrap(), i);
@@ -262,12 +261,11 @@ fn from_secret_reads_the_inputs_key() {
 #[test]
 fn the_inputs_secret_carries_finalizer_move_and_owner_labels_and_no_owner_reference() {
     let i = parse_value(&example()).unwrap();
-    let owner = OwnerRef {
+    let owner = crate::api::labels::Identity {
         kind: Kind::TerraformMachine,
         name: "web-1",
         uid: "u-1",
         namespace: NS,
-        suffix: SUFFIX,
     };
     let s = inputs_secret(&i, &owner);
     assert_eq!(s.metadata.name.as_deref(), Some("captf-inputs-web-1.tfm"));
@@ -409,12 +407,11 @@ fn build_from_spec_names_a_missing_source_or_a_non_object_value() {
 #[test]
 fn the_rebuilt_hash_matches_what_the_inputs_secret_holds_and_a_changed_variable_does_not() {
     let i = build_from_spec(&spec(), NS, SUFFIX, &lookup).unwrap();
-    let owner = OwnerRef {
+    let owner = crate::api::labels::Identity {
         kind: Kind::TerraformCluster,
         name: "c",
         uid: "u",
         namespace: NS,
-        suffix: SUFFIX,
     };
     let written = inputs_secret(&i, &owner);
     let bytes = &written.data.unwrap()[names::INPUTS_KEY].0;

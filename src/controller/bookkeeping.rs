@@ -12,7 +12,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, ObjectMeta};
+use kube::api::{Api, ObjectMeta};
 
 use super::events::{self, Note, publish_note};
 use super::observe::StateMeta;
@@ -404,20 +404,7 @@ pub fn decide_after_bookkeeping(
     if let Some(p) = &planned.promote
         && let Some(inputs) = gather::apply::inputs_of_attempt(o, p.attempt)
     {
-        let name = o.meta.name.as_deref().unwrap_or_default();
-        let namespace = o.meta.namespace.as_deref().unwrap_or_default();
-        let suffix = names::state_suffix(o.kind, name);
-        let uid = o.meta.uid.as_deref().unwrap_or_default();
-        let mut secret = crate::inputs::inputs_secret(
-            &inputs,
-            &crate::api::labels::OwnerRef {
-                kind: o.kind,
-                name,
-                uid,
-                namespace,
-                suffix: &suffix,
-            },
-        );
+        let mut secret = crate::inputs::inputs_secret(&inputs, &o.identity());
         secret.metadata.annotations =
             Some([(names::INPUTS_OF_ATTEMPT.to_string(), p.attempt.to_string())].into());
         next.inputs_secret = Some(secret);
@@ -623,16 +610,7 @@ async fn promote_inputs<K: TerraformObject>(
         Some(ran) => with_what_it_ran(ctx, scope, obj, inputs, ran).await?,
         None => inputs,
     };
-    let mut secret = crate::inputs::inputs_secret(
-        &inputs,
-        &crate::api::labels::OwnerRef {
-            kind: K::KIND,
-            name: &scope.name,
-            uid: &scope.uid,
-            namespace: &scope.namespace,
-            suffix: &scope.suffix,
-        },
-    );
+    let mut secret = crate::inputs::inputs_secret(&inputs, &scope.identity());
     secret.metadata.annotations =
         Some([(names::INPUTS_OF_ATTEMPT.to_string(), p.attempt.to_string())].into());
     let name = names::inputs_secret_name(&scope.suffix);
@@ -797,34 +775,7 @@ async fn protect_state<K: TerraformObject>(
     let metas: Vec<ObjectMeta> = match (&o.state, state_meta) {
         (Some(state), Some(_)) => state.metas.values().cloned().collect(),
         _ => {
-            let lp = ListParams::default().labels(&format!(
-                "{}={}",
-                names::TF_LABEL_SUFFIX,
-                scope.suffix
-            ));
-            // From the cache of state Secrets, or listed without it.
-            let listed: Vec<ObjectMeta> = match &scope.caches {
-                Some(c) => c
-                    .with_suffix(&scope.namespace, &scope.suffix)
-                    .iter()
-                    .map(|m| m.metadata.clone())
-                    .collect(),
-                None => secrets
-                    .list_metadata(&lp)
-                    .await?
-                    .items
-                    .into_iter()
-                    .map(|m| m.metadata)
-                    .collect(),
-            };
-            let mut found: Vec<ObjectMeta> = listed
-                .into_iter()
-                .filter(|m| {
-                    m.name
-                        .as_deref()
-                        .is_some_and(|n| n == base || names::part_index(&base, n).is_some())
-                })
-                .collect();
+            let mut found = scope.labelled_state_metas().await?;
             // A base restored by hand may lack the label.
             if !found
                 .iter()

@@ -535,12 +535,11 @@ fn a_machine_placed_in_another_failure_domain_is_recorded_as_outputs_invalid() {
     });
     let inputs =
         crate::inputs::parse(&serde_json::to_vec(&inputs).unwrap(), &ns, &suffix).expect("inputs");
-    let owner = crate::api::labels::OwnerRef {
+    let owner = crate::api::labels::Identity {
         kind: Kind::TerraformMachine,
         name: &name,
         uid: "uid-1",
         namespace: &ns,
-        suffix: &suffix,
     };
     // The attempt's own inputs, in its variables Secret.
     let _ = owner;

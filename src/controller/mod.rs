@@ -54,6 +54,7 @@ pub use context::{ClusterKind, Context, ManagerConfig, Released, discover_cluste
 pub use error::Error;
 pub use scope::Scope;
 
+use crate::api::labels;
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, TerraformObject};
 use crate::gather;
@@ -86,13 +87,9 @@ where
     let ns = cfg.namespace.clone();
     let mut main_cfg = watcher::Config::default().any_semantic();
     if let Some(f) = &cfg.watch_filter {
-        main_cfg = main_cfg.labels(&format!("{}={f}", names::CAPI_WATCH_FILTER_LABEL));
+        main_cfg = main_cfg.labels(&labels::watch_filter_selector(f));
     }
-    let owned = watcher::Config::default().labels(&format!(
-        "{}={}",
-        names::LABEL_OWNER_KIND,
-        K::KIND.as_str()
-    ));
+    let owned = watcher::Config::default().labels(&labels::kind_selector(K::KIND));
     // The objects are kept without their managedFields (most of a small object's bytes;
     // nothing reads them, and every write is a patch).
     let (store, writer) = reflector::store();
@@ -138,11 +135,7 @@ where
     let states_by_suffix = caches::ByLabel::new(names::TF_LABEL_SUFFIX);
     let (states, states_stream) = caches::reflect_metadata(
         scoped::<PartialObjectMeta<Secret>>(&client, &ns),
-        watcher::Config::default().labels(&format!(
-            "{}=true,!{}",
-            names::TF_LABEL_STATE,
-            names::LABEL_OWNER_KIND
-        )),
+        watcher::Config::default().labels(&labels::unowned_state_selector()),
         std::slice::from_ref(&states_by_suffix),
     );
     let (crd, crd_stream) = caches::reflect_metadata(

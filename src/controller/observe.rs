@@ -481,7 +481,7 @@ fn cached_refusals(
 
 /// The machines and pools of a cluster, listed live whatever `--watch-filter` says.
 async fn dependents(client: &Client, ns: &str, cluster: &str) -> Result<Vec<String>, Error> {
-    let lp = ListParams::default().labels(&format!("{}={cluster}", names::CAPI_CLUSTER_NAME_LABEL));
+    let lp = ListParams::default().labels(&crate::api::labels::cluster_selector(cluster));
     let mut out = Vec::new();
     for m in Api::<TerraformMachine>::namespaced(client.clone(), ns)
         .list(&lp)

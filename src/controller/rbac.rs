@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 
 use super::{Context, Error};
-use crate::api::names::{self, RUNNER_NAME};
+use crate::api::names::RUNNER_NAME;
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
 use crate::io::writes::{create_if_absent, delete_if_present};
 use crate::job;
@@ -92,7 +92,7 @@ async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
                     .is_empty()
         }));
     }
-    let ours = ListParams::default().labels(names::LABEL_OWNER_KIND);
+    let ours = ListParams::default().labels(crate::api::labels::any_owner_selector());
     let jobs = Api::<Job>::namespaced(ctx.client.clone(), ns)
         .list(&ours)
         .await?

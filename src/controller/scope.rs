@@ -60,6 +60,47 @@ impl<K: TerraformObject> Scope<K> {
         })
     }
 
+    /// The object as what CAPTF makes for it names it.
+    pub fn identity(&self) -> crate::api::labels::Identity<'_> {
+        crate::api::labels::Identity {
+            kind: K::KIND,
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: &self.uid,
+        }
+    }
+
+    /// The metadata of the object's state Secrets as Terraform's labels find them (the
+    /// base and its parts, by the state's suffix): from the cache of state Secrets, or
+    /// listed without it. A base without the labels (restored by hand) is not among them.
+    pub async fn labelled_state_metas(&self) -> Result<Vec<ObjectMeta>, Error> {
+        let base = names::state_secret_name(&self.suffix);
+        let mut metas: Vec<ObjectMeta> = match &self.caches {
+            Some(c) => c
+                .with_suffix(&self.namespace, &self.suffix)
+                .iter()
+                .map(|m| m.metadata.clone())
+                .collect(),
+            None => {
+                let lp = kube::api::ListParams::default()
+                    .labels(&crate::api::labels::suffix_selector(&self.suffix));
+                self.secrets
+                    .list_metadata(&lp)
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(|m| m.metadata)
+                    .collect()
+            }
+        };
+        metas.retain(|m| {
+            m.name
+                .as_deref()
+                .is_some_and(|n| n == base || names::part_index(&base, n).is_some())
+        });
+        Ok(metas)
+    }
+
     /// The scope with the manager's caches of the kind.
     pub fn with_caches(mut self, caches: Option<Arc<Caches>>) -> Self {
         self.caches = caches;

@@ -380,12 +380,11 @@ fn applied_with_image(kind: Kind, image_id: &str) -> (Observed, crate::inputs::I
         &[(names::APPLY_ATTEMPT, "1"), (names::INPUTS_SHA256, &sha)],
         &[],
     );
-    let owner = crate::api::labels::OwnerRef {
+    let owner = crate::api::labels::Identity {
         kind,
         name: "prod",
         uid: "uid-1",
         namespace: "team-a",
-        suffix: &suffix,
     };
     o.inputs_secret = Some(crate::inputs::inputs_secret(&inputs, &owner));
     let j = job(

@@ -157,6 +157,19 @@ pub struct Observed {
     pub now: Timestamp,
 }
 
+impl Observed {
+    /// The object as what CAPTF makes for it names it (an empty part for a dump that
+    /// lacks it).
+    pub fn identity(&self) -> crate::api::labels::Identity<'_> {
+        crate::api::labels::Identity {
+            kind: self.kind,
+            namespace: self.meta.namespace.as_deref().unwrap_or_default(),
+            name: self.meta.name.as_deref().unwrap_or_default(),
+            uid: self.meta.uid.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
 /// What the act step needs beside the decision.
 #[derive(Clone, Debug, Default)]
 pub struct Findings {

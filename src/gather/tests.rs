@@ -636,7 +636,13 @@ fn a_secret_terraform_would_select_with_the_state_makes_it_inconsistent() {
         &[(names::APPLIED_AT, "2026-11-30T10:00:00Z")],
     );
     let secrets = machine_state("l-1", 4, 2);
-    let selector = crate::api::labels::state_selector(Kind::TerraformMachine, "prod", "uid-1");
+    let selector = crate::api::labels::Identity {
+        kind: Kind::TerraformMachine,
+        namespace: "team-a",
+        name: "prod",
+        uid: "uid-1",
+    }
+    .state_labels();
     let base = names::state_secret_name("prod.tfm");
     let copy = |labels: &BTreeMap<String, String>| Secret {
         metadata: ObjectMeta {
@@ -692,8 +698,13 @@ fn a_job_of_a_long_named_object_is_known_by_its_name_label_when_it_lacks_the_uid
     let long = format!("web-{}", "x".repeat(120));
     let mut object = meta(&[]);
     object.name = Some(long.clone());
-    let mut labels = crate::api::labels::owner_labels(Kind::TerraformMachine, &long, "uid-1");
-    labels.remove(names::LABEL_OWNER_UID);
+    let labels = crate::api::labels::Identity {
+        kind: Kind::TerraformMachine,
+        namespace: "team-a",
+        name: &long,
+        uid: "",
+    }
+    .owner_labels();
     let job = ObjectMeta {
         labels: Some(labels),
         ..Default::default()

@@ -64,11 +64,7 @@ pub(super) fn state_of_after(
                 // Terraform's backend selects the state by labels: another Secret with
                 // them all is read by Terraform as part of this state, so the two would
                 // not destroy against the same state.
-                let selector = crate::api::labels::state_selector(
-                    o.kind,
-                    &name,
-                    o.meta.uid.as_deref().unwrap_or_default(),
-                );
+                let selector = o.identity().state_labels();
                 let strangers = secrets.strangers(&selector);
                 let verdict = if strangers.is_empty() {
                     verdict

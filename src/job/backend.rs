@@ -19,7 +19,7 @@ pub(super) fn hcl_string(s: &str) -> String {
 /// selects the state's Secrets by these labels, so a state Secret lacking one of them
 /// reads as no state: the controller adds them before an attempt.
 pub fn secret_labels(req: &JobRequest) -> BTreeMap<String, String> {
-    crate::api::labels::backend_labels(req.kind, req.name, req.uid)
+    req.identity().moved_labels()
 }
 
 /// `backend.hcl`: the backend's namespace and suffix, set explicitly (the backend does not

@@ -60,6 +60,18 @@ pub struct JobRequest<'a> {
     pub plan_guard: PlanGuard<'a>,
 }
 
+impl JobRequest<'_> {
+    /// The object the attempt is for.
+    pub fn identity(&self) -> crate::api::labels::Identity<'_> {
+        crate::api::labels::Identity {
+            kind: self.kind,
+            namespace: self.namespace,
+            name: self.name,
+            uid: self.uid,
+        }
+    }
+}
+
 /// Why a Job could not be rendered, or the templates not loaded.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum RenderError {

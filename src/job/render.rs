@@ -71,7 +71,7 @@ pub(crate) fn parse_job(text: &str) -> Result<Job, RenderError> {
 
 /// The labels of an attempt's Job, its Pods and its Secret.
 fn attempt_labels(req: &JobRequest) -> BTreeMap<String, String> {
-    let mut labels = crate::api::labels::owner_labels(req.kind, req.name, req.uid);
+    let mut labels = req.identity().owner_labels();
     labels.insert(
         names::LABEL_OPERATION.to_string(),
         req.operation.to_string(),

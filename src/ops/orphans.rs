@@ -12,7 +12,7 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 
 use super::ToolError;
-use crate::api::labels::labelled_owner;
+use crate::api::labels::{self, labelled_owner};
 use crate::api::names::{self, Kind, SecretRole};
 
 /// Something of CAPTF's whose object is gone.
@@ -139,8 +139,8 @@ pub async fn orphans(
         }
     };
     for selector in [
-        format!("{}=true", names::TF_LABEL_STATE),
-        names::LABEL_OWNER_KIND.to_string(),
+        labels::any_state_selector(),
+        labels::any_owner_selector().to_string(),
     ] {
         add(secrets
             .list_metadata(&ListParams::default().labels(&selector))
@@ -150,7 +150,7 @@ pub async fn orphans(
     // The copies an abandon made in the manager's namespace, of this namespace's objects.
     // (Listing every namespace finds them already.)
     if let Some(n) = ns.filter(|n| *n != manager_ns) {
-        let selector = format!("{}={n}", names::LABEL_SOURCE_NAMESPACE);
+        let selector = labels::abandoned_from_selector(n);
         add(Api::<Secret>::namespaced(client.clone(), manager_ns)
             .list_metadata(&ListParams::default().labels(&selector))
             .await?
@@ -180,7 +180,7 @@ async fn left_behind(client: &Client, ns: Option<&str>) -> Result<Vec<Orphan>, T
             None => Api::all(client.clone()),
         }
     }
-    let ours = ListParams::default().labels(names::LABEL_OWNER_KIND);
+    let ours = ListParams::default().labels(labels::any_owner_selector());
     let jobs = api::<Job>(client, ns).list(&ours).await?.items;
     let pods = api::<Pod>(client, ns).list(&ours).await?.items;
     let secrets = api::<Secret>(client, ns).list_metadata(&ours).await?.items;

@@ -116,15 +116,17 @@ pub async fn restore(
     // Every label Terraform's backend selects the state by: its own, and the owner and
     // move labels the runner configures (the owner name as a valid label value, however
     // long the name; the uid when the object exists).
-    let mut labels = crate::api::labels::terraform_state_labels(&suffix);
-    match obj_meta.as_ref().and_then(|m| m.uid.clone()) {
-        Some(uid) => labels.extend(crate::api::labels::backend_labels(kind, &name, &uid)),
-        None => {
-            let mut owner = crate::api::labels::backend_labels(kind, &name, "");
-            owner.remove(names::LABEL_OWNER_UID);
-            labels.extend(owner);
-        }
+    let uid = obj_meta
+        .as_ref()
+        .and_then(|m| m.uid.clone())
+        .unwrap_or_default();
+    let labels = crate::api::labels::Identity {
+        kind,
+        namespace: ns,
+        name: &name,
+        uid: &uid,
     }
+    .state_labels();
     // Over what is there: the data replaced, the labels added, the rest kept; a new base
     // gets the protection finalizer (the parts get theirs from the manager when no Job
     // runs).

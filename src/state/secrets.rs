@@ -64,7 +64,7 @@ async fn read_by_label(
     base: &str,
     suffix: &str,
 ) -> Result<(StateSecrets, Option<ObjectMeta>), Error> {
-    let lp = ListParams::default().labels(&format!("{}={suffix}", names::TF_LABEL_SUFFIX));
+    let lp = ListParams::default().labels(&crate::api::labels::suffix_selector(suffix));
     let mut listed = secrets.list(&lp).await?.items;
     if !listed
         .iter()

@@ -671,7 +671,7 @@ async fn the_cleanup_keeps_the_errored_state() {
     // As an earlier runner wrote it: the owner labels only.
     let errored = names::errored_secret_name("web-1.tfm");
     let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": errored, "labels": captf::api::labels::backend_labels(Kind::TerraformMachine, "web-1", &uid)},
+        "metadata": {"name": errored, "labels": backend_labels(Kind::TerraformMachine, "web-1", &uid)},
         "stringData": {"errored.tfstate": "{\"version\":4,\"serial\":9,\"lineage\":\"l\",\"resources\":[]}"}
     }))
     .expect("secret");

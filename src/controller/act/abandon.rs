@@ -17,7 +17,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use super::{delete_jobs, delete_lock_if_free, owner_labels, release};
+use super::{delete_jobs, delete_lock_if_free, release};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::events::{self, publish, publish_ref};
@@ -160,7 +160,7 @@ pub async fn copy_out<K: TerraformObject>(
     let (ns, suffix, here) = (&scope.namespace, &scope.suffix, &scope.secrets);
     let there: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.manager_namespace);
     let base = names::abandoned_copy_name(ns, suffix);
-    let mut labels = owner_labels(scope);
+    let mut labels = scope.identity().owner_labels();
     labels.insert(names::LABEL_SOURCE_NAMESPACE.into(), ns.clone());
     // Source → copy, by name.
     let mut pairs = Vec::new();

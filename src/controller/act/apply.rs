@@ -104,33 +104,7 @@ async fn state_metas<K: TerraformObject>(
     scope: &Scope<K>,
     base: &str,
 ) -> Result<Vec<ObjectMeta>, Error> {
-    let mut metas: Vec<ObjectMeta> = match &scope.caches {
-        Some(c) => c
-            .with_suffix(&scope.namespace, &scope.suffix)
-            .iter()
-            .map(|m| m.metadata.clone())
-            .collect(),
-        None => {
-            let lp = kube::api::ListParams::default().labels(&format!(
-                "{}={}",
-                names::TF_LABEL_SUFFIX,
-                scope.suffix
-            ));
-            scope
-                .secrets
-                .list_metadata(&lp)
-                .await?
-                .items
-                .into_iter()
-                .map(|m| m.metadata)
-                .collect()
-        }
-    };
-    metas.retain(|m| {
-        m.name
-            .as_deref()
-            .is_some_and(|n| n == base || names::part_index(base, n).is_some())
-    });
+    let mut metas = scope.labelled_state_metas().await?;
     // A base restored by hand may lack the label; Terraform would then find no state and
     // write an empty one over it.
     if !metas.iter().any(|m| m.name.as_deref() == Some(base))

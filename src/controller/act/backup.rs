@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 
-use super::owner_labels;
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::{Context, Error, Scope};
@@ -73,8 +72,7 @@ pub async fn ensure_backup<K: TerraformObject>(
     let Some(joined) = state.joined() else {
         return Ok(());
     };
-    let mut labels = owner_labels(scope);
-    labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
+    let labels = scope.identity().moved_labels();
     let holds: BTreeMap<String, String> = [
         (names::STATE_LINEAGE.to_string(), lineage.to_string()),
         (names::STATE_SERIAL.to_string(), serial.to_string()),

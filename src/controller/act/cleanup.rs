@@ -81,10 +81,11 @@ pub async fn cleanup<K: TerraformObject>(
     let mut current = marked.unwrap_or_else(|| obj.clone());
     // The cleanup marker is written: a crash from here on resumes the cleanup. Each part
     // keeps its own order.
+    let owner = scope.identity();
     let (written, (), (), (), ()) = futures::try_join!(
         write_status(api, &current, decision),
         delete_jobs(scope, o),
-        delete_secrets(secrets, &found, &scope.uid),
+        delete_secrets(secrets, &found, &owner),
         delete_lock_if_free(scope, o),
         unprotect(secrets, &errored),
     )?;
@@ -205,12 +206,12 @@ async fn keep_errored_state<K: TerraformObject>(scope: &Scope<K>) -> Result<(), 
 }
 
 /// Deletes the Secrets `found` (from [`secret_metas`]): their protection finalizers off
-/// first, then one delete of everything labelled as the object's (`uid`), then by name
+/// first, then one delete of everything labelled as the object's (`owner`'s uid), then by name
 /// whatever that delete did not return (a state Secret written without the owner labels).
 async fn delete_secrets(
     secrets: &Api<Secret>,
     found: &[PartialObjectMeta<Secret>],
-    uid: &str,
+    owner: &crate::api::labels::Identity<'_>,
 ) -> Result<(), Error> {
     futures::future::try_join_all(found.iter().map(|m| async {
         let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
@@ -228,12 +229,8 @@ async fn delete_secrets(
     // Whether the names left are known to exist (the labelled delete listed what it
     // deleted), or must be read first.
     let mut known = false;
-    if !uid.is_empty() && !found.is_empty() {
-        let lp = ListParams::default().labels(&format!(
-            "{},!{}",
-            crate::api::labels::owner_selector(uid),
-            names::LABEL_ERRORED_STATE
-        ));
+    if !owner.uid.is_empty() && !found.is_empty() {
+        let lp = ListParams::default().labels(&owner.owned_but_errored_states_selector());
         if let Some(deleted) = secrets
             .delete_collection(&kube::api::DeleteParams::background(), &lp)
             .await?

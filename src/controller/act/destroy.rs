@@ -106,7 +106,7 @@ pub fn render_operation<K: TerraformObject>(
         // Before the attempt, the state's Secrets get every label Terraform's backend
         // selects them by, its own included (a state restored by hand may lack one, and
         // Terraform would then find no state and write an empty one over it).
-        backend_labels: crate::api::labels::state_selector(K::KIND, &scope.name, &scope.uid),
+        backend_labels: scope.identity().state_labels(),
     })
 }
 

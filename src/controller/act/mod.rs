@@ -10,8 +10,6 @@ pub mod backup;
 pub mod cleanup;
 pub mod destroy;
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -21,7 +19,6 @@ use tracing::debug;
 
 use super::{Context, Error, Scope, events};
 use crate::api::TerraformObject;
-use crate::api::labels::owner_selector;
 use crate::api::names;
 use crate::gather::Observed;
 use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
@@ -53,11 +50,6 @@ pub async fn release<K: TerraformObject>(
     Ok(())
 }
 
-/// The owner labels, as every Secret and Job of the object carries them.
-pub fn owner_labels<K: TerraformObject>(scope: &Scope<K>) -> BTreeMap<String, String> {
-    crate::api::labels::owner_labels(K::KIND, &scope.name, &scope.uid)
-}
-
 /// Deletes the object's Jobs (their Pods go with them) and Pods left without a Job.
 pub async fn delete_jobs<K: TerraformObject>(scope: &Scope<K>, o: &Observed) -> Result<(), Error> {
     let jobs: Api<Job> = scope.api_of();
@@ -70,7 +62,7 @@ pub async fn delete_jobs<K: TerraformObject>(scope: &Scope<K>, o: &Observed) -> 
     let listed = match &scope.caches {
         Some(_) => o.pods.clone(),
         None => {
-            pods.list(&ListParams::default().labels(&owner_selector(&scope.uid)))
+            pods.list(&ListParams::default().labels(&scope.identity().owned_selector()))
                 .await?
                 .items
         }
@@ -155,10 +147,7 @@ pub async fn errored_metas<K: TerraformObject>(
         .collect(),
         None => scope
             .secrets
-            .list_metadata(
-                &ListParams::default()
-                    .labels(&crate::api::labels::namesake_selector(K::KIND, &scope.name)),
-            )
+            .list_metadata(&ListParams::default().labels(&scope.identity().namesake_selector()))
             .await?
             .items
             .into_iter()

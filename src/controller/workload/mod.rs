@@ -89,7 +89,7 @@ pub fn controller(
     };
     let mut wc = watcher::Config::default().any_semantic();
     if let Some(f) = &cfg.watch_filter {
-        wc = wc.labels(&format!("{}={f}", names::CAPI_WATCH_FILTER_LABEL));
+        wc = wc.labels(&crate::api::labels::watch_filter_selector(f));
     }
     let (clusters, clusters_stream) =
         super::caches::reflect_dynamic(scoped(&cluster_ar), cluster_ar.clone(), wc);

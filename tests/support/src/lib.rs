@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use captf::api::labels::OwnerRef;
+use captf::api::labels::Identity;
 use captf::api::names::{self, Kind};
 use captf::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 use captf::controller::ManagerConfig;
@@ -1098,12 +1098,11 @@ resource "terraform_data" "slow" {{
         edit(&mut inputs);
         let secret = inputs::inputs_secret(
             &inputs,
-            &OwnerRef {
+            &Identity {
                 kind: K::KIND,
                 name,
                 uid: &uid,
                 namespace: &self.ns,
-                suffix: &suffix,
             },
         );
         match self.secrets().create(&PostParams::default(), &secret).await {
@@ -1400,9 +1399,13 @@ resource "terraform_data" "slow" {{
 /// The labels the apply path (and the destroy Job) give Terraform's backend: the owner
 /// labels and clusterctl's move label.
 pub fn backend_labels(kind: Kind, name: &str, uid: &str) -> BTreeMap<String, String> {
-    let mut labels: BTreeMap<String, String> = captf::api::labels::owner_labels(kind, name, uid);
-    labels.insert(names::CLUSTERCTL_MOVE_LABEL.into(), String::new());
-    labels
+    Identity {
+        kind,
+        namespace: "",
+        name,
+        uid,
+    }
+    .moved_labels()
 }
 
 pub fn terraform(dir: &Path, args: &[&str]) {
