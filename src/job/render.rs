@@ -36,7 +36,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::backend::{backend_hcl, errored_backend_hcl};
 use super::env::env;
-use super::template::{Templates, substitute};
+use super::template::Templates;
 use super::{JobRequest, RenderError};
 use crate::api::names;
 use crate::api::types::DEFAULT_TIMEOUT_SECONDS;
@@ -59,14 +59,6 @@ pub fn file_annotation(index: usize) -> String {
 
 fn file_annotation_prefix() -> String {
     format!("{}/file-", names::PREFIX)
-}
-
-/// Parses a rendered manifest into a Job.
-pub(crate) fn parse_job(text: &str) -> Result<Job, RenderError> {
-    let job: Job = serde_saphyr::from_str(text).map_err(|e| RenderError::Yaml {
-        message: e.to_string(),
-    })?;
-    Ok(job)
 }
 
 /// The labels of an attempt's Job, its Pods and its Secret.
@@ -252,7 +244,7 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
         ),
         ("serviceAccountName", names::RUNNER_NAME.to_string()),
     ]);
-    let mut job = parse_job(&substitute(&templates.job, &values)?)?;
+    let mut job = templates.job_with(&values)?;
 
     // The labels of the Job and of its Pods.
     let labels = attempt_labels(req);

@@ -11,6 +11,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use k8s_openapi::api::batch::v1::Job;
+
 use super::RenderError;
 
 /// The embedded Job manifest template.
@@ -88,9 +90,15 @@ impl Templates {
             .iter()
             .map(|p| (*p, format!("sample-{p}")))
             .collect();
-        let text = substitute(&templates.job, &sample)?;
-        super::render::parse_job(&text)?;
+        templates.job_with(&sample)?;
         Ok(templates)
+    }
+
+    /// The Job template with each placeholder replaced by `values`' value, parsed.
+    pub fn job_with(&self, values: &BTreeMap<&str, String>) -> Result<Job, RenderError> {
+        serde_saphyr::from_str(&substitute(&self.job, values)?).map_err(|e| RenderError::Yaml {
+            message: e.to_string(),
+        })
     }
 }
 
