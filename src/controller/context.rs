@@ -362,3 +362,13 @@ pub async fn discover_cluster(client: &Client) -> ClusterKind {
         names::CAPI_GROUP
     ))
 }
+
+/// Cluster API's `kind` (`Machine`, `MachinePool`) in the group and version of its
+/// Cluster kind `cluster`.
+pub fn owner_resource(cluster: &kube::api::ApiResource, kind: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        kind: kind.to_string(),
+        plural: format!("{}s", kind.to_lowercase()),
+        ..cluster.clone()
+    }
+}

@@ -8,9 +8,7 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
 use tracing::warn;
 
-pub use crate::io::Error;
-
-use super::Context;
+use super::{Context, Error};
 use crate::api::TerraformObject;
 
 /// After a failed pass: a conflict is decided again at once, anything else is counted
