@@ -692,7 +692,7 @@ async fn with_what_it_ran<K: TerraformObject>(
         installed_modules: reported.installed_modules,
     };
     let renders = |i: &crate::inputs::Inputs| {
-        super::act::destroy::render_operation(ctx, scope, obj, names::OPERATION_DESTROY, 1, i)
+        super::act::attempt::render_operation(ctx, scope, obj, names::OPERATION_DESTROY, 1, i)
             .is_ok()
     };
     Ok(match crate::inputs::with_ran(&inputs, record, renders) {

@@ -14,7 +14,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tracing::{info, warn};
 
-use super::act::{self, Started};
+use super::act::{self, attempt::Started};
 use super::events::publish;
 use super::observe;
 use super::status::{write_provisioned, write_status_keeping_with};
@@ -42,7 +42,7 @@ pub struct LiveDecision {
     pub facts: ApplyFacts,
     pub decision: ApplyDecision,
     /// The attempt to start, rendered, with the inputs it runs.
-    pub start: Option<(Inputs, act::destroy::Attempt)>,
+    pub start: Option<(Inputs, act::attempt::Attempt)>,
     /// Whether the bootstrap data waited for can come without a watch event: its Secret,
     /// named, is missing (a Secret of the user's may lack the cluster-name label the
     /// watch selects by), or the Machines and MachinePools are not watched.

@@ -212,7 +212,7 @@ async fn observe_rounds<K: TerraformObject>(
     // During a deletion, the Machines and MachinePools that own the object (the Cluster
     // is read above): one gone means a move or a stripped finalizer, not a teardown. From
     // the cache of the kind's owners when the manager keeps one (a destroy's start reads
-    // them live once more: `act::owner_gone_since_read`), else live.
+    // them live once more: `act::attempt::owner_gone_since_read`), else live.
     let owners = async {
         let mut found = BTreeMap::new();
         if let (Some(_), Some(ar)) = (&meta.deletion_timestamp, cluster_api.resource()) {

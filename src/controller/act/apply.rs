@@ -17,8 +17,7 @@
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
-use super::Started;
-use super::destroy::{Attempt, ensure_backend_labels_on};
+use super::attempt::{self, Attempt, Started, ensure_backend_labels_on};
 use crate::api::TerraformObject;
 use crate::api::names;
 use crate::controller::{Context, Error, Scope};
@@ -35,7 +34,7 @@ pub fn render<K: TerraformObject>(
     n: u32,
     inputs: &Inputs,
 ) -> Result<Attempt, String> {
-    super::destroy::render_operation(ctx, scope, obj, names::OPERATION_APPLY, n, inputs)
+    attempt::render_operation(ctx, scope, obj, names::OPERATION_APPLY, n, inputs)
 }
 
 /// Starts `attempt` with `inputs` in the order the file's head states.
@@ -86,14 +85,14 @@ pub async fn start_apply<K: TerraformObject>(
     }
     let written = guarded_patch(&scope.api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
     let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
-    if super::paused_since_read(ctx, scope, current).await? {
+    if attempt::paused_since_read(ctx, scope, current).await? {
         return Ok(Started::ClusterPaused);
     }
     let (started, created) =
-        super::create_attempt_job(scope, o, &job, &secret, names::APPLY_ATTEMPT, n, current)
+        attempt::create_attempt_job(scope, o, &job, &secret, names::APPLY_ATTEMPT, n, current)
             .await?;
     if created {
-        super::announce_start(ctx, obj, names::OPERATION_APPLY, n, &job).await;
+        attempt::announce_start(ctx, obj, names::OPERATION_APPLY, n, &job).await;
     }
     Ok(started)
 }

@@ -10,31 +10,18 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 use tracing::info;
 
 use super::backup::{ensure_backup, readable_fingerprint};
 use crate::api::TerraformObject;
-use crate::api::names::{self, Kind};
+use crate::api::names;
 use crate::controller::{Context, Error, Scope};
-use crate::gather::{self, Findings, Observed};
+use crate::gather::{Findings, Observed};
 use crate::inputs::Inputs;
-use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
-use crate::job::{self, JobRequest};
+use crate::io::writes::{self, annotation_ops, guarded_patch};
 use crate::state::StateSecrets;
-
-/// What an attempt is started with: its Job, its variables Secret, and the labels
-/// Terraform's backend selects the state's Secrets by.
-pub struct Attempt {
-    pub n: u32,
-    pub job: Job,
-    pub secret: Secret,
-    pub backend_labels: BTreeMap<String, String>,
-}
 
 /// Renders attempt `n` of the object from its inputs; the error says why it does not
 /// render (a Job that does not render keeps the destroy from starting: row 9).
@@ -48,69 +35,8 @@ pub fn render<K: TerraformObject>(
     render_operation(ctx, scope, obj, names::OPERATION_DESTROY, n, inputs)
 }
 
-/// [`render`] for `operation` (`names::OPERATION_DESTROY` or `names::OPERATION_APPLY`).
-pub fn render_operation<K: TerraformObject>(
-    ctx: &Context,
-    scope: &Scope<K>,
-    obj: &K,
-    operation: &'static str,
-    n: u32,
-    inputs: &Inputs,
-) -> Result<Attempt, String> {
-    let cluster = gather::owning_cluster(obj.meta());
-    // An operator's image in place of the digest the apply ran (one the registry no
-    // longer serves), for the destroy only.
-    let replaced = match obj
-        .meta()
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::RUNNER_IMAGE))
-    {
-        Some(image) if operation == names::OPERATION_DESTROY => {
-            Some(inputs.with_runner_image(image))
-        }
-        _ => None,
-    };
-    let inputs = replaced.as_ref().unwrap_or(inputs);
-    let ann = |key: &str| obj.meta().annotations.as_ref().and_then(|a| a.get(key));
-    // An apply after the object's first success plans first, unless the object opts out;
-    // a pool only when it opts in (its re-applies are its bootstrap token's rotations,
-    // which must not wait for a person: see docs/provisioning/01-lifecycle.md).
-    let guard = ann(names::DESTRUCTIVE_PLANS).map(|v| v.trim());
-    let guarded = match K::KIND {
-        Kind::TerraformMachinePool => guard == Some(names::DESTRUCTIVE_PLANS_GUARD),
-        _ => guard != Some(names::DESTRUCTIVE_PLANS_ALLOW),
-    };
-    let plan_guard = job::PlanGuard {
-        on: operation == names::OPERATION_APPLY && ann(names::APPLIED_ATTEMPT).is_some() && guarded,
-        approved: ann(names::APPROVE_PLAN).map(String::as_str),
-    };
-    let request = JobRequest {
-        kind: K::KIND,
-        name: &scope.name,
-        uid: &scope.uid,
-        namespace: &scope.namespace,
-        suffix: &scope.suffix,
-        cluster_name: cluster.as_deref(),
-        operation,
-        attempt: n,
-        inputs,
-        plan_guard,
-    };
-    let job = job::render(&ctx.templates, &request).map_err(|e| e.to_string())?;
-    let secret = job::attempt_secret(&ctx.templates, &request).map_err(|e| e.to_string())?;
-    Ok(Attempt {
-        n,
-        job,
-        secret,
-        // Before the attempt, the state's Secrets get every label Terraform's backend
-        // selects them by, its own included (a state restored by hand may lack one, and
-        // Terraform would then find no state and write an empty one over it).
-        backend_labels: scope.identity().state_labels(),
-    })
-}
-
-pub use super::Started;
+pub use super::attempt::Started;
+use super::attempt::{self, Attempt, ensure_backend_labels_on, render_operation};
 
 /// Starts `attempt` in the order the file's head states.
 pub async fn start_attempt<K: TerraformObject>(
@@ -165,17 +91,17 @@ pub async fn start_attempt<K: TerraformObject>(
     ];
     let written = guarded_patch(&scope.api, obj.meta(), annotation_ops(obj.meta(), &edits)).await?;
     let current = written.as_ref().map(|o| o.meta()).unwrap_or(obj.meta());
-    if super::paused_since_read(ctx, scope, current).await? {
+    if attempt::paused_since_read(ctx, scope, current).await? {
         return Ok(Started::ClusterPaused);
     }
-    if super::owner_gone_since_read(ctx, scope, current).await? {
+    if attempt::owner_gone_since_read(ctx, scope, current).await? {
         return Ok(Started::OwnerGone);
     }
     let (started, created) =
-        super::create_attempt_job(scope, o, &job, &secret, names::DESTROY_ATTEMPT, n, current)
+        attempt::create_attempt_job(scope, o, &job, &secret, names::DESTROY_ATTEMPT, n, current)
             .await?;
     if created {
-        super::announce_start(ctx, obj, names::OPERATION_DESTROY, n, &job).await;
+        attempt::announce_start(ctx, obj, names::OPERATION_DESTROY, n, &job).await;
     }
     Ok(started)
 }
@@ -204,40 +130,4 @@ async fn ensure_backend_labels<K: TerraformObject>(
         }
     }
     ensure_backend_labels_on(scope, &state.base_name, metas, labels).await
-}
-
-/// [`ensure_backend_labels`] on the state Secrets `metas` (the base `base` and its parts),
-/// with the parts' protection finalizer off.
-pub(super) async fn ensure_backend_labels_on<K: TerraformObject>(
-    scope: &Scope<K>,
-    base: &str,
-    metas: Vec<kube::api::ObjectMeta>,
-    labels: &BTreeMap<String, String>,
-) -> Result<(), Error> {
-    let secrets = &scope.secrets;
-    for meta in metas {
-        let name = meta.name.clone().unwrap_or_default();
-        let have = meta.labels.clone().unwrap_or_default();
-        let missing: BTreeMap<&String, &String> = labels
-            .iter()
-            .filter(|(k, v)| have.get(*k) != Some(*v))
-            .collect();
-        let mut current = meta;
-        if !missing.is_empty() {
-            let patch = json!({ "metadata": { "labels": missing } });
-            current = secrets
-                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                .await?
-                .metadata;
-        }
-        // A part keeps no finalizer while the Job runs: Terraform deletes the parts a
-        // shrinking state no longer has.
-        if name != base {
-            let ops = remove_finalizer_ops(&current, names::PROTECT_FINALIZER);
-            if !ops.is_empty() {
-                guarded_patch(secrets, &current, ops).await?;
-            }
-        }
-    }
-    Ok(())
 }
