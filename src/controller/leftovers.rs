@@ -107,7 +107,7 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
             }
             for p in c.pods.state() {
                 if ns_of(&p.metadata) == ns
-                    && present.left_over(&p.metadata, lock::pod_terminated(&p))
+                    && present.left_over(&p.metadata, crate::job::pod_terminated(&p))
                 {
                     found.pods.extend(p.metadata.name.clone());
                 }

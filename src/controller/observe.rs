@@ -359,7 +359,7 @@ async fn stuck_pods<'a>(
         let Some(deleted) = &p.metadata.deletion_timestamp else {
             continue;
         };
-        if deleted.0 > now || crate::state::lock::pod_terminated(p) {
+        if deleted.0 > now || crate::job::pod_terminated(p) {
             continue;
         }
         let name = p.metadata.name.clone().unwrap_or_default();

@@ -17,7 +17,6 @@ use crate::api::names::RUNNER_NAME;
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
 use crate::io::writes::{create_if_absent, delete_if_present};
 use crate::job;
-use crate::state::lock;
 
 /// The label on the runner RBAC objects.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=captf";
@@ -88,7 +87,7 @@ async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
                 .is_empty()
                 || !c
                     .pods
-                    .state_filter(|p| in_ns(&p.metadata) && !lock::pod_terminated(p))
+                    .state_filter(|p| in_ns(&p.metadata) && !crate::job::pod_terminated(p))
                     .is_empty()
         }));
     }
@@ -104,7 +103,7 @@ async fn runner_unfinished(ctx: &Context, ns: &str) -> Result<bool, Error> {
         .list(&ours)
         .await?
         .items;
-    Ok(pods.iter().any(|p| !lock::pod_terminated(p)))
+    Ok(pods.iter().any(|p| !crate::job::pod_terminated(p)))
 }
 
 /// Whether any CAPTF object is left in `ns`: from the controllers' caches when they hold

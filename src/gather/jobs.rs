@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::api::names::{self, Kind};
 use crate::job::{self, JobOutcome};
 use crate::rules::{LastAttempt, PauseCause, UnfinishedJob};
-use crate::state::lock;
 
 use super::{Observed, annotation, deletion_bookkeeping, deletion_time, label, owning_cluster};
 
@@ -128,7 +127,7 @@ pub(super) fn unfinished_of(
             .or_else(|| label(&p.metadata, "batch.kubernetes.io/job-name"));
         let has_job =
             job_name.is_some_and(|n| jobs.iter().any(|j| j.metadata.name.as_deref() == Some(n)));
-        if !has_job && !lock::pod_terminated(p) {
+        if !has_job && !crate::job::pod_terminated(p) {
             out.push(UnfinishedJob {
                 name: p.metadata.name.clone().unwrap_or_default(),
                 operation: format!(

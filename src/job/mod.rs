@@ -22,7 +22,7 @@ pub use env::{RESERVED_ENV, env_refusal};
 pub use outcome::{
     DESTRUCTIVE_PLAN_MARKER, DestructivePlan, JobOutcome, RUNNER_NEVER_STARTED, attempt_of, cut,
     error_summary, failure_message, failure_text, finished_at, operation_of, outcome, pod_of_job,
-    pod_outcome, ran_for, reason_text, suspended,
+    pod_outcome, pod_terminated, ran_for, reason_text, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
 pub use render::{attempt_secret, render};

@@ -94,6 +94,27 @@ pub fn pod_of_job(job: &Job, pod: &Pod) -> bool {
     name.is_some() && label("batch.kubernetes.io/job-name").or(label("job-name")) == name
 }
 
+/// Whether `pod` has terminated: phase `Succeeded` or `Failed`, and no container of it
+/// still running or waiting (its processes are gone).
+pub fn pod_terminated(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return false;
+    }
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .all(|c| {
+            c.state
+                .as_ref()
+                .is_none_or(|s| s.running.is_none() && s.waiting.is_none())
+        })
+}
+
 fn condition_true<'a>(
     job: &'a Job,
     type_: &str,

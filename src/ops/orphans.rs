@@ -253,7 +253,7 @@ async fn left_behind(client: &Client, ns: Option<&str>) -> Result<Vec<Orphan>, T
         }
     }
     for p in &pods {
-        let finished = crate::state::lock::pod_terminated(p);
+        let finished = crate::job::pod_terminated(p);
         if at(&p.metadata)
             .unwrap_or(&none)
             .left_over(&p.metadata, finished)

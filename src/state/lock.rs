@@ -83,27 +83,6 @@ impl LockInfo {
 /// The API server's bound on generated names: 63 characters, 5 of them random.
 const GENERATED_PREFIX_MAX: usize = 63 - 5;
 
-/// Whether `pod` has terminated: phase `Succeeded` or `Failed`, and no container of it
-/// still running or waiting (its processes are gone).
-pub fn pod_terminated(pod: &Pod) -> bool {
-    let Some(status) = &pod.status else {
-        return false;
-    };
-    if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
-        return false;
-    }
-    status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(status.init_container_statuses.iter().flatten())
-        .all(|c| {
-            c.state
-                .as_ref()
-                .is_none_or(|s| s.running.is_none() && s.waiting.is_none())
-        })
-}
-
 /// Whether `host` is a name the API server would generate for a Pod of one of the Jobs of
 /// the object with this state suffix (any operation, any attempt).
 pub fn generated_runner_name(host: &str, suffix: &str) -> bool {
@@ -163,7 +142,7 @@ pub fn judge(lease: Option<&Lease>, suffix: &str, pods: &[Pod], now: Timestamp) 
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(host))
         {
-            Some(p) if pod_terminated(p) => return Lock::StaleOwn { pod: host.into() },
+            Some(p) if crate::job::pod_terminated(p) => return Lock::StaleOwn { pod: host.into() },
             Some(p) => format!(
                 "not stale: its holder is runner Pod {host} of this object, which has not terminated ({}); the Terraform in it unlocks when it ends",
                 pod_state(p)
