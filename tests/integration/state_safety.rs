@@ -722,3 +722,69 @@ async fn an_abandon_racing_a_namespace_deletion_still_copies_what_it_keeps() {
     );
     env.shutdown().await;
 }
+
+/// The cleanup keeps the errored states with their protection taken off, even one that its
+/// own pass protected first. An errored state the manager has not protected yet (it
+/// appeared while the manager was stopped, and no pass between could: the destroy's Job
+/// ran) is protected by the bookkeeping of the pass that cleans up, after that pass read
+/// it: the cleanup must not take the finalizer off by what it read, or the errored state
+/// keeps it for ever once the object is gone (and `kubectl delete`, as the ErroredState
+/// runbook's last step does it, waits for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cleanup_leaves_no_errored_state_protected_even_one_its_own_pass_protected() {
+    let mut env = Env::with_machine("errored-unprotected", &module(0), FAST).await;
+    let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
+    env.wait_protected(&names::state_secret_name(&suffix)).await;
+    env.stop_manager().await;
+    // Terraform's last state of a run whose save failed, recording nothing the state does
+    // not (so nothing holds the deletion), kept as a runner keeps it.
+    let state = env
+        .secrets()
+        .get(&names::state_secret_name(&suffix))
+        .await
+        .expect("the state Secret");
+    let errored_suffix = names::errored_suffix(&suffix, 1, "ab1cd");
+    let errored_name = names::state_secret_name(&errored_suffix);
+    let uid = env
+        .object::<Tfm>("web-1")
+        .await
+        .and_then(|o| o.metadata.uid)
+        .expect("uid");
+    let mut labels = backend_labels(Kind::TerraformMachine, "web-1", &uid);
+    labels.extend(captf::api::labels::terraform_state_labels(&errored_suffix));
+    labels.insert(names::LABEL_ERRORED_STATE.to_string(), "true".to_string());
+    let errored = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(errored_name.clone()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        data: state.data.clone(),
+        ..Default::default()
+    };
+    env.secrets()
+        .create(&kube::api::PostParams::default(), &errored)
+        .await
+        .expect("the errored state");
+    // Older than a part may be and still be left unprotected for being new (10 s).
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    env.delete::<Tfm>("web-1").await;
+    env.start_manager();
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    let kept = env
+        .secrets()
+        .get(&errored_name)
+        .await
+        .expect("cleanup keeps the errored state");
+    assert!(
+        !kept
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == names::PROTECT_FINALIZER),
+        "the errored state {errored_name} still has the protection finalizer after its object was released: {:?}",
+        kept.metadata.finalizers
+    );
+    env.shutdown().await;
+}

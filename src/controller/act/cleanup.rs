@@ -173,9 +173,17 @@ async fn secret_metas<K: TerraformObject>(
 
 /// Takes the protection finalizer off the errored states, which stay: the destroy that
 /// left nothing was not held by them (each records nothing the state did not), and
-/// `captf orphans` lists them afterwards.
+/// `captf orphans` lists them afterwards. Each is read again first: the bookkeeping of
+/// this very pass may have protected one after the pass read it (one that was too new to
+/// protect before the destroy's Job, which no pass protects under), and a cache may lag;
+/// taken off by what was read, the finalizer would stay once the object is gone. Errored
+/// states are few, and this runs once per cleanup.
 async fn unprotect(secrets: &Api<Secret>, metas: &[kube::api::ObjectMeta]) -> Result<(), Error> {
-    for m in metas {
+    for name in metas.iter().filter_map(|m| m.name.as_deref()) {
+        let Some(current) = secrets.get_metadata_opt(name).await? else {
+            continue;
+        };
+        let m = &current.metadata;
         let ops = remove_finalizer_ops(m, names::PROTECT_FINALIZER);
         match guarded_patch(secrets, m, ops).await {
             Ok(_) => {}
