@@ -273,11 +273,13 @@ async fn clusterctl_describe_shows_the_reason_and_its_runbook() {
         serde_json::json!({}),
     )
     .await;
-    wait_for("web-1 to wait for its bootstrap data", long(), || async {
-        env.condition::<Tfm>("web-1", "Provisioned")
-            .await
-            .is_some_and(|(_, r, _)| r == "WaitingForBootstrapData")
-    })
+    env.wait_condition::<Tfm>(
+        "web-1",
+        "Provisioned",
+        None,
+        "WaitingForBootstrapData",
+        long(),
+    )
     .await;
     let out = clusterctl(
         &env,

@@ -26,20 +26,8 @@ pub(crate) async fn wait_condition<K: TerraformObject>(
     status: &str,
     reason: &str,
 ) -> String {
-    wait_for(
-        &format!("{name}'s {type_} to be {status} with {reason}"),
-        long(),
-        || async {
-            env.condition::<K>(name, type_)
-                .await
-                .is_some_and(|(s, r, _)| s == status && r == reason)
-        },
-    )
-    .await;
-    env.condition::<K>(name, type_)
+    env.wait_condition::<K>(name, type_, Some(status), reason, long())
         .await
-        .map(|(_, _, m)| m)
-        .unwrap_or_default()
 }
 
 /// Deletes the Cluster `prod` and waits until its TerraformCluster is released.

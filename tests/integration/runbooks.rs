@@ -273,23 +273,7 @@ pub(crate) async fn state_json(env: &Env) -> Value {
 
 /// Waits until `web-1`'s Deleting reason is `reason`; on a timeout, says what it is.
 async fn wait_deleting(env: &Env, reason: &str) -> String {
-    let start = std::time::Instant::now();
-    loop {
-        let now = env.condition::<Tfm>("web-1", "Deleting").await;
-        if let Some((_, r, m)) = &now
-            && r == reason
-        {
-            return m.clone();
-        }
-        if start.elapsed() > LONG {
-            let state = env.condition::<Tfm>("web-1", "StateReadable").await;
-            let obj = env.object::<Tfm>("web-1").await.map(|o| o.metadata);
-            panic!(
-                "timed out waiting for web-1 to report Deleting={reason}: Deleting is {now:?}, StateReadable {state:?}, metadata {obj:?}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    env.wait_deleting::<Tfm>("web-1", reason, LONG).await
 }
 
 /// Waits until the object is held with `StateReadable` = `reason`.
@@ -525,18 +509,8 @@ async fn wait_reason<K: captf::api::TerraformObject>(
     type_: &str,
     reason: &str,
 ) -> String {
-    let mut last = None;
-    let start = std::time::Instant::now();
-    while start.elapsed() < LONG {
-        last = env.condition::<K>(name, type_).await;
-        if let Some((_, r, m)) = &last
-            && r == reason
-        {
-            return m.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {name}'s {type_} to be {reason}: it is {last:?}");
+    env.wait_condition::<K>(name, type_, None, reason, LONG)
+        .await
 }
 
 /// Waits until `prod`'s InputsApplied reason is `reason`; returns its message.

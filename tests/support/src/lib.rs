@@ -1498,20 +1498,46 @@ impl Env {
         reason: &str,
         timeout: Duration,
     ) -> String {
-        wait_for(
-            &format!("{name} to report Deleting={reason}"),
-            timeout,
-            || async {
-                self.condition::<K>(name, "Deleting")
-                    .await
-                    .is_some_and(|(_, r, _)| r == reason)
-            },
-        )
-        .await;
-        self.condition::<K>(name, "Deleting")
+        self.wait_condition::<K>(name, "Deleting", None, reason, timeout)
             .await
-            .map(|(_, _, m)| m)
-            .unwrap_or_default()
+    }
+
+    /// Waits until `K`/`name`'s condition `type_` has `reason`, and `status` when given;
+    /// returns its message. The one wait for a condition the scenarios use: on a timeout
+    /// it panics with the condition as it was last seen and the object's other conditions.
+    pub async fn wait_condition<K: TerraformObject>(
+        &self,
+        name: &str,
+        type_: &str,
+        status: Option<&str>,
+        reason: &str,
+        timeout: Duration,
+    ) -> String {
+        let start = std::time::Instant::now();
+        loop {
+            let conditions = self
+                .object::<K>(name)
+                .await
+                .and_then(|o| o.status().map(|s| s.conditions.clone()))
+                .unwrap_or_default();
+            if let Some(c) = conditions.iter().find(|c| c.type_ == type_)
+                && c.reason == reason
+                && status.is_none_or(|s| s == c.status)
+            {
+                return c.message.clone();
+            }
+            if start.elapsed() > timeout {
+                let seen: Vec<String> = conditions
+                    .iter()
+                    .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
+                    .collect();
+                panic!(
+                    "timed out after {timeout:?} waiting for {name}'s {type_} to be {}{reason}; its conditions: {seen:#?}",
+                    status.map(|s| format!("{s}/")).unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub async fn wait_gone<K: TerraformObject>(&self, name: &str, timeout: Duration) {
