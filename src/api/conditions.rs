@@ -13,8 +13,12 @@ pub const STATE_READABLE: &str = "StateReadable";
 /// On a live object: what its deletion would reach if it were asked now (see
 /// `crate::rules::preview`).
 pub const DELETION_READY: &str = "DeletionReady";
+/// The apply side's, on a live object.
+pub const PROVISIONED: &str = "Provisioned";
+pub const INPUTS_APPLIED: &str = "InputsApplied";
 
-/// Reasons. The Deleting reasons are the rule table's (SPEC section 4).
+/// Reasons, of every condition. The Deleting reasons are the rule table's (SPEC section 4);
+/// those of `Provisioned`, `InputsApplied` and a live object's `Ready` the apply table's.
 pub mod reason {
     // Paused
     pub const PAUSED: &str = "Paused";
@@ -50,6 +54,23 @@ pub mod reason {
     // Ready
     pub const DELETING: &str = "Deleting";
     pub const READY_UNKNOWN: &str = "ReadyUnknown";
+    // Provisioned, InputsApplied and Ready on a live object (the apply table; Paused and
+    // ErroredState are the ones above)
+    pub const WAITING_FOR_OWNER: &str = "WaitingForOwner";
+    pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE: &str = "WaitingForClusterInfrastructureReady";
+    pub const WAITING_FOR_CONTROL_PLANE: &str = "WaitingForControlPlaneInitialized";
+    pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
+    pub const WAITING_FOR_CLUSTER_OUTPUTS: &str = "WaitingForClusterOutputs";
+    pub const APPLY_CANNOT_START: &str = "ApplyCannotStart";
+    pub const APPLYING: &str = "Applying";
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    pub const APPLY_UNRECORDED: &str = "ApplyUnrecorded";
+    pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
+    pub const CHANGE_REFUSED: &str = "ChangeRefused";
+    pub const DESTRUCTIVE_PLAN_BLOCKED: &str = "DestructivePlanBlocked";
+    pub const PROVISIONED: &str = "Provisioned";
+    pub const APPLIED: &str = "Applied";
+    pub const READY: &str = "Ready";
 }
 
 /// `metav1.Condition`, as k8s-openapi has it (CAPI v1beta2 conditions are these).

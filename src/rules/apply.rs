@@ -14,30 +14,8 @@ use super::{Backoff, PauseCause, StateFacts, UnfinishedJob, add};
 use crate::api::Kind;
 use crate::api::conditions::{self as cond, Desired, Status};
 
-/// Condition types of the apply side.
-pub const PROVISIONED: &str = "Provisioned";
-pub const INPUTS_APPLIED: &str = "InputsApplied";
-
-/// Reasons of `Provisioned`, `InputsApplied` and `Ready` on a live object.
-pub mod reason {
-    pub const WAITING_FOR_OWNER: &str = "WaitingForOwner";
-    pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE: &str = "WaitingForClusterInfrastructureReady";
-    pub const WAITING_FOR_CONTROL_PLANE: &str = "WaitingForControlPlaneInitialized";
-    pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
-    pub const WAITING_FOR_CLUSTER_OUTPUTS: &str = "WaitingForClusterOutputs";
-    pub const PAUSED: &str = "Paused";
-    pub const APPLY_CANNOT_START: &str = "ApplyCannotStart";
-    pub const APPLYING: &str = "Applying";
-    pub const APPLY_FAILED: &str = "ApplyFailed";
-    pub const APPLY_UNRECORDED: &str = "ApplyUnrecorded";
-    pub const ERRORED_STATE: &str = "ErroredState";
-    pub const OUTPUTS_INVALID: &str = "OutputsInvalid";
-    pub const CHANGE_REFUSED: &str = "ChangeRefused";
-    pub const DESTRUCTIVE_PLAN_BLOCKED: &str = "DestructivePlanBlocked";
-    pub const PROVISIONED: &str = "Provisioned";
-    pub const APPLIED: &str = "Applied";
-    pub const READY: &str = "Ready";
-}
+/// The apply side's condition types and reasons live with the others.
+pub use crate::api::conditions::{INPUTS_APPLIED, PROVISIONED, reason};
 
 /// What a machine or a pool waits for before its first apply (the kind's own gates).
 #[derive(Clone, Debug, PartialEq, Eq)]
