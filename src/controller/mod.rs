@@ -13,6 +13,7 @@
 //! This file is the module's face only.
 
 pub mod act;
+pub mod apply_pass;
 pub mod bookkeeping;
 pub mod caches;
 pub mod context;
@@ -21,7 +22,6 @@ pub mod events;
 mod gate;
 pub mod leader;
 pub mod leftovers;
-pub mod live;
 mod manager;
 pub mod metrics_auth;
 pub mod observe;

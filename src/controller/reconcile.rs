@@ -155,11 +155,11 @@ pub async fn reconcile<K: TerraformObject>(
         let mut observed = observed;
         observed.state = None;
         observed.state_permit = None;
-        let shown = super::live::Shown {
+        let shown = super::apply_pass::Shown {
             deletion: &shown,
             others: &extra,
         };
-        return super::live::live_pass(&ctx, &scope, obj, observed, state_seen, shown, resync)
+        return super::apply_pass::run(&ctx, &scope, obj, observed, state_seen, shown, resync)
             .await;
     }
     // Our status write changes the resourceVersion; the guarded writes that follow in

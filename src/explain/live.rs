@@ -1,7 +1,7 @@
 //! `captf explain` without `-f`: the objects read from the cluster as a controller's pass
 //! reads them, decided by the manager's own code: the deletion's rule table on the object
 //! as the pass's bookkeeping leaves it, and for a live object the apply table, through the
-//! live pass's own reads and decision ([`crate::controller::live::decide_live`]).
+//! live pass's own reads and decision ([`crate::controller::apply_pass::decide_live`]).
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use kube::{Client, ResourceExt};
 
 use super::{Explained, ExplainedApply};
 use crate::api::{Kind, TerraformObject};
-use crate::controller::live::{Live, decide_live};
+use crate::controller::apply_pass::{Live, decide_live};
 use crate::controller::{Context, ManagerConfig, Scope, bookkeeping, observe};
 use crate::gather::{self, Settings};
 use crate::ops::ToolError;

@@ -1,8 +1,9 @@
-//! The pass on a live object, once the deletion's table has said "not deleting" and the
-//! bookkeeping has run: observe what the apply table needs beside the deletion's
-//! observation → decide (`rules::apply`, pure) → write the conditions of both tables →
-//! act (`act::apply`). A destroy always wins: this pass never runs on an object being
-//! deleted, and a deletion that begins while it runs fails its guarded write.
+//! The apply side of a pass on an object not being deleted, once the deletion's table
+//! has said "not deleting" and the bookkeeping has run: observe what the apply table needs
+//! beside the deletion's observation → decide (`rules::apply`, pure) → write the
+//! conditions of both tables → act (`act::apply`). A destroy always wins: this pass never
+//! runs on an object being deleted, and a deletion that begins while it runs fails its
+//! guarded write.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -194,7 +195,7 @@ pub struct Shown<'a> {
 
 /// Runs the apply side of a pass on a live object; `shown` is the deletion table's
 /// decision (not deleting), whose conditions are written with the apply table's.
-pub async fn live_pass<K: TerraformObject>(
+pub async fn run<K: TerraformObject>(
     ctx: &Context,
     scope: &Scope<K>,
     obj: Arc<K>,
