@@ -465,24 +465,8 @@ async fn provisioning(
                     let mut u = unfinished.lock().unwrap_or_else(|e| e.into_inner());
                     match ev {
                         Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
-                            let finished = j
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|cs| {
-                                    cs.iter().any(|c| {
-                                        (c.type_ == "Complete" || c.type_ == "Failed")
-                                            && c.status == "True"
-                                    })
-                                });
-                            let complete = j
-                                .status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|cs| {
-                                    cs.iter()
-                                        .any(|c| c.type_ == "Complete" && c.status == "True")
-                                });
+                            let finished = common::job_is(&j, &["Complete", "Failed"]);
+                            let complete = common::job_is(&j, &["Complete"]);
                             if complete && let Some(owner) = j.labels().get(names::LABEL_OWNER_NAME)
                             {
                                 completed
@@ -784,14 +768,7 @@ async fn watch_jobs(kubeconfig: std::path::PathBuf, ns: String, seen: Seen) {
         let Some(owner) = j.labels().get(names::LABEL_OWNER_NAME).cloned() else {
             continue;
         };
-        let complete = j
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Complete" && c.status == "True")
-            });
+        let complete = common::job_is(&j, &["Complete"]);
         let mut s = seen.lock();
         s.jobs.insert(j.name_any());
         if complete {

@@ -409,16 +409,7 @@ async fn alive(client: &kube::Client, ns: &str) -> Alive {
         .unwrap_or_default();
     let unfinished = jobs
         .iter()
-        .filter(|j| {
-            !j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
-                    })
-                })
-        })
+        .filter(|j| !common::job_is(j, &["Complete", "Failed"]))
         .count();
     Alive {
         jobs: jobs.len(),

@@ -105,3 +105,14 @@ pub fn keep_manager_log(from: &std::path::Path, name: &str) {
         println!("\n(the manager's log: {})", kept.display());
     }
 }
+
+/// Whether Job `j` has one of the condition types `types` True (`Complete`, `Failed`).
+pub fn job_is(j: &k8s_openapi::api::batch::v1::Job, types: &[&str]) -> bool {
+    j.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| types.contains(&c.type_.as_str()) && c.status == "True")
+        })
+}

@@ -373,13 +373,25 @@ async fn read_owner(
     let owner_ar = super::owner_resource(ar, kind);
     let ns = o.meta.namespace.clone().unwrap_or_default();
     // The manager's cache of them (watched), else the API server (`captf explain`).
-    let got = match owners {
+    cached_or_read(ctx, owners, &owner_ar, &ns, &name).await
+}
+
+/// Cluster API's object `name` of `ar` in `ns`: from the manager's cache of its kind
+/// (`store`, watched), else read from the API server.
+async fn cached_or_read(
+    ctx: &Context,
+    store: Option<&Store<DynamicObject>>,
+    ar: &kube::api::ApiResource,
+    ns: &str,
+    name: &str,
+) -> Result<Option<serde_json::Value>, Error> {
+    let got = match store {
         Some(store) => store
-            .get(&ObjectRef::new_with(&name, owner_ar).within(&ns))
+            .get(&ObjectRef::new_with(name, ar.clone()).within(ns))
             .map(|g| g.as_ref().clone()),
         None => {
-            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &owner_ar)
-                .get_opt(&name)
+            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, ar)
+                .get_opt(name)
                 .await?
         }
     };
@@ -398,25 +410,8 @@ async fn read_cluster<K: TerraformObject>(
     ) else {
         return Ok(None);
     };
-    let cached = scope
-        .caches
-        .as_ref()
-        .and_then(|c| c.clusters.as_ref())
-        .map(|store| {
-            store.get(
-                &kube::runtime::reflector::ObjectRef::new_with(&name, ar.clone())
-                    .within(&scope.namespace),
-            )
-        });
-    let got = match cached {
-        Some(c) => c.map(|c| c.as_ref().clone()),
-        None => {
-            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &scope.namespace, ar)
-                .get_opt(&name)
-                .await?
-        }
-    };
-    Ok(got.map(|c| serde_json::to_value(c).unwrap_or_default()))
+    let clusters = scope.caches.as_ref().and_then(|c| c.clusters.as_ref());
+    cached_or_read(ctx, clusters, ar, &scope.namespace, &name).await
 }
 
 /// The values a provisioned machine's inputs Secret records: as an earlier pass kept them

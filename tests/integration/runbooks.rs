@@ -765,33 +765,9 @@ async fn runbook_errored_state() {
         .as_array_mut()
         .expect("instances")
         .push(extra);
-    let errored_suffix = names::errored_suffix(&suffix, 1, "ab1cd");
-    let errored_name = names::state_secret_name(&errored_suffix);
-    let uid = env
-        .object::<Tfm>("web-1")
-        .await
-        .and_then(|o| o.metadata.uid)
-        .expect("uid");
-    let mut labels = backend_labels(names::Kind::TerraformMachine, "web-1", &uid);
-    labels.extend([
-        (names::TF_LABEL_STATE.to_string(), "true".to_string()),
-        (names::TF_LABEL_SUFFIX.to_string(), errored_suffix.clone()),
-        (names::TF_LABEL_WORKSPACE.to_string(), "default".to_string()),
-        (
-            names::TF_LABEL_MANAGED_BY.to_string(),
-            "terraform".to_string(),
-        ),
-        (names::LABEL_ERRORED_STATE.to_string(), "true".to_string()),
-    ]);
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": errored_name, "labels": labels},
-        "data": {names::TF_STATE_KEY: ByteString(gzip(&serde_json::to_vec(&errored).expect("json")))},
-    }))
-    .expect("secret");
-    env.secrets()
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("errored state");
+    let errored_name = env
+        .keep_errored_state(gzip(&serde_json::to_vec(&errored).expect("json")))
+        .await;
 
     env.delete::<Tfm>("web-1").await;
     let msg = wait_deleting(&env, "DestroyCannotStart").await;

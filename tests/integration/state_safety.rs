@@ -743,29 +743,14 @@ async fn the_cleanup_leaves_no_errored_state_protected_even_one_its_own_pass_pro
         .get(&names::state_secret_name(&suffix))
         .await
         .expect("the state Secret");
-    let errored_suffix = names::errored_suffix(&suffix, 1, "ab1cd");
-    let errored_name = names::state_secret_name(&errored_suffix);
-    let uid = env
-        .object::<Tfm>("web-1")
-        .await
-        .and_then(|o| o.metadata.uid)
-        .expect("uid");
-    let mut labels = backend_labels(Kind::TerraformMachine, "web-1", &uid);
-    labels.extend(captf::api::labels::terraform_state_labels(&errored_suffix));
-    labels.insert(names::LABEL_ERRORED_STATE.to_string(), "true".to_string());
-    let errored = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(errored_name.clone()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        data: state.data.clone(),
-        ..Default::default()
-    };
-    env.secrets()
-        .create(&kube::api::PostParams::default(), &errored)
-        .await
-        .expect("the errored state");
+    let tfstate = state
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::TF_STATE_KEY))
+        .expect("the state's tfstate key")
+        .0
+        .clone();
+    let errored_name = env.keep_errored_state(tfstate).await;
     // Older than a part may be and still be left unprotected for being new (10 s).
     tokio::time::sleep(Duration::from_secs(11)).await;
     env.delete::<Tfm>("web-1").await;

@@ -1491,6 +1491,41 @@ impl Env {
             .expect("delete");
     }
 
+    /// Keeps an errored state of `web-1` (attempt 1) as a runner keeps one through
+    /// Terraform's backend: a Secret of `tfstate` (gzipped state JSON) with Terraform's
+    /// labels under an errored suffix of its own, the owner and move labels, and the
+    /// errored-state label; no finalizer. Returns its name.
+    pub async fn keep_errored_state(&self, tfstate: Vec<u8>) -> String {
+        let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
+        let errored_suffix = names::errored_suffix(&suffix, 1, "ab1cd");
+        let name = names::state_secret_name(&errored_suffix);
+        let uid = self
+            .object::<TerraformMachine>("web-1")
+            .await
+            .and_then(|o| o.metadata.uid)
+            .expect("uid");
+        let mut labels = backend_labels(Kind::TerraformMachine, "web-1", &uid);
+        labels.extend(captf::api::labels::terraform_state_labels(&errored_suffix));
+        labels.insert(names::LABEL_ERRORED_STATE.to_string(), "true".to_string());
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                names::TF_STATE_KEY.to_string(),
+                k8s_openapi::ByteString(tfstate),
+            )])),
+            ..Default::default()
+        };
+        self.secrets()
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("the errored state");
+        name
+    }
+
     /// Waits until the object's Deleting condition has `reason`.
     pub async fn wait_deleting<K: TerraformObject>(
         &self,
