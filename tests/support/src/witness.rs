@@ -160,3 +160,43 @@ impl Seen {
         }
     }
 }
+
+/// Every version of one object's annotations the API server showed, recorded by a watch from
+/// before it was created: a record a later pass takes back (an apply's failure, cleared when
+/// its retry starts) is still seen, however long the test took to look.
+pub struct AnnotationHistory {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<BTreeMap<String, String>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AnnotationHistory {
+    pub fn start<K: TerraformObject>(api: Api<K>, name: &str) -> AnnotationHistory {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let task = tokio::spawn(async move {
+            // With a backoff, as the witness's watches (a stopped control plane must not
+            // spin the test's runtime).
+            let mut stream = watcher(api, config).default_backoff().boxed();
+            while let Some(ev) = stream.next().await {
+                if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
+                    s.lock().expect("history").push(o.annotations().clone());
+                }
+            }
+        });
+        AnnotationHistory { seen, task }
+    }
+
+    /// Whether a version seen so far satisfied `check`.
+    pub fn any(&self, check: impl Fn(&BTreeMap<String, String>) -> bool) -> bool {
+        self.seen.lock().expect("history").iter().any(check)
+    }
+}
+
+impl Drop for AnnotationHistory {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
