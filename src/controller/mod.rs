@@ -31,6 +31,7 @@ pub mod reconcile;
 mod retry;
 pub mod scope;
 pub mod server;
+pub mod source;
 pub mod status;
 mod triggers;
 mod wiring;

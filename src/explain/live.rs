@@ -83,11 +83,11 @@ async fn explain_kind<K: TerraformObject>(
                     .unwrap_or_default();
                 let extra = super::live_conditions(
                     &d.observed,
-                    &d.decision,
+                    &d.verdict.decision,
                     &shown,
                     ctx.disposal_retention,
                 );
-                e.with_apply(ExplainedApply::new(&d.decision).with_live(&extra));
+                e.with_apply(ExplainedApply::new(&d.verdict.decision).with_live(&extra));
             }
         }
         out.push(e);

@@ -16,7 +16,7 @@ use crate::api::Kind;
 use crate::api::names;
 use crate::api::object::AnyObject;
 use crate::gather::{self, ClusterView, Observed, Settings};
-use crate::rules::apply::{ApplyAction, ApplyDecision, decide_apply};
+use crate::rules::apply::{ApplyAction, ApplyDecision};
 use crate::rules::{Action, Decision, Row};
 use crate::state::StateSecrets;
 use inventory::Inventory;
@@ -434,102 +434,61 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
         .collect()
 }
 
-/// The apply table's decision for a live object, from what the inventory holds, as the
-/// live pass decides it (`gather::apply::apply_observed`).
+/// The apply table's decision for a live object, from what the inventory holds: the
+/// observation and the decision of the manager's pass ([`gather::source::observe_live`],
+/// [`gather::verdict::decide`]), with the files as their source. No Job is rendered (the
+/// manager's templates are not in the files).
 fn decide_live(
     inv: &Inventory,
     object: &AnyObject,
     o: &Observed,
     settings: &Settings,
 ) -> ApplyDecision {
-    use gather::apply::{self as ga, ApplySources};
-    let namespace = o.meta.namespace.clone().unwrap_or_default();
-    let name = o.meta.name.clone().unwrap_or_default();
-    let suffix = names::state_suffix(o.kind, &name);
-    let in_ns = |v: &serde_json::Value| v["metadata"]["namespace"].as_str() == Some(&namespace);
-    let secret = |n: &str| {
-        inv.secrets.iter().find(|s| {
-            s.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && s.metadata.name.as_deref() == Some(n)
-        })
-    };
+    use gather::source::{Dump, observe_live};
     let latched = object
         .status()
         .and_then(|s| s.initialization.as_ref())
         .and_then(|i| i.provisioned)
         == Some(true);
-    let provisioned = ga::provisioned(&o.meta, latched);
-    let cluster = gather::owning_cluster(&o.meta).and_then(|c| {
-        inv.clusters
+    let dump = Dump {
+        secrets: &inv.secrets,
+        clusters: &inv.clusters,
+        machines: &inv.machines,
+        terraform_clusters: inv
+            .objects
             .iter()
-            .find(|v| v["metadata"]["name"].as_str() == Some(c.as_str()) && in_ns(v))
-    });
-    let owner = ga::owner_kind(o.kind)
-        .zip(ga::capi_owner(o.kind, &o.meta))
-        .and_then(|(k, n)| {
-            inv.machines.iter().find(|v| {
-                v["kind"].as_str() == Some(k)
-                    && v["metadata"]["name"].as_str() == Some(&n)
-                    && in_ns(v)
+            .filter_map(|(_, o)| match o {
+                AnyObject::Cluster(c) => Some((
+                    c.metadata.namespace.clone().unwrap_or_default(),
+                    c.metadata.name.clone().unwrap_or_default(),
+                    gather::apply::object_provisioned(c),
+                )),
+                _ => None,
             })
-        });
-    let bootstrap_name = owner.and_then(|v| ga::bootstrap_secret_name(o.kind, v));
-    let mut sources = ApplySources {
+            .collect(),
+    };
+    let state_seen = gather::apply::apply_state_seen(o, settings);
+    // A dump's reads are in memory: the future is ready at its first poll.
+    let live = futures::executor::block_on(observe_live(
+        &dump,
+        o.clone(),
+        state_seen,
         latched,
-        state_exists: secret(&names::state_secret_name(&suffix)).is_some(),
-        cluster,
-        owner,
-        bootstrap: bootstrap_name.and_then(secret),
-        ..Default::default()
+        settings,
+    ));
+    let live = match live {
+        Ok(l) => l,
+        Err(never) => match never {},
     };
-    if ga::keeps_recorded_values(o.kind, provisioned) {
-        sources.recorded = o
-            .inputs_secret
-            .as_ref()
-            .and_then(|s| ga::recorded_values(s, &namespace, &suffix));
-    }
-    if sources.recorded.is_none()
-        && ga::needs_handoff(o, provisioned, sources.owner, sources.bootstrap)
-    {
-        sources.handoff = Some(handoff(inv, &namespace, cluster));
-    }
-    let seen = ga::apply_observed(o, &sources);
-    decide_apply(&ga::apply_facts(o, &seen, settings))
-}
-
-/// The `machine_inputs` of the TerraformCluster the Cluster names, from the inventory's
-/// Secrets (as the live pass reads it from the cluster).
-fn handoff(
-    inv: &Inventory,
-    namespace: &str,
-    cluster: Option<&serde_json::Value>,
-) -> Result<Option<serde_json::Value>, String> {
-    let Some((name, base)) = gather::apply::handoff_state(cluster) else {
-        return Ok(None);
-    };
-    let secrets: Vec<_> = inv
-        .secrets
-        .iter()
-        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
-        .cloned()
-        .collect();
-    let state_exists = secrets
-        .iter()
-        .any(|s| s.metadata.name.as_deref() == Some(base.as_str()));
-    let cluster_provisioned = inv.objects.iter().find_map(|(_, o)| match o {
-        AnyObject::Cluster(c)
-            if c.metadata.name.as_deref() == Some(name)
-                && c.metadata.namespace.as_deref() == Some(namespace) =>
-        {
-            Some(gather::apply::object_provisioned(c))
-        }
-        _ => None,
-    });
-    // Files without the TerraformCluster say nothing of its apply: decided from its
-    // state alone, as the files allow.
-    let cluster_provisioned = cluster_provisioned.or(Some(true));
-    gather::apply::handoff_readable(name, &base, state_exists, cluster_provisioned)?;
-    gather::apply::handoff_of(name, &StateSecrets::from_secrets(&base, &secrets)).map(Some)
+    gather::verdict::decide(
+        &live.observed,
+        &live.sources,
+        &live.state_seen,
+        settings,
+        None,
+        |_, _| Ok(()),
+    )
+    .decision
 }
 
 /// One line per condition, with its message when it has one.

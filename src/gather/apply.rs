@@ -279,17 +279,17 @@ pub fn apply_ran(o: &Observed, n: u32) -> Option<ApplyRan> {
 /// What the apply table's observation is built from, as a pass (or `captf explain`) read
 /// it: see [`apply_observed`].
 #[derive(Clone, Debug, Default)]
-pub struct ApplySources<'a> {
+pub struct ApplySources {
     /// `status.initialization.provisioned` as on the object.
     pub latched: bool,
     /// A base state Secret of the object's suffix exists.
     pub state_exists: bool,
     /// The owning Cluster, as read (any version).
-    pub cluster: Option<&'a serde_json::Value>,
+    pub cluster: Option<serde_json::Value>,
     /// A machine's or pool's owning Machine or MachinePool, as read.
-    pub owner: Option<&'a serde_json::Value>,
+    pub owner: Option<serde_json::Value>,
     /// The bootstrap data Secret the owner names, as read.
-    pub bootstrap: Option<&'a k8s_openapi::api::core::v1::Secret>,
+    pub bootstrap: Option<k8s_openapi::api::core::v1::Secret>,
     /// The `machine_inputs` of the TerraformCluster the Cluster names (`Ok(None)`: its
     /// infrastructure is not a TerraformCluster), or why it cannot be read; `None` when
     /// not read (see [`needs_handoff`]).
@@ -416,7 +416,7 @@ pub fn apply_observed(o: &Observed, s: &ApplySources) -> ApplyObserved {
     let prerequisite = if provisioned {
         None
     } else {
-        prerequisite(o, s.owner, s.bootstrap).or_else(|| {
+        prerequisite(o, s.owner.as_ref(), s.bootstrap.as_ref()).or_else(|| {
             handoff
                 .as_ref()
                 .err()
@@ -516,13 +516,13 @@ fn contract_values(
     use crate::contract::Role;
     use crate::contract::values::{Sources, values};
     let role = Role::from(o.kind);
-    let data = s.bootstrap.and_then(|b| b.data.as_ref());
+    let data = s.bootstrap.as_ref().and_then(|b| b.data.as_ref());
     let value = data.and_then(|d| d.get("value")).map(|v| v.0.as_slice());
     let format = data
         .and_then(|d| d.get("format"))
         .and_then(|v| std::str::from_utf8(&v.0).ok());
     if role != Role::Cluster && value.is_none() {
-        return Err(match s.owner {
+        return Err(match &s.owner {
             None => "the owning Machine or MachinePool cannot be read".to_string(),
             Some(_) => "the bootstrap data Secret or its key value is missing".to_string(),
         });
@@ -534,8 +534,8 @@ fn contract_values(
         object_name: o.meta.name.as_deref().unwrap_or_default(),
         object_kind: o.kind.as_str(),
         cluster_name: &cluster_name,
-        cluster: s.cluster,
-        owner: s.owner,
+        cluster: s.cluster.as_ref(),
+        owner: s.owner.as_ref(),
         bootstrap: value.map(|v| (v, format)),
         cluster_outputs,
         own_endpoint: o
@@ -779,6 +779,7 @@ pub fn apply_facts_seen(
         errored: seen.errored.clone(),
         lock_held: seen.lock_held.clone(),
         approved_plan: annotation(&o.meta, names::APPROVE_PLAN).map(str::to_string),
+        refused: None,
     }
 }
 

@@ -10,7 +10,9 @@ mod blockers;
 mod jobs;
 pub mod leftovers;
 mod meta;
+pub mod source;
 mod tfstate;
+pub mod verdict;
 
 use std::collections::BTreeMap;
 

@@ -132,6 +132,11 @@ pub struct ApplyFacts {
     pub lock_held: Option<String>,
     /// `A/approve-plan`: the hash of a destructive plan an operator approved.
     pub approved_plan: Option<String>,
+    /// The API server refused what the last try at starting an attempt needed (an
+    /// admission policy, a quota, a permission), remembered since: the object, the
+    /// attempt and its message. The attempt is tried again; the conditions say why it
+    /// has not started.
+    pub refused: Option<String>,
 }
 
 /// Whether the apply table needs the state read to decide: it would start an attempt,
@@ -253,8 +258,25 @@ pub struct ApplyDecision {
     pub conditions: Vec<Desired>,
 }
 
-/// The apply table. Rows are evaluated in order; the first that applies decides.
+/// The apply table. Rows are evaluated in order; the first that applies decides. A row
+/// that starts an attempt the API server refused last time ([`ApplyFacts::refused`]) still
+/// starts it, and its conditions say the refusal instead of "starting".
 pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
+    let d = decide_rows(f);
+    match (&f.refused, d.action.start_attempt()) {
+        (Some(why), Some(_)) => {
+            let msg = format!("{why}; see runbooks/ApplyCannotStart.md");
+            ApplyDecision {
+                conditions: not_applied(f, d.row, reason::APPLY_CANNOT_START, msg, d.action)
+                    .conditions,
+                ..d
+            }
+        }
+        _ => d,
+    }
+}
+
+fn decide_rows(f: &ApplyFacts) -> ApplyDecision {
     if f.kind == Kind::TerraformCluster && f.externally_managed {
         return ApplyDecision {
             row: ApplyRow::ExternallyManaged,

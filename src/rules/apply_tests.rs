@@ -34,6 +34,7 @@ fn machine() -> ApplyFacts {
         errored: None,
         lock_held: None,
         approved_plan: None,
+        refused: None,
     }
 }
 
@@ -672,4 +673,52 @@ fn a14_an_approved_plan_starts_the_next_attempt_and_new_inputs_plan_again() {
     });
     assert_eq!(d.row, ApplyRow::Apply);
     assert_eq!(d.action, ApplyAction::StartApply { attempt: 3 });
+}
+
+/// A refusal the API server gave the last try at an attempt is a fact of the table: the
+/// attempt is started again (the pass tries it), and the conditions say why it has not
+/// started rather than "starting"; a row that starts nothing ignores it, and a provisioned
+/// object stays Ready.
+#[test]
+fn a_refused_attempt_is_tried_again_and_its_conditions_say_the_refusal() {
+    let refused = Some("TerraformMachine ns/web-1: the API server refused what apply attempt 1 needs: quota; tried again every 10s".to_string());
+    let d = decide_apply(&ApplyFacts {
+        refused: refused.clone(),
+        ..machine()
+    });
+    assert_eq!(d.action, ApplyAction::StartApply { attempt: 1 });
+    assert_eq!(d.row, ApplyRow::Apply);
+    for c in &d.conditions {
+        assert_eq!(
+            (c.status, c.reason),
+            (Status::False, reason::APPLY_CANNOT_START)
+        );
+        assert!(
+            c.message
+                .contains("refused what apply attempt 1 needs: quota")
+                && c.message.ends_with("see runbooks/ApplyCannotStart.md"),
+            "{}",
+            c.message
+        );
+    }
+    let waiting = decide_apply(&ApplyFacts {
+        refused: refused.clone(),
+        ..applied()
+    });
+    assert_eq!(
+        waiting,
+        decide_apply(&applied()),
+        "nothing to start: no refusal shown"
+    );
+    let changed = decide_apply(&ApplyFacts {
+        inputs: Ok("sha-b".into()),
+        refused,
+        ..applied()
+    });
+    assert_eq!(changed.action, ApplyAction::StartApply { attempt: 2 });
+    assert_eq!(condition(&changed, cond::READY).status, Status::True);
+    assert_eq!(
+        condition(&changed, INPUTS_APPLIED).reason,
+        reason::APPLY_CANNOT_START
+    );
 }

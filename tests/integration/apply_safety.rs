@@ -686,6 +686,7 @@ async fn explain_of_the_live_cluster_shows_the_apply_table() {
         .cloned()
         .expect("Ready");
     assert_eq!(ready["status"], "True", "{web}");
+    crate::provisioning::assert_explain_reads_alike(&env, "a provisioned machine");
     env.shutdown().await;
 }
 

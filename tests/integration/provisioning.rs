@@ -30,6 +30,87 @@ pub(crate) async fn wait_condition<K: TerraformObject>(
         .await
 }
 
+/// What `captf explain` decides of the test namespace's live objects, and what it decides
+/// from files `kubectl get -o yaml` saved of the same objects at the same moment, agree on
+/// the apply table (situation, row, action, every condition): both run the manager's one
+/// observation and decision, only their source differs. The dump is taken before and after
+/// the live run, and the comparison made once both dumps are the same (the manager may be
+/// writing meanwhile).
+pub(crate) fn assert_explain_reads_alike(env: &Env, when: &str) {
+    use crate::deletion::EnvExt;
+    let file = std::env::temp_dir().join(format!(
+        "captf-explain-{}-{}.yaml",
+        env.ns,
+        std::process::id()
+    ));
+    let dump = || -> String {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig_path())
+            .args([
+                "get",
+                "-n",
+                &env.ns,
+                "-o",
+                "yaml",
+                "terraformclusters,terraformmachines,terraformmachinepools,clusters.cluster.x-k8s.io,machines.cluster.x-k8s.io,secrets,configmaps,jobs,pods,leases",
+            ])
+            .output()
+            .expect("kubectl get");
+        assert!(
+            out.status.success(),
+            "kubectl get: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).expect("UTF-8");
+        std::fs::write(&file, &text).expect("write the dump");
+        text
+    };
+    let apply_of =
+        |out: std::process::Output| -> std::collections::BTreeMap<String, serde_json::Value> {
+            assert!(
+                out.status.success(),
+                "captf explain: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let items: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            items
+                .as_array()
+                .expect("array")
+                .iter()
+                .map(|i| {
+                    (
+                        format!(
+                            "{}/{}",
+                            i["kind"].as_str().unwrap_or_default(),
+                            i["name"].as_str().unwrap_or_default()
+                        ),
+                        i["apply"].clone(),
+                    )
+                })
+                .collect()
+        };
+    for _ in 0..20 {
+        let before = dump();
+        let live = apply_of(env.captf(&["explain", "-n", &env.ns, "-o", "json"]));
+        if dump() != before {
+            continue;
+        }
+        let files = apply_of(env.captf(&["explain", "-f", &file.to_string_lossy(), "-o", "json"]));
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            live.values().any(|a| a["row"].is_string()),
+            "{when}: explain decided the apply table of no object: {live:#?}"
+        );
+        assert_eq!(
+            live, files,
+            "{when}: explain of the live objects (left) and of their dump (right) disagree"
+        );
+        return;
+    }
+    panic!("{when}: the namespace changed during each of 20 explains");
+}
+
 /// Deletes the Cluster `prod` and waits until its TerraformCluster is released.
 pub(crate) async fn delete_and_wait_released(env: &Env) {
     env.delete_cluster("prod").await;
@@ -312,6 +393,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     )
     .await;
     assert!(msg.contains("Cluster prod"), "{msg}");
+    assert_explain_reads_alike(&env, "waiting for the cluster's infrastructure");
     // The TerraformCluster is applied; Cluster API says the infrastructure is provisioned.
     env.create_owned::<Tfc>(
         "prod",
@@ -333,6 +415,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
         "WaitingForControlPlaneInitialized",
     )
     .await;
+    assert_explain_reads_alike(&env, "waiting for the control plane");
     env.mark_cluster_ready("prod").await;
     let msg = wait_condition::<Tfm>(
         &env,
@@ -346,6 +429,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
         msg.contains("Machine web-1 has no spec.bootstrap.dataSecretName"),
         "{msg}"
     );
+    assert_explain_reads_alike(&env, "waiting for the bootstrap data's name");
     let (ready, _, _) = env.condition::<Tfm>("web-1", "Ready").await.expect("Ready");
     assert_eq!(ready, "Unknown", "a gated machine's Ready");
     assert_eq!(
@@ -367,9 +451,11 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
             })
     })
     .await;
+    assert_explain_reads_alike(&env, "waiting for the bootstrap data's Secret");
     env.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config web-1")
         .await;
     wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
+    assert_explain_reads_alike(&env, "provisioned");
     // The module got the contract's variables: the Machine's name and its bootstrap data.
     for i in 0..2 {
         let created = std::fs::read_to_string(env.markers().join(format!("web-1-{i}.created")))

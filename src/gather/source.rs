@@ -1,0 +1,416 @@
+//! One observation of what the apply table needs beside the deletion's [`Observed`]: the
+//! Cluster API objects the gates and the module contract read, whether a state exists, a
+//! provisioned machine's recorded values and its TerraformCluster's hand-off. What is read
+//! and in which order is [`read_sources`], once; where it is read from is a [`Source`]: the
+//! cluster (the manager's caches where it has them, else the API server: the manager's
+//! pass and `captf explain`) or a dump (`captf explain -f`). So the manager and `explain`
+//! cannot disagree on what a pass saw, only on what there was to see.
+
+use std::future::Future;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::ObjectMeta;
+use serde_json::{Map, Value};
+
+use super::apply::{
+    ApplySources, ApplyStateSeen, apply_facts_seen, apply_observed, apply_state_seen,
+    bootstrap_secret_name, capi_owner, handoff_of, handoff_readable, handoff_state,
+    keeps_recorded_values, needs_handoff, no_handoff_state, owner_kind, provisioned,
+    recorded_values,
+};
+use super::{Observed, Settings};
+use crate::api::names::{self, Kind};
+use crate::rules::apply::apply_state_needed;
+
+/// Where [`read_sources`] reads. Each method reads one thing by name; none decides.
+pub trait Source: Sync {
+    type Error: Send;
+
+    /// Reads into `o` the Secrets and ConfigMaps its spec references (read live by the
+    /// manager: an apply acts on them, and no cache holds them).
+    fn referenced(&self, o: &mut Observed) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// The metadata of Secret `name` in `ns`, one of the state Secrets of an object of
+    /// `kind` (whose controller's cache holds them).
+    fn state_meta(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ObjectMeta>, Self::Error>> + Send;
+
+    /// Cluster API's Cluster `name` in `ns`.
+    fn cluster(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Value>, Self::Error>> + Send;
+
+    /// Cluster API's `kind` (`Machine`, `MachinePool`) `name` in `ns`.
+    fn owner(
+        &self,
+        kind: &'static str,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Value>, Self::Error>> + Send;
+
+    /// The bootstrap data Secret `name` in `ns`.
+    fn bootstrap(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Secret>, Self::Error>> + Send;
+
+    /// The contract's values the inputs Secret of `o` records, when the pass did not read
+    /// that Secret with its state.
+    fn recorded(
+        &self,
+        o: &Observed,
+    ) -> impl Future<Output = Result<Option<Map<String, Value>>, Self::Error>> + Send;
+
+    /// Whether TerraformCluster `name` in `ns` is provisioned (none: it does not exist).
+    fn terraform_cluster_provisioned(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<bool>, Self::Error>> + Send;
+
+    /// The `machine_inputs` output in TerraformCluster `name`'s state (its base Secret
+    /// `base`, whose metadata is `meta`), or why it cannot be read.
+    fn handoff_outputs(
+        &self,
+        ns: &str,
+        name: &str,
+        base: &str,
+        meta: &ObjectMeta,
+    ) -> impl Future<Output = Result<Result<Value, String>, Self::Error>> + Send;
+
+    /// Reads the state of `o` into it (with its inputs Secret, errored states and
+    /// Terraform's lock), when the table would start an attempt on a state not read yet.
+    fn read_state(&self, o: &mut Observed) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// A live object's pass's observation: the deletion's, what its pass read of the state,
+/// and the apply table's sources.
+pub struct LiveObservation {
+    pub observed: Observed,
+    pub state_seen: ApplyStateSeen,
+    pub sources: ApplySources,
+}
+
+/// Observes a live object `o` (`state_seen`: what its pass read of the state; `latched`:
+/// its status says provisioned): its sources ([`read_sources`]), then, when the table
+/// would start an attempt on a state not read yet, the state (no apply starts against a
+/// state that was lost or cannot be trusted, beside an errored state, or under another's
+/// lock: row A11), and a provisioned machine's recorded values as that read found them
+/// (an attempt starts from them, not from what an earlier pass kept).
+pub async fn observe_live<S: Source>(
+    source: &S,
+    mut observed: Observed,
+    mut state_seen: ApplyStateSeen,
+    latched: bool,
+    settings: &Settings,
+) -> Result<LiveObservation, S::Error> {
+    source.referenced(&mut observed).await?;
+    let mut sources = read_sources(source, &observed, latched).await?;
+    let seen = apply_observed(&observed, &sources);
+    if apply_state_needed(&apply_facts_seen(&observed, &seen, &state_seen, settings)) {
+        source.read_state(&mut observed).await?;
+        state_seen = apply_state_seen(&observed, settings);
+        if keeps_recorded_values(observed.kind, provisioned(&observed.meta, latched)) {
+            let ns = observed.meta.namespace.as_deref().unwrap_or_default();
+            let name = observed.meta.name.as_deref().unwrap_or_default();
+            sources.recorded = observed
+                .inputs_secret
+                .as_ref()
+                .and_then(|s| recorded_values(s, ns, &names::state_suffix(observed.kind, name)));
+        }
+    }
+    Ok(LiveObservation {
+        observed,
+        state_seen,
+        sources,
+    })
+}
+
+/// What the apply table needs of a live object `o` (`latched`: its status says
+/// provisioned), read from `source` in one order: whether its state exists, its Cluster;
+/// for a provisioned machine the values it recorded; else its owner, the bootstrap data
+/// the owner names, and, once the gates before it are met, its TerraformCluster's
+/// hand-off.
+pub async fn read_sources<S: Source>(
+    source: &S,
+    o: &Observed,
+    latched: bool,
+) -> Result<ApplySources, S::Error> {
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let name = o.meta.name.clone().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, &name);
+    let provisioned = provisioned(&o.meta, latched);
+    let state_exists = source
+        .state_meta(o.kind, &ns, &names::state_secret_name(&suffix))
+        .await?
+        .is_some();
+    let cluster = match super::owning_cluster(&o.meta) {
+        Some(c) => source.cluster(&ns, &c).await?,
+        None => None,
+    };
+    let mut sources = ApplySources {
+        latched,
+        state_exists,
+        cluster,
+        ..Default::default()
+    };
+    if keeps_recorded_values(o.kind, provisioned) {
+        sources.recorded = match &o.inputs_secret {
+            // The pass read it already, with the state.
+            Some(s) => recorded_values(s, &ns, &suffix),
+            None => source.recorded(o).await?,
+        };
+    }
+    if sources.recorded.is_some() {
+        return Ok(sources);
+    }
+    if let Some((kind, owner)) = owner_kind(o.kind).zip(capi_owner(o.kind, &o.meta)) {
+        sources.owner = source.owner(kind, &ns, &owner).await?;
+    }
+    let bootstrap = sources
+        .owner
+        .as_ref()
+        .and_then(|v| bootstrap_secret_name(o.kind, v))
+        .filter(|_| o.kind != Kind::TerraformCluster)
+        .map(str::to_string);
+    if let Some(b) = bootstrap {
+        sources.bootstrap = source.bootstrap(&ns, &b).await?;
+    }
+    if needs_handoff(
+        o,
+        provisioned,
+        sources.owner.as_ref(),
+        sources.bootstrap.as_ref(),
+    ) {
+        sources.handoff = Some(handoff(source, &ns, sources.cluster.as_ref()).await?);
+    }
+    Ok(sources)
+}
+
+/// The `machine_inputs` of the TerraformCluster the Cluster names (`Ok(None)`: its
+/// infrastructure is not a TerraformCluster), or why it cannot be read yet.
+async fn handoff<S: Source>(
+    source: &S,
+    ns: &str,
+    cluster: Option<&Value>,
+) -> Result<Result<Option<Value>, String>, S::Error> {
+    let Some((name, base)) = handoff_state(cluster) else {
+        return Ok(Ok(None));
+    };
+    let meta = source.state_meta(Kind::TerraformCluster, ns, &base).await?;
+    let cluster_provisioned = source.terraform_cluster_provisioned(ns, name).await?;
+    if let Err(why) = handoff_readable(name, &base, meta.is_some(), cluster_provisioned) {
+        return Ok(Err(why));
+    }
+    let Some(meta) = meta else {
+        return Ok(Err(no_handoff_state(name, &base)));
+    };
+    Ok(source
+        .handoff_outputs(ns, name, &base, &meta)
+        .await?
+        .map(Some))
+}
+
+/// A dump's [`Source`] (`captf explain -f`): what the files hold, and nothing else. A
+/// TerraformCluster the files do not hold is taken as provisioned when its state is there
+/// (the files say nothing of its apply; its state alone decides).
+pub struct Dump<'a> {
+    pub secrets: &'a [Secret],
+    pub clusters: &'a [Value],
+    pub machines: &'a [Value],
+    /// Whether each TerraformCluster of the files is provisioned: (namespace, name, it).
+    pub terraform_clusters: Vec<(String, String, bool)>,
+}
+
+impl Dump<'_> {
+    fn secret(&self, ns: &str, name: &str) -> Option<&Secret> {
+        self.secrets.iter().find(|s| {
+            s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
+        })
+    }
+}
+
+fn named<'v>(items: &'v [Value], kind: Option<&str>, ns: &str, name: &str) -> Option<&'v Value> {
+    items.iter().find(|v| {
+        kind.is_none_or(|k| v["kind"].as_str() == Some(k))
+            && v["metadata"]["name"].as_str() == Some(name)
+            && v["metadata"]["namespace"].as_str() == Some(ns)
+    })
+}
+
+impl Source for Dump<'_> {
+    type Error = std::convert::Infallible;
+
+    async fn referenced(&self, _o: &mut Observed) -> Result<(), Self::Error> {
+        // The files' are in the observation already.
+        Ok(())
+    }
+
+    async fn state_meta(
+        &self,
+        _kind: Kind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<ObjectMeta>, Self::Error> {
+        Ok(self.secret(ns, name).map(|s| s.metadata.clone()))
+    }
+
+    async fn cluster(&self, ns: &str, name: &str) -> Result<Option<Value>, Self::Error> {
+        Ok(named(self.clusters, None, ns, name).cloned())
+    }
+
+    async fn owner(
+        &self,
+        kind: &'static str,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Value>, Self::Error> {
+        Ok(named(self.machines, Some(kind), ns, name).cloned())
+    }
+
+    async fn bootstrap(&self, ns: &str, name: &str) -> Result<Option<Secret>, Self::Error> {
+        Ok(self.secret(ns, name).cloned())
+    }
+
+    async fn recorded(&self, _o: &Observed) -> Result<Option<Map<String, Value>>, Self::Error> {
+        // A dump's inputs Secret is in the observation already, or not in the files.
+        Ok(None)
+    }
+
+    async fn terraform_cluster_provisioned(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<bool>, Self::Error> {
+        let known = self
+            .terraform_clusters
+            .iter()
+            .find(|(n, c, _)| n == ns && c == name)
+            .map(|(_, _, p)| *p);
+        Ok(known.or(Some(true)))
+    }
+
+    async fn handoff_outputs(
+        &self,
+        ns: &str,
+        name: &str,
+        base: &str,
+        _meta: &ObjectMeta,
+    ) -> Result<Result<Value, String>, Self::Error> {
+        let in_ns: Vec<Secret> = self
+            .secrets
+            .iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some(ns))
+            .cloned()
+            .collect();
+        Ok(handoff_of(
+            name,
+            &crate::state::StateSecrets::from_secrets(base, &in_ns),
+        ))
+    }
+
+    async fn read_state(&self, _o: &mut Observed) -> Result<(), Self::Error> {
+        // The files' state is in the observation already.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use serde_json::json;
+
+    /// `team-a/prod`, a live TerraformMachine its Machine `web-1` controls, in Cluster
+    /// `prod`.
+    fn machine() -> Observed {
+        let mut o = crate::testing::observed(Kind::TerraformMachine, &[]);
+        o.meta.deletion_timestamp = None;
+        o.meta.owner_references = Some(vec![OwnerReference {
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: "Machine".into(),
+            name: "web-1".into(),
+            uid: "machine-uid".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        o.meta.labels = Some(
+            [(
+                names::CAPI_CLUSTER_NAME_LABEL.to_string(),
+                "prod".to_string(),
+            )]
+            .into(),
+        );
+        o
+    }
+
+    fn capi(kind: &str, ns: &str, name: &str, spec: Value) -> Value {
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": kind,
+               "metadata": {"namespace": ns, "name": name}, "spec": spec})
+    }
+
+    fn secret(ns: &str, name: &str) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn read(dump: &Dump) -> ApplySources {
+        match futures::executor::block_on(read_sources(dump, &machine(), false)) {
+            Ok(s) => s,
+            Err(never) => match never {},
+        }
+    }
+
+    /// The owner, then the bootstrap data it names, each found by kind, namespace and
+    /// name; the same names in another namespace are not the object's.
+    #[test]
+    fn a_dump_gives_the_machine_its_cluster_owner_and_bootstrap_data_by_namespace() {
+        let bootstrap = json!({"bootstrap": {"dataSecretName": "web-1-bootstrap"}});
+        let clusters = [capi("Cluster", "team-a", "prod", json!({}))];
+        let machines = [
+            capi("Machine", "team-b", "web-1", bootstrap.clone()),
+            capi("Machine", "team-a", "web-1", bootstrap),
+        ];
+        let secrets = [
+            secret("team-b", "web-1-bootstrap"),
+            secret("team-a", "web-1-bootstrap"),
+        ];
+        let dump = Dump {
+            secrets: &secrets,
+            clusters: &clusters,
+            machines: &machines,
+            terraform_clusters: Vec::new(),
+        };
+        let s = read(&dump);
+        assert_eq!(s.cluster.as_ref(), Some(&clusters[0]));
+        assert_eq!(s.owner.as_ref(), Some(&machines[1]));
+        assert_eq!(
+            s.bootstrap
+                .as_ref()
+                .and_then(|b| b.metadata.namespace.as_deref()),
+            Some("team-a")
+        );
+        // Another namespace's only: none of them is read.
+        let dump = Dump {
+            secrets: &secrets[..1],
+            clusters: &[],
+            machines: &machines[..1],
+            terraform_clusters: Vec::new(),
+        };
+        let s = read(&dump);
+        assert!(s.cluster.is_none() && s.owner.is_none() && s.bootstrap.is_none());
+    }
+}
