@@ -1,0 +1,205 @@
+//! The Secrets a pass reads when the table needs them, by name and never cached whole:
+//! the state (under a state-read permit) with its inputs Secret, attempt variables and
+//! errored states, and the Secrets and ConfigMaps the spec references.
+
+use super::*;
+
+/// The Secrets, ConfigMaps and lock of one object, as read for a pass.
+pub struct SecretsRead {
+    /// The permit this read holds (see [`super::Context::state_reads`]).
+    permit: StatePermit,
+    state: StateSecrets,
+    errored: Vec<state::Errored>,
+    state_meta: Option<ObjectMeta>,
+    inputs_secret: Option<Secret>,
+    attempt_secret: Option<Secret>,
+    referenced_secrets: BTreeMap<String, Secret>,
+    referenced_config_maps: BTreeMap<String, ConfigMap>,
+    lock: Option<Lease>,
+}
+
+impl SecretsRead {
+    /// Puts what was read into `o`; returns the base state Secret's metadata.
+    pub(super) fn apply(self, o: &mut Observed) -> Option<ObjectMeta> {
+        o.state_permit = Some(Arc::new(self.permit));
+        o.state = Some(self.state);
+        o.errored = self.errored;
+        o.inputs_secret = self.inputs_secret;
+        o.attempt_secret = self.attempt_secret;
+        o.referenced_secrets = self.referenced_secrets;
+        o.referenced_config_maps = self.referenced_config_maps;
+        o.lock = self.lock;
+        o.now = Timestamp::now();
+        self.state_meta
+    }
+}
+
+/// Reads the state Secrets, the inputs Secret, what they reference, and the lock.
+pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Error> {
+    let one = StateReads::new(1);
+    read_secrets(client, None, o, (&one, Lane::Ordinary))
+        .await?
+        .apply(o);
+    Ok(())
+}
+
+/// [`observe_secrets`] for a pass of the manager that holds no permit yet: it waits for
+/// one of `state_reads` (the observation holds it until it is dropped), and finds the
+/// errored states in `caches`. Returns the base state Secret's metadata.
+pub async fn read_state_into(
+    client: &Client,
+    caches: Option<&Caches>,
+    o: &mut Observed,
+    state_reads: &StateReads,
+) -> Result<Option<ObjectMeta>, Error> {
+    Ok(
+        read_secrets(client, caches, o, (state_reads, Lane::Ordinary))
+            .await?
+            .apply(o),
+    )
+}
+
+/// The reads of [`observe_secrets`]: the state, the inputs and the lock at once, then what
+/// the inputs (or, without them, the spec) reference, at once. These are read live: the
+/// decision acts on them. With `caches`, the errored states are found in the cache of
+/// the object's Secrets' metadata, except shortly after a Job of the object failed
+/// ([`gather::failed_lately`]).
+pub(super) async fn read_secrets(
+    client: &Client,
+    caches: Option<&Caches>,
+    o: &Observed,
+    (state_reads, lane): (&StateReads, Lane),
+) -> Result<SecretsRead, Error> {
+    // Waits its turn: at most as many states in memory as there are permits.
+    let permit = state_reads.acquire(lane).await;
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let name = o.meta.name.clone().unwrap_or_default();
+    tracing::debug!(kind = o.kind.as_str(), %name, "reading the state, the inputs and the lock");
+    let suffix = names::state_suffix(o.kind, &name);
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let state_name = names::state_secret_name(&suffix);
+    let inputs_name = names::inputs_secret_name(&suffix);
+    let lock_name = names::lock_lease_name(&suffix);
+    let ((state, state_meta), inputs_secret, lock, errored) = futures::try_join!(
+        chunked::read_with_meta(&secrets, &state_name, Some(&suffix)),
+        async { Ok(secrets.get_opt(&inputs_name).await?) },
+        async { Ok(leases.get_opt(&lock_name).await?) },
+        read_errored(
+            &secrets,
+            caches.filter(|_| !gather::failed_lately(o)),
+            o.kind,
+            &name,
+        ),
+    )?;
+
+    let (referenced_secrets, referenced_config_maps) =
+        read_referenced(client, o, inputs_secret.as_ref()).await?;
+    // An apply attempt whose end is to be recorded: the inputs it ran, which become the
+    // destroy's if it wrote the state.
+    let attempt_secret = match gather::apply::unrecorded_apply(o) {
+        Some(u) => {
+            let job = names::job_name(&suffix, names::OPERATION_APPLY, u.attempt);
+            secrets.get_opt(&job).await?
+        }
+        None => None,
+    };
+    Ok(SecretsRead {
+        permit,
+        state,
+        errored,
+        state_meta,
+        inputs_secret,
+        attempt_secret,
+        referenced_secrets,
+        referenced_config_maps,
+        lock,
+    })
+}
+
+/// The Secrets and ConfigMaps the inputs (or, without them, the spec) reference, read at
+/// once; those that do not exist are left out.
+pub async fn read_referenced(
+    client: &Client,
+    o: &Observed,
+    inputs_secret: Option<&Secret>,
+) -> Result<(BTreeMap<String, Secret>, BTreeMap<String, ConfigMap>), Error> {
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
+    let mut secret_names: Vec<String> = o
+        .spec
+        .env
+        .iter()
+        .map(|e| e.secret_key_ref.name.clone())
+        .collect();
+    let mut config_maps = Vec::new();
+    for v in &o.spec.variables_from {
+        match v.kind {
+            VariablesSourceKind::Secret => secret_names.push(v.name.clone()),
+            VariablesSourceKind::ConfigMap => config_maps.push(v.name.clone()),
+        }
+    }
+    if let Some(Ok(i)) = inputs_secret.map(|s| inputs::from_secret(s, &ns, &suffix)) {
+        secret_names.extend(i.env.iter().map(|e| e.secret_key_ref.name.clone()));
+    }
+    secret_names.sort();
+    secret_names.dedup();
+    config_maps.sort();
+    config_maps.dedup();
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let (found_secrets, found_maps) = futures::try_join!(
+        futures::future::try_join_all(secret_names.into_iter().map(|s| {
+            let secrets = &secrets;
+            async move { Ok::<_, Error>(secrets.get_opt(&s).await?.map(|v| (s, v))) }
+        })),
+        futures::future::try_join_all(config_maps.into_iter().map(|c| {
+            let cms = &cms;
+            async move { Ok::<_, Error>(cms.get_opt(&c).await?.map(|v| (c, v))) }
+        })),
+    )?;
+    Ok((
+        found_secrets.into_iter().flatten().collect(),
+        found_maps.into_iter().flatten().collect(),
+    ))
+}
+
+/// The errored states a runner kept for the object (see [`state::Errored`]): the metadata
+/// of the Secrets of every object of its kind and name (by the owner labels, whatever the
+/// uid: after `clusterctl move` or a recreate, the errored states of the earlier uid are
+/// this object's too), then, only when there are any, the errored ones in full.
+async fn read_errored(
+    secrets: &Api<Secret>,
+    caches: Option<&Caches>,
+    kind: Kind,
+    name: &str,
+) -> Result<Vec<state::Errored>, Error> {
+    let suffix = names::state_suffix(kind, name);
+    let legacy = names::errored_secret_name(&suffix);
+    let ns = secrets.namespace().unwrap_or_default().to_string();
+    let metas: Vec<kube::core::PartialObjectMeta<Secret>> = match caches {
+        Some(c) => caches::namesakes(&c.secrets, &c.secrets_by_owner, kind, &ns, name),
+        None => {
+            let lp = ListParams::default().labels(&namesake_selector(kind, name));
+            secrets.list_metadata(&lp).await?.items
+        }
+    };
+    let errored: Vec<String> = metas
+        .into_iter()
+        .filter(|m| {
+            m.metadata.name.as_deref() == Some(legacy.as_str())
+                || m.labels()
+                    .get(names::TF_LABEL_SUFFIX)
+                    .is_some_and(|e| names::is_errored_suffix_of(e, &suffix))
+        })
+        .filter_map(|m| m.metadata.name)
+        .collect();
+    let found = futures::future::try_join_all(
+        errored
+            .iter()
+            .map(|name| async move { Ok::<_, Error>(secrets.get_opt(name).await?) }),
+    )
+    .await?;
+    let found: Vec<Secret> = found.into_iter().flatten().collect();
+    Ok(state::Errored::find(&suffix, &found))
+}
