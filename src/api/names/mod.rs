@@ -4,10 +4,16 @@
 
 use sha2::{Digest, Sha256};
 
+mod derived;
+
+pub use derived::*;
+
 /// The API group of the three kinds.
 pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+
 /// The served version of the three kinds.
 pub const VERSION: &str = "v1alpha1";
+
 /// `apiVersion` of the three kinds.
 pub const API_VERSION: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
 
@@ -18,128 +24,172 @@ pub const PREFIX: &str = "terraform.infrastructure.cluster.x-k8s.io";
 pub const PROTECT_FINALIZER: &str = "terraform.infrastructure.cluster.x-k8s.io/protect";
 
 pub const ABANDON: &str = "terraform.infrastructure.cluster.x-k8s.io/abandon";
+
 pub const ABANDONED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/abandoned-at";
+
 pub const APPLIED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/applied-at";
+
 pub const STATE_LINEAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/state-lineage";
+
 pub const STATE_SERIAL: &str = "terraform.infrastructure.cluster.x-k8s.io/state-serial";
+
 pub const APPLY_INTERRUPTED: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-interrupted";
+
 pub const DESTROY_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/destroy-attempt";
+
 pub const DESTROY_FAILED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/destroy-failed-at";
+
 pub const CLEANUP_STARTED: &str = "terraform.infrastructure.cluster.x-k8s.io/cleanup-started";
+
 /// The uid of the object that wrote the deletion bookkeeping above (destroy-attempt,
 /// destroy-failed-at, cleanup-started): bookkeeping under another uid, or none, is an
 /// earlier object's (kept in a saved YAML) and is not this object's.
 pub const DELETION_UID: &str = "terraform.infrastructure.cluster.x-k8s.io/deletion-uid";
+
 /// Set to the object's uid: destroy although its Cluster API owner is gone (see
 /// runbooks/OwnerGone.md).
 pub const DESTROY_WITHOUT_OWNER: &str =
     "terraform.infrastructure.cluster.x-k8s.io/destroy-without-owner";
+
 /// On an object abandoned in a terminating namespace: where its kept Secrets were copied
 /// (`<manager namespace>/<copy of the state>`), written once the copies read back as their
 /// sources and before any protection comes off. A later pass releases on those copies
 /// instead of copying from Secrets the namespace may have taken since. Counts only under
 /// the object's `deletion-uid`, as the deletion bookkeeping does.
 pub const ABANDON_COPIED: &str = "terraform.infrastructure.cluster.x-k8s.io/abandon-copied";
+
 /// On a copy an abandon made: the namespace and name of the Secret it copies.
 pub const COPIED_FROM: &str = "terraform.infrastructure.cluster.x-k8s.io/copied-from";
+
 pub const ADOPT: &str = "terraform.infrastructure.cluster.x-k8s.io/adopt";
+
 pub const INPUTS_SHA256: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-sha256";
+
 /// The number of the latest apply attempt started (write-ahead, as `destroy-attempt`).
 pub const APPLY_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-attempt";
+
 /// When the latest apply attempt failed; cleared when the next one starts (as
 /// `destroy-failed-at`), so that its own failure is recorded again.
 pub const APPLY_FAILED_AT: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failed-at";
+
 /// On the inputs Secret: the apply attempt whose inputs it holds, the latest that wrote
 /// the state. An attempt's inputs travel in its own variables Secret (under
 /// [`INPUTS_KEY`]) and become the destroy's only once that attempt wrote the state: an
 /// apply refused, failed before Terraform touched the state, or never started leaves the
 /// destroy the inputs that made the state.
 pub const INPUTS_OF_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/inputs-of-attempt";
+
 /// On a TerraformCluster: the control-plane endpoint its latest recorded apply was given
 /// (`captf_control_plane_endpoint`, `<host>:<port>`), empty when it was given none (its
 /// module made the endpoint). Cluster API copies the endpoint the module made into the
 /// Cluster: that copy coming back is not a new input (see `contract::values`).
 pub const ENDPOINT_GIVEN: &str =
     "terraform.infrastructure.cluster.x-k8s.io/control-plane-endpoint-given";
+
 /// On the object, set by an operator: the runner image a destroy runs, in place of the one
 /// the apply ran (recorded by digest). For a registry that no longer serves that digest
 /// (a lifecycle rule expired it), where every destroy would otherwise never start.
 pub const RUNNER_IMAGE: &str = "terraform.infrastructure.cluster.x-k8s.io/runner-image";
+
 /// On a Cluster API Cluster, set by an operator: dispose of the Cluster after this
 /// retention (a duration; empty for the manager's `--disposal-retention`) instead of
 /// deleting it now. Removing it before the end takes the disposal back.
 pub const DISPOSE_AFTER: &str = "terraform.infrastructure.cluster.x-k8s.io/dispose-after";
+
 /// On a Cluster API Cluster: `"true"` or `"false"`, whether its workload cluster is cleaned
 /// up before its infrastructure is destroyed (docs/14-workload-cleanup.md); the manager's
 /// `--workload-cleanup` when absent.
 pub const WORKLOAD_CLEANUP: &str = "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup";
+
 /// On a Cluster API Cluster, `"true"`: its workload cleanup deletes only Services and
 /// PersistentVolumeClaims (what holds load balancers and disks).
 pub const WORKLOAD_CLEANUP_SKIP: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-skip";
+
 /// On a Cluster API Cluster: each cleanup step's finalize period in seconds (`0` removes
 /// finalizers at once, without a graceful deletion first).
 pub const WORKLOAD_CLEANUP_WEBHOOKS_SECONDS: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-webhooks-finalize-seconds";
+
 pub const WORKLOAD_CLEANUP_EXTENDED_APIS_SECONDS: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-extended-apis-finalize-seconds";
+
 pub const WORKLOAD_CLEANUP_RESOURCES_SECONDS: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-resources-finalize-seconds";
+
 pub const WORKLOAD_CLEANUP_SNAPSHOTS_SECONDS: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-snapshots-finalize-seconds";
+
 /// A label on an object of a workload cluster, `"true"`: the workload cleanup leaves it
 /// alone.
 pub const WORKLOAD_CLEANUP_EXCLUDE_LABEL: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-exclude";
+
 /// On a TerraformCluster: when its Cluster's workload cleanup began (RFC 3339).
 pub const WORKLOAD_CLEANUP_STARTED: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-started";
+
 /// On a TerraformCluster: since when its workload cluster could not be cleaned up (RFC
 /// 3339); removed when it can again. The cleanup gives up `--workload-cleanup-give-up-after`
 /// on.
 pub const WORKLOAD_CLEANUP_FAILING_SINCE: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-failing-since";
+
 /// On a TerraformCluster: how its workload cleanup ended, `done` or `gave-up`; the
 /// Machines' hooks are off from then on.
 pub const WORKLOAD_CLEANUP_FINISHED: &str =
     "terraform.infrastructure.cluster.x-k8s.io/workload-cleanup-finished";
+
 pub const WORKLOAD_CLEANUP_DONE: &str = "done";
+
 pub const WORKLOAD_CLEANUP_GAVE_UP: &str = "gave-up";
+
 /// The pre-terminate hook on a Cluster's Machines: Cluster API deletes no infrastructure
 /// Machine (control-plane ones included) while it is there, and CAPTF removes it once the
 /// workload cleanup finished, or at once from a Machine deleted while its Cluster is not.
 pub const WORKLOAD_CLEANUP_HOOK: &str =
     "pre-terminate.delete.hook.machine.cluster.x-k8s.io/captf-workload-cleanup";
+
 /// The hook's value: who owns it, as Cluster API asks.
 pub const WORKLOAD_CLEANUP_HOOK_OWNER: &str = "infrastructure-terraform";
+
 /// On a Cluster API Cluster marked for disposal, `"true"`: its modules hibernate while the
 /// retention runs (they are given `captf_hibernated = true`).
 pub const DISPOSE_HIBERNATE: &str = "terraform.infrastructure.cluster.x-k8s.io/dispose-hibernate";
+
 /// On a Cluster API Cluster marked for disposal: the final deletion waits while it is
 /// there (a recovery); its value says why.
 pub const DISPOSAL_HOLD: &str = "terraform.infrastructure.cluster.x-k8s.io/disposal-hold";
+
 /// On the TerraformCluster: when its Cluster's disposal mark was first seen (RFC 3339).
 pub const DISPOSAL_REQUESTED_AT: &str =
     "terraform.infrastructure.cluster.x-k8s.io/disposal-requested-at";
+
 /// On the object, set by an operator: the hash of a plan that destroys or replaces
 /// resources, approved to be applied (the plan guard, `docs/10-before-a-deletion.md`). A
 /// later plan with another list of destroyed or replaced resources has another hash.
 pub const APPROVE_PLAN: &str = "terraform.infrastructure.cluster.x-k8s.io/approve-plan";
+
 /// On the object (or its template), `allow`: its re-applies are not guarded; a plan that
 /// destroys or replaces resources is applied like any other.
 pub const DESTRUCTIVE_PLANS: &str = "terraform.infrastructure.cluster.x-k8s.io/destructive-plans";
+
 /// The value of [`DESTRUCTIVE_PLANS`] that turns the guard off.
 pub const DESTRUCTIVE_PLANS_ALLOW: &str = "allow";
+
 /// The value of [`DESTRUCTIVE_PLANS`] that turns the guard on for a TerraformMachinePool
 /// (off by default for pools: their re-applies are bootstrap token rotations).
 pub const DESTRUCTIVE_PLANS_GUARD: &str = "guard";
+
 /// How many apply attempts in a row failed (the retry schedule's count).
 pub const APPLY_FAILURES: &str = "terraform.infrastructure.cluster.x-k8s.io/apply-failures";
+
 /// The latest apply attempt that succeeded, written with its state's fingerprint once the
 /// state was read after it. Its presence means the object is provisioned: after
 /// `clusterctl move`, which drops the status, `initialization.provisioned` is rebuilt
 /// from it without a Job.
 pub const APPLIED_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/applied-attempt";
+
 /// An apply attempt that succeeded but whose outputs break the module contract:
 /// `<attempt>: <what is wrong>`. Its success is recorded (the state's fingerprint) without
 /// `applied-attempt`, and it goes with the next success whose outputs are valid.
@@ -166,55 +216,81 @@ pub fn apply_success_recorded(
 
 /// Values of [`CLEANUP_STARTED`].
 pub const CLEANUP_DESTROYED: &str = "destroyed";
+
 pub const CLEANUP_ABANDONED: &str = "abandoned";
 
 /// Labels on Jobs, their Pod templates, and the Secrets CAPTF writes.
 pub const LABEL_OWNER_KIND: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-kind";
+
 pub const LABEL_OWNER_NAME: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-name";
+
 pub const LABEL_OWNER_UID: &str = "terraform.infrastructure.cluster.x-k8s.io/owner-uid";
+
 pub const LABEL_OPERATION: &str = "terraform.infrastructure.cluster.x-k8s.io/operation";
+
 /// On a copy an abandon made in the manager's namespace: the object's namespace.
 pub const LABEL_SOURCE_NAMESPACE: &str =
     "terraform.infrastructure.cluster.x-k8s.io/source-namespace";
+
 /// On a Secret holding a state Terraform could not save (`errored.tfstate`): a record of
 /// resources that may be in no state, which cleanup never deletes.
 pub const LABEL_ERRORED_STATE: &str = "terraform.infrastructure.cluster.x-k8s.io/errored-state";
+
 pub const LABEL_ATTEMPT: &str = "terraform.infrastructure.cluster.x-k8s.io/attempt";
+
 pub const OPERATION_APPLY: &str = "apply";
+
 pub const OPERATION_DESTROY: &str = "destroy";
 
 /// Cluster API names.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+
 pub const CAPI_PAUSED: &str = "cluster.x-k8s.io/paused";
+
 /// On an InfraCluster: its infrastructure is managed by someone else (CAPI contract).
 pub const CAPI_MANAGED_BY: &str = "cluster.x-k8s.io/managed-by";
+
 pub const CAPI_CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+
 pub const CAPI_WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+
 pub const CAPI_CONTRACT_LABEL: &str = "cluster.x-k8s.io/v1beta2";
+
 pub const CAPI_CONTRACT_VERSION: &str = "v1alpha1";
+
 pub const CLUSTERCTL_DELETE_FOR_MOVE: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+
 pub const CLUSTERCTL_BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
+
 pub const CLUSTERCTL_MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
 
 /// Terraform's kubernetes backend (workspace `default`).
 pub const TF_WORKSPACE: &str = "default";
+
 pub const TF_STATE_KEY: &str = "tfstate";
+
 pub const TF_LABEL_STATE: &str = "tfstate";
+
 pub const TF_LABEL_SUFFIX: &str = "tfstateSecretSuffix";
+
 pub const TF_LABEL_WORKSPACE: &str = "tfstateWorkspace";
+
 pub const TF_LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 
 /// Terraform cuts a state whose gzip exceeds this many bytes into part Secrets.
 pub const TF_CHUNK_SIZE: usize = 1_048_576;
+
 /// Annotation on Terraform's lock Lease with the lock's JSON.
 pub const TF_LOCK_INFO: &str = "app.terraform.io/lock-info";
 
 /// The key of the inputs Secret.
 pub const INPUTS_KEY: &str = "inputs.json";
+
 /// The runner's ServiceAccount, Role and RoleBinding name, one per namespace.
 pub const RUNNER_NAME: &str = "captf-runner";
 
 const LABEL_VALUE_MAX: usize = 63;
+
 const CUT_LEN: usize = 49;
 
 /// The three kinds.
@@ -356,264 +432,14 @@ impl std::fmt::Display for TemplateKind {
 /// apply dry-runs (`util/topology`): admission checks of immutability let those through,
 /// or every change of a ClusterClass would stop at `TopologyReconciled=False`.
 pub const CAPI_TOPOLOGY_DRY_RUN: &str = "topology.cluster.x-k8s.io/dry-run";
+
 /// The label clusterctl and Cluster API's conventions put on every object of a provider's
 /// components.
 pub const CAPI_PROVIDER_LABEL: &str = "cluster.x-k8s.io/provider";
+
 /// CAPTF's provider name for clusterctl (`<type>-<name>`: infrastructure provider
 /// `terraform`).
 pub const CAPI_PROVIDER_NAME: &str = "infrastructure-terraform";
 
-/// First 8 characters of the lowercase RFC 4648 base32 of the SHA-256 of `text`.
-pub fn short_hash(text: &str) -> String {
-    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
-    let digest = Sha256::digest(text.as_bytes());
-    // 8 base32 characters are exactly the first 40 bits (5 bytes).
-    let bits = digest[..5]
-        .iter()
-        .fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
-    (0..8)
-        .map(|i| ALPHABET[((bits >> (35 - 5 * i)) & 31) as usize] as char)
-        .collect()
-}
-
-/// The state suffix of an object: `<name>.<short>`, or, when that would exceed 63
-/// characters, the name cut to 49 characters, `-`, the short hash of the full name, and
-/// `.<short>`. It never ends in `-<number>` because it always ends in `.<short>`.
-pub fn state_suffix(kind: Kind, name: &str) -> String {
-    let short = kind.short_name();
-    if name.len() + 1 + short.len() <= LABEL_VALUE_MAX {
-        format!("{name}.{short}")
-    } else {
-        // Object names are ASCII (DNS subdomain), so byte slicing is safe; guard anyway.
-        let cut: String = name.chars().take(CUT_LEN).collect();
-        format!("{cut}-{}.{short}", short_hash(name))
-    }
-}
-
-/// The kind and the name part of a state suffix (what [`state_suffix`] made): the object's
-/// name, or for a long one its cut-and-hashed stand-in, which names no object by itself.
-pub fn parse_state_suffix(suffix: &str) -> Option<(Kind, &str)> {
-    let (name, short) = suffix.rsplit_once('.')?;
-    let kind = Kind::parse(short)?;
-    (kind.short_name() == short && !name.is_empty()).then_some((kind, name))
-}
-
-/// Terraform's base state Secret: `tfstate-default-<suffix>`.
-pub fn state_secret_name(suffix: &str) -> String {
-    format!("tfstate-{TF_WORKSPACE}-{suffix}")
-}
-
-/// Part N (N >= 1) of a chunked Secret (state or backup): `<base>-part-<N>`.
-pub fn part_secret_name(base: &str, n: u32) -> String {
-    format!("{base}-part-{n}")
-}
-
-/// Parses `<base>-part-<N>` back into N, for a given base name.
-pub fn part_index(base: &str, name: &str) -> Option<u32> {
-    split_part(name).filter(|(b, _)| *b == base).map(|(_, n)| n)
-}
-
-/// A part Secret's name read back: its base and its number (the inverse of
-/// [`part_secret_name`]; Terraform writes part numbers without leading zeros).
-pub fn split_part(name: &str) -> Option<(&str, u32)> {
-    let (base, n) = name.rsplit_once("-part-")?;
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
-        return None;
-    }
-    Some((base, n.parse().ok()?))
-}
-
-/// Terraform's lock Lease: `lock-tfstate-default-<suffix>`.
-pub fn lock_lease_name(suffix: &str) -> String {
-    format!("lock-tfstate-{TF_WORKSPACE}-{suffix}")
-}
-
-/// The durable inputs Secret: `captf-inputs-<suffix>`.
-pub fn inputs_secret_name(suffix: &str) -> String {
-    format!("captf-inputs-{suffix}")
-}
-
-/// The backup of the state taken before the first destroy attempt: `captf-backup-<suffix>`.
-pub fn backup_secret_name(suffix: &str) -> String {
-    format!("captf-backup-{suffix}")
-}
-
-/// Where a runner before the errored-workspace change saved `errored.tfstate` (plain
-/// JSON under key [`LEGACY_ERRORED_KEY`]): `captf-errored-<suffix>`. Still read, never
-/// written.
-pub fn errored_secret_name(suffix: &str) -> String {
-    format!("captf-errored-{suffix}")
-}
-
-/// The key of [`errored_secret_name`]'s Secret.
-pub const LEGACY_ERRORED_KEY: &str = "errored.tfstate";
-
-/// Where attempt `attempt`'s runner saves an `errored.tfstate`: a state of its own, written
-/// by Terraform's backend in the default workspace under the backend suffix
-/// `errored-<attempt>-<tag>.<suffix>` (`tag`: the five characters that end the runner
-/// Pod's name), in `tfstate-default-errored-<attempt>-<tag>.<suffix>` and its parts,
-/// labelled [`LABEL_ERRORED_STATE`] and with the owner labels. A suffix of its own, not a
-/// workspace of the object's: Terraform's `init` refuses to start in a workspace that does
-/// not exist once another one does, and the backend's default workspace there is the
-/// object's state. When `<suffix>` would make it longer than a label value, its short hash
-/// stands in for it. Returns the parts before and after the tag.
-pub fn errored_suffix_around_tag(suffix: &str, attempt: u32) -> (String, String) {
-    let before = format!("errored-{attempt}-");
-    let tail = if before.len() + 5 + 1 + suffix.len() <= LABEL_VALUE_MAX {
-        format!(".{suffix}")
-    } else {
-        format!(".{}", short_hash(suffix))
-    };
-    (before, tail)
-}
-
-/// Whether `backend_suffix` is that of an errored state of the object of `suffix`
-/// ([`errored_suffix`], any attempt and tag): another object's errored states are not its.
-pub fn is_errored_suffix_of(backend_suffix: &str, suffix: &str) -> bool {
-    let Some((attempt, rest)) = backend_suffix
-        .strip_prefix("errored-")
-        .and_then(|r| r.split_once('-'))
-    else {
-        return false;
-    };
-    let Ok(attempt) = attempt.parse::<u32>() else {
-        return false;
-    };
-    let (before, after) = errored_suffix_around_tag(suffix, attempt);
-    backend_suffix.starts_with(&before)
-        && rest.len() == 5 + after.len()
-        && backend_suffix.ends_with(&after)
-}
-
-/// [`errored_suffix_around_tag`] with the tag in place.
-pub fn errored_suffix(suffix: &str, attempt: u32, tag: &str) -> String {
-    let (before, after) = errored_suffix_around_tag(suffix, attempt);
-    format!("{before}{tag}{after}")
-}
-
-/// The copy an abandon makes in the manager's namespace when the object's namespace is
-/// terminating: `captf-abandoned-<namespace>-<suffix>`.
-pub fn abandoned_copy_name(namespace: &str, suffix: &str) -> String {
-    format!("captf-abandoned-{namespace}-{suffix}")
-}
-
-/// The abandoned copy of the backup: `captf-abandoned-<namespace>-<suffix>-backup`.
-pub fn abandoned_backup_copy_name(namespace: &str, suffix: &str) -> String {
-    format!("{}-backup", abandoned_copy_name(namespace, suffix))
-}
-
-/// The abandoned copy of the inputs: `captf-abandoned-<namespace>-<suffix>-inputs`.
-pub fn abandoned_inputs_copy_name(namespace: &str, suffix: &str) -> String {
-    format!("{}-inputs", abandoned_copy_name(namespace, suffix))
-}
-
-/// What a Secret CAPTF writes (or Terraform's backend writes for it) holds, by its name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SecretRole {
-    /// [`inputs_secret_name`].
-    Inputs,
-    /// [`state_secret_name`] and its parts.
-    State,
-    /// [`backup_secret_name`] and its parts.
-    Backup,
-    /// An errored state ([`errored_suffix`]) and its parts, or an older runner's
-    /// [`errored_secret_name`].
-    Errored,
-    /// [`abandoned_copy_name`] and its parts.
-    AbandonedState,
-    /// [`abandoned_backup_copy_name`] and its parts.
-    AbandonedBackup,
-    /// [`abandoned_inputs_copy_name`].
-    AbandonedInputs,
-}
-
-/// A Secret name read back: its role, what follows the role's prefix (the suffix; for an
-/// errored state the backend suffix `errored-<attempt>-<tag>.<suffix>`; for an abandoned
-/// copy `<namespace>-<suffix>`, which cannot be split without knowing the namespace), and
-/// its part number.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretName {
-    pub role: SecretRole,
-    pub rest: String,
-    pub part: Option<u32>,
-}
-
-/// The inverse of the Secret name constructors above; None for a name none of them makes.
-pub fn parse_secret_name(name: &str) -> Option<SecretName> {
-    // A trailing `-part-N`: every suffix ends with `.<kind short name>`, so it is a part.
-    // (Terraform writes part numbers without leading zeros: `-part-01` is nobody's.)
-    let (whole, part) = match name.rsplit_once("-part-") {
-        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
-            if n.starts_with('0') {
-                return None;
-            }
-            (base, Some(n.parse().ok()?))
-        }
-        _ => (name, None),
-    };
-    let found = |role, rest: &str| {
-        (!rest.is_empty()).then(|| SecretName {
-            role,
-            rest: rest.to_string(),
-            part,
-        })
-    };
-    if let Some(rest) = whole.strip_prefix(&format!("tfstate-{TF_WORKSPACE}-")) {
-        let errored = rest
-            .strip_prefix("errored-")
-            .and_then(|r| r.split_once('-'))
-            .is_some_and(|(attempt, tail)| {
-                attempt.bytes().all(|b| b.is_ascii_digit())
-                    && !attempt.is_empty()
-                    && tail.as_bytes().get(5) == Some(&b'.')
-            });
-        return found(
-            if errored {
-                SecretRole::Errored
-            } else {
-                SecretRole::State
-            },
-            rest,
-        );
-    }
-    if let Some(rest) = whole.strip_prefix("captf-abandoned-") {
-        if let Some(r) = rest.strip_suffix("-inputs") {
-            return part
-                .is_none()
-                .then(|| found(SecretRole::AbandonedInputs, r))?;
-        }
-        if let Some(r) = rest.strip_suffix("-backup") {
-            return found(SecretRole::AbandonedBackup, r);
-        }
-        return found(SecretRole::AbandonedState, rest);
-    }
-    let single = [
-        ("captf-inputs-", SecretRole::Inputs),
-        ("captf-errored-", SecretRole::Errored),
-    ];
-    for (prefix, role) in single {
-        if let Some(rest) = whole.strip_prefix(prefix) {
-            return part.is_none().then(|| found(role, rest))?;
-        }
-    }
-    found(SecretRole::Backup, whole.strip_prefix("captf-backup-")?)
-}
-
-/// The Job of one attempt: `captf-<suffix with dots as dashes>-<operation>-<attempt>`, cut
-/// and hashed like the suffix so that it stays a valid label value (63 characters).
-pub fn job_name(suffix: &str, operation: &str, attempt: u32) -> String {
-    let base = suffix.replace('.', "-");
-    let tail = format!("-{operation}-{attempt}");
-    let plain = format!("captf-{base}{tail}");
-    if plain.len() <= LABEL_VALUE_MAX {
-        return plain;
-    }
-    let hash = short_hash(suffix);
-    let room = LABEL_VALUE_MAX - "captf-".len() - 1 - hash.len() - tail.len();
-    let cut = base[..room.min(base.len())].trim_end_matches('-');
-    format!("captf-{cut}-{hash}{tail}")
-}
-
 #[cfg(test)]
-#[path = "names_tests.rs"]
 mod tests;
