@@ -5,10 +5,12 @@ pub mod conditions;
 pub mod labels;
 pub mod names;
 pub mod object;
+pub mod templates;
 pub mod types;
 
 pub use names::{Kind, TemplateKind};
 pub use object::TerraformObject;
+pub use templates::*;
 pub use types::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
