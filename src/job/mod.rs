@@ -3,6 +3,7 @@
 
 mod backend;
 pub mod env;
+mod failure;
 pub mod layout;
 pub mod outcome;
 pub mod rbac;
@@ -19,10 +20,12 @@ pub(crate) mod testutil;
 
 pub use backend::secret_labels;
 pub use env::{RESERVED_ENV, env_refusal};
+pub use failure::{
+    DESTRUCTIVE_PLAN_MARKER, DestructivePlan, SUMMARY_MAX, cut, error_summary, failure_text,
+};
 pub use outcome::{
-    DESTRUCTIVE_PLAN_MARKER, DestructivePlan, JobOutcome, RUNNER_NEVER_STARTED, attempt_of, cut,
-    error_summary, failure_message, failure_text, finished_at, operation_of, outcome, pod_of_job,
-    pod_outcome, pod_terminated, ran_for, reason_text, suspended,
+    JobOutcome, RUNNER_NEVER_STARTED, attempt_of, failure_message, finished_at, operation_of,
+    outcome, pod_of_job, pod_outcome, pod_terminated, ran_for, reason_text, suspended,
 };
 pub use rbac::{runner_role, runner_role_binding, runner_service_account};
 pub use render::{attempt_secret, render};

@@ -1,4 +1,5 @@
 use super::*;
+use crate::job::failure::{SUMMARY_MAX, error_summary};
 use serde_json::{Value, json};
 
 const JOB_UID: &str = "job-uid-1";
