@@ -3,6 +3,7 @@
 //! Secrets and state reading as the controllers. And the release's: `captf
 //! release-assets` ([`release`]), offline.
 
+mod image_ref;
 pub mod inspect;
 pub mod orphans;
 pub mod release;
