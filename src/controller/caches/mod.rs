@@ -26,10 +26,13 @@ use crate::api::labels::{labelled_owner, name_label_value};
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool};
 
-#[path = "caches_bootstrap.rs"]
 mod bootstrap;
+mod by_label;
+mod trim;
 pub use bootstrap::{BOOTSTRAP_KEPT, BootstrapSecrets};
-#[path = "caches_recorded.rs"]
+pub use by_label::ByLabel;
+use trim::trim_meta;
+pub use trim::{trim_event, trim_job, trim_pod, trim_to_owners};
 mod recorded;
 pub use recorded::{RECORDED_KEPT_BYTES, RecordedValues};
 
@@ -212,69 +215,11 @@ where
     reflect(api, cfg, trim_meta::<T>, indexes)
 }
 
-fn trim_meta<T>(m: &mut PartialObjectMeta<T>) {
-    m.metadata.managed_fields = None;
-}
-
-/// What a TerraformCluster reads of its machines and pools: their names, labels and
-/// owners (the Cluster they belong to).
-pub fn trim_to_owners<T>(m: &mut PartialObjectMeta<T>) {
-    m.metadata.managed_fields = None;
-    m.metadata.annotations = None;
-    m.metadata.finalizers = None;
-}
-
 /// Drives a stream nobody else drives (a store without a controller trigger).
 pub fn drive<T: Send + 'static>(
     stream: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(stream.for_each(|_| futures::future::ready(())))
-}
-
-/// What the facts read of a Job: its metadata, status, `suspend`, and the containers'
-/// names and resources (an OOM-killed runner's message names its memory limit).
-pub fn trim_job(job: &mut Job) {
-    job.metadata.managed_fields = None;
-    if let Some(spec) = job.spec.as_mut() {
-        spec.selector = None;
-        let t = &mut spec.template;
-        t.metadata = None;
-        if let Some(p) = t.spec.as_mut() {
-            p.volumes = None;
-            p.init_containers = None;
-            p.affinity = None;
-            p.tolerations = None;
-            p.containers.iter_mut().for_each(keep_name_and_resources);
-        }
-    }
-}
-
-/// What the facts read of a Pod: its metadata, status, node, and containers' names.
-pub fn trim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(p) = pod.spec.as_mut() {
-        p.volumes = None;
-        p.affinity = None;
-        p.tolerations = None;
-        p.containers
-            .iter_mut()
-            .chain(p.init_containers.iter_mut().flatten())
-            .for_each(keep_name_and_resources);
-    }
-}
-
-/// A container as the facts read it: its name and resources.
-fn keep_name_and_resources(c: &mut k8s_openapi::api::core::v1::Container) {
-    *c = k8s_openapi::api::core::v1::Container {
-        name: std::mem::take(&mut c.name),
-        resources: c.resources.take(),
-        ..Default::default()
-    };
-}
-
-/// The Event's bulk the refusals do not read.
-pub fn trim_event(e: &mut CoreEvent) {
-    e.metadata.managed_fields = None;
 }
 
 /// The watch of the runner ServiceAccounts (metadata) the manager made, for the RBAC
@@ -320,124 +265,8 @@ where
         .collect()
 }
 
-/// A store's items by the value of one of their labels, kept from the same watch events
-/// as the store (and, like the store, swapped whole at the end of a relist): a pass looks
-/// its object's items up instead of scanning every item of the kind, so what a pass costs
-/// does not grow with the number of objects.
-#[derive(Clone)]
-pub struct ByLabel {
-    label: &'static str,
-    inner: Arc<RwLock<LabelIndex>>,
-}
-
-#[derive(Default)]
-struct LabelIndex {
-    live: Keys,
-    /// Filled during a relist (`Init` .. `InitDone`), then made `live`.
-    relisting: Option<Keys>,
-}
-
 /// Namespace and name of an item.
 type Key = (String, String);
-
-#[derive(Default)]
-struct Keys {
-    by_value: HashMap<String, BTreeSet<Key>>,
-    value_of: HashMap<Key, String>,
-}
-
-impl Keys {
-    fn insert(&mut self, key: Key, value: Option<String>) {
-        self.remove(&key);
-        if let Some(v) = value {
-            self.by_value
-                .entry(v.clone())
-                .or_default()
-                .insert(key.clone());
-            self.value_of.insert(key, v);
-        }
-    }
-
-    fn remove(&mut self, key: &Key) {
-        let Some(v) = self.value_of.remove(key) else {
-            return;
-        };
-        if let Some(keys) = self.by_value.get_mut(&v) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.by_value.remove(&v);
-            }
-        }
-    }
-}
-
-impl ByLabel {
-    /// An empty index of items by the value of `label`.
-    pub fn new(label: &'static str) -> Self {
-        Self {
-            label,
-            inner: Arc::default(),
-        }
-    }
-
-    /// Takes in one watch event.
-    pub fn apply<T: Resource>(&self, event: &watcher::Event<T>) {
-        let key = |o: &T| {
-            (
-                o.meta().namespace.clone().unwrap_or_default(),
-                o.meta().name.clone().unwrap_or_default(),
-            )
-        };
-        let value = |o: &T| {
-            o.meta()
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(self.label))
-                .cloned()
-        };
-        let mut index = self.inner.write().unwrap_or_else(PoisonError::into_inner);
-        match event {
-            watcher::Event::Apply(o) => index.live.insert(key(o), value(o)),
-            watcher::Event::Delete(o) => index.live.remove(&key(o)),
-            watcher::Event::Init => index.relisting = Some(Keys::default()),
-            watcher::Event::InitApply(o) => index
-                .relisting
-                .get_or_insert_with(Keys::default)
-                .insert(key(o), value(o)),
-            watcher::Event::InitDone => {
-                if let Some(keys) = index.relisting.take() {
-                    index.live = keys;
-                }
-            }
-        }
-    }
-
-    /// The items of `store` whose label has `value`.
-    pub fn get<T>(&self, store: &Store<T>, value: &str) -> Vec<Arc<T>>
-    where
-        T: Resource + Clone,
-        T::DynamicType: Default + Eq + std::hash::Hash + Clone,
-    {
-        let keys: Vec<Key> = {
-            let index = self.inner.read().unwrap_or_else(PoisonError::into_inner);
-            index
-                .live
-                .by_value
-                .get(value)
-                .map(|keys| keys.iter().cloned().collect())
-                .unwrap_or_default()
-        };
-        keys.into_iter()
-            .filter_map(|(ns, name)| {
-                let r = reflector::ObjectRef::<T>::new(&name);
-                store.get(&if ns.is_empty() { r } else { r.within(&ns) })
-            })
-            // The store is written just after the index: a change in between reads as
-            // the store has it.
-            .filter(|i| i.labels().get(self.label).map(String::as_str) == Some(value))
-            .collect()
-    }
-}
 
 impl Caches {
     /// Records that the Cluster `ns/name` was read paused from the API server: until the
