@@ -186,7 +186,12 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
 }
 
 /// The checks shared by [`parse`] and [`build_from_spec`].
-pub(super) fn check(inputs: &Inputs, namespace: &str, suffix: &str, origin: &str) -> Result<(), InputsError> {
+pub(super) fn check(
+    inputs: &Inputs,
+    namespace: &str,
+    suffix: &str,
+    origin: &str,
+) -> Result<(), InputsError> {
     if inputs.backend.namespace != namespace || inputs.backend.secret_suffix != suffix {
         return Err(InputsError::ForeignBackend {
             origin: origin.to_string(),

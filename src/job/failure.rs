@@ -1,7 +1,6 @@
 //! What a failed attempt's Pod printed, made readable: a destructive plan the runner
 //! stopped before, the error's summary for a condition, and cuts that keep a message short.
 
-
 /// The first line of the termination message of an apply the plan guard stopped
 /// (`templates/runner.sh`), before the plan's hash.
 pub const DESTRUCTIVE_PLAN_MARKER: &str = "captf-runner: destructive plan ";

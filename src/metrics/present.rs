@@ -89,7 +89,13 @@ impl Present {
             .set(permits.longest_wait().map_or(0.0, |d| d.as_secs_f64()));
     }
 
-    pub(super) fn set(&self, kinds: &[Kind], entries: &[census::Entry], now: Timestamp, info: bool) {
+    pub(super) fn set(
+        &self,
+        kinds: &[Kind],
+        entries: &[census::Entry],
+        now: Timestamp,
+        info: bool,
+    ) {
         use census::{ByKind, ByPhase, ByReason, KindValue};
         let t = census::tally(kinds, entries);
         for f in [&self.deletions, &self.held, &self.applies_blocked] {

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::api::names::{CAPI_PROVIDER_LABEL, CAPI_PROVIDER_NAME};
 pub use super::image_ref::check_image;
+use crate::api::names::{CAPI_PROVIDER_LABEL, CAPI_PROVIDER_NAME};
 
 /// The namespace of the components (clusterctl's target namespace by default).
 pub const NAMESPACE: &str = "captf-system";

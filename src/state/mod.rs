@@ -27,8 +27,8 @@ use crate::api::names::{
 
 pub use classify::{Fingerprint, StateReason, Verdict, classify, classify_named};
 pub use errored::Errored;
-pub use read::{outputs, read, read_bytes, read_noting};
 use read::{Chain, gzip_member_end, live_chunks};
+pub use read::{outputs, read, read_bytes, read_noting};
 use scan::{Field, GzipFailure, Scanned, Summary};
 
 /// Default decompression cap: more decompressed JSON than this is a corrupt state.

@@ -659,13 +659,7 @@ async fn the_endpoint_cluster_api_copies_back_does_not_re_apply() {
 async fn explain_of_the_live_cluster_shows_the_apply_table() {
     use crate::deletion::EnvExt;
     let env = Env::with_machine("explain-live", &module(0), FAST).await;
-    let out = env.captf(&["explain", "-n", &env.ns, "-o", "json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let items: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let items = env.captf_json(&["explain", "-n", &env.ns, "-o", "json"]);
     let web = items
         .as_array()
         .expect("array")

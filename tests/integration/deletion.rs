@@ -18,6 +18,7 @@ use std::sync::Arc;
 /// get `CARGO_BIN_EXE_captf`).
 pub trait EnvExt {
     fn captf(&self, args: &[&str]) -> std::process::Output;
+    fn captf_json(&self, args: &[&str]) -> serde_json::Value;
     fn restore_from_file(&self, target: &str, file: &std::path::Path);
 }
 
@@ -29,6 +30,19 @@ impl EnvExt for Env {
             .env("KUBECONFIG", self.kubeconfig_path())
             .output()
             .expect("run captf")
+    }
+
+    /// Runs the `captf` binary against the cluster, asserts it succeeded, and reads what
+    /// it printed as JSON (a command given `-o json`).
+    fn captf_json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.captf(args);
+        assert!(
+            out.status.success(),
+            "captf {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("captf {args:?} printed no JSON: {e}"))
     }
 
     /// `captf state restore TARGET --from-file FILE --force` in the test's namespace,

@@ -23,7 +23,7 @@ async fn not_ready(port: u16, reason: &str) -> i64 {
 /// `captf explain --if-deleted --cluster prod` in the test's namespace, as JSON: the
 /// element of `name`.
 fn if_deleted(env: &Env, name: &str) -> serde_json::Value {
-    let out = env.captf(&[
+    let items = env.captf_json(&[
         "explain",
         "--if-deleted",
         "--cluster",
@@ -33,12 +33,6 @@ fn if_deleted(env: &Env, name: &str) -> serde_json::Value {
         "-o",
         "json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let items: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     items
         .as_array()
         .expect("array")

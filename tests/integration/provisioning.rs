@@ -67,13 +67,7 @@ pub(crate) fn assert_explain_reads_alike(env: &Env, when: &str) {
         text
     };
     let apply_of =
-        |out: std::process::Output| -> std::collections::BTreeMap<String, serde_json::Value> {
-            assert!(
-                out.status.success(),
-                "captf explain: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let items: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        |items: serde_json::Value| -> std::collections::BTreeMap<String, serde_json::Value> {
             items
                 .as_array()
                 .expect("array")
@@ -92,11 +86,12 @@ pub(crate) fn assert_explain_reads_alike(env: &Env, when: &str) {
         };
     for _ in 0..20 {
         let before = dump();
-        let live = apply_of(env.captf(&["explain", "-n", &env.ns, "-o", "json"]));
+        let live = apply_of(env.captf_json(&["explain", "-n", &env.ns, "-o", "json"]));
         if dump() != before {
             continue;
         }
-        let files = apply_of(env.captf(&["explain", "-f", &file.to_string_lossy(), "-o", "json"]));
+        let files =
+            apply_of(env.captf_json(&["explain", "-f", &file.to_string_lossy(), "-o", "json"]));
         let _ = std::fs::remove_file(&file);
         assert!(
             live.values().any(|a| a["row"].is_string()),

@@ -101,7 +101,8 @@ pub async fn apply<K: TerraformObject>(
             .and_then(|s| s.initialization.as_ref())
             .and_then(|i| i.provisioned)
             != Some(true);
-        let wrote = crate::controller::status::write_provisioned(&scope.api, obj, f.status.clone()).await?;
+        let wrote =
+            crate::controller::status::write_provisioned(&scope.api, obj, f.status.clone()).await?;
         if first && wrote {
             publish_note(
                 ctx,
@@ -232,8 +233,15 @@ async fn with_what_it_ran<K: TerraformObject>(
         installed_modules: reported.installed_modules,
     };
     let renders = |i: &crate::inputs::Inputs| {
-        crate::controller::act::attempt::render_operation(ctx, scope, obj, names::OPERATION_DESTROY, 1, i)
-            .is_ok()
+        crate::controller::act::attempt::render_operation(
+            ctx,
+            scope,
+            obj,
+            names::OPERATION_DESTROY,
+            1,
+            i,
+        )
+        .is_ok()
     };
     Ok(match crate::inputs::with_ran(&inputs, record, renders) {
         Some(i) => i,
@@ -281,7 +289,8 @@ async fn backup_chunked<K: TerraformObject>(
         lineage, serial, ..
     } = crate::state::read(state, ctx.settings.decompression_cap)
     {
-        crate::controller::act::backup::ensure_backup(ctx, scope, obj, state, (&lineage, serial)).await?;
+        crate::controller::act::backup::ensure_backup(ctx, scope, obj, state, (&lineage, serial))
+            .await?;
     }
     drop(read);
     Ok(())

@@ -32,8 +32,8 @@ use crate::state::{self, StateSecrets};
 mod jobs;
 mod secrets;
 
-use jobs::{cached_refusals, job_refusals, stuck_pods};
 pub use jobs::podless;
+use jobs::{cached_refusals, job_refusals, stuck_pods};
 use secrets::read_secrets;
 pub use secrets::{SecretsRead, observe_secrets, read_referenced, read_state_into};
 

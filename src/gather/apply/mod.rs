@@ -27,8 +27,8 @@ pub use handoff::{
     handoff_of, handoff_readable, handoff_state, needs_handoff, no_handoff_state,
     object_provisioned,
 };
-pub use hibernation::{declares_hibernated, hibernation_asked, hibernation_condition};
 use hibernation::hibernation;
+pub use hibernation::{declares_hibernated, hibernation_asked, hibernation_condition};
 use record::apply_history;
 pub use record::{
     ApplyRan, UnrecordedApply, apply_ran, inputs_of_attempt, inputs_secret_attempt,
