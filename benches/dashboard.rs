@@ -56,7 +56,7 @@ async fn scrape(port: u16) -> Option<String> {
 }
 
 async fn record(every: Duration) {
-    let mut env = Env::start("dashboard").await;
+    let mut env = Env::builder("dashboard").start().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -224,7 +224,10 @@ async fn bench(
     let kcm_args: Vec<&str> = kcm_args.iter().map(String::as_str).collect();
     // With the real Cluster API when it provisions (its Machine controller reconciles the
     // Machines that own the objects); a deletion-only run needs its Cluster CRD only.
-    let mut env = Env::start_dedicated_tuned("scale", &kubelet_args, &kcm_args, provision).await;
+    let mut env = Env::builder("scale")
+        .tuned(&kubelet_args, &kcm_args, provision)
+        .start()
+        .await;
     // The product's default deadline: the N destroy Jobs wait for the runner's few slots,
     // and a Job's deadline counts from its start, waiting included (as in Kubernetes).
     // Thousands of Jobs wait longer than that for their turn.

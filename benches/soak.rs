@@ -100,7 +100,10 @@ async fn soak(
     );
     let kubelet_args = [max_pods.as_str(), standin_path.as_str()];
     let kcm_args = ["--kube-api-qps=100", "--kube-api-burst=150"];
-    let env = Env::start_dedicated_tuned("soak", &kubelet_args, &kcm_args, true).await;
+    let env = Env::builder("soak")
+        .tuned(&kubelet_args, &kcm_args, true)
+        .start()
+        .await;
     env.create_cluster(CLUSTER).await;
     env.mark_cluster_ready(CLUSTER).await;
 

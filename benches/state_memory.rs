@@ -129,7 +129,7 @@ async fn bench(n: usize, mb: usize, seconds: usize) -> Result<(), String> {
     );
     drop(text);
 
-    let mut env = Env::start_dedicated_with("statemem", &[]).await;
+    let mut env = Env::builder("statemem").kubelet_args(&[]).start().await;
     env.job_timeout_seconds = 1800;
     let markers = env.markers();
     let cluster_uid = env.create_cluster("mem").await;

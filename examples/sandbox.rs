@@ -113,7 +113,11 @@ async fn sandbox() -> Result<(), String> {
     println!(
         "CAPTF sandbox: a real control plane (kube-apiserver, kube-controller-manager, a local kubelet running the Jobs' Pods with the real terraform) + the real manager"
     );
-    let mut env = Env::start_dedicated_in("sandbox", NS, "captf-system").await;
+    let mut env = Env::builder("sandbox")
+        .dedicated()
+        .in_namespaces(NS, "captf-system")
+        .start()
+        .await;
     if let support::Cluster::Envtest(plane) = &env.cluster {
         line(
             "control plane",

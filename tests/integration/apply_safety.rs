@@ -139,7 +139,7 @@ async fn no_pass_holds_a_state_read_permit_while_it_waits_for_another() {
     if envtest_only("OpenTofu is on PATH in the local kubelet's image only") {
         return;
     }
-    let mut env = Env::start("permits").await;
+    let mut env = Env::builder("permits").start().await;
     env.config.provision = true;
     env.config.max_state_reads = 1;
     env.start_manager();
@@ -174,7 +174,7 @@ async fn a_success_that_cannot_be_recorded_is_a_hold_not_ready() {
     if envtest_only("OpenTofu is on PATH in the local kubelet's image only") {
         return;
     }
-    let env = Env::start_provisioning("unrecorded", None).await;
+    let env = Env::builder("unrecorded").provisioning().start().await;
     machine_of_a_terraform_cluster(
         &env,
         "web-1",
@@ -231,7 +231,10 @@ async fn a_success_that_cannot_be_recorded_is_a_hold_not_ready() {
 /// recorded (the object provisioned, the annotation cleared), not held for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_completed_apply_after_an_interrupted_one_is_recorded_even_when_empty() {
-    let env = Env::start_provisioning("interrupted-empty", None).await;
+    let env = Env::builder("interrupted-empty")
+        .provisioning()
+        .start()
+        .await;
     let interrupted = json!({ names::APPLY_INTERRUPTED: "2026-12-05T10:00:00Z" });
     machine_of_a_terraform_cluster(
         &env,
@@ -308,7 +311,7 @@ async fn the_destroy_runs_the_inputs_that_last_wrote_the_state() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("inputs-ran", None).await;
+    let env = Env::builder("inputs-ran").provisioning().start().await;
     provisioned_cluster(&env, &regional_module(), regional_variables(&env, "a")).await;
     let apply_refused = env
         .refuse_jobs(
@@ -358,8 +361,14 @@ async fn a_broken_module_that_never_ran_does_not_break_the_destroy() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env =
-        Env::start_provisioning("broken-module", Some(std::time::Duration::from_secs(300))).await;
+    let env = Env::builder("broken-module")
+        .backoff(
+            std::time::Duration::from_secs(300),
+            std::time::Duration::from_secs(300) * 2,
+        )
+        .provisioning()
+        .start()
+        .await;
     provisioned_cluster(&env, &apply_module(0), json!({})).await;
     // A syntax error: init fails, Terraform never touches the state.
     let broken = format!(
@@ -445,8 +454,14 @@ async fn an_errored_state_holds_the_apply() {
         return;
     }
     // Retries 2 s apart: a retry would come at once.
-    let env =
-        Env::start_provisioning("errored-apply", Some(std::time::Duration::from_secs(2))).await;
+    let env = Env::builder("errored-apply")
+        .backoff(
+            std::time::Duration::from_secs(2),
+            std::time::Duration::from_secs(2) * 2,
+        )
+        .provisioning()
+        .start()
+        .await;
     provisioned_cluster(&env, &counted_module(), counted_variables(&env, 2)).await;
     let state = names::state_secret_name(&names::state_suffix(Kind::TerraformCluster, "prod"));
     let allow = refuse_secret_updates(&env, &state).await;
@@ -475,7 +490,7 @@ async fn an_errored_state_holds_the_apply() {
 /// rotates every few minutes re-applies each time, and kept them all (about 144 a day).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apply_jobs_are_pruned_to_the_last_three() {
-    let env = Env::start_provisioning("prune-applies", None).await;
+    let env = Env::builder("prune-applies").provisioning().start().await;
     provisioned_cluster(&env, &counted_module(), counted_variables(&env, 1)).await;
     for n in 2..=6u32 {
         env.api::<Tfc>()
@@ -538,7 +553,11 @@ async fn apply_jobs_are_pruned_to_the_last_three() {
 /// if it were the object's, and what it then made could not be recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_apply_starts_against_a_state_of_another_lineage() {
-    let env = Env::with_machine("foreign-lineage", &module(0), FAST).await;
+    let env = Env::builder("foreign-lineage")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     env.annotate::<Tfm>(
         "web-1",
         &[(
@@ -575,7 +594,14 @@ async fn the_next_apply_clears_the_lock_its_killed_runner_left() {
     }
     // Retries a minute apart: the slow module is not tried again before the quick one
     // below replaces it.
-    let env = Env::with_machine("apply-lock", &module(0), std::time::Duration::from_secs(60)).await;
+    let env = Env::builder("apply-lock")
+        .backoff(
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(60) * 4,
+        )
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     env.reapply_slowly("web-1", 300).await;
     let lock = names::lock_lease_name(&names::state_suffix(Kind::TerraformMachine, "web-1"));
     wait_for("Terraform to hold its lock", long(), || async {
@@ -625,7 +651,7 @@ async fn the_next_apply_clears_the_lock_its_killed_runner_left() {
 /// input: the cluster must not be applied again for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_endpoint_cluster_api_copies_back_does_not_re_apply() {
-    let env = Env::start_provisioning("endpoint-copy", None).await;
+    let env = Env::builder("endpoint-copy").provisioning().start().await;
     provisioned_cluster(
         &env,
         &(apply_module(0) + contract_outputs(Kind::TerraformCluster)),
@@ -658,7 +684,11 @@ async fn the_endpoint_cluster_api_copies_back_does_not_re_apply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn explain_of_the_live_cluster_shows_the_apply_table() {
     use crate::deletion::EnvExt;
-    let env = Env::with_machine("explain-live", &module(0), FAST).await;
+    let env = Env::builder("explain-live")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let items = env.captf_json(&["explain", "-n", &env.ns, "-o", "json"]);
     let web = items
         .as_array()
@@ -691,7 +721,11 @@ async fn explain_of_the_live_cluster_shows_the_apply_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_move_leaves_nothing_of_the_moved_objects_in_the_source() {
     use crate::deletion::EnvExt;
-    let mut env = Env::with_machine("move-leftovers", &module(0), FAST).await;
+    let mut env = Env::builder("move-leftovers")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     env.config.rbac_sweep_every = std::time::Duration::from_secs(2);
     // The move happens while the source's manager is down; then it starts again.
     env.stop_manager().await;
@@ -850,7 +884,11 @@ async fn keep_errored_state(env: &Env, uid: &str) -> (String, String) {
 /// the cleanup release the object and orphan what only the errored state records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_errored_state_of_the_objects_earlier_uid_still_holds_its_deletion() {
-    let mut env = Env::with_machine("errored-recreated", &module(0), FAST).await;
+    let mut env = Env::builder("errored-recreated")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let saved = env.object::<Tfm>("web-1").await.expect("object");
     let old_uid = saved.metadata.uid.clone().expect("uid");
     let (errored, _) = keep_errored_state(&env, &old_uid).await;
@@ -881,7 +919,11 @@ async fn an_errored_state_of_the_objects_earlier_uid_still_holds_its_deletion() 
 /// copies it out with the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_errored_state_survives_a_namespace_deletion_and_is_copied_by_the_abandon() {
-    let env = Env::with_machine("errored-ns", &module(0), FAST).await;
+    let env = Env::builder("errored-ns")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let uid = env
         .object::<Tfm>("web-1")
         .await
@@ -933,7 +975,7 @@ async fn an_errored_state_survives_a_namespace_deletion_and_is_copied_by_the_aba
 /// is tried again at the next pass, not given up for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transient_error_reading_the_apply_log_does_not_lose_what_it_ran() {
-    let env = Env::start_provisioning("ran-retry", None).await;
+    let env = Env::builder("ran-retry").provisioning().start().await;
     env.proxy
         .faults()
         .fail_next(1, Some("get"), Some("pods/log"), 500);
@@ -956,7 +998,7 @@ async fn an_apply_decided_before_a_pause_starts_no_job_under_it() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("pause-race", None).await;
+    let env = Env::builder("pause-race").provisioning().start().await;
     provisioned_cluster(&env, &regional_module(), regional_variables(&env, "a")).await;
     let applied = env.jobs_created();
     // The manager's Cluster watch stops seeing changes: its stream ends and every list
@@ -1023,7 +1065,11 @@ async fn an_apply_decided_before_a_pause_starts_no_job_under_it() {
 /// 1 s sweep, four lists per object in the namespace's lifetime).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leftovers_sweep_reads_nothing_live_while_every_owner_is_cached() {
-    let env = Env::with_machine("sweep-reads", &module(0), FAST).await;
+    let env = Env::builder("sweep-reads")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let jobs =
         kube::Api::<k8s_openapi::api::batch::v1::Job>::namespaced(env.client.clone(), &env.ns);
     let finished = jobs

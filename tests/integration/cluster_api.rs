@@ -17,7 +17,10 @@ async fn a_cluster_pause_is_not_missed_when_cluster_api_comes_after_the_manager(
     if envtest_only("it installs Cluster API's Cluster CRD during the test") {
         return;
     }
-    let mut env = Env::start_without_capi("late-capi").await;
+    let mut env = Env::builder("late-capi")
+        .without_cluster_api()
+        .start()
+        .await;
     env.config.settings.backoff.base = Duration::from_millis(300);
     env.start_manager();
     let markers = env.markers();

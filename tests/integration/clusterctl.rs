@@ -31,7 +31,7 @@ fn path(p: &std::path::Path) -> &str {
 /// applied, its control plane initialised and the Machine's Node registered: what
 /// `clusterctl move` requires before it moves anything.
 async fn provisioned(tag: &str) -> Env {
-    let env = Env::start_provisioning(tag, None).await;
+    let env = Env::builder(tag).provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
     env.mark_cluster_ready("prod").await;
@@ -44,7 +44,11 @@ async fn provisioned(tag: &str) -> Env {
 /// The control plane to move to: one of its own with Cluster API, the same namespace,
 /// and a CAPTF manager of its own.
 pub(crate) async fn target_of(env: &Env, tag: &str) -> Env {
-    let mut target = Env::start_dedicated_in(tag, &env.ns, &env.manager_ns).await;
+    let mut target = Env::builder(tag)
+        .dedicated()
+        .in_namespaces(&env.ns, &env.manager_ns)
+        .start()
+        .await;
     target.config.provision = true;
     target.start_manager();
     target
@@ -259,7 +263,7 @@ async fn clusterctl_describe_shows_the_reason_and_its_runbook() {
     if envtest_only("it runs clusterctl against the local control plane") {
         return;
     }
-    let env = Env::start_provisioning("describe", None).await;
+    let env = Env::builder("describe").provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
     env.mark_cluster_ready("prod").await;

@@ -172,7 +172,7 @@ fn document<'a>(stream: &'a str, kind: &str, name: &str) -> &'a str {
 /// server-side dry run: the objects are validated, nothing is stored).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_flowschema_example_is_accepted_by_the_api_server() {
-    let env = crate::support::Env::start("apf").await;
+    let env = crate::support::Env::builder("apf").start().await;
     let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
     let out = Command::new(&kubectl)
         .args([

@@ -61,7 +61,7 @@ fn container_state(p: &Pod) -> serde_json::Value {
 /// the last 4096 bytes of the termination message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_pod_is_named_run_and_reported_as_kubernetes_does() {
-    let env = Env::start("cp-job").await;
+    let env = Env::builder("cp-job").start().await;
     let job_name = format!(
         "captf-{}-destroy-1",
         "m".repeat(63 - "captf--destroy-1".len())
@@ -127,7 +127,7 @@ async fn a_deleted_pod_gets_sigterm_then_its_whole_tree_is_killed() {
     if envtest_only("it looks for the container's processes on this machine") {
         return;
     }
-    let env = Env::start("cp-term").await;
+    let env = Env::builder("cp-term").start().await;
     let markers = env.markers();
     let got = markers.join("got-term");
     let stamp = format!("{}.{}", std::process::id(), rand_marker());
@@ -195,7 +195,7 @@ async fn the_test_control_makes_pods_oomkilled_evicted_unpullable_and_lost() {
     if envtest_only("the test control is the local kubelet's") {
         return;
     }
-    let env = Env::start("cp-faults").await;
+    let env = Env::builder("cp-faults").start().await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     for (rule, fault) in [
         ("oom", KubeletFault::OomKilled),
@@ -293,7 +293,7 @@ async fn the_test_control_makes_pods_oomkilled_evicted_unpullable_and_lost() {
 /// server, refuses the Job controller's Pod; the Job records why in a FailedCreate Event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_refuses_the_pods_of_a_job() {
-    let env = Env::start("cp-admission").await;
+    let env = Env::builder("cp-admission").start().await;
     let guard = env
         .refuse_pods(
             &[("refuse", "yes")],
@@ -347,7 +347,7 @@ async fn admission_refuses_the_pods_of_a_job() {
 /// ends open watches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_counts_fails_and_drops_watches() {
-    let env = Env::start("cp-proxy").await;
+    let env = Env::builder("cp-proxy").start().await;
     let client: Client = env.proxy.client();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces

@@ -71,7 +71,9 @@ async fn the_api_server_prunes_a_status_field_of_another_kind() {
     use kube::api::{Patch, PatchParams};
     use serde_json::json;
 
-    let env = crate::support::Env::start("status-per-kind").await;
+    let env = crate::support::Env::builder("status-per-kind")
+        .start()
+        .await;
     let uid = env.create_cluster("prod").await;
     env.create_object::<TerraformMachine>("web-1", "prod", &uid, &env.markers())
         .await;
@@ -119,7 +121,7 @@ async fn kubectl_get_shows_provisioning_replicas_and_pause() {
 
     use crate::support::*;
 
-    let env = Env::start_provisioning("printer-columns", None).await;
+    let env = Env::builder("printer-columns").provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
     env.mark_cluster_ready("prod").await;

@@ -70,7 +70,7 @@ impl EnvExt for Env {
 async fn scenario_01_clean_teardown_destroys_everything_in_order() {
     // Everything made by the product: the manager applies the cluster, two machines and a
     // pool, each owned as Cluster API owns them, then the Cluster is deleted.
-    let env = Env::start_provisioning("clean", None).await;
+    let env = Env::builder("clean").provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &module(0)).await;
     env.mark_cluster_ready("prod").await;
@@ -147,14 +147,18 @@ async fn scenario_01_clean_teardown_destroys_everything_in_order() {
 
 /// A Cluster `prod` with one applied TerraformMachine `web-1`, the manager running.
 pub(crate) async fn machine_env(tag: &str, fail_destroys: u32, backoff_base: Duration) -> Env {
-    Env::with_machine(tag, &module(fail_destroys), backoff_base).await
+    Env::builder(tag)
+        .backoff(backoff_base, backoff_base * 4)
+        .with_machine("web-1", &module(fail_destroys))
+        .start()
+        .await
 }
 
 pub(crate) const FAST: Duration = Duration::from_millis(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_05_never_applied_is_released_at_once_without_a_job() {
-    let mut env = Env::start("never").await;
+    let mut env = Env::builder("never").start().await;
     env.start_manager();
     let uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
@@ -619,8 +623,11 @@ async fn a_deletion_reads_its_machine_live_only_when_a_destroy_starts() {
 async fn orphans_and_restore_work_for_a_ninety_character_name() {
     let name = format!("web-{}", "x".repeat(86));
     assert_eq!(name.len(), 90);
-    let mut env =
-        Env::with_machine_named(Env::start("long-name").await, &name, &module(0), FAST).await;
+    let mut env = Env::builder("long-name")
+        .backoff(FAST, FAST * 4)
+        .with_machine(&name, &module(0))
+        .start()
+        .await;
     let suffix = names::state_suffix(Kind::TerraformMachine, &name);
     let state = names::state_secret_name(&suffix);
     let orphans = |env: &Env| -> Vec<serde_json::Value> {
@@ -717,7 +724,11 @@ async fn the_cleanup_keeps_the_errored_state() {
 }
 
 async fn machine_with(tag: &str, module_body: &str) -> Env {
-    Env::with_machine(tag, module_body, FAST).await
+    Env::builder(tag)
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", module_body)
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1102,7 +1113,11 @@ async fn scenario_13_a_runner_killed_mid_destroy_saves_state_and_the_next_attemp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenario_09c_a_job_that_does_not_render_cannot_start_until_the_inputs_are_fixed() {
-    let env = Env::with_machine_applied_by_hand("norender", &module(0), FAST).await;
+    let env = Env::builder("norender")
+        .backoff(FAST, FAST * 4)
+        .with_machine_applied_by_hand(&module(0))
+        .start()
+        .await;
     // Inputs whose Job does not render: an env entry the runner refuses (TF_* variables
     // change what Terraform does), from a Secret that exists.
     let cloud: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
@@ -1193,7 +1208,7 @@ async fn the_state_secret_is_not_written_while_a_job_of_the_object_runs() {
 /// Terraform), and the manager's context to run reconcile passes one by one instead of a
 /// manager.
 pub(crate) async fn passes_by_hand(tag: &str) -> (Env, Arc<Context>) {
-    let env = Env::start(tag).await;
+    let env = Env::builder(tag).start().await;
     let markers = env.markers();
     let cluster_uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &markers)
@@ -1367,7 +1382,7 @@ async fn a_cleanup_pass_on_a_copy_without_the_latest_status_releases() {
 /// ever). An object without the mark gets its finalizer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_finalizer_is_put_back_on_an_object_marked_for_a_move() {
-    let env = Env::start("move-mark").await;
+    let env = Env::builder("move-mark").start().await;
     let cluster_uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &cluster_uid, &env.markers())
         .await;
@@ -1608,7 +1623,7 @@ async fn remove_labels(env: &Env, name: &str, labels: &[&str]) {
 /// What the manager remembers of a TerraformCluster's hand-off goes with the cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_released_clusters_hand_off_is_forgotten() {
-    let env = Env::start("forget-handoff").await;
+    let env = Env::builder("forget-handoff").start().await;
     let ctx = hand_context(&env).await;
     let key = |name: &str| format!("{}/{name}", env.ns);
     for name in ["prod", "other"] {

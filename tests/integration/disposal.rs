@@ -45,7 +45,7 @@ async fn a_cluster_marked_for_disposal_is_deleted_at_the_end_unless_taken_back_o
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("dispose", None).await;
+    let env = Env::builder("dispose").provisioning().start().await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -144,12 +144,14 @@ output "power" {
 /// says so, without a re-apply; taking the disposal back wakes the module.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_in_disposal_hibernates_what_can_and_wakes_when_taken_back() {
-    let env = Env::with_machine(
-        "hibernate",
-        &module(0),
-        std::time::Duration::from_millis(300),
-    )
-    .await;
+    let env = Env::builder("hibernate")
+        .backoff(
+            std::time::Duration::from_millis(300),
+            std::time::Duration::from_millis(300) * 4,
+        )
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let uid = env
         .cluster_api()
         .get("prod")

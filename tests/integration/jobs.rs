@@ -32,7 +32,11 @@ fn destroy_labels(name: &str, uid: &str) -> serde_json::Value {
 /// no destroy of its own until it has finished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_earlier_objects_running_destroy_is_waited_for_not_raced() {
-    let env = Env::with_machine("earlier", &module(0), FAST).await;
+    let env = Env::builder("earlier")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let uid = env
         .object::<Tfm>("web-1")
         .await
@@ -103,7 +107,10 @@ async fn the_lock_of_an_oomkilled_runner_is_cleared_and_the_next_attempt_runs() 
     }
     let name = "md-0-workers-5d8f7c9b4f-x2x5k-machine-template-abc1";
     assert_eq!(name.len(), 51);
-    let env = Env::start("oom-lock").await;
+    let mut env = Env::builder("oom-lock")
+        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 4)
+        .start()
+        .await;
     let label_name = captf::api::labels::name_label_value(name);
     env.kubelet_fault(
         "oom",
@@ -115,7 +122,7 @@ async fn the_lock_of_an_oomkilled_runner_is_cleared_and_the_next_attempt_runs() 
         5.0,
     )
     .await;
-    let env = Env::with_machine_named(env, name, &sleepy_module(60), Duration::from_secs(1)).await;
+    env.add_machine(name, &sleepy_module(60)).await;
     env.delete::<Tfm>(name).await;
     env.wait_gone::<Tfm>(name, long()).await;
     assert!(env.destroyed(name));
@@ -161,7 +168,11 @@ async fn a_lock_held_by_a_person_outlives_the_cleanup() {
 /// until that runner has finished; then the sweep removes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_rbac_sweep_waits_for_a_runner_whose_object_is_gone() {
-    let env = Env::with_machine("sweep-runner", &sleepy_module(8), FAST).await;
+    let env = Env::builder("sweep-runner")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &sleepy_module(8))
+        .start()
+        .await;
     env.delete::<Tfm>("web-1").await;
     wait_for("the destroy provisioner", long(), || async {
         env.destroy_provisioner_started("web-1").await
@@ -226,7 +237,11 @@ async fn the_rbac_sweep_waits_for_a_runner_whose_object_is_gone() {
 /// manager tries again; once the policy is gone the destroy runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_destroy_job_is_named_and_started_once_allowed() {
-    let env = Env::with_machine("refused", &module(0), FAST).await;
+    let env = Env::builder("refused")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let refusal = env
         .refuse_jobs(
             &[(names::LABEL_OPERATION, names::OPERATION_DESTROY)],
@@ -270,7 +285,11 @@ async fn a_refused_destroy_job_is_named_and_started_once_allowed() {
 /// `FailedCreate` Events, instead of waiting silently until the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_destroy_job_whose_pods_are_refused_says_why() {
-    let env = Env::with_machine("podrefused", &module(0), FAST).await;
+    let env = Env::builder("podrefused")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let refusal = env
         .refuse_pods(
             &[(names::LABEL_OPERATION, names::OPERATION_DESTROY)],
@@ -308,7 +327,10 @@ async fn an_evicted_runner_is_replaced_within_the_same_attempt() {
     if envtest_only("it evicts the runner with the local kubelet's test control") {
         return;
     }
-    let env = Env::start("evicted").await;
+    let mut env = Env::builder("evicted")
+        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .start()
+        .await;
     env.kubelet_fault(
         "evict",
         &[
@@ -319,7 +341,7 @@ async fn an_evicted_runner_is_replaced_within_the_same_attempt() {
         4.0,
     )
     .await;
-    let env = Env::with_machine_in(env, &sleepy_module(60), Duration::from_millis(300)).await;
+    env.add_machine("web-1", &sleepy_module(60)).await;
     env.delete::<Tfm>("web-1").await;
     // The first Pod is evicted; the rule goes before the replacement has run as long.
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), &env.ns);
@@ -356,7 +378,10 @@ async fn an_oom_killed_runner_is_named_in_the_condition() {
     if envtest_only("it OOM-kills the runner with the local kubelet's test control") {
         return;
     }
-    let env = Env::start("oom-named").await;
+    let mut env = Env::builder("oom-named")
+        .backoff(Duration::from_secs(60), Duration::from_secs(60) * 4)
+        .start()
+        .await;
     env.kubelet_fault(
         "oom",
         &[
@@ -368,7 +393,7 @@ async fn an_oom_killed_runner_is_named_in_the_condition() {
     )
     .await;
     // A slow backoff, so that the failure stays on show.
-    let env = Env::with_machine_in(env, &sleepy_module(60), Duration::from_secs(60)).await;
+    env.add_machine("web-1", &sleepy_module(60)).await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
@@ -386,7 +411,11 @@ async fn an_oom_killed_runner_is_named_in_the_condition() {
 /// The Secret goes with the cleanup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_job_or_pod_field_holds_a_variables_value() {
-    let env = Env::with_machine("no-vars", &sleepy_module(4), Duration::from_millis(300)).await;
+    let env = Env::builder("no-vars")
+        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .with_machine("web-1", &sleepy_module(4))
+        .start()
+        .await;
     // The module's `marker_dir` variable: a value only the variables carry.
     let value = env.markers().display().to_string();
     env.delete::<Tfm>("web-1").await;
@@ -442,7 +471,10 @@ async fn a_runner_pod_stuck_on_a_lost_node_is_named() {
     if envtest_only("it loses the runner's node with the local kubelet's test control") {
         return;
     }
-    let env = Env::start("lost-node").await;
+    let mut env = Env::builder("lost-node")
+        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .start()
+        .await;
     env.kubelet_fault(
         "lost",
         &[
@@ -453,7 +485,7 @@ async fn a_runner_pod_stuck_on_a_lost_node_is_named() {
         2.0,
     )
     .await;
-    let env = Env::with_machine_in(env, &sleepy_module(120), Duration::from_millis(300)).await;
+    env.add_machine("web-1", &sleepy_module(120)).await;
     env.delete::<Tfm>("web-1").await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), &env.ns);
     let lp = ListParams::default().labels(&format!(

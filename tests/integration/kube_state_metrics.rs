@@ -25,7 +25,11 @@ fn samples<'a>(text: &'a str, family: &str, labels: &[(&str, &str)]) -> Vec<&'a 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kube_state_metrics_reads_an_applied_machine_with_the_shipped_configuration() {
-    let env = Env::with_machine("ksm", &module(0), Duration::from_millis(300)).await;
+    let env = Env::builder("ksm")
+        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let (port, telemetry) = (free_port(), free_port());
     let config = format!("{ROOT}/config/metrics/crd-metrics-config.yaml");
     let log = env.dir.join("kube-state-metrics.log");

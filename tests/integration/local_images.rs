@@ -169,11 +169,10 @@ async fn the_local_kubelet_runs_a_container_from_a_local_oci_image() {
     }
     let store = scratch_dir("image-store");
     let digest = shell_image(&store);
-    let env = Env::start_dedicated_with(
-        "kubelet-images",
-        &[&format!("--image-store={}", store.display())],
-    )
-    .await;
+    let env = Env::builder("kubelet-images")
+        .kubelet_args(&[&format!("--image-store={}", store.display())])
+        .start()
+        .await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
 
     // The image's cmd, as its user, in its directory, with its environment under the Pod's.

@@ -148,7 +148,7 @@ async fn a_machine_deployment_is_applied_scaled_down_rolled_out_and_torn_down() 
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("md", None).await;
+    let env = Env::builder("md").provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
     env.mark_cluster_ready("prod").await;

@@ -63,7 +63,7 @@ async fn a_rotated_bootstrap_token_reaches_the_pools_template_and_leaves_its_ins
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("rotation", None).await;
+    let env = Env::builder("rotation").provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
     env.mark_cluster_ready("prod").await;

@@ -22,7 +22,7 @@ fn leader_cfg(env: &Env, who: &str) -> LeaderConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_stops_renewing() {
-    let env = Env::start("leader").await;
+    let env = Env::builder("leader").start().await;
     let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.manager_ns);
     let (mut a, mut b) = (Elector::new(), Elector::new());
     let (ca, cb) = (leader_cfg(&env, "a"), leader_cfg(&env, "b"));
@@ -56,7 +56,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_stops_re
 /// once it stops renewing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skewed_clock_does_not_take_the_lease_from_a_healthy_leader() {
-    let env = Env::start("leader-skew").await;
+    let env = Env::builder("leader-skew").start().await;
     let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.manager_ns);
     let cb = leader_cfg(&env, "b");
     // Leader a, renewing every 200 ms with a clock 60 s behind.
@@ -184,7 +184,7 @@ pub(crate) fn status_code(response: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_and_metrics_answer() {
-    let mut env = Env::start("probes").await;
+    let mut env = Env::builder("probes").start().await;
     let port = restart_with_metrics(&mut env).await;
     assert_eq!(http_get(port, "/healthz").await.0, 200);
     wait_for("readiness", LONG_WAIT, || async {
@@ -220,7 +220,7 @@ const LONG_WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_filter_and_namespace_limit_what_a_manager_handles() {
-    let mut env = Env::start("filter").await;
+    let mut env = Env::builder("filter").start().await;
     env.config.watch_filter = Some("blue".into());
     env.config.namespace = Some(env.ns.clone());
     env.start_manager();
@@ -251,7 +251,7 @@ async fn watch_filter_and_namespace_limit_what_a_manager_handles() {
 /// its counts by it): an administrator tells them apart in the audit log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_manager_and_the_cli_name_themselves_in_their_user_agent() {
-    let env = Env::start("agents").await;
+    let env = Env::builder("agents").start().await;
     let log = env.proxy.request_log();
     let version = env!("CARGO_PKG_VERSION");
     let manager_agent = format!("captf/{version} (manager)");
@@ -296,7 +296,7 @@ async fn the_manager_and_the_cli_name_themselves_in_their_user_agent() {
 /// formatter's own keys (`name` is the span's name there) do not hide any of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_json_log_lines_of_a_pass_name_its_object() {
-    let env = Env::start("json-logs").await;
+    let env = Env::builder("json-logs").start().await;
     let uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
         .await;
@@ -403,7 +403,7 @@ pub(crate) async fn restart_with_metrics(env: &mut Env) -> u16 {
 /// error and logged with the caches it waits for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_whose_watch_cannot_list_holds_the_passes() {
-    let mut env = Env::start("unfilled").await;
+    let mut env = Env::builder("unfilled").start().await;
     env.proxy
         .faults()
         .fail_next(1_000_000, Some("list"), Some("events"), 403);

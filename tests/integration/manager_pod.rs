@@ -245,11 +245,10 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
         .await
         .expect("build the image");
     let built = t0.elapsed();
-    let env = Env::start_dedicated_with(
-        "manager-pod",
-        &[&format!("--image-store={}", store.display())],
-    )
-    .await;
+    let env = Env::builder("manager-pod")
+        .kubelet_args(&[&format!("--image-store={}", store.display())])
+        .start()
+        .await;
     let (health, metrics) = (free_port(), free_port());
     let image = image_ref();
     kubectl(
@@ -597,11 +596,10 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     let (_archive, digest) = tokio::task::spawn_blocking(move || build_image(&store_for_build))
         .await
         .expect("build the image");
-    let env = Env::start_dedicated_with(
-        "clusterctl-image",
-        &[&format!("--image-store={}", store.display())],
-    )
-    .await;
+    let env = Env::builder("clusterctl-image")
+        .kubelet_args(&[&format!("--image-store={}", store.display())])
+        .start()
+        .await;
 
     // A local repository of CAPTF's assets beside Cluster API's core; the image is the
     // one built here. The components' probe and metrics ports are moved to free ones

@@ -116,7 +116,7 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 /// stops the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_and_sigint_stop_the_manager_and_release_its_lease() {
-    let env = Env::start("stop").await;
+    let env = Env::builder("stop").start().await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.manager_ns);
     let markers = env.markers();
     let uid = env.create_cluster("prod").await;

@@ -48,7 +48,11 @@ fn if_deleted(env: &Env, name: &str) -> serde_json::Value {
 /// live objects. Put back, it is ready again, and the deletion does what was previewed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_live_machine_says_what_its_deletion_would_do_before_it_is_asked() {
-    let mut env = Env::with_machine("preview", &module(0), FAST).await;
+    let mut env = Env::builder("preview")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let port = restart_with_metrics(&mut env).await;
     let msg =
         wait_condition::<Tfm>(&env, "web-1", "DeletionReady", "True", "DestroyWouldRun").await;
@@ -118,7 +122,7 @@ async fn a_live_machine_says_what_its_deletion_would_do_before_it_is_asked() {
 /// `--cluster` names a Cluster that has no CAPTF object: a clear error, not an empty list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_of_a_cluster_without_objects_says_so() {
-    let env = Env::start("preview-none").await;
+    let env = Env::builder("preview-none").start().await;
     let out = env.captf(&[
         "explain",
         "--if-deleted",

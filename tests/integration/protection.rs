@@ -122,7 +122,7 @@ async fn protected_objects_are_not_deleted_until_unmarked_and_cluster_api_still_
     }
     // A control plane of its own: the policies are cluster-wide, and other tests set the
     // abandon annotation.
-    let mut env = Env::start_dedicated("protection").await;
+    let mut env = Env::builder("protection").dedicated().start().await;
     env.config.provision = true;
     env.start_manager();
     install_protection(&env).await;
@@ -311,7 +311,7 @@ async fn a_protected_cluster_moves_with_clusterctl_and_stays_protected() {
     if envtest_only("it installs cluster-wide admission policies on control planes of its own") {
         return;
     }
-    let mut env = Env::start_dedicated("protection-move").await;
+    let mut env = Env::builder("protection-move").dedicated().start().await;
     env.config.provision = true;
     env.start_manager();
     install_protection(&env).await;
@@ -386,7 +386,11 @@ async fn a_protected_cluster_marked_for_disposal_is_deleted_by_the_manager_only(
         return;
     }
     let ns = format!("dispose-protected-{}", std::process::id());
-    let mut env = Env::start_dedicated_in("dispose-protected", &ns, "captf-system").await;
+    let mut env = Env::builder("dispose-protected")
+        .dedicated()
+        .in_namespaces(&ns, "captf-system")
+        .start()
+        .await;
     env.run_manager_as_installed().await;
     env.config.provision = true;
     env.start_manager();

@@ -153,7 +153,7 @@ async fn the_manager_applies_a_cluster_and_destroys_it_when_the_cluster_is_delet
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("apply", None).await;
+    let env = Env::builder("apply").provisioning().start().await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -310,7 +310,14 @@ async fn a_failing_apply_is_retried_until_it_succeeds() {
         return;
     }
     // Long enough between attempts for the failure to be read before the retry.
-    let env = Env::start_provisioning("apply-retry", Some(std::time::Duration::from_secs(4))).await;
+    let env = Env::builder("apply-retry")
+        .backoff(
+            std::time::Duration::from_secs(4),
+            std::time::Duration::from_secs(4) * 2,
+        )
+        .provisioning()
+        .start()
+        .await;
     // The retry starts 4 s after the failure and clears its time, and its success the
     // count: a loaded machine can look later than that, so every version is recorded.
     let history = AnnotationHistory::start(env.api::<Tfc>(), "prod");
@@ -366,7 +373,7 @@ async fn a_machine_waits_for_its_cluster_and_bootstrap_data_in_order() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("apply-gates", None).await;
+    let env = Env::builder("apply-gates").provisioning().start().await;
     // The Cluster names its TerraformCluster before it exists: Cluster API waits for it.
     let cluster_uid = env.create_cluster_with_infrastructure("prod").await;
     let machine_uid = env.create_machine("web-1", "prod", None).await;
@@ -500,7 +507,11 @@ async fn a_machine_reads_its_bootstrap_data_once_while_it_does_not_change() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("bootstrap-reads", Some(Duration::from_millis(300))).await;
+    let env = Env::builder("bootstrap-reads")
+        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 2)
+        .provisioning()
+        .start()
+        .await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
     env.mark_cluster_ready("prod").await;
@@ -531,7 +542,7 @@ async fn a_provisioned_machine_reads_its_recorded_values_once_while_they_do_not_
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let mut env = Env::start_provisioning("recorded-reads", None).await;
+    let mut env = Env::builder("recorded-reads").provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
     env.mark_cluster_ready("prod").await;
@@ -632,7 +643,7 @@ variable "captf_bootstrap_data" {
 /// with a Warning Event, and the endpoint Cluster API copied stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_control_plane_endpoint_is_set_once_and_a_change_is_refused() {
-    let env = Env::start_provisioning("apply-endpoint", None).await;
+    let env = Env::builder("apply-endpoint").provisioning().start().await;
     let uid = env.create_cluster("prod").await;
     let module = endpoint_module();
     let variables = |endpoint: &str| json!({"name": "prod", "marker_dir": env.markers().display().to_string(), "endpoint": endpoint});
@@ -708,7 +719,7 @@ async fn the_control_plane_endpoint_is_set_once_and_a_change_is_refused() {
 /// apply runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_apply_job_is_named_and_started_once_allowed() {
-    let env = Env::start_provisioning("apply-refused", None).await;
+    let env = Env::builder("apply-refused").provisioning().start().await;
     let refusal = env
         .refuse_jobs(
             &[(names::LABEL_OPERATION, names::OPERATION_APPLY)],
@@ -792,8 +803,14 @@ async fn an_apply_interrupted_then_deleted_is_held_not_released() {
         return;
     }
     // Retries far enough apart that the deletion comes before a second apply.
-    let env =
-        Env::start_provisioning("apply-killed", Some(std::time::Duration::from_secs(300))).await;
+    let env = Env::builder("apply-killed")
+        .backoff(
+            std::time::Duration::from_secs(300),
+            std::time::Duration::from_secs(300) * 2,
+        )
+        .provisioning()
+        .start()
+        .await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -887,7 +904,7 @@ async fn a_machine_is_given_its_clusters_machine_inputs_once_they_exist() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::start_provisioning("apply-handoff", None).await;
+    let env = Env::builder("apply-handoff").provisioning().start().await;
     // Cluster API's side is ready: the Cluster says its infrastructure is provisioned
     // (a Cluster that names none is, for Cluster API), then names a TerraformCluster
     // that does not exist yet; the Machine has its bootstrap data.
@@ -992,7 +1009,7 @@ async fn opentofu_applies_and_destroys_as_terraform_does() {
     if envtest_only("OpenTofu is on PATH in the local kubelet's image only") {
         return;
     }
-    let env = Env::start_provisioning("apply-tofu", None).await;
+    let env = Env::builder("apply-tofu").provisioning().start().await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -1046,7 +1063,7 @@ async fn a_module_fetched_by_the_apply_is_kept_and_the_destroy_needs_no_source()
     if envtest_only("the module's source is a path on this machine") {
         return;
     }
-    let env = Env::start_provisioning("apply-fetched", None).await;
+    let env = Env::builder("apply-fetched").provisioning().start().await;
     // The inner module, in a git repository.
     let repo = env.dir.join("inner-repo");
     std::fs::create_dir_all(&repo).expect("repo dir");
@@ -1177,7 +1194,7 @@ async fn the_manager_applies_and_destroys_under_its_own_cluster_role() {
     if envtest_only("the module's source is a path on this machine") {
         return;
     }
-    let mut env = Env::start("apply-rbac").await;
+    let mut env = Env::builder("apply-rbac").start().await;
     let binding = env.run_manager_as_installed().await;
     env.config.provision = true;
     env.start_manager();
@@ -1252,7 +1269,10 @@ async fn a_module_image_with_its_providers_applies_and_destroys() {
     if envtest_only("the module image is a directory of this machine") {
         return;
     }
-    let env = Env::start_provisioning("apply-module-image", None).await;
+    let env = Env::builder("apply-module-image")
+        .provisioning()
+        .start()
+        .await;
     let image = env.dir.join("image");
     std::fs::create_dir_all(image.join("modules/cluster")).expect("module dir");
     std::fs::create_dir_all(image.join("providers")).expect("providers dir");

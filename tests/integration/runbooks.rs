@@ -212,7 +212,11 @@ fn check_vars(path: &str, kind: &str, name: &str) -> String {
 /// finalizer is on the object) with the given retry backoff base. With `paused`, the
 /// object carries its own `cluster.x-k8s.io/paused` from the start.
 async fn machine(tag: &str, fail_destroys: u32, backoff_base: Duration) -> Env {
-    Env::with_machine(tag, &module(fail_destroys), backoff_base).await
+    Env::builder(tag)
+        .backoff(backoff_base, backoff_base * 4)
+        .with_machine("web-1", &module(fail_destroys))
+        .start()
+        .await
 }
 
 /// Waits for the state Secret's protection finalizer (set by the manager after apply).
@@ -344,7 +348,7 @@ async fn runbook_waiting_for_job() {
 async fn runbook_dependents_exist() {
     const RB: &str = "runbooks/DependentsExist.md";
     let suffix = check_vars(RB, "terraformcluster", "prod");
-    let env = Env::start_provisioning("rb-dependents", None).await;
+    let env = Env::builder("rb-dependents").provisioning().start().await;
     env.create_cluster("prod").await;
     env.provision::<Tfc>("prod", "prod", &module(0)).await;
     env.mark_cluster_ready("prod").await;
@@ -489,7 +493,11 @@ async fn runbook_destroy_failed() {
 /// A Cluster `prod` with a TerraformCluster `prod` of `module` (and `extra` spec fields)
 /// that the manager applies, with the given retry backoff base.
 async fn applied_cluster(tag: &str, module: &str, extra: Value, backoff_base: Duration) -> Env {
-    let env = Env::start_provisioning(tag, Some(backoff_base)).await;
+    let env = Env::builder(tag)
+        .backoff(backoff_base, backoff_base * 2)
+        .provisioning()
+        .start()
+        .await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",
@@ -618,7 +626,7 @@ async fn runbook_outputs_invalid() {
     check_vars(RB, "terraformmachine", "web-1");
     // A machine whose module declares no provider_id, its Cluster ready and its bootstrap
     // data there.
-    let env = Env::start_provisioning("rb-outputs", None).await;
+    let env = Env::builder("rb-outputs").provisioning().start().await;
     env.create_cluster("prod").await;
     env.mark_cluster_ready("prod").await;
     let uid = env
@@ -1286,7 +1294,11 @@ async fn runbook_change_refused() {
     const RB: &str = "runbooks/ChangeRefused.md";
     check_vars(RB, "terraformcluster", "prod");
     let module = endpoint_module();
-    let env = Env::start_provisioning("rb-change-refused", Some(Duration::from_secs(1))).await;
+    let env = Env::builder("rb-change-refused")
+        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 2)
+        .provisioning()
+        .start()
+        .await;
     let variables = |endpoint: &str| json!({"name": "prod", "marker_dir": env.markers().display().to_string(), "endpoint": endpoint});
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
@@ -1393,7 +1405,7 @@ async fn runbook_waiting_for_the_gates() {
     // the TerraformMachine comes first, then the Machine naming it; the Machine is paused
     // here, so that Cluster API does not own the TerraformMachine before the first
     // runbook runs.
-    let env = Env::start_provisioning("rb-gates", None).await;
+    let env = Env::builder("rb-gates").provisioning().start().await;
     let cluster_uid = env.create_cluster_with_infrastructure("prod").await;
     env.create_owned::<Tfm>("web-1", "prod", &[], &machine_module, json!({}))
         .await;
@@ -1414,7 +1426,10 @@ async fn runbook_waiting_for_the_gates() {
         .expect("create the paused Machine");
     // The second namespace: a Cluster whose control plane is up, a Machine with its
     // bootstrap data, then a TerraformCluster named and not made yet.
-    let env2 = Env::start_provisioning("rb-gates-outputs", None).await;
+    let env2 = Env::builder("rb-gates-outputs")
+        .provisioning()
+        .start()
+        .await;
     let cluster2_uid = env2.create_cluster("prod").await;
     env2.mark_cluster_ready("prod").await;
     env2.name_infrastructure("prod", "prod").await;
@@ -1606,7 +1621,11 @@ output "disk" {
 "#,
         contract_outputs(names::Kind::TerraformCluster)
     );
-    let env = Env::start_provisioning("rb-plan-guard", Some(Duration::from_secs(1))).await;
+    let env = Env::builder("rb-plan-guard")
+        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 2)
+        .provisioning()
+        .start()
+        .await;
     let uid = env.create_cluster("prod").await;
     env.create_owned::<Tfc>(
         "prod",

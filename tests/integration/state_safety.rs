@@ -27,7 +27,11 @@ resource "terraform_data" "blob" {
 const FAST: Duration = Duration::from_millis(300);
 
 async fn big_machine(tag: &str, module_body: &str) -> Env {
-    let env = Env::with_machine(tag, &format!("{module_body}{BLOB}"), FAST).await;
+    let env = Env::builder(tag)
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &format!("{module_body}{BLOB}"))
+        .start()
+        .await;
     let base = names::state_secret_name("web-1.tfm");
     assert!(
         state_secrets(&env, &base).await.len() >= 3,
@@ -376,7 +380,11 @@ async fn errored_sets(env: &Env) -> std::collections::BTreeMap<String, Vec<Secre
 /// keeps the errored states.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
-    let env = Env::with_machine("errored-saved", ONE_FAILS, Duration::from_secs(1)).await;
+    let env = Env::builder("errored-saved")
+        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 4)
+        .with_machine("web-1", ONE_FAILS)
+        .start()
+        .await;
     let base = names::state_secret_name("web-1.tfm");
     wait_all_protected(&env, &base).await;
     let (lineage, _) = read_set(&env.secrets(), &base).await.expect("readable");
@@ -487,7 +495,7 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
     use captf::controller::{ClusterKind, discover_cluster};
-    let env = Env::start("state-permits").await;
+    let env = Env::builder("state-permits").start().await;
     let uid = env.create_cluster("prod").await;
     env.create_object::<Tfm>("web-1", "prod", &uid, &env.markers())
         .await;
@@ -685,9 +693,11 @@ async fn a_namespace_deleted_just_after_the_managers_apply_keeps_a_readable_copy
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_namespace_deleted_just_after_an_apply_by_hand_keeps_a_readable_copy() {
-    let env =
-        Env::with_machine_applied_by_hand("ns-after-hand", &format!("{}{BLOB}", module(0)), FAST)
-            .await;
+    let env = Env::builder("ns-after-hand")
+        .backoff(FAST, FAST * 4)
+        .with_machine_applied_by_hand(&format!("{}{BLOB}", module(0)))
+        .start()
+        .await;
     namespace_deleted_just_after_the_apply(env).await;
 }
 
@@ -697,7 +707,11 @@ async fn a_namespace_deleted_just_after_an_apply_by_hand_keeps_a_readable_copy()
 /// protection off, and copies everything out first when it is terminating by then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_abandon_racing_a_namespace_deletion_still_copies_what_it_keeps() {
-    let env = Env::with_machine("abandon-race", &module(0), FAST).await;
+    let env = Env::builder("abandon-race")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let state = names::state_secret_name("web-1.tfm");
     env.wait_protected(&state).await;
     env.lose_secret(&state).await;
@@ -735,7 +749,11 @@ async fn an_abandon_racing_a_namespace_deletion_still_copies_what_it_keeps() {
 /// runbook's last step does it, waits for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_cleanup_leaves_no_errored_state_protected_even_one_its_own_pass_protected() {
-    let mut env = Env::with_machine("errored-unprotected", &module(0), FAST).await;
+    let mut env = Env::builder("errored-unprotected")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
     env.wait_protected(&names::state_secret_name(&suffix)).await;
     env.stop_manager().await;

@@ -1481,7 +1481,7 @@ async fn a_cluster_of_the_cluster_class_is_applied_reapplied_on_a_variable_chang
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let mut env = Env::start_dedicated_with("clusterclass", &[]).await;
+    let mut env = Env::builder("clusterclass").kubelet_args(&[]).start().await;
     env.config.provision = true;
     env.start_manager();
     install_kubeadm_crds(&env.client).await;

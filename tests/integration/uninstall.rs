@@ -36,8 +36,12 @@ async fn scenario_02_uninstalling_captf_destroys_nothing() {
     if envtest_only(UNINSTALL) {
         return;
     }
-    let mut env =
-        Env::with_machine_in(Env::start_dedicated("uninstall").await, &module(0), FAST).await;
+    let mut env = Env::builder("uninstall")
+        .dedicated()
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
     let state_secret = names::state_secret_name(&suffix);
     let inputs_secret = names::inputs_secret_name(&suffix);
@@ -147,12 +151,12 @@ async fn scenario_02_a_failed_read_of_the_crd_during_an_uninstall_starts_nothing
     if envtest_only(UNINSTALL) {
         return;
     }
-    let mut env = Env::with_machine_in(
-        Env::start_dedicated("uninstall-fault").await,
-        &module(0),
-        FAST,
-    )
-    .await;
+    let mut env = Env::builder("uninstall-fault")
+        .dedicated()
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     let crd_name = Kind::TerraformMachine.crd_name();
     Api::<CustomResourceDefinition>::all(env.client.clone())
         .delete(&crd_name, &DeleteParams::default())

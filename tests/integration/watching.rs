@@ -49,7 +49,11 @@ async fn wait_sample(port: u16, series: &str, want: f64) {
 async fn the_gauges_say_what_is_held_now_and_for_how_long() {
     // One failed destroy, retried 60 s later: long enough to see it failing and to lose
     // the state before the retry.
-    let mut env = Env::with_machine("gauges", &module(1), Duration::from_secs(60)).await;
+    let mut env = Env::builder("gauges")
+        .backoff(Duration::from_secs(60), Duration::from_secs(60) * 4)
+        .with_machine("web-1", &module(1))
+        .start()
+        .await;
     env.config.rbac_sweep_every = Duration::from_secs(1);
     let port = restart_with_metrics(&mut env).await;
     let tfm = r#"kind="TerraformMachine""#;
@@ -162,7 +166,7 @@ async fn the_gauges_say_what_is_held_now_and_for_how_long() {
 /// it has objects keeps it failing; with no object left it is healthy again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_fails_while_a_pass_does_not_end_or_a_controller_with_objects_finishes_none() {
-    let mut env = Env::start("stalled").await;
+    let mut env = Env::builder("stalled").start().await;
     env.config.stalled_after = Duration::from_secs(3);
     let port = restart_with_metrics(&mut env).await;
     wait_for("readiness", WAIT, || async {
@@ -224,7 +228,11 @@ async fn a_held_lock_is_named_with_its_holder_in_the_status_and_in_explain() {
     use crate::deletion::EnvExt;
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::Api;
-    let env = Env::with_machine("lock-holder", &module(0), Duration::from_millis(300)).await;
+    let env = Env::builder("lock-holder")
+        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
     env.wait_protected(&names::state_secret_name("web-1.tfm"))
         .await;
     let info = serde_json::json!({"ID": "alice-1", "Operation": "OperationTypePlan",
@@ -373,7 +381,7 @@ async fn metrics_over_https_are_served_only_to_callers_the_api_server_allows() {
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
     use kube::api::{Api, DeleteParams, PostParams};
-    let mut env = Env::start("secure-metrics").await;
+    let mut env = Env::builder("secure-metrics").start().await;
     env.stop_manager().await;
     let binding = env.run_manager_as_installed().await;
     let out = std::process::Command::new("kubectl")

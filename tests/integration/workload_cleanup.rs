@@ -210,7 +210,7 @@ async fn cleanup_condition(env: &Env, name: &str) -> Option<(String, String)> {
 /// The manager, the cleanup on for every Cluster when `by_default` (else by the Cluster's
 /// annotation), with a short backoff and its metrics on a port of their own (returned).
 async fn start(tag: &str, give_up_after: Duration, by_default: bool) -> (Env, u16) {
-    let mut env = Env::start(tag).await;
+    let mut env = Env::builder(tag).start().await;
     env.config.workload_cleanup = by_default;
     env.config.provision = true;
     env.config.settings.backoff.base = Duration::from_millis(300);

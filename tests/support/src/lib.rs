@@ -324,69 +324,182 @@ pub async fn install_cluster_crd(client: &Client) {
     .await;
 }
 
-impl Env {
-    /// The environment of one scenario: on the control plane this test process shares
-    /// ([`ControlPlane::shared`]), or on the cluster of `CAPTF_E2E_KUBECONFIG`.
-    pub async fn start(tag: &str) -> Env {
-        match external_cluster() {
-            Some(kubeconfig) => Env::start_on(tag, Cluster::External(kubeconfig), None).await,
-            None => Env::start_on(tag, Cluster::Envtest(ControlPlane::shared()), None).await,
-        }
+/// How a scenario's environment is made: [`Env::builder`], what differs from the usual
+/// one, then [`EnvBuilder::start`]. The usual one: the control plane this test process
+/// shares (or the cluster of `CAPTF_E2E_KUBECONFIG`), two fresh namespaces, the manager
+/// configured but not started.
+#[must_use = "an EnvBuilder does nothing until it is started"]
+pub struct EnvBuilder {
+    tag: String,
+    plane: Plane,
+    names: Option<(String, String)>,
+    provision: bool,
+    backoff: Option<(Duration, Duration)>,
+    machine: Option<Machine>,
+}
+
+/// The control plane of an [`EnvBuilder`].
+enum Plane {
+    Shared,
+    Dedicated {
+        kubelet: Vec<String>,
+        kcm: Vec<String>,
+        cluster_api: bool,
+    },
+    WithoutClusterApi,
+}
+
+/// The machine an [`EnvBuilder`] starts with.
+enum Machine {
+    Applied { name: String, module_body: String },
+    ByHand { module_body: String },
+}
+
+impl EnvBuilder {
+    /// On a control plane of its own (with the real Cluster API), for a test that changes
+    /// what every test shares. Gate it with [`envtest_only`].
+    pub fn dedicated(self) -> EnvBuilder {
+        self.tuned(&[], &[], true)
     }
 
-    /// The environment of one scenario on a control plane of its own, for a test that
-    /// changes what every test shares (it deletes a CRD). Gate it with [`envtest_only`].
-    pub async fn start_dedicated(tag: &str) -> Env {
-        Env::start_on(
-            tag,
-            Cluster::Envtest(ControlPlane::dedicated(tag, &[])),
-            None,
-        )
-        .await
+    /// On a control plane of its own whose local kubelet gets `kubelet_args`.
+    pub fn kubelet_args(self, kubelet_args: &[&str]) -> EnvBuilder {
+        self.tuned(kubelet_args, &[], true)
     }
 
-    /// As [`Env::start_dedicated`], on a control plane without Cluster API's Cluster CRD.
-    pub async fn start_without_capi(tag: &str) -> Env {
-        let plane = ControlPlane::dedicated_without_capi(tag);
-        Env::start_on(tag, Cluster::Envtest(plane), None).await
-    }
-
-    /// As [`Env::start`], with the manager started and applying live objects
-    /// (`provision` on), its retries `backoff_base` apart (up to twice that) when given.
-    pub async fn start_provisioning(tag: &str, backoff_base: Option<Duration>) -> Env {
-        let mut env = Env::start(tag).await;
-        env.config.provision = true;
-        if let Some(base) = backoff_base {
-            env.config.settings.backoff.base = base;
-            env.config.settings.backoff.max = base * 2;
-        }
-        env.start_manager();
-        env
-    }
-
-    /// As [`Env::start_dedicated`], with these arguments for the local kubelet.
-    pub async fn start_dedicated_with(tag: &str, kubelet_args: &[&str]) -> Env {
-        let plane = ControlPlane::dedicated(tag, kubelet_args);
-        Env::start_on(tag, Cluster::Envtest(plane), None).await
-    }
-
-    /// As [`Env::start_dedicated_with`], with `kcm_args` for kube-controller-manager, and
-    /// the real Cluster API only when `cluster_api` (else its Cluster CRD only).
-    pub async fn start_dedicated_tuned(
-        tag: &str,
+    /// On a control plane of its own, with `kubelet_args` for the local kubelet,
+    /// `kcm_args` for kube-controller-manager, and the real Cluster API only when
+    /// `cluster_api` (else its Cluster CRD only).
+    pub fn tuned(
+        mut self,
         kubelet_args: &[&str],
         kcm_args: &[&str],
         cluster_api: bool,
-    ) -> Env {
-        let plane = ControlPlane::dedicated_tuned(tag, kubelet_args, kcm_args, cluster_api);
-        Env::start_on(tag, Cluster::Envtest(plane), None).await
+    ) -> EnvBuilder {
+        let own = |args: &[&str]| args.iter().map(|a| a.to_string()).collect();
+        self.plane = Plane::Dedicated {
+            kubelet: own(kubelet_args),
+            kcm: own(kcm_args),
+            cluster_api,
+        };
+        self
     }
 
-    /// As [`Env::start_dedicated`], with the objects' namespace `ns` and the manager's
-    /// `manager_ns` (the sandbox's `team-a` and `captf-system`).
-    pub async fn start_dedicated_in(tag: &str, ns: &str, manager_ns: &str) -> Env {
-        let plane = Cluster::Envtest(ControlPlane::dedicated(tag, &[]));
-        Env::start_on(tag, plane, Some((ns.into(), manager_ns.into()))).await
+    /// On a control plane of its own without Cluster API's Cluster CRD.
+    pub fn without_cluster_api(mut self) -> EnvBuilder {
+        self.plane = Plane::WithoutClusterApi;
+        self
+    }
+
+    /// With the objects' namespace `ns` and the manager's `manager_ns` (the sandbox's
+    /// `team-a` and `captf-system`) instead of two fresh names.
+    pub fn in_namespaces(mut self, ns: &str, manager_ns: &str) -> EnvBuilder {
+        self.names = Some((ns.to_string(), manager_ns.to_string()));
+        self
+    }
+
+    /// With the manager started and applying live objects (`provision` on).
+    pub fn provisioning(mut self) -> EnvBuilder {
+        self.provision = true;
+        self
+    }
+
+    /// With the manager's retries `base` apart, up to `max`.
+    pub fn backoff(mut self, base: Duration, max: Duration) -> EnvBuilder {
+        self.backoff = Some((base, max));
+        self
+    }
+
+    /// Provisioning, with a Cluster `prod` and a TerraformMachine `name` of `module_body`
+    /// the manager applied ([`Env::add_machine`]).
+    pub fn with_machine(mut self, name: &str, module_body: &str) -> EnvBuilder {
+        self.machine = Some(Machine::Applied {
+            name: name.to_string(),
+            module_body: module_body.to_string(),
+        });
+        self.provisioning()
+    }
+
+    /// With the manager started (deleting only) and a TerraformMachine `web-1` of a Cluster
+    /// `prod` applied by hand ([`Env::apply`]): for a scenario whose inputs the product
+    /// itself would refuse to apply (an inline module too large to render), as an older
+    /// CAPTF may have written them.
+    pub fn with_machine_applied_by_hand(mut self, module_body: &str) -> EnvBuilder {
+        self.machine = Some(Machine::ByHand {
+            module_body: module_body.to_string(),
+        });
+        self
+    }
+
+    /// Makes the environment.
+    pub async fn start(self) -> Env {
+        let tag = self.tag.as_str();
+        let cluster = match (&self.plane, external_cluster()) {
+            (Plane::Shared, Some(kubeconfig)) => Cluster::External(kubeconfig),
+            (Plane::Shared, None) => Cluster::Envtest(ControlPlane::shared()),
+            (
+                Plane::Dedicated {
+                    kubelet,
+                    kcm,
+                    cluster_api,
+                },
+                _,
+            ) => {
+                let kubelet: Vec<&str> = kubelet.iter().map(String::as_str).collect();
+                let kcm: Vec<&str> = kcm.iter().map(String::as_str).collect();
+                Cluster::Envtest(ControlPlane::dedicated_tuned(
+                    tag,
+                    &kubelet,
+                    &kcm,
+                    *cluster_api,
+                ))
+            }
+            (Plane::WithoutClusterApi, _) => {
+                Cluster::Envtest(ControlPlane::dedicated_without_capi(tag))
+            }
+        };
+        let mut env = Env::start_on(tag, cluster, self.names).await;
+        if let Some((base, max)) = self.backoff {
+            env.config.settings.backoff.base = base;
+            env.config.settings.backoff.max = max;
+        }
+        match self.machine {
+            Some(Machine::Applied { name, module_body }) => {
+                env.config.provision = true;
+                env.start_manager();
+                env.add_machine(&name, &module_body).await;
+            }
+            Some(Machine::ByHand { module_body }) => {
+                env.start_manager();
+                let markers = env.markers();
+                let uid = env.create_cluster("prod").await;
+                env.create_object::<TerraformMachine>("web-1", "prod", &uid, &markers)
+                    .await;
+                env.wait_finalizer::<TerraformMachine>("web-1").await;
+                env.apply::<TerraformMachine>("web-1", &module_body, &markers)
+                    .await;
+            }
+            None if self.provision => {
+                env.config.provision = true;
+                env.start_manager();
+            }
+            None => {}
+        }
+        env
+    }
+}
+
+impl Env {
+    /// The environment of one scenario, made as [`EnvBuilder`] says.
+    pub fn builder(tag: &str) -> EnvBuilder {
+        EnvBuilder {
+            tag: tag.to_string(),
+            plane: Plane::Shared,
+            names: None,
+            provision: false,
+            backoff: None,
+            machine: None,
+        }
     }
 
     /// CAPTF's CRDs installed (or replaced), the Cluster CRD when Cluster API is not
@@ -718,7 +831,7 @@ impl Env {
         self.wait_provisioned::<K>(name).await;
     }
 
-    /// Changes the spec of the TerraformMachine `name` (made by [`Env::with_machine`] of
+    /// Changes the spec of the TerraformMachine `name` (made by [`EnvBuilder::with_machine`] of
     /// [`module`]`(0)`) so that the manager re-applies it: the same module, with one more
     /// instance whose create sleeps `seconds`.
     pub async fn reapply_slowly(&self, name: &str, seconds: u32) {
@@ -1543,57 +1656,19 @@ impl Env {
 }
 
 impl Env {
-    /// A Cluster `prod` with one TerraformMachine `web-1` of `module_body` that the
-    /// manager applied (see [`Env::provision`]), the manager running (applying live
-    /// objects) with the given retry backoff base (capped at four times it).
-    pub async fn with_machine(tag: &str, module_body: &str, backoff_base: Duration) -> Env {
-        Env::with_machine_in(Env::start(tag).await, module_body, backoff_base).await
-    }
-
-    /// As [`Env::with_machine`], in `env`.
-    pub async fn with_machine_in(env: Env, module_body: &str, backoff_base: Duration) -> Env {
-        Env::with_machine_named(env, "web-1", module_body, backoff_base).await
-    }
-
-    /// As [`Env::with_machine_in`], with the TerraformMachine named `name`.
-    pub async fn with_machine_named(
-        mut env: Env,
-        name: &str,
-        module_body: &str,
-        backoff_base: Duration,
-    ) -> Env {
-        env.config.settings.backoff.base = backoff_base;
-        env.config.settings.backoff.max = backoff_base * 4;
-        env.config.provision = true;
-        env.start_manager();
-        env.create_cluster("prod").await;
-        env.mark_cluster_ready("prod").await;
-        env.provision::<TerraformMachine>(name, "prod", module_body)
+    /// Starts the manager applying live objects (`provision` on), then makes a Cluster
+    /// `prod`, ready, and a TerraformMachine `name` of `module_body` that the manager
+    /// applies ([`Env::provision`]); for a scenario that sets something up (a fault of
+    /// the local kubelet) before the machine.
+    pub async fn add_machine(&mut self, name: &str, module_body: &str) {
+        if self.manager.is_none() {
+            self.config.provision = true;
+            self.start_manager();
+        }
+        self.create_cluster("prod").await;
+        self.mark_cluster_ready("prod").await;
+        self.provision::<TerraformMachine>(name, "prod", module_body)
             .await;
-        env
-    }
-
-    /// As [`Env::with_machine`], with `web-1` applied by hand ([`Env::apply`]) while the
-    /// manager only deletes: for a scenario whose inputs the product itself would refuse
-    /// to apply (an inline module too large to render), as an older CAPTF may have
-    /// written them.
-    pub async fn with_machine_applied_by_hand(
-        tag: &str,
-        module_body: &str,
-        backoff_base: Duration,
-    ) -> Env {
-        let mut env = Env::start(tag).await;
-        env.config.settings.backoff.base = backoff_base;
-        env.config.settings.backoff.max = backoff_base * 4;
-        env.start_manager();
-        let markers = env.markers();
-        let uid = env.create_cluster("prod").await;
-        env.create_object::<TerraformMachine>("web-1", "prod", &uid, &markers)
-            .await;
-        env.wait_finalizer::<TerraformMachine>("web-1").await;
-        env.apply::<TerraformMachine>("web-1", module_body, &markers)
-            .await;
-        env
     }
 
     /// Waits until the manager has put its finalizer on the object.
