@@ -479,7 +479,10 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
 
     refuse_state_saves(&env, false);
     std::fs::remove_file(&fail).expect("fail marker");
-    env.wait_gone::<Tfm>("web-1", long()).await;
+    // The next attempts destroy the 3 MB state: as the errored states' wait above, 90 s
+    // were not enough while the image's static build ran beside the suite.
+    env.wait_gone::<Tfm>("web-1", Duration::from_secs(300))
+        .await;
     assert!(env.markers().join("web-1-kept.destroyed").exists());
     assert!(
         errored_sets(&env).await.len() >= 2,
