@@ -5,7 +5,7 @@
 //! place that reads them and writes them.
 //!
 //! Write order ([`write`]): the parts first, the base last, then the parts of an earlier,
-//! longer set (their protection off, then deleted): a reader never sees a base whose
+//! longer set (each deleted, then its protection off): a reader never sees a base whose
 //! stream runs past the parts written, and no surplus part is left held in deletion.
 
 use std::collections::BTreeMap;
@@ -172,22 +172,37 @@ pub async fn write(
         over,
     )
     .await?;
-    // Parts an earlier, longer set had.
+    // Parts an earlier, longer set had: each deleted first, then its protection taken
+    // off. Once a Secret is being deleted the API server lets no finalizer onto it, so a
+    // manager's pass that protects the state's parts meanwhile cannot keep it; taken off
+    // first, a pass could put it back before the delete, and the part stayed held in
+    // deletion beside the shorter set.
     let mut n = chunks.len().max(1) as u32;
-    while let Some(m) = secrets
-        .get_metadata_opt(&names::part_secret_name(base, n))
-        .await?
-    {
-        let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
-        match guarded_patch(secrets, &m.metadata, ops).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e),
-        }
-        writes::delete_if_present(secrets, &names::part_secret_name(base, n)).await?;
+    while writes::delete_if_present(secrets, &names::part_secret_name(base, n)).await? {
+        unprotect_deleting(secrets, &names::part_secret_name(base, n)).await?;
         n += 1;
     }
     Ok(chunks.len().saturating_sub(1))
+}
+
+/// Takes the protection finalizer off Secret `name`, being deleted, as read now (again
+/// when it changed between the read and the write); gone is done.
+async fn unprotect_deleting(secrets: &Api<Secret>, name: &str) -> Result<(), Error> {
+    for _ in 0..5 {
+        let Some(m) = secrets.get_metadata_opt(name).await? else {
+            return Ok(());
+        };
+        let ops = remove_finalizer_ops(&m.metadata, names::PROTECT_FINALIZER);
+        match guarded_patch(secrets, &m.metadata, ops).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(Error::Stale(_)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Stale(format!(
+        "Secret {name} kept changing while its protection finalizer was being taken off; the next write tries again"
+    )))
 }
 
 async fn put(secrets: &Api<Secret>, member: &Secret, over: Over) -> Result<(), Error> {
