@@ -122,7 +122,7 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     /// As an earlier pass kept them while the cache of the object's Secrets shows the
     /// version they were read at, else read (one GET) and kept. Without the manager's
     /// caches, always read.
-    async fn recorded(&self, _o: &Observed) -> Result<Option<Map<String, Value>>, Error> {
+    async fn recorded(&self) -> Result<Option<Map<String, Value>>, Error> {
         let (ctx, scope) = (self.ctx, self.scope);
         let name = names::inputs_secret_name(&scope.suffix);
         let cached = scope

@@ -186,23 +186,10 @@ pub fn observe(inv: &Inventory, object: &AnyObject, now: Timestamp) -> Observed 
     }
 }
 
-/// The apply table's decision for a live object, from what the inventory holds: the
-/// observation and the decision of the manager's pass ([`gather::source::observe_live`],
-/// [`gather::verdict::decide`]), with the files as their source. No Job is rendered (the
-/// manager's templates are not in the files).
-pub(super) fn decide_live(
-    inv: &Inventory,
-    object: &AnyObject,
-    o: &Observed,
-    settings: &Settings,
-) -> ApplyDecision {
-    use gather::source::{Dump, observe_live};
-    let latched = object
-        .status()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true);
-    let dump = Dump {
+/// The inventory as the source of a live object's apply observation: its Secrets, Cluster
+/// API objects, and whether each TerraformCluster in it is provisioned.
+pub(super) fn dump(inv: &Inventory) -> gather::source::Dump<'_> {
+    gather::source::Dump {
         secrets: &inv.secrets,
         clusters: &inv.clusters,
         machines: &inv.machines,
@@ -218,11 +205,28 @@ pub(super) fn decide_live(
                 _ => None,
             })
             .collect(),
-    };
+    }
+}
+
+/// The apply table's decision for a live object, from what the inventory holds (`dump`):
+/// the observation and the decision of the manager's pass
+/// ([`gather::source::observe_live`], [`gather::verdict::decide`]), with the files as
+/// their source. No Job is rendered (the manager's templates are not in the files).
+pub(super) fn decide_live(
+    dump: &gather::source::Dump<'_>,
+    object: &AnyObject,
+    o: &Observed,
+    settings: &Settings,
+) -> ApplyDecision {
+    let latched = object
+        .status()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+        == Some(true);
     let state_seen = gather::apply::apply_state_seen(o, settings);
     // A dump's reads are in memory: the future is ready at its first poll.
-    let live = futures::executor::block_on(observe_live(
-        &dump,
+    let live = futures::executor::block_on(gather::source::observe_live(
+        dump,
         o.clone(),
         state_seen,
         latched,

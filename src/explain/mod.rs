@@ -20,8 +20,8 @@ use crate::gather::{self, ClusterView, Observed, Settings};
 use crate::rules::apply::{ApplyAction, ApplyDecision};
 use crate::rules::{Action, Decision, Row};
 use crate::state::StateSecrets;
-use files::decide_live;
 pub use files::observe;
+use files::{decide_live, dump};
 use inventory::Inventory;
 
 /// One element of `captf explain -o json` (SPEC section 9).
@@ -221,6 +221,7 @@ impl Explained {
 /// Explains every CAPTF object of the inventory, in the order they were read: the
 /// deletion's rule table, and for a live object the apply table too.
 pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Explained> {
+    let dump = dump(inv);
     inv.objects
         .iter()
         .map(|(_, object)| {
@@ -237,7 +238,7 @@ pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Expl
             e.if_deleted = Some(ExplainedIfDeleted::of(&observed, settings, &decision));
             e.cluster = gather::owning_cluster(meta);
             if meta.deletion_timestamp.is_none() {
-                let d = decide_live(inv, object, &observed, settings);
+                let d = decide_live(&dump, object, &observed, settings);
                 let shown = object
                     .status()
                     .map(|s| s.conditions.clone())

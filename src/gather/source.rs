@@ -61,11 +61,10 @@ pub trait Source: Sync {
         name: &str,
     ) -> impl Future<Output = Result<Option<Secret>, Self::Error>> + Send;
 
-    /// The contract's values the inputs Secret of `o` records, when the pass did not read
-    /// that Secret with its state.
+    /// The contract's values the inputs Secret of the pass's object records, when the
+    /// pass did not read that Secret with its state.
     fn recorded(
         &self,
-        o: &Observed,
     ) -> impl Future<Output = Result<Option<Map<String, Value>>, Self::Error>> + Send;
 
     /// Whether TerraformCluster `name` in `ns` is provisioned (none: it does not exist).
@@ -165,7 +164,7 @@ pub async fn read_sources<S: Source>(
         sources.recorded = match &o.inputs_secret {
             // The pass read it already, with the state.
             Some(s) => recorded_values(s, &ns, &suffix),
-            None => source.recorded(o).await?,
+            None => source.recorded().await?,
         };
     }
     if sources.recorded.is_some() {
@@ -279,7 +278,7 @@ impl Source for Dump<'_> {
         Ok(self.secret(ns, name).cloned())
     }
 
-    async fn recorded(&self, _o: &Observed) -> Result<Option<Map<String, Value>>, Self::Error> {
+    async fn recorded(&self) -> Result<Option<Map<String, Value>>, Self::Error> {
         // A dump's inputs Secret is in the observation already, or not in the files.
         Ok(None)
     }

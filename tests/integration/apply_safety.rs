@@ -364,7 +364,7 @@ async fn a_broken_module_that_never_ran_does_not_break_the_destroy() {
     let env = Env::builder("broken-module")
         .backoff(
             std::time::Duration::from_secs(300),
-            std::time::Duration::from_secs(300) * 2,
+            std::time::Duration::from_secs(600),
         )
         .provisioning()
         .start()
@@ -457,7 +457,7 @@ async fn an_errored_state_holds_the_apply() {
     let env = Env::builder("errored-apply")
         .backoff(
             std::time::Duration::from_secs(2),
-            std::time::Duration::from_secs(2) * 2,
+            std::time::Duration::from_secs(4),
         )
         .provisioning()
         .start()
@@ -597,7 +597,7 @@ async fn the_next_apply_clears_the_lock_its_killed_runner_left() {
     let env = Env::builder("apply-lock")
         .backoff(
             std::time::Duration::from_secs(60),
-            std::time::Duration::from_secs(60) * 4,
+            std::time::Duration::from_secs(240),
         )
         .with_machine("web-1", &module(0))
         .start()

@@ -147,7 +147,7 @@ async fn a_cluster_in_disposal_hibernates_what_can_and_wakes_when_taken_back() {
     let env = Env::builder("hibernate")
         .backoff(
             std::time::Duration::from_millis(300),
-            std::time::Duration::from_millis(300) * 4,
+            std::time::Duration::from_millis(1200),
         )
         .with_machine("web-1", &module(0))
         .start()

@@ -108,7 +108,7 @@ async fn the_lock_of_an_oomkilled_runner_is_cleared_and_the_next_attempt_runs() 
     let name = "md-0-workers-5d8f7c9b4f-x2x5k-machine-template-abc1";
     assert_eq!(name.len(), 51);
     let mut env = Env::builder("oom-lock")
-        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 4)
+        .backoff(Duration::from_secs(1), Duration::from_secs(4))
         .start()
         .await;
     let label_name = captf::api::labels::name_label_value(name);
@@ -328,7 +328,7 @@ async fn an_evicted_runner_is_replaced_within_the_same_attempt() {
         return;
     }
     let mut env = Env::builder("evicted")
-        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .backoff(Duration::from_millis(300), Duration::from_millis(1200))
         .start()
         .await;
     env.kubelet_fault(
@@ -379,7 +379,7 @@ async fn an_oom_killed_runner_is_named_in_the_condition() {
         return;
     }
     let mut env = Env::builder("oom-named")
-        .backoff(Duration::from_secs(60), Duration::from_secs(60) * 4)
+        .backoff(Duration::from_secs(60), Duration::from_secs(240))
         .start()
         .await;
     env.kubelet_fault(
@@ -412,7 +412,7 @@ async fn an_oom_killed_runner_is_named_in_the_condition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_job_or_pod_field_holds_a_variables_value() {
     let env = Env::builder("no-vars")
-        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .backoff(Duration::from_millis(300), Duration::from_millis(1200))
         .with_machine("web-1", &sleepy_module(4))
         .start()
         .await;
@@ -472,7 +472,7 @@ async fn a_runner_pod_stuck_on_a_lost_node_is_named() {
         return;
     }
     let mut env = Env::builder("lost-node")
-        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .backoff(Duration::from_millis(300), Duration::from_millis(1200))
         .start()
         .await;
     env.kubelet_fault(

@@ -26,7 +26,7 @@ fn samples<'a>(text: &'a str, family: &str, labels: &[(&str, &str)]) -> Vec<&'a 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kube_state_metrics_reads_an_applied_machine_with_the_shipped_configuration() {
     let env = Env::builder("ksm")
-        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .backoff(Duration::from_millis(300), Duration::from_millis(1200))
         .with_machine("web-1", &module(0))
         .start()
         .await;

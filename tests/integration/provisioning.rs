@@ -313,7 +313,7 @@ async fn a_failing_apply_is_retried_until_it_succeeds() {
     let env = Env::builder("apply-retry")
         .backoff(
             std::time::Duration::from_secs(4),
-            std::time::Duration::from_secs(4) * 2,
+            std::time::Duration::from_secs(8),
         )
         .provisioning()
         .start()
@@ -508,7 +508,7 @@ async fn a_machine_reads_its_bootstrap_data_once_while_it_does_not_change() {
         return;
     }
     let env = Env::builder("bootstrap-reads")
-        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 2)
+        .backoff(Duration::from_millis(300), Duration::from_millis(600))
         .provisioning()
         .start()
         .await;
@@ -806,7 +806,7 @@ async fn an_apply_interrupted_then_deleted_is_held_not_released() {
     let env = Env::builder("apply-killed")
         .backoff(
             std::time::Duration::from_secs(300),
-            std::time::Duration::from_secs(300) * 2,
+            std::time::Duration::from_secs(600),
         )
         .provisioning()
         .start()

@@ -1295,7 +1295,7 @@ async fn runbook_change_refused() {
     check_vars(RB, "terraformcluster", "prod");
     let module = endpoint_module();
     let env = Env::builder("rb-change-refused")
-        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 2)
+        .backoff(Duration::from_secs(1), Duration::from_secs(2))
         .provisioning()
         .start()
         .await;
@@ -1622,7 +1622,7 @@ output "disk" {
         contract_outputs(names::Kind::TerraformCluster)
     );
     let env = Env::builder("rb-plan-guard")
-        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 2)
+        .backoff(Duration::from_secs(1), Duration::from_secs(2))
         .provisioning()
         .start()
         .await;

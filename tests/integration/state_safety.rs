@@ -381,7 +381,7 @@ async fn errored_sets(env: &Env) -> std::collections::BTreeMap<String, Vec<Secre
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
     let env = Env::builder("errored-saved")
-        .backoff(Duration::from_secs(1), Duration::from_secs(1) * 4)
+        .backoff(Duration::from_secs(1), Duration::from_secs(4))
         .with_machine("web-1", ONE_FAILS)
         .start()
         .await;

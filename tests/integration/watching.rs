@@ -50,7 +50,7 @@ async fn the_gauges_say_what_is_held_now_and_for_how_long() {
     // One failed destroy, retried 60 s later: long enough to see it failing and to lose
     // the state before the retry.
     let mut env = Env::builder("gauges")
-        .backoff(Duration::from_secs(60), Duration::from_secs(60) * 4)
+        .backoff(Duration::from_secs(60), Duration::from_secs(240))
         .with_machine("web-1", &module(1))
         .start()
         .await;
@@ -229,7 +229,7 @@ async fn a_held_lock_is_named_with_its_holder_in_the_status_and_in_explain() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::Api;
     let env = Env::builder("lock-holder")
-        .backoff(Duration::from_millis(300), Duration::from_millis(300) * 4)
+        .backoff(Duration::from_millis(300), Duration::from_millis(1200))
         .with_machine("web-1", &module(0))
         .start()
         .await;
