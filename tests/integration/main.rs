@@ -23,6 +23,7 @@ mod preview;
 mod protection;
 mod provisioning;
 mod runbooks;
+mod scripts;
 mod state_safety;
 mod templates;
 mod uninstall;
