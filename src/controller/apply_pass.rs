@@ -25,7 +25,7 @@ use crate::gather::apply::{self as gather_apply, ApplyStateSeen};
 use crate::gather::source::{LiveObservation, observe_live};
 use crate::gather::verdict::{self, LOOK_AGAIN, Verdict};
 use crate::rules::Decision;
-use crate::rules::apply::{ApplyAction, ApplyRow, INPUTS_APPLIED, Prerequisite};
+use crate::rules::apply::{ApplyAction, ApplyRow, Prerequisite};
 use crate::state::permits::Lane;
 
 /// What the apply side of a pass decided, and what it decided from.
@@ -193,38 +193,27 @@ pub async fn run<K: TerraformObject>(
                         }
                     })
                 }
-                // Refused (an admission policy, a quota, a permission): the conditions say
-                // so instead of "starting", and the pass tries again soon.
+                // Refused (an admission policy, a quota, a permission): remembered, and the
+                // next pass, at once the first time, decides with it: its conditions say
+                // so instead of "starting", and it tries again.
                 Err(e) => match e.refusal() {
                     Some(why) => {
                         warn!(%why, "the API server refused what the apply needs");
-                        let refused = verdict::refused_decision(&observed, &facts, n, &why);
-                        let current = scope.api.get(&scope.name).await?;
-                        write_status_keeping_with(
-                            &scope.api,
-                            Arc::new(current),
-                            shown.deletion,
-                            &refused.conditions,
-                        )
-                        .await?;
                         if ctx.set_refusal(&refusal_key, &why) {
-                            let message = refused
-                                .conditions
-                                .iter()
-                                .find(|c| c.type_ == INPUTS_APPLIED)
-                                .map(|c| c.message.clone())
-                                .unwrap_or_default();
                             publish(
                                 ctx,
                                 obj.as_ref(),
                                 EventType::Warning,
                                 super::events::APPLY_CANNOT_START,
                                 "Apply",
-                                &message,
+                                &verdict::refused_message(&observed, n, &why),
                             )
                             .await;
                         }
-                        Ok(Requeue::requeue(LOOK_AGAIN))
+                        Ok(Requeue::requeue(match facts.refused {
+                            None => Duration::ZERO,
+                            Some(_) => LOOK_AGAIN,
+                        }))
                     }
                     None => Err(e),
                 },

@@ -23,7 +23,7 @@ use crate::api::names;
 use crate::gather;
 use crate::io::writes::{self, guarded_patch};
 use crate::metrics::labels::{ByKind, ByRow, KindValue};
-use crate::rules::{self, AbandonMark, Action, Blocker, Decision, Facts};
+use crate::rules::{self, AbandonMark, Action, Decision, Facts};
 use crate::state::permits::Lane;
 
 /// How often an object is looked at again when nothing it watches changes.
@@ -31,14 +31,6 @@ pub(crate) const RESYNC: Duration = Duration::from_secs(600);
 
 /// How soon an attempt the API server refused to start is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(10);
-
-/// The decision shown while the API server refuses what an attempt needs: row 9.
-fn refused_decision(facts: &Facts, why: &str) -> Decision {
-    rules::decide(&Facts {
-        blocker: Some(Blocker::Refused(why.to_string())),
-        ..facts.clone()
-    })
-}
 
 fn annotation<'a, K: ResourceExt>(obj: &'a K, key: &str) -> Option<&'a str> {
     obj.annotations().get(key).map(String::as_str)
@@ -92,26 +84,19 @@ pub async fn reconcile<K: TerraformObject>(
     .await?;
     // Starting an attempt needs its Job, which only the manager can render (its templates):
     // it is rendered before the decision, and one that does not render keeps the destroy
-    // from starting (row 9) like anything else.
+    // from starting (row 9) like anything else. While the API server refuses what an
+    // attempt needs, each pass tries again, and the conditions say why it cannot start
+    // instead of "attempt N is starting": the refusal remembered is a fact of the decision.
+    let uid = &scope.uid;
+    let refused = ctx.refusal(uid);
     let (decision, facts, findings, attempt) =
-        gather::decide_rendering(&observed, &ctx.settings, |n, inputs| {
+        gather::decide_rendering(&observed, &ctx.settings, refused.as_deref(), |n, inputs| {
             destroy::render(&ctx, &scope, obj.as_ref(), n, inputs)
         });
     info!(row = ?decision.row, action = ?decision.action, reason = decision.deleting.reason, message = %decision.deleting.message, "decision");
-    // While the API server refuses what an attempt needs, each pass tries again, and the
-    // conditions say why it cannot start instead of "attempt N is starting".
-    let uid = &scope.uid;
-    let shown = match decision
-        .action
-        .start_attempt()
-        .and_then(|_| ctx.refusal(uid))
-    {
-        Some(why) => refused_decision(&facts, &why),
-        None => {
-            ctx.clear_refusal(uid);
-            decision.clone()
-        }
-    };
+    if decision.action.start_attempt().is_none() {
+        ctx.clear_refusal(uid);
+    }
 
     // Bookkeeping runs on every pass, paused or not: it records what Jobs did.
     let plan = bookkeeping::plan(&observed, &ctx.settings, &facts, &decision);
@@ -156,7 +141,7 @@ pub async fn reconcile<K: TerraformObject>(
         observed.state = None;
         observed.state_permit = None;
         let shown = super::apply_pass::Shown {
-            deletion: &shown,
+            deletion: &decision,
             others: &extra,
         };
         return super::apply_pass::run(&ctx, &scope, obj, observed, state_seen, shown, resync)
@@ -176,7 +161,7 @@ pub async fn reconcile<K: TerraformObject>(
     // object (not provisioned by the manager here), what a deletion would reach.
     let ready = if deleting {
         ctx.previews.forget(&ctx, uid);
-        rules::deletion_ready(&shown)
+        rules::deletion_ready(&decision)
     } else {
         super::preview::deletion_ready(&ctx, &scope, &observed, false).await?
     };
@@ -184,7 +169,7 @@ pub async fn reconcile<K: TerraformObject>(
     let obj = if decision.action == Action::CleanUp || copies_first {
         obj
     } else {
-        write_status_keeping_with(&scope.api, obj, &shown, &extra).await?
+        write_status_keeping_with(&scope.api, obj, &decision, &extra).await?
     };
     if deleting {
         ctx.metrics.decisions.inc(&ByRow {
@@ -260,23 +245,23 @@ pub async fn reconcile<K: TerraformObject>(
                 )
                 .await;
                 match started {
+                    // Refused (an admission policy, a quota, a permission): remembered, and
+                    // the next pass, at once the first time, decides with it.
                     Err(e) => match e.refusal() {
                         Some(why) => {
                             warn!(%why, "the API server refused what the destroy needs");
                             if ctx.set_refusal(uid, &why) {
-                                let refused = refused_decision(&facts, &why);
-                                write_status(&scope.api, obj.as_ref(), &refused).await?;
                                 publish(
                                     &ctx,
                                     obj.as_ref(),
                                     EventType::Warning,
-                                    refused.deleting.reason,
+                                    conditions::reason::DESTROY_CANNOT_START,
                                     "StartDestroy",
-                                    &refused.deleting.message,
+                                    &rules::refused_message(facts.next_attempt(), &why),
                                 )
                                 .await;
                             }
-                            Ok(Requeue::requeue(REFUSED_RETRY))
+                            Ok(Requeue::requeue(refused_retry(refused.as_deref())))
                         }
                         None => Err(e),
                     },
@@ -327,7 +312,7 @@ pub async fn reconcile<K: TerraformObject>(
                 write_status(&scope.api, obj.as_ref(), &held).await?;
                 return Ok(Requeue::requeue(REFUSED_RETRY));
             }
-            let obj = write_status_keeping(&scope.api, obj, &shown).await?;
+            let obj = write_status_keeping(&scope.api, obj, &decision).await?;
             abandon::abandon(&ctx, &scope, obj.as_ref(), &observed, &findings).await?;
             Ok(Requeue::await_change())
         }
@@ -335,6 +320,15 @@ pub async fn reconcile<K: TerraformObject>(
             abandon::abandon(&ctx, &scope, obj.as_ref(), &observed, &findings).await?;
             Ok(Requeue::await_change())
         }
+    }
+}
+
+/// When a pass whose start was refused looks again: at once when its conditions do not
+/// say a refusal yet (the next pass decides with it), else after [`REFUSED_RETRY`].
+fn refused_retry(shown: Option<&str>) -> Duration {
+    match shown {
+        None => Duration::ZERO,
+        Some(_) => REFUSED_RETRY,
     }
 }
 

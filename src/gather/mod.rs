@@ -253,6 +253,7 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Findings) {
         attempt_unstarted,
         blocker,
         errored_uncovered: errored.is_some(),
+        refused: None,
         now: o.now,
         backoff: settings.backoff,
     };
@@ -286,7 +287,7 @@ pub fn disposal_facts(
 /// Gathers the facts and decides, in one call, with every Job taken to render (as
 /// `captf explain` does: it has no say over the manager's templates).
 pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Findings) {
-    let (decision, facts, findings, _) = decide_rendering(o, settings, |_, _| Ok(()));
+    let (decision, facts, findings, _) = decide_rendering(o, settings, None, |_, _| Ok(()));
     (decision, facts, findings)
 }
 
@@ -295,10 +296,14 @@ pub fn decide(o: &Observed, settings: &Settings) -> (rules::Decision, Facts, Fin
 /// its inputs are usable and nothing else keeps a destroy from starting), the
 /// attempt it would start is rendered first with `render(attempt, inputs)`: a Job that
 /// does not render is one more thing that keeps the destroy from starting (row 9), and one
-/// that does is handed back for the controller to create.
+/// that does is handed back for the controller to create. `refused`: why the API server
+/// refused what the manager's last try at that attempt needed, remembered since: the
+/// attempt is tried again, and the conditions say why it has not started
+/// ([`Facts::refused`]).
 pub fn decide_rendering<T>(
     o: &Observed,
     settings: &Settings,
+    refused: Option<&str>,
     render: impl FnOnce(u32, &Inputs) -> Result<T, String>,
 ) -> (rules::Decision, Facts, Findings, Option<T>) {
     let (mut facts, findings) = gather(o, settings);
@@ -311,7 +316,10 @@ pub fn decide_rendering<T>(
         && rules::state_needed(&facts);
     if could_start && let Some(inputs) = findings.inputs.as_ref() {
         match render(facts.next_attempt(), inputs) {
-            Ok(t) => rendered = Some((facts.next_attempt(), t)),
+            Ok(t) => {
+                rendered = Some((facts.next_attempt(), t));
+                facts.refused = refused.map(str::to_string);
+            }
             Err(e) => facts.blocker = Some(rules::Blocker::JobDoesNotRender(e)),
         }
     }

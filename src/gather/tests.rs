@@ -717,11 +717,11 @@ fn a_job_of_a_long_named_object_is_known_by_its_name_label_when_it_lacks_the_uid
 fn a_job_that_does_not_render_holds_in_one_decision_and_one_that_does_is_handed_back() {
     let o = deleting_cluster_with_state(&["a"]);
     let settings = Settings::default();
-    let (d, _, _, job) = decide_rendering(&o, &settings, |n, _| Ok(format!("job {n}")));
+    let (d, _, _, job) = decide_rendering(&o, &settings, None, |n, _| Ok(format!("job {n}")));
     assert_eq!(d.action, Action::StartDestroy { attempt: 1 });
     assert_eq!(job.as_deref(), Some("job 1"));
 
-    let (d, f, _, job) = decide_rendering(&o, &settings, |_, _| {
+    let (d, f, _, job) = decide_rendering(&o, &settings, None, |_, _| {
         Err::<String, _>("the template's env is not a list".to_string())
     });
     assert_eq!(d.row, Some(Row::FailedOrBlocked));
@@ -744,16 +744,21 @@ fn no_job_is_rendered_where_the_table_cannot_start_one() {
         .annotations
         .get_or_insert_default()
         .insert(names::CLUSTERCTL_DELETE_FOR_MOVE.into(), "".into());
-    let (d, _, _, job) = decide_rendering(&o, &Settings::default(), |_, _| -> Result<(), String> {
-        panic!("rendered on a pass that row 1 decides")
-    });
+    let (d, _, _, job) = decide_rendering(
+        &o,
+        &Settings::default(),
+        None,
+        |_, _| -> Result<(), String> { panic!("rendered on a pass that row 1 decides") },
+    );
     assert_eq!(d.row, Some(Row::Paused));
     assert_eq!(job, None);
     let empty = deleting_cluster_with_state(&[]);
-    let (d, _, _, _) =
-        decide_rendering(&empty, &Settings::default(), |_, _| -> Result<(), String> {
-            panic!("rendered for a state with nothing to destroy")
-        });
+    let (d, _, _, _) = decide_rendering(
+        &empty,
+        &Settings::default(),
+        None,
+        |_, _| -> Result<(), String> { panic!("rendered for a state with nothing to destroy") },
+    );
     assert_eq!(d.row, Some(Row::CleanUp));
 }
 

@@ -58,13 +58,10 @@ pub fn decide<T>(
     }
 }
 
-/// The apply table's decision once the API server refused what attempt `n` needs: the
-/// attempt is tried again, and the conditions say why it has not started.
-pub fn refused_decision(o: &Observed, facts: &ApplyFacts, n: u32, why: &str) -> ApplyDecision {
-    decide_apply(&ApplyFacts {
-        refused: Some(refusal(o, n, why)),
-        ..facts.clone()
-    })
+/// What the manager says when the API server refuses what apply attempt `n` of `o` needs
+/// (its Event; the next pass's conditions say the same).
+pub fn refused_message(o: &Observed, n: u32, why: &str) -> String {
+    crate::rules::apply::refused_message(&refusal(o, n, why))
 }
 
 /// What [`ApplyFacts::refused`] says of the refusal `why` of attempt `n` of `o`.

@@ -272,6 +272,12 @@ pub struct Facts {
     /// An errored state records a managed resource instance the state does not, or cannot
     /// be read (then `blocker` says so, unless an earlier blocker does).
     pub errored_uncovered: bool,
+    /// The API server refused what the last try at starting this attempt needed (the Job,
+    /// the backup Secret, the runner RBAC), remembered by the manager since: a row that
+    /// starts an attempt still starts it (the pass tries again), and its conditions say
+    /// the refusal, as row 9 does for a destroy that cannot start. Only the manager, which
+    /// tried, knows it; `captf explain` has none.
+    pub refused: Option<String>,
     pub now: Timestamp,
     pub backoff: Backoff,
 }

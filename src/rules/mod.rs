@@ -129,8 +129,35 @@ pub fn state_needed(f: &Facts) -> bool {
     }
 }
 
-/// The rule table. Rows are evaluated in order; the first that applies decides.
+/// The rule table. Rows are evaluated in order; the first that applies decides. A row
+/// that starts an attempt the API server refused last time ([`Facts::refused`]) still
+/// starts it, and the decision shows row 9's conditions for a destroy that cannot start,
+/// with the refusal as what keeps it.
 pub fn decide(f: &Facts) -> Decision {
+    let d = decide_rows(f);
+    match (&f.refused, d.action.start_attempt()) {
+        (Some(why), Some(_)) => Decision {
+            action: d.action,
+            ..decide_rows(&Facts {
+                blocker: Some(Blocker::Refused(why.clone())),
+                refused: None,
+                ..f.clone()
+            })
+        },
+        _ => d,
+    }
+}
+
+/// What the manager says when the API server refuses what destroy attempt `attempt` needs
+/// (its Event; the conditions of the next pass say it in full).
+pub fn refused_message(attempt: u32, why: &str) -> String {
+    format!(
+        "destroy attempt {attempt} cannot start: {}; see {RUNBOOK_DESTROY_CANNOT_START}",
+        Blocker::Refused(why.to_string()).describe()
+    )
+}
+
+fn decide_rows(f: &Facts) -> Decision {
     let paused = paused_condition(f);
     if !f.deleting {
         let d = Desired::new(cond::DELETING, Status::False, reason::NOT_DELETING, "");

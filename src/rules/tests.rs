@@ -26,6 +26,7 @@ fn facts() -> Facts {
         attempt_unstarted: false,
         blocker: None,
         errored_uncovered: false,
+        refused: None,
         now: t("2026-12-01T12:00:00Z"),
         backoff: Backoff::default(),
     }
@@ -757,6 +758,68 @@ fn the_state_is_needed_exactly_when_no_row_before_it_or_the_cleanup_marker_decid
         seen += usize::from(state_needed(&f));
     }
     assert!(seen > 0);
+}
+
+#[test]
+fn a_refused_start_is_tried_again_and_shown_as_a_destroy_that_cannot_start() {
+    let why = "jobs.batch \"captf-web-1-tfm-destroy-1\" is forbidden: exceeded quota";
+    // Row 7 and a due retry of row 9 start an attempt: each still does, and says why
+    // it has not started.
+    for (f, attempt) in [
+        (facts(), 1),
+        (
+            Facts {
+                attempt: 1,
+                last_attempt: LastAttempt::Failed {
+                    at: Some(t("2026-12-01T11:00:00Z")),
+                    error: "timeout".into(),
+                },
+                ..facts()
+            },
+            2,
+        ),
+    ] {
+        let d = decide(&Facts {
+            refused: Some(why.into()),
+            ..f.clone()
+        });
+        assert_eq!(d.action.start_attempt(), Some(attempt), "{:?}", d.action);
+        assert_eq!(d.row, Some(Row::FailedOrBlocked));
+        assert_eq!(d.deleting.reason, "DestroyCannotStart");
+        assert!(
+            d.deleting.message.contains(&format!(
+                "destroy attempt {attempt} cannot start: the API server refused what the destroy needs: {why}"
+            )) && d.deleting.message.contains("runbooks/DestroyCannotStart.md"),
+            "{}",
+            d.deleting.message
+        );
+        let c = deletion_ready(&d);
+        assert_eq!(
+            (c.status, c.reason),
+            (Status::False, "DestroyCannotStart"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.starts_with("being deleted (row 9)"),
+            "{}",
+            c.message
+        );
+    }
+    // A decision that starts nothing is the row's own.
+    let f = Facts {
+        state: readable(0),
+        refused: Some(why.into()),
+        ..facts()
+    };
+    assert_eq!(decide(&f).row, Some(Row::CleanUp));
+    assert_eq!(decide(&f).deleting.reason, "CleaningUp");
+    assert_eq!(
+        refused_message(1, why),
+        format!(
+            "destroy attempt 1 cannot start: the API server refused what the destroy needs: {why}; see runbooks/DestroyCannotStart.md"
+        )
+    );
 }
 
 /// The preview of a live object (`DeletionReady`): the deletion table with the deletion

@@ -37,7 +37,7 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
     let d = decide_rows(f);
     match (&f.refused, d.action.start_attempt()) {
         (Some(why), Some(_)) => {
-            let msg = format!("{why}; see runbooks/ApplyCannotStart.md");
+            let msg = refused_message(why);
             ApplyDecision {
                 conditions: not_applied(f, d.row, reason::APPLY_CANNOT_START, msg, d.action)
                     .conditions,
@@ -46,6 +46,11 @@ pub fn decide_apply(f: &ApplyFacts) -> ApplyDecision {
         }
         _ => d,
     }
+}
+
+/// The message of a refused attempt, [`ApplyFacts::refused`] with its runbook.
+pub fn refused_message(refused: &str) -> String {
+    format!("{refused}; see runbooks/ApplyCannotStart.md")
 }
 
 fn decide_rows(f: &ApplyFacts) -> ApplyDecision {
