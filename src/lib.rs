@@ -1,7 +1,9 @@
 //! CAPTF: a Cluster API infrastructure provider whose infrastructure is whatever a
-//! Terraform module creates. The deletion side: the rule table, state reading, the destroy
-//! Job, and the controllers that tie them together; the apply side as it is built: the
-//! apply table (`rules::apply`) and the module contract (`contract`).
+//! Terraform module creates, applied and destroyed by Terraform in Kubernetes Jobs. Two
+//! pure tables decide (`rules`: the deletion; `rules::apply`: the apply), from what
+//! `gather` makes of one observation; the controllers (`controller`) observe, decide, write
+//! the status once and run one action; `captf explain` runs the same observation and
+//! decision on the live cluster or on files.
 
 pub mod api;
 pub mod cli;

@@ -6,7 +6,9 @@
 //!
 //! A pass ([`reconcile::reconcile`]) observes ([`observe`]), decides with the rule table,
 //! records what Jobs did ([`bookkeeping`]), writes the status ([`status`]) and dispatches
-//! to one action ([`act`]). The files around it: the manager's run ([`manager`]), each
+//! to one action ([`act`]); on a live object the apply side ([`apply_pass`]) observes what
+//! the apply table needs beside that ([`source`]), decides it, and writes the status of
+//! both tables once. The files around it: the manager's run ([`manager`]), each
 //! kind's watches and caches ([`wiring`]), what follows a failed pass ([`retry`]), what
 //! passes share ([`context`]), the fair pass limit ([`gate`]), what triggers a pass
 //! ([`triggers`]), the Events ([`events`]); the guarded writes are [`crate::io::writes`].
