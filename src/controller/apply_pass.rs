@@ -79,7 +79,7 @@ pub async fn decide_live<K: TerraformObject>(
         rebuild_status(ctx, scope, obj).await?;
         return Ok(Live::StatusRebuilt);
     }
-    let source = source::Cluster { ctx, scope };
+    let source = source::Cluster::new(ctx, scope, Lane::Ordinary);
     let LiveObservation {
         observed,
         state_seen,

@@ -21,6 +21,7 @@ use crate::api::TerraformObject;
 use crate::api::conditions;
 use crate::api::names;
 use crate::gather;
+use crate::gather::source::Subject;
 use crate::io::writes::{self, guarded_patch};
 use crate::metrics::labels::{ByKind, ByRow, KindValue};
 use crate::rules::{self, AbandonMark, Action, Decision, Facts};
@@ -73,15 +74,9 @@ pub async fn reconcile<K: TerraformObject>(
     if let Some(c) = &caches {
         c.ready().await.map_err(Error::Setup)?;
     }
-    let (observed, state_meta) = observe::observe_pass(
-        &ctx.client,
-        caches.as_deref(),
-        &ctx.cluster_api,
-        obj.as_ref(),
-        &ctx.settings,
-        (&ctx.state_reads, lane),
-    )
-    .await?;
+    let source = super::source::Cluster::new(&ctx, &scope, lane);
+    let (observed, state_meta) =
+        gather::source::observe_pass(&source, Subject::of(obj.as_ref()), &ctx.settings).await?;
     // Starting an attempt needs its Job, which only the manager can render (its templates):
     // it is rendered before the decision, and one that does not render keeps the destroy
     // from starting (row 9) like anything else. While the API server refuses what an

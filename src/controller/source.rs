@@ -1,31 +1,59 @@
-//! The cluster as a [`Source`] of a pass's apply observation: the manager's caches where it
-//! has them (the watched Clusters, Machines and MachinePools, the state Secrets'
-//! metadata, the bootstrap data and recorded values kept from an earlier read), else the
-//! API server (`captf explain` without `-f`, and what no cache holds). What is read and in
-//! which order is [`crate::gather::source::read_sources`]'s.
+//! The cluster as the [`Source`] of a pass's observation: the manager's caches where it
+//! has them (the Jobs and Pods, the watched Clusters, Machines and MachinePools, the CRD,
+//! the Namespaces, the machines and pools of a cluster, the state Secrets' metadata, the
+//! bootstrap data and recorded values kept from an earlier read), else the API server
+//! (`captf explain` without `-f`, and what no cache holds or must be read live: the state
+//! and what is read beside it, the Secrets and ConfigMaps the spec references, Nodes,
+//! Events). What is read and in which order is [`crate::gather::source`]'s.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{Map, Value};
 
-use super::{Context, Error, Scope};
+use super::caches::namesakes as caches_namesakes;
+use super::observe;
+use super::{ClusterKind, Context, Error, Scope};
 use crate::api::TerraformObject;
+use crate::api::labels::namesake_selector;
 use crate::api::names::{self, Kind};
-use crate::gather::Observed;
 use crate::gather::apply as gather_apply;
-use crate::gather::source::Source;
+use crate::gather::source::{Source, StateRead};
+use crate::gather::{self, Observed};
 use crate::state::permits::Lane;
 
 /// The cluster, as a pass on the object of `scope` reads it.
 pub struct Cluster<'a, K: TerraformObject> {
-    pub ctx: &'a Context,
-    pub scope: &'a Scope<K>,
+    ctx: &'a Context,
+    scope: &'a Scope<K>,
+    /// The lane of the pass's state-read permit ([`Lane`]).
+    lane: Lane,
+    /// Whether the Jobs were listed from the API server (the cache lacked the running
+    /// attempt's Job): the Pods are then listed too, not taken from the cache.
+    jobs_listed: AtomicBool,
 }
 
-impl<K: TerraformObject> Cluster<'_, K> {
+impl<'a, K: TerraformObject> Cluster<'a, K> {
+    pub fn new(ctx: &'a Context, scope: &'a Scope<K>, lane: Lane) -> Self {
+        Cluster {
+            ctx,
+            scope,
+            lane,
+            jobs_listed: AtomicBool::new(false),
+        }
+    }
+
+    fn caches(&self) -> Option<&super::Caches> {
+        self.scope.caches.as_deref()
+    }
+
     /// Cluster API's object `name` of `ar` in `ns`: from the manager's cache of its kind
     /// (`store`, watched), else read from the API server.
     async fn cached_or_read(
@@ -51,6 +79,163 @@ impl<K: TerraformObject> Cluster<'_, K> {
 
 impl<K: TerraformObject> Source for Cluster<'_, K> {
     type Error = Error;
+
+    fn cluster_api(&self) -> Result<(), String> {
+        match &self.ctx.cluster_api {
+            ClusterKind::Known(_) => Ok(()),
+            ClusterKind::Unknown(why) => Err(why.clone()),
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+
+    /// From the cache, unless it lacks the Job of the attempt the object says runs
+    /// ([`gather::started_job_unseen`], which looks at this object's Jobs only).
+    async fn jobs(&self, kind: Kind, meta: &ObjectMeta) -> Result<Vec<Job>, Error> {
+        let ns = &self.scope.namespace;
+        let name = meta.name.as_deref().unwrap_or_default();
+        let cached = self
+            .caches()
+            .map(|c| caches_namesakes(&c.jobs, &c.jobs_by_owner, kind, ns, name))
+            .filter(|jobs| !gather::started_job_unseen(meta, kind, jobs));
+        self.jobs_listed.store(cached.is_none(), Ordering::Relaxed);
+        Ok(match cached {
+            Some(jobs) => jobs,
+            None => {
+                let lp = ListParams::default().labels(&namesake_selector(kind, name));
+                Api::<Job>::namespaced(self.ctx.client.clone(), ns)
+                    .list(&lp)
+                    .await?
+                    .items
+            }
+        })
+    }
+
+    async fn pods(&self, kind: Kind, meta: &ObjectMeta) -> Result<Vec<Pod>, Error> {
+        let ns = &self.scope.namespace;
+        let name = meta.name.as_deref().unwrap_or_default();
+        Ok(
+            match self
+                .caches()
+                .filter(|_| !self.jobs_listed.load(Ordering::Relaxed))
+            {
+                Some(c) => caches_namesakes(&c.pods, &c.pods_by_owner, kind, ns, name),
+                None => {
+                    let lp = ListParams::default().labels(&namesake_selector(kind, name));
+                    Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
+                        .list(&lp)
+                        .await?
+                        .items
+                }
+            },
+        )
+    }
+
+    async fn crd_deleting(&self, kind: Kind) -> Result<bool, Error> {
+        if let Some(c) = self.caches() {
+            return Ok(c
+                .crd
+                .get(&ObjectRef::new(&kind.crd_name()))
+                .is_some_and(|m| m.metadata.deletion_timestamp.is_some()));
+        }
+        // A failed read fails the pass: it must never count as "the CRD is not being
+        // deleted", or a transient error during an uninstall would start a destroy.
+        Ok(
+            Api::<CustomResourceDefinition>::all(self.ctx.client.clone())
+                .get_opt(&kind.crd_name())
+                .await?
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_some()),
+        )
+    }
+
+    async fn namespace_terminating(&self, ns: &str) -> Result<bool, Error> {
+        // A namespace the cache does not hold (a watch that has not seen it yet) is read.
+        if let Some(m) = self
+            .caches()
+            .and_then(|c| c.namespaces.get(&ObjectRef::new(ns)))
+        {
+            return Ok(m.metadata.deletion_timestamp.is_some());
+        }
+        Ok(Api::<Namespace>::all(self.ctx.client.clone())
+            .get_opt(ns)
+            .await?
+            .is_some_and(|n| {
+                n.metadata.deletion_timestamp.is_some()
+                    || n.status.and_then(|s| s.phase).as_deref() == Some("Terminating")
+            }))
+    }
+
+    async fn dependents(&self, ns: &str, cluster: &str) -> Result<Vec<String>, Error> {
+        match self.caches() {
+            Some(c) if c.machines.is_some() => Ok(observe::cached_dependents(c, ns, cluster)),
+            _ => observe::dependents(&self.ctx.client, ns, cluster).await,
+        }
+    }
+
+    /// From the cache of the kind's owners when the manager keeps one (it holds the
+    /// owners of the kind's own owner kind only; a destroy's start reads them live once
+    /// more: `act::attempt::owner_gone_since_read`), else read live.
+    async fn owner_uid(
+        &self,
+        of: Kind,
+        kind: &str,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<String>, Error> {
+        let Some(ar) = self.ctx.cluster_api.resource() else {
+            return Ok(None);
+        };
+        let owner_ar = super::owner_resource(ar, kind);
+        let store = self
+            .caches()
+            .and_then(|c| c.owners.as_ref())
+            .filter(|_| gather_apply::owner_kind(of) == Some(kind));
+        Ok(match store {
+            Some(store) => store
+                .get(&ObjectRef::new_with(name, owner_ar).within(ns))
+                .map(|o| o.metadata.uid.clone().unwrap_or_default()),
+            None => Api::<DynamicObject>::namespaced_with(self.ctx.client.clone(), ns, &owner_ar)
+                .get_metadata_opt(name)
+                .await?
+                .map(|o| o.metadata.uid.unwrap_or_default()),
+        })
+    }
+
+    async fn stuck_pods(
+        &self,
+        pods: &[&Pod],
+        now: Timestamp,
+    ) -> Result<BTreeMap<String, String>, Error> {
+        observe::stuck_pods(&self.ctx.client, pods.iter().copied(), now).await
+    }
+
+    async fn job_refusals(
+        &self,
+        ns: &str,
+        jobs: &[Job],
+        pods: &[Pod],
+        now: Timestamp,
+    ) -> Result<BTreeMap<String, String>, Error> {
+        match self.caches() {
+            Some(c) => Ok(observe::cached_refusals(c, ns, jobs, pods, now)),
+            None => observe::job_refusals(&self.ctx.client, ns, jobs, pods, now).await,
+        }
+    }
+
+    /// Read live under a state-read permit of the pass's lane (see
+    /// `Context::state_reads`); the errored states found in the cache of the object's
+    /// Secrets' metadata.
+    async fn state(&self, o: &Observed) -> Result<StateRead, Error> {
+        observe::read_secrets(
+            &self.ctx.client,
+            self.caches(),
+            o,
+            (&self.ctx.state_reads, self.lane),
+        )
+        .await
+    }
 
     async fn referenced(&self, o: &mut Observed) -> Result<(), Error> {
         let (secrets, maps) = super::observe::read_referenced(&self.ctx.client, o, None).await?;
@@ -82,8 +267,24 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
         let Some(ar) = self.ctx.cluster_api.resource() else {
             return Ok(None);
         };
-        let clusters = self.scope.caches.as_ref().and_then(|c| c.clusters.as_ref());
-        self.cached_or_read(clusters, ar, ns, name).await
+        let clusters = self.caches().and_then(|c| c.clusters.as_ref());
+        let mut got = self.cached_or_read(clusters, ar, ns, name).await?;
+        // A pause read from the API server since the cached version (see
+        // `Caches::paused_read_live`) holds.
+        if let (Some(c), Some(v)) = (self.caches().filter(|_| clusters.is_some()), got.as_mut()) {
+            let rv = v["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default();
+            if c.paused_read_live(ns, name, rv) {
+                match v.get_mut("spec").and_then(Value::as_object_mut) {
+                    Some(spec) => {
+                        spec.insert("paused".into(), Value::Bool(true));
+                    }
+                    None => v["spec"] = serde_json::json!({"paused": true}),
+                }
+            }
+        }
+        Ok(got)
     }
 
     async fn owner(
@@ -203,16 +404,5 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, (version, out.clone()));
         Ok(Ok(out))
-    }
-
-    async fn read_state(&self, o: &mut Observed) -> Result<(), Error> {
-        super::observe::read_state_into(
-            &self.ctx.client,
-            self.scope.caches.as_deref(),
-            o,
-            &self.ctx.state_reads,
-        )
-        .await?;
-        Ok(())
     }
 }

@@ -12,9 +12,12 @@ use kube::{Client, ResourceExt};
 use super::{Explained, ExplainedApply};
 use crate::api::{Kind, TerraformObject};
 use crate::controller::apply_pass::{Live, decide_live};
-use crate::controller::{Context, ManagerConfig, Scope, bookkeeping, observe};
+use crate::controller::source::Cluster;
+use crate::controller::{Context, ManagerConfig, Scope, bookkeeping};
+use crate::gather::source::{Subject, observe_object};
 use crate::gather::{self, Settings};
 use crate::ops::ToolError;
+use crate::state::permits::Lane;
 
 /// `captf explain` without `-f`: the same verdicts from the live objects.
 pub async fn explain(
@@ -55,9 +58,13 @@ async fn explain_kind<K: TerraformObject>(
         None => Api::all(client.clone()),
     };
     for obj in api.list(&ListParams::default()).await?.items {
-        let mut observed = observe::observe(client, &ctx.cluster_api, &obj).await?;
-        observe::observe_secrets(client, &mut observed).await?;
-        observed.now = Timestamp::now();
+        // The manager's observation, from the API server (no caches), the state always.
+        let scope = Scope::new(client, &obj)?;
+        let source = Cluster::new(ctx, &scope, Lane::Ordinary);
+        let (mut observed, read) = observe_object(&source, Subject::of(&obj), |_| true).await?;
+        if let Some(read) = read {
+            read.apply(&mut observed, Timestamp::now());
+        }
         let (observed, decision, _, _) =
             bookkeeping::decide_after_bookkeeping(&observed, &ctx.settings);
         let mut e = Explained::new(
@@ -73,7 +80,6 @@ async fn explain_kind<K: TerraformObject>(
         ));
         e.cluster = gather::owning_cluster(obj.meta());
         if obj.meta().deletion_timestamp.is_none() {
-            let scope = Scope::new(client, &obj)?;
             let state_seen = gather::apply::apply_state_seen(&observed, &ctx.settings);
             let live = decide_live(ctx, &scope, &obj, observed, state_seen, false).await?;
             if let Live::Decided(d) = live {

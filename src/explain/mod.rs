@@ -8,20 +8,17 @@ pub mod inventory;
 pub mod live;
 pub mod load;
 
-use std::collections::BTreeMap;
-
 use jiff::Timestamp;
 use serde::Serialize;
 
 use crate::api::Kind;
 use crate::api::names;
 use crate::api::object::AnyObject;
-use crate::gather::{self, ClusterView, Observed, Settings};
+use crate::gather::{self, Observed, Settings};
 use crate::rules::apply::{ApplyAction, ApplyDecision};
 use crate::rules::{Action, Decision, Row};
-use crate::state::StateSecrets;
-pub use files::observe;
-use files::{decide_live, dump};
+use files::decide_live;
+pub use files::{dump, observe};
 use inventory::Inventory;
 
 /// One element of `captf explain -o json` (SPEC section 9).
@@ -221,11 +218,11 @@ impl Explained {
 /// Explains every CAPTF object of the inventory, in the order they were read: the
 /// deletion's rule table, and for a live object the apply table too.
 pub fn explain(inv: &Inventory, now: Timestamp, settings: &Settings) -> Vec<Explained> {
-    let dump = dump(inv);
+    let dump = dump(inv, now);
     inv.objects
         .iter()
         .map(|(_, object)| {
-            let observed = observe(inv, object, now);
+            let observed = observe(&dump, object);
             let (observed, decision, _, _) =
                 crate::controller::bookkeeping::decide_after_bookkeeping(&observed, settings);
             let meta = object.meta();

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use captf::api::TerraformMachine as Tfm;
 use captf::api::names::{self, Kind};
-use captf::controller::observe;
 use captf::state::{self, StateContent};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams};
@@ -552,17 +551,30 @@ async fn a_pass_reads_the_state_once_and_only_with_a_permit() {
     let cluster_api = discover_cluster(&env.client).await;
     assert!(matches!(cluster_api, ClusterKind::Known(_)));
     let settings = captf::gather::Settings::default();
-    let permits = captf::state::permits::StateReads::new(1);
+    // The manager's context as a pass has it, with one state-read permit, no caches.
+    let ctx = captf::controller::Context::new(
+        env.proxy.client(),
+        &captf::controller::ManagerConfig {
+            max_state_reads: 1,
+            ..Default::default()
+        },
+        captf::job::Templates::embedded(),
+        Default::default(),
+        cluster_api,
+    );
+    let permits = &ctx.state_reads;
     let held = permits.acquire(captf::state::permits::Lane::AfterJob).await;
-    let client = env.proxy.client();
+    let scope = captf::controller::Scope::new(&ctx.client, &obj).expect("scope");
+    let source = captf::controller::source::Cluster::new(
+        &ctx,
+        &scope,
+        captf::state::permits::Lane::Ordinary,
+    );
     let (observed, state_meta) = {
-        let pass = observe::observe_pass(
-            &client,
-            None,
-            &cluster_api,
-            &obj,
+        let pass = captf::gather::source::observe_pass(
+            &source,
+            captf::gather::source::Subject::of(&obj),
             &settings,
-            (&permits, captf::state::permits::Lane::Ordinary),
         );
         tokio::pin!(pass);
         assert!(

@@ -7,7 +7,7 @@ use super::*;
 /// passed and a container has not stopped), with their node and the node's state: a lost
 /// node never confirms that a Pod stopped, and its Job waits. Nodes are read only for such
 /// Pods.
-pub(super) async fn stuck_pods<'a>(
+pub(crate) async fn stuck_pods<'a>(
     client: &Client,
     pods: impl Iterator<Item = &'a Pod>,
     now: Timestamp,
@@ -91,7 +91,7 @@ pub(super) fn latest_message(events: impl Iterator<Item = CoreEvent>) -> Option<
 /// [`POD_EXPECTED_WITHIN`] seconds (its Pods are refused: admission, a quota, a missing
 /// ServiceAccount). Read only for such Jobs, so a pass whose Jobs have Pods, or were just
 /// made, reads no Event.
-pub(super) async fn job_refusals(
+pub(crate) async fn job_refusals(
     client: &Client,
     ns: &str,
     jobs: &[Job],
@@ -116,7 +116,7 @@ pub(super) async fn job_refusals(
 }
 
 /// [`job_refusals`] from the cache of `FailedCreate` Events.
-pub(super) fn cached_refusals(
+pub(crate) fn cached_refusals(
     caches: &Caches,
     ns: &str,
     jobs: &[Job],

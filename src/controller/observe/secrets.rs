@@ -4,47 +4,8 @@
 
 use super::*;
 
-/// The Secrets, ConfigMaps and lock of one object, as read for a pass.
-pub struct SecretsRead {
-    /// The permit this read holds (see [`super::Context::state_reads`]).
-    permit: StatePermit,
-    state: StateSecrets,
-    errored: Vec<state::Errored>,
-    state_meta: Option<ObjectMeta>,
-    inputs_secret: Option<Secret>,
-    attempt_secret: Option<Secret>,
-    referenced_secrets: BTreeMap<String, Secret>,
-    referenced_config_maps: BTreeMap<String, ConfigMap>,
-    lock: Option<Lease>,
-}
-
-impl SecretsRead {
-    /// Puts what was read into `o`; returns the base state Secret's metadata.
-    pub(super) fn apply(self, o: &mut Observed) -> Option<ObjectMeta> {
-        o.state_permit = Some(Arc::new(self.permit));
-        o.state = Some(self.state);
-        o.errored = self.errored;
-        o.inputs_secret = self.inputs_secret;
-        o.attempt_secret = self.attempt_secret;
-        o.referenced_secrets = self.referenced_secrets;
-        o.referenced_config_maps = self.referenced_config_maps;
-        o.lock = self.lock;
-        o.now = Timestamp::now();
-        self.state_meta
-    }
-}
-
-/// Reads the state Secrets, the inputs Secret, what they reference, and the lock.
-pub async fn observe_secrets(client: &Client, o: &mut Observed) -> Result<(), Error> {
-    let one = StateReads::new(1);
-    read_secrets(client, None, o, (&one, Lane::Ordinary))
-        .await?
-        .apply(o);
-    Ok(())
-}
-
-/// [`observe_secrets`] for a pass of the manager that holds no permit yet: it waits for
-/// one of `state_reads` (the observation holds it until it is dropped), and finds the
+/// The state of `o` and what is read beside it, into `o`, for a pass of the manager that
+/// holds no permit yet: it waits for one of `state_reads` (the observation holds it until it is dropped), and finds the
 /// errored states in `caches`. Returns the base state Secret's metadata.
 pub async fn read_state_into(
     client: &Client,
@@ -55,21 +16,21 @@ pub async fn read_state_into(
     Ok(
         read_secrets(client, caches, o, (state_reads, Lane::Ordinary))
             .await?
-            .apply(o),
+            .apply(o, Timestamp::now()),
     )
 }
 
-/// The reads of [`observe_secrets`]: the state, the inputs and the lock at once, then what
+/// The state of `o` and what is read beside it: the state, the inputs and the lock at once, then what
 /// the inputs (or, without them, the spec) reference, at once. These are read live: the
 /// decision acts on them. With `caches`, the errored states are found in the cache of
 /// the object's Secrets' metadata, except shortly after a Job of the object failed
 /// ([`gather::failed_lately`]).
-pub(super) async fn read_secrets(
+pub(crate) async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
     o: &Observed,
     (state_reads, lane): (&StateReads, Lane),
-) -> Result<SecretsRead, Error> {
+) -> Result<StateRead, Error> {
     // Waits its turn: at most as many states in memory as there are permits.
     let permit = state_reads.acquire(lane).await;
     let ns = o.meta.namespace.clone().unwrap_or_default();
@@ -104,8 +65,8 @@ pub(super) async fn read_secrets(
         }
         None => None,
     };
-    Ok(SecretsRead {
-        permit,
+    Ok(StateRead {
+        permit: Some(permit),
         state,
         errored,
         state_meta,

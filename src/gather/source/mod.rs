@@ -1,30 +1,110 @@
-//! One observation of what the apply table needs beside the deletion's [`Observed`]: the
-//! Cluster API objects the gates and the module contract read, whether a state exists, a
-//! provisioned machine's recorded values and its TerraformCluster's hand-off. What is read
-//! and in which order is [`read_sources`], once; where it is read from is a [`Source`]: the
-//! cluster (the manager's caches where it has them, else the API server: the manager's
-//! pass and `captf explain`) or a dump (`captf explain -f`). So the manager and `explain`
-//! cannot disagree on what a pass saw, only on what there was to see.
+//! One observation per pass, from one [`Source`]. What is read and in which order is
+//! written once: the deletion's [`Observed`] in [`observe_pass`] (`object.rs`), and what
+//! the apply table needs beside it (the Cluster API objects the gates and the module
+//! contract read, whether a state exists, a provisioned machine's recorded values and its
+//! TerraformCluster's hand-off) in [`observe_live`] and [`read_sources`]. Where it is read
+//! from is the [`Source`]: the cluster (the manager's caches where it has them, else the
+//! API server: the manager's pass and `captf explain`) or a dump ([`Dump`], `captf
+//! explain -f`). So the manager and `explain` cannot disagree on what a pass saw, only on
+//! what there was to see.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
-use k8s_openapi::api::core::v1::Secret;
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::ObjectMeta;
 use serde_json::{Map, Value};
 
+mod dump;
+mod object;
+
+pub use dump::Dump;
+pub use object::{StateRead, Subject, observe_object, observe_pass};
+
 use super::apply::{
     ApplySources, ApplyStateSeen, apply_facts_seen, apply_observed, apply_state_seen,
-    bootstrap_secret_name, capi_owner, handoff_of, handoff_readable, handoff_state,
-    keeps_recorded_values, needs_handoff, no_handoff_state, owner_kind, provisioned,
-    recorded_values,
+    bootstrap_secret_name, capi_owner, handoff_readable, handoff_state, keeps_recorded_values,
+    needs_handoff, no_handoff_state, owner_kind, provisioned, recorded_values,
 };
 use super::{Observed, Settings};
 use crate::api::names::{self, Kind};
 use crate::rules::apply::apply_state_needed;
 
-/// Where [`read_sources`] reads. Each method reads one thing by name; none decides.
+/// Where a pass's observation reads. Each method reads one thing by name; none decides.
 pub trait Source: Sync {
     type Error: Send;
+
+    /// Whether Cluster API's Cluster kind is known: why not, when it is not served or its
+    /// discovery failed (an object that names a Cluster is then held as paused).
+    fn cluster_api(&self) -> Result<(), String>;
+
+    /// The time the observation is made at.
+    fn now(&self) -> Timestamp;
+
+    /// The Jobs made for objects of `kind` named as `meta` says in its namespace: this
+    /// object's and an earlier namesake's (another uid).
+    fn jobs(
+        &self,
+        kind: Kind,
+        meta: &ObjectMeta,
+    ) -> impl Future<Output = Result<Vec<Job>, Self::Error>> + Send;
+
+    /// Their Pods, read after the Jobs and from where the Jobs were read.
+    fn pods(
+        &self,
+        kind: Kind,
+        meta: &ObjectMeta,
+    ) -> impl Future<Output = Result<Vec<Pod>, Self::Error>> + Send;
+
+    /// Whether the CRD of `kind` is being deleted.
+    fn crd_deleting(&self, kind: Kind) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+
+    /// Whether namespace `ns` is terminating.
+    fn namespace_terminating(
+        &self,
+        ns: &str,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+
+    /// The TerraformMachines and TerraformMachinePools of Cluster `cluster` in `ns`, as
+    /// `Kind/name`.
+    fn dependents(
+        &self,
+        ns: &str,
+        cluster: &str,
+    ) -> impl Future<Output = Result<Vec<String>, Self::Error>> + Send;
+
+    /// The uid of Cluster API's `kind` (`Machine`, `MachinePool`) `name` in `ns`, an owner
+    /// of an object of kind `of`; none when it does not exist.
+    fn owner_uid(
+        &self,
+        of: Kind,
+        kind: &str,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, Self::Error>> + Send;
+
+    /// Of `pods`, those still terminating after their grace period, by name: where they
+    /// are stuck (their node and its state).
+    fn stuck_pods(
+        &self,
+        pods: &[&Pod],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<BTreeMap<String, String>, Self::Error>> + Send;
+
+    /// Why the Pods of the unfinished Jobs of `jobs` that have none could not be made: the
+    /// latest `FailedCreate` Event's message, by Job name.
+    fn job_refusals(
+        &self,
+        ns: &str,
+        jobs: &[Job],
+        pods: &[Pod],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<BTreeMap<String, String>, Self::Error>> + Send;
+
+    /// The state of `o`, with what is read beside it ([`StateRead`]).
+    fn state(&self, o: &Observed) -> impl Future<Output = Result<StateRead, Self::Error>> + Send;
 
     /// Reads into `o` the Secrets and ConfigMaps its spec references (read live by the
     /// manager: an apply acts on them, and no cache holds them).
@@ -83,10 +163,6 @@ pub trait Source: Sync {
         base: &str,
         meta: &ObjectMeta,
     ) -> impl Future<Output = Result<Result<Value, String>, Self::Error>> + Send;
-
-    /// Reads the state of `o` into it (with its inputs Secret, errored states and
-    /// Terraform's lock), when the table would start an attempt on a state not read yet.
-    fn read_state(&self, o: &mut Observed) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
 /// A live object's pass's observation: the deletion's, what its pass read of the state,
@@ -114,7 +190,10 @@ pub async fn observe_live<S: Source>(
     let mut sources = read_sources(source, &observed, latched).await?;
     let seen = apply_observed(&observed, &sources);
     if apply_state_needed(&apply_facts_seen(&observed, &seen, &state_seen, settings)) {
-        source.read_state(&mut observed).await?;
+        source
+            .state(&observed)
+            .await?
+            .apply(&mut observed, source.now());
         state_seen = apply_state_seen(&observed, settings);
         if keeps_recorded_values(observed.kind, provisioned(&observed.meta, latched)) {
             let ns = observed.meta.namespace.as_deref().unwrap_or_default();
@@ -217,110 +296,6 @@ async fn handoff<S: Source>(
         .map(Some))
 }
 
-/// A dump's [`Source`] (`captf explain -f`): what the files hold, and nothing else. A
-/// TerraformCluster the files do not hold is taken as provisioned when its state is there
-/// (the files say nothing of its apply; its state alone decides).
-pub struct Dump<'a> {
-    pub secrets: &'a [Secret],
-    pub clusters: &'a [Value],
-    pub machines: &'a [Value],
-    /// Whether each TerraformCluster of the files is provisioned: (namespace, name, it).
-    pub terraform_clusters: Vec<(String, String, bool)>,
-}
-
-impl Dump<'_> {
-    fn secret(&self, ns: &str, name: &str) -> Option<&Secret> {
-        self.secrets.iter().find(|s| {
-            s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
-        })
-    }
-}
-
-fn named<'v>(items: &'v [Value], kind: Option<&str>, ns: &str, name: &str) -> Option<&'v Value> {
-    items.iter().find(|v| {
-        kind.is_none_or(|k| v["kind"].as_str() == Some(k))
-            && v["metadata"]["name"].as_str() == Some(name)
-            && v["metadata"]["namespace"].as_str() == Some(ns)
-    })
-}
-
-impl Source for Dump<'_> {
-    type Error = std::convert::Infallible;
-
-    async fn referenced(&self, _o: &mut Observed) -> Result<(), Self::Error> {
-        // The files' are in the observation already.
-        Ok(())
-    }
-
-    async fn state_meta(
-        &self,
-        _kind: Kind,
-        ns: &str,
-        name: &str,
-    ) -> Result<Option<ObjectMeta>, Self::Error> {
-        Ok(self.secret(ns, name).map(|s| s.metadata.clone()))
-    }
-
-    async fn cluster(&self, ns: &str, name: &str) -> Result<Option<Value>, Self::Error> {
-        Ok(named(self.clusters, None, ns, name).cloned())
-    }
-
-    async fn owner(
-        &self,
-        kind: &'static str,
-        ns: &str,
-        name: &str,
-    ) -> Result<Option<Value>, Self::Error> {
-        Ok(named(self.machines, Some(kind), ns, name).cloned())
-    }
-
-    async fn bootstrap(&self, ns: &str, name: &str) -> Result<Option<Secret>, Self::Error> {
-        Ok(self.secret(ns, name).cloned())
-    }
-
-    async fn recorded(&self) -> Result<Option<Map<String, Value>>, Self::Error> {
-        // A dump's inputs Secret is in the observation already, or not in the files.
-        Ok(None)
-    }
-
-    async fn terraform_cluster_provisioned(
-        &self,
-        ns: &str,
-        name: &str,
-    ) -> Result<Option<bool>, Self::Error> {
-        let known = self
-            .terraform_clusters
-            .iter()
-            .find(|(n, c, _)| n == ns && c == name)
-            .map(|(_, _, p)| *p);
-        Ok(known.or(Some(true)))
-    }
-
-    async fn handoff_outputs(
-        &self,
-        ns: &str,
-        name: &str,
-        base: &str,
-        _meta: &ObjectMeta,
-    ) -> Result<Result<Value, String>, Self::Error> {
-        let in_ns: Vec<Secret> = self
-            .secrets
-            .iter()
-            .filter(|s| s.metadata.namespace.as_deref() == Some(ns))
-            .cloned()
-            .collect();
-        Ok(handoff_of(
-            name,
-            &crate::state::StateSecrets::from_secrets(base, &in_ns),
-        ))
-    }
-
-    async fn read_state(&self, _o: &mut Observed) -> Result<(), Self::Error> {
-        // The files' state is in the observation already.
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,7 +366,7 @@ mod tests {
             secrets: &secrets,
             clusters: &clusters,
             machines: &machines,
-            terraform_clusters: Vec::new(),
+            ..Default::default()
         };
         let s = read(&dump);
         assert_eq!(s.cluster.as_ref(), Some(&clusters[0]));
@@ -407,9 +382,93 @@ mod tests {
             secrets: &secrets[..1],
             clusters: &[],
             machines: &machines[..1],
-            terraform_clusters: Vec::new(),
+            ..Default::default()
         };
         let s = read(&dump);
         assert!(s.cluster.is_none() && s.owner.is_none() && s.bootstrap.is_none());
+    }
+
+    /// The deletion's observation of a deleting TerraformCluster `team-a/prod` from a dump:
+    /// its Jobs and an earlier namesake's apart, its machines as dependents, its Machine
+    /// owner gone when the files hold it under another uid, the files' state read.
+    #[test]
+    fn a_dump_observes_a_deleting_object_as_the_manager_does() {
+        let mut earlier = crate::testing::job(Kind::TerraformCluster, "destroy", 1, &[]);
+        if let Some(l) = earlier.metadata.labels.as_mut() {
+            l.insert(names::LABEL_OWNER_UID.into(), "uid-0".into());
+        }
+        let jobs = [
+            crate::testing::job(Kind::TerraformCluster, "destroy", 2, &[]),
+            earlier,
+            // Another namespace's, of the same name: not the object's.
+            {
+                let mut j = crate::testing::job(Kind::TerraformCluster, "destroy", 3, &[]);
+                j.metadata.namespace = Some("team-b".into());
+                j
+            },
+        ];
+        let mut meta = crate::testing::observed(Kind::TerraformCluster, &[]).meta;
+        meta.labels = Some(
+            [(
+                names::CAPI_CLUSTER_NAME_LABEL.to_string(),
+                "prod".to_string(),
+            )]
+            .into(),
+        );
+        meta.owner_references = Some(vec![OwnerReference {
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: "Machine".into(),
+            name: "m-1".into(),
+            uid: "machine-uid".into(),
+            ..Default::default()
+        }]);
+        let mut machine = capi("Machine", "team-a", "m-1", json!({}));
+        machine["metadata"]["uid"] = json!("another-uid");
+        let machines = [machine];
+        let state = secret("team-a", &names::state_secret_name("prod.tfc"));
+        let secrets = [state];
+        let dump = Dump {
+            now: "2026-12-01T12:00:00Z".parse().expect("time"),
+            jobs: &jobs,
+            machines: &machines,
+            secrets: &secrets,
+            machines_of_clusters: vec![
+                (
+                    "team-a".into(),
+                    "prod".into(),
+                    "TerraformMachine/web-1".into(),
+                ),
+                (
+                    "team-b".into(),
+                    "prod".into(),
+                    "TerraformMachine/web-9".into(),
+                ),
+            ],
+            ..Default::default()
+        };
+        let subject = Subject {
+            kind: Kind::TerraformCluster,
+            meta,
+            spec: crate::testing::spec(),
+            control_plane_endpoint: None,
+        };
+        let (o, read) = match futures::executor::block_on(observe_object(&dump, subject, |_| true))
+        {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let names_of = |jobs: &[k8s_openapi::api::batch::v1::Job]| -> Vec<String> {
+            jobs.iter()
+                .filter_map(|j| j.metadata.name.clone())
+                .collect()
+        };
+        assert_eq!(names_of(&o.jobs), ["captf-prod-tfc-destroy-2"]);
+        assert_eq!(names_of(&o.earlier_jobs), ["captf-prod-tfc-destroy-1"]);
+        assert_eq!(o.dependents, ["TerraformMachine/web-1"]);
+        assert_eq!(o.owners_gone.len(), 1, "{:?}", o.owners_gone);
+        assert!(o.owners_gone[0].contains("m-1"), "{:?}", o.owners_gone);
+        assert!(!o.crd_deleting && !o.namespace_terminating);
+        let read = read.expect("the state, read as asked");
+        assert!(read.state_meta.is_some() && read.permit.is_none());
     }
 }
