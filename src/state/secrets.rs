@@ -172,13 +172,18 @@ pub async fn write(
         over,
     )
     .await?;
-    // Parts an earlier, longer set had: each deleted first, then its protection taken
-    // off. Once a Secret is being deleted the API server lets no finalizer onto it, so a
-    // manager's pass that protects the state's parts meanwhile cannot keep it; taken off
-    // first, a pass could put it back before the delete, and the part stayed held in
-    // deletion beside the shorter set.
+    // Parts an earlier, longer set had (looked for with a read: usually there is none):
+    // each deleted first, then its protection taken off. Once a Secret is being deleted
+    // the API server lets no finalizer onto it, so a manager's pass that protects the
+    // state's parts meanwhile cannot keep it; taken off first, a pass could put it back
+    // before the delete, and the part stayed held in deletion beside the shorter set.
     let mut n = chunks.len().max(1) as u32;
-    while writes::delete_if_present(secrets, &names::part_secret_name(base, n)).await? {
+    while secrets
+        .get_metadata_opt(&names::part_secret_name(base, n))
+        .await?
+        .is_some()
+    {
+        writes::delete_if_present(secrets, &names::part_secret_name(base, n)).await?;
         unprotect_deleting(secrets, &names::part_secret_name(base, n)).await?;
         n += 1;
     }

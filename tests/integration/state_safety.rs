@@ -658,6 +658,46 @@ async fn a_restore_over_a_longer_protected_state_leaves_no_part_held_in_deletion
     env.shutdown().await;
 }
 
+/// Writing a one-Secret set where no longer set was (a deletion's backup, a first
+/// restore) looks for a surplus part with a read and deletes nothing: a deletion's writes
+/// are what the scale bench counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_set_written_where_none_was_looks_for_surplus_parts_without_a_write() {
+    use captf::state::secrets::{self as chunked, Over};
+    let env = Env::builder("set-no-surplus").start().await;
+    let secrets: Api<Secret> = Api::namespaced(env.proxy.client(), &env.ns);
+    let base = names::backup_secret_name("web-1.tfm");
+    env.proxy.request_log().reset();
+    let gz = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(br#"{"version":4,"serial":1,"lineage":"l-1","resources":[]}"#)
+            .expect("gzip");
+        e.finish().expect("gzip")
+    };
+    let parts = chunked::write(&secrets, &base, &gz, Over::Replace, |name, _, chunk| {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "data": {names::TF_STATE_KEY: k8s_openapi::ByteString(chunk.to_vec())},
+        }))
+        .expect("secret")
+    })
+    .await
+    .expect("written");
+    assert_eq!(parts, 0);
+    let log = env.proxy.request_log();
+    assert_eq!(
+        (
+            log.writes("secrets", ""),
+            log.count("delete", "secrets", "")
+        ),
+        (1, 0),
+        "one create, no delete: {:?}",
+        log.snapshot()
+    );
+    env.shutdown().await;
+}
+
 /// The namespace is deleted a moment after the apply wrote a three-part state: the parts
 /// are too new for their protection finalizer (Terraform may still be writing them), and
 /// the namespace deletion takes them. A protected, readable copy of that state must be
