@@ -121,6 +121,24 @@ pub struct RunnerSpec {
     /// runs the same one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<Runtime>,
+    /// A ServiceAccount of the object's own for its runner Pods, so that its module can
+    /// use a cloud's workload identity with no static key. CAPTF makes it, named
+    /// `captf-runner-<name>.<tfc|tfm|tfmp>`, binds the namespace's runner Role to it, gives
+    /// it these annotations at each attempt (a destroy's too: the identity is what the spec
+    /// says now, not what the last apply had), and deletes it with the object. Unset: the
+    /// namespace's shared `captf-runner`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<RunnerServiceAccount>,
+}
+
+/// The runner's own ServiceAccount ([`RunnerSpec::service_account`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub struct RunnerServiceAccount {
+    /// Its annotations, e.g. `eks.amazonaws.com/role-arn` (EKS IRSA),
+    /// `iam.gke.io/gcp-service-account` (GKE Workload Identity),
+    /// `azure.workload.identity/client-id` (Azure Workload Identity).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// What runs the module: Terraform or OpenTofu (the same kubernetes backend and state).
@@ -156,6 +174,7 @@ impl Default for RunnerSpec {
             timeout_seconds: default_timeout(),
             plugin_dir: None,
             runtime: None,
+            service_account: None,
         }
     }
 }

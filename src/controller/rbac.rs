@@ -7,19 +7,92 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 
-use super::{Context, Error};
+use super::{Context, Error, Scope};
 use crate::api::names::RUNNER_NAME;
-use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool};
+use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
 use crate::io::writes::{create_if_absent, delete_if_present};
 use crate::job;
 
 /// The label on the runner RBAC objects.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=captf";
+
+/// Makes sure what the runner Pods of the object of `scope` need exists: the namespace's
+/// runner RBAC, and when its spec asks for a ServiceAccount of its own
+/// (`spec.runner.serviceAccount`), that ServiceAccount with the annotations the spec gives
+/// now and its RoleBinding to the runner Role. Read at every attempt (only for objects
+/// that ask for one): a change of the annotations reaches the next attempt, a destroy's
+/// too, and an account someone deleted is made again.
+pub async fn ensure_runner<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+) -> Result<(), Error> {
+    ensure_runner_rbac(ctx, &scope.namespace).await?;
+    let Some(own) = &obj.terraform().runner.service_account else {
+        return Ok(());
+    };
+    let identity = scope.identity();
+    let want = job::object_runner_account(&identity, &own.annotations);
+    let name = want.metadata.name.clone().unwrap_or_default();
+    let sas = Api::<ServiceAccount>::namespaced(ctx.client.clone(), &scope.namespace);
+    match sas.get_opt(&name).await? {
+        None => {
+            create_if_absent(&sas, &want).await?;
+        }
+        Some(have) => {
+            let have = have.metadata.annotations.unwrap_or_default();
+            if have != own.annotations {
+                // CAPTF's own account: its annotations become the spec's, those it no
+                // longer gives removed.
+                let mut edits: serde_json::Map<String, serde_json::Value> = have
+                    .keys()
+                    .map(|k| (k.clone(), serde_json::Value::Null))
+                    .collect();
+                for (k, v) in &own.annotations {
+                    edits.insert(k.clone(), serde_json::Value::String(v.clone()));
+                }
+                let patch = serde_json::json!({"metadata": {"annotations": edits}});
+                sas.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await?;
+            }
+        }
+    }
+    create_if_absent(
+        &Api::<RoleBinding>::namespaced(ctx.client.clone(), &scope.namespace),
+        &job::object_runner_binding(&identity),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes the runner ServiceAccount of the object of `scope`'s own and its RoleBinding,
+/// when its spec asks for one: at its release, once none of its runners runs.
+pub async fn remove_object_runner<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+) -> Result<(), Error> {
+    if obj.terraform().runner.service_account.is_none() {
+        return Ok(());
+    }
+    let name = crate::api::names::object_runner_name(&scope.suffix);
+    delete_if_present(
+        &Api::<RoleBinding>::namespaced(ctx.client.clone(), &scope.namespace),
+        &name,
+    )
+    .await?;
+    delete_if_present(
+        &Api::<ServiceAccount>::namespaced(ctx.client.clone(), &scope.namespace),
+        &name,
+    )
+    .await?;
+    Ok(())
+}
 
 /// Makes sure the runner RBAC exists in `ns` (remembered per namespace).
 pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
@@ -149,13 +222,18 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
                 .items
         }
     };
-    for sa in accounts {
+    let (shared, own): (Vec<_>, Vec<_>) = accounts
+        .into_iter()
+        .partition(|a| a.metadata.name.as_deref() == Some(RUNNER_NAME));
+    for sa in own {
+        if sweep_object_runner(ctx, &sa).await? {
+            removed += 1;
+        }
+    }
+    for sa in shared {
         let Some(ns) = sa.metadata.namespace.clone() else {
             continue;
         };
-        if sa.metadata.name.as_deref() != Some(RUNNER_NAME) {
-            continue;
-        }
         if objects_left(ctx, &ns).await? || runner_unfinished(ctx, &ns).await? {
             continue;
         }
@@ -181,6 +259,66 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
         removed += 1;
     }
     Ok(removed)
+}
+
+/// Removes the runner ServiceAccount of an object's own, and its RoleBinding, when that
+/// object is gone (it left without its release: `clusterctl move`, a stripped finalizer)
+/// and no runner in its namespace still runs. Whether it is gone is read live: the objects
+/// of its kind (from the account's name) in its namespace, one of which is its owner by
+/// the uid label (or, without one, by the state suffix: a long name's is cut and hashed,
+/// so the name alone does not find the object).
+async fn sweep_object_runner(
+    ctx: &Context,
+    sa: &PartialObjectMeta<ServiceAccount>,
+) -> Result<bool, Error> {
+    let (Some(ns), Some(name)) = (&sa.metadata.namespace, &sa.metadata.name) else {
+        return Ok(false);
+    };
+    let Some(suffix) = name
+        .strip_prefix(RUNNER_NAME)
+        .and_then(|s| s.strip_prefix('-'))
+    else {
+        return Ok(false);
+    };
+    let Some((kind, _)) = crate::api::names::parse_state_suffix(suffix) else {
+        return Ok(false);
+    };
+    let uid = sa
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::api::names::LABEL_OWNER_UID))
+        .cloned();
+    let objects: Vec<kube::api::ObjectMeta> = crate::with_kind!(kind, K => {
+        Api::<K>::namespaced(ctx.client.clone(), ns)
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|o| o.metadata)
+            .collect()
+    });
+    let alive = objects.iter().any(|m| match &uid {
+        Some(uid) => m.uid.as_ref() == Some(uid),
+        None => {
+            crate::api::names::state_suffix(kind, m.name.as_deref().unwrap_or_default()) == suffix
+        }
+    });
+    if alive || runner_unfinished(ctx, ns).await? {
+        return Ok(false);
+    }
+    delete_if_present(
+        &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
+        name,
+    )
+    .await?;
+    delete_if_present(
+        &Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns),
+        name,
+    )
+    .await?;
+    info!(namespace = %ns, account = %name, "removed the runner ServiceAccount of an object that is gone");
+    Ok(true)
 }
 
 /// Runs the sweeps every `every`: what gone objects left behind first (their Jobs may be

@@ -319,6 +319,7 @@ fn spec() -> TerraformSpec {
             timeout_seconds: 120,
             plugin_dir: None,
             runtime: None,
+            service_account: None,
         },
         lock_file: Some("# lock".into()),
     }

@@ -27,11 +27,14 @@ pub use outcome::{
     JobOutcome, RUNNER_NEVER_STARTED, attempt_of, failure_message, finished_at, operation_of,
     outcome, pod_of_job, pod_outcome, pod_terminated, ran_for, reason_text, suspended,
 };
-pub use rbac::{runner_role, runner_role_binding, runner_service_account};
+pub use rbac::{
+    object_runner_account, object_runner_binding, runner_role, runner_role_binding,
+    runner_service_account,
+};
 pub use render::{attempt_secret, render};
 pub use template::Templates;
 
-use crate::api::names::Kind;
+use crate::api::names::{self, Kind};
 use crate::inputs::Inputs;
 
 /// The plan guard of an apply (see `templates/runner.sh`): whether the runner plans first
@@ -61,6 +64,18 @@ pub struct JobRequest<'a> {
     pub inputs: &'a Inputs,
     /// An apply's plan guard (off for a destroy).
     pub plan_guard: PlanGuard<'a>,
+    /// The ServiceAccount its Pod runs as: the namespace's `captf-runner`, or the object's
+    /// own ([`runner_account_name`]).
+    pub service_account: &'a str,
+}
+
+/// The ServiceAccount the runner Pods of an object of state suffix `suffix` and runner
+/// settings `runner` run as: its own when the spec asks for one, else the namespace's.
+pub fn runner_account_name(runner: &crate::api::types::RunnerSpec, suffix: &str) -> String {
+    match runner.service_account {
+        Some(_) => names::object_runner_name(suffix),
+        None => names::RUNNER_NAME.to_string(),
+    }
 }
 
 impl JobRequest<'_> {

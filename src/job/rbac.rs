@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::ObjectMeta;
 
+use crate::api::labels::Identity;
 use crate::api::names;
 
 /// `app.kubernetes.io/managed-by` on the runner RBAC.
@@ -65,8 +66,14 @@ pub fn runner_role(namespace: &str) -> Role {
 
 /// Binds the Role to the ServiceAccount.
 pub fn runner_role_binding(namespace: &str) -> RoleBinding {
+    binding(meta(namespace), names::RUNNER_NAME)
+}
+
+/// A RoleBinding of the namespace's runner Role to ServiceAccount `account`.
+fn binding(meta: ObjectMeta, account: &str) -> RoleBinding {
+    let namespace = meta.namespace.clone();
     RoleBinding {
-        metadata: meta(namespace),
+        metadata: meta,
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".to_string(),
             kind: "Role".to_string(),
@@ -74,11 +81,47 @@ pub fn runner_role_binding(namespace: &str) -> RoleBinding {
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".to_string(),
-            name: names::RUNNER_NAME.to_string(),
-            namespace: Some(namespace.to_string()),
+            name: account.to_string(),
+            namespace,
             api_group: None,
         }]),
     }
+}
+
+/// The metadata of the runner ServiceAccount of an object's own and of its RoleBinding:
+/// `captf-runner-<suffix>`, labelled as CAPTF's runner RBAC and with the object's owner
+/// labels (so that a sweep finds what an object gone left), never its move label (each
+/// management cluster makes its own).
+fn object_meta(object: &Identity<'_>) -> ObjectMeta {
+    let mut labels = object.owner_labels();
+    labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY_VALUE.to_string());
+    ObjectMeta {
+        name: Some(names::object_runner_name(&object.suffix())),
+        namespace: Some(object.namespace.to_string()),
+        labels: Some(labels),
+        ..Default::default()
+    }
+}
+
+/// The runner ServiceAccount of `object`'s own, with `annotations` (its workload
+/// identity).
+pub fn object_runner_account(
+    object: &Identity<'_>,
+    annotations: &BTreeMap<String, String>,
+) -> ServiceAccount {
+    let mut meta = object_meta(object);
+    meta.annotations = Some(annotations.clone());
+    ServiceAccount {
+        metadata: meta,
+        ..Default::default()
+    }
+}
+
+/// The RoleBinding of the namespace's runner Role to `object`'s own runner ServiceAccount.
+pub fn object_runner_binding(object: &Identity<'_>) -> RoleBinding {
+    let meta = object_meta(object);
+    let account = meta.name.clone().unwrap_or_default();
+    binding(meta, &account)
 }
 
 #[cfg(test)]
@@ -125,5 +168,54 @@ mod tests {
             ("ServiceAccount", names::RUNNER_NAME)
         );
         assert_eq!(subject.namespace.as_deref(), Some("ns"));
+    }
+
+    /// An object's own runner account: named for it, with the spec's annotations, its
+    /// owner labels and CAPTF's, never the move label; its binding gives it the runner Role
+    /// and nothing else; which account a Job runs as follows the spec.
+    #[test]
+    fn an_objects_own_runner_account_carries_its_identity_and_the_runner_role_only() {
+        let object = Identity {
+            kind: crate::api::names::Kind::TerraformMachine,
+            namespace: "team-a",
+            name: "web-1",
+            uid: "uid-1",
+        };
+        let annotations = BTreeMap::from([(
+            "eks.amazonaws.com/role-arn".to_string(),
+            "arn:aws:iam::111122223333:role/team-a".to_string(),
+        )]);
+        let sa = object_runner_account(&object, &annotations);
+        assert_eq!(sa.metadata.name.as_deref(), Some("captf-runner-web-1.tfm"));
+        assert_eq!(sa.metadata.namespace.as_deref(), Some("team-a"));
+        assert_eq!(sa.metadata.annotations.as_ref(), Some(&annotations));
+        let labels = sa.metadata.labels.clone().unwrap();
+        assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY_VALUE);
+        assert_eq!(labels[names::LABEL_OWNER_UID], "uid-1");
+        assert!(!labels.contains_key(names::CLUSTERCTL_MOVE_LABEL));
+        let rb = object_runner_binding(&object);
+        assert_eq!(rb.metadata.name, sa.metadata.name);
+        assert_eq!(rb.role_ref.kind, "Role");
+        assert_eq!(rb.role_ref.name, names::RUNNER_NAME);
+        let subjects = rb.subjects.unwrap();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(
+            (
+                subjects[0].kind.as_str(),
+                subjects[0].name.as_str(),
+                subjects[0].namespace.as_deref()
+            ),
+            ("ServiceAccount", "captf-runner-web-1.tfm", Some("team-a"))
+        );
+        let mut runner = crate::api::types::RunnerSpec::default();
+        assert_eq!(
+            super::super::runner_account_name(&runner, "web-1.tfm"),
+            names::RUNNER_NAME
+        );
+        runner.service_account = Some(Default::default());
+        assert_eq!(
+            super::super::runner_account_name(&runner, "web-1.tfm"),
+            "captf-runner-web-1.tfm"
+        );
     }
 }

@@ -242,7 +242,7 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
             "clusterName",
             req.cluster_name.unwrap_or_default().to_string(),
         ),
-        ("serviceAccountName", names::RUNNER_NAME.to_string()),
+        ("serviceAccountName", req.service_account.to_string()),
     ]);
     let mut job = templates.job_with(&values)?;
 
@@ -346,7 +346,7 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
             .unwrap_or(DEFAULT_GRACE_SECONDS)
             .max(MIN_GRACE_SECONDS),
     );
-    pod.service_account_name = Some(names::RUNNER_NAME.to_string());
+    pod.service_account_name = Some(req.service_account.to_string());
     pod.service_account = None;
     pod.automount_service_account_token = Some(true);
     // Terraform's lock names its holder by hostname; the controller matches it to a Pod

@@ -71,6 +71,7 @@ pub(crate) fn request(inputs: &Inputs) -> JobRequest<'_> {
         attempt: 2,
         inputs,
         plan_guard: PlanGuard::default(),
+        service_account: names::RUNNER_NAME,
     }
 }
 
@@ -413,6 +414,22 @@ spec:
     assert_eq!(
         pod.service_account_name.as_deref(),
         Some(names::RUNNER_NAME)
+    );
+    // An object with a runner ServiceAccount of its own runs as that one, whatever the
+    // template says.
+    let own = names::object_runner_name(SUFFIX);
+    let job = render(
+        &templates,
+        &JobRequest {
+            service_account: &own,
+            ..request(&inputs)
+        },
+    )
+    .unwrap();
+    let pod_spec = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(
+        pod_spec.service_account_name.as_deref(),
+        Some("captf-runner-web-1.tfm")
     );
     assert_eq!(pod.hostname, None);
     let psc = pod.security_context.as_ref().unwrap();

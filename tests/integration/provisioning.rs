@@ -1311,3 +1311,138 @@ async fn a_module_image_with_its_providers_applies_and_destroys() {
         .await;
     env.shutdown().await;
 }
+
+/// A TerraformCluster whose spec asks for a runner ServiceAccount of its own (a cloud's
+/// workload identity): its apply and its destroy run as `captf-runner-prod.tfc`, which
+/// carries the annotations the spec gives at each attempt (changed between the apply and
+/// the destroy, the destroy's account has the new ones) and can use the state through
+/// its RoleBinding to the runner Role; at the release, the account and its binding go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use kube::Api;
+    use kube::runtime::watcher;
+    const ROLE: &str = "eks.amazonaws.com/role-arn";
+    let env = Env::builder("runner-account").provisioning().start().await;
+    let account = "captf-runner-prod.tfc";
+    let jobs = History::watch(
+        Api::<Job>::namespaced(env.client.clone(), &env.ns),
+        watcher::Config::default(),
+        |j: &Job| {
+            (
+                j.labels()
+                    .get(names::LABEL_OPERATION)
+                    .cloned()
+                    .unwrap_or_default(),
+                j.spec
+                    .as_ref()
+                    .and_then(|s| s.template.spec.as_ref())
+                    .and_then(|p| p.service_account_name.clone())
+                    .unwrap_or_default(),
+            )
+        },
+    );
+    let accounts = History::watch(
+        Api::<ServiceAccount>::namespaced(env.client.clone(), &env.ns),
+        watcher::Config::default().fields(&format!("metadata.name={account}")),
+        |a: &ServiceAccount| a.annotations().get(ROLE).cloned(),
+    );
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &apply_module(0),
+        json!({"runner": {"serviceAccount": {"annotations": {ROLE: "arn:aws:iam::111122223333:role/a"}}}}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    assert!(
+        jobs.any(|(op, sa)| op == names::OPERATION_APPLY && sa == account),
+        "the apply ran as the object's own account: {:?}",
+        jobs.seen()
+    );
+    let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
+    let sa = sas.get(account).await.expect("the object's runner account");
+    assert_eq!(
+        sa.annotations().get(ROLE).map(String::as_str),
+        Some("arn:aws:iam::111122223333:role/a")
+    );
+    assert!(
+        !sa.labels().contains_key(names::CLUSTERCTL_MOVE_LABEL),
+        "each management cluster makes its own"
+    );
+    let rbs: Api<RoleBinding> = Api::namespaced(env.client.clone(), &env.ns);
+    let rb = rbs.get(account).await.expect("its binding");
+    assert_eq!(rb.role_ref.name, names::RUNNER_NAME);
+
+    // The identity changes (a role rotated); the destroy runs under the new one.
+    env.api::<Tfc>()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"runner": {"serviceAccount": {"annotations": {ROLE: "arn:aws:iam::111122223333:role/b"}}}}})),
+        )
+        .await
+        .expect("patch");
+    env.delete::<Tfc>("prod").await;
+    env.wait_gone::<Tfc>("prod", long()).await;
+    assert!(
+        jobs.any(|(op, sa)| op == names::OPERATION_DESTROY && sa == account),
+        "the destroy ran as the object's own account: {:?}",
+        jobs.seen()
+    );
+    assert!(
+        accounts.any(|role| role.as_deref() == Some("arn:aws:iam::111122223333:role/b")),
+        "the destroy's attempt gave the account the annotations the spec gives now: {:?}",
+        accounts.seen()
+    );
+    assert!(
+        sas.get_opt(account).await.expect("get").is_none()
+            && rbs.get_opt(account).await.expect("get").is_none(),
+        "the account and its binding go with the object"
+    );
+    env.shutdown().await;
+}
+
+/// The sweep keeps a live object's own runner account, and removes one whose object left
+/// without its release (its finalizer stripped), once no runner there runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sweep_removes_the_runner_account_of_an_object_gone_without_its_release() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use kube::Api;
+    let env = Env::builder("runner-account-swept")
+        .provisioning()
+        .start()
+        .await;
+    let account = "captf-runner-prod.tfc";
+    let uid = env.create_cluster("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &uid, false)],
+        &apply_module(0),
+        json!({"runner": {"serviceAccount": {"annotations": {}}}}),
+    )
+    .await;
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+    let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
+    let rbs: Api<RoleBinding> = Api::namespaced(env.client.clone(), &env.ns);
+    // The sweep runs every 500 ms here: four of them leave a live object's account alone.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(sas.get_opt(account).await.expect("get").is_some());
+    env.delete_stripping_finalizers::<Tfc>("prod").await;
+    wait_for(
+        "the gone object's runner account and binding to be swept",
+        long(),
+        || async {
+            sas.get_opt(account).await.expect("get").is_none()
+                && rbs.get_opt(account).await.expect("get").is_none()
+        },
+    )
+    .await;
+    env.shutdown().await;
+}

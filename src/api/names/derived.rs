@@ -68,6 +68,12 @@ pub fn lock_lease_name(suffix: &str) -> String {
     format!("lock-tfstate-{TF_WORKSPACE}-{suffix}")
 }
 
+/// The runner ServiceAccount of an object's own (`spec.runner.serviceAccount`), and its
+/// RoleBinding to the namespace's runner Role: `captf-runner-<suffix>`.
+pub fn object_runner_name(suffix: &str) -> String {
+    format!("{}-{suffix}", super::RUNNER_NAME)
+}
+
 /// The durable inputs Secret: `captf-inputs-<suffix>`.
 pub fn inputs_secret_name(suffix: &str) -> String {
     format!("captf-inputs-{suffix}")

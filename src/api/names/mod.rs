@@ -10,8 +10,8 @@ pub use derived::{
     LEGACY_ERRORED_KEY, SecretName, SecretRole, abandoned_backup_copy_name, abandoned_copy_name,
     abandoned_inputs_copy_name, backup_secret_name, errored_secret_name, errored_suffix,
     errored_suffix_around_tag, inputs_secret_name, is_errored_suffix_of, job_name, lock_lease_name,
-    parse_secret_name, parse_state_suffix, part_index, part_secret_name, short_hash, split_part,
-    state_secret_name, state_suffix,
+    object_runner_name, parse_secret_name, parse_state_suffix, part_index, part_secret_name,
+    short_hash, split_part, state_secret_name, state_suffix,
 };
 
 /// The API group of the three kinds.

@@ -69,7 +69,7 @@ pub async fn start_apply<K: TerraformObject>(
         Ok::<_, Error>(())
     };
     futures::try_join!(
-        crate::controller::rbac::ensure_runner_rbac(ctx, &scope.namespace),
+        crate::controller::rbac::ensure_runner(ctx, scope, obj),
         ensure_backend_labels_on(scope, &base, metas, &backend_labels),
         clear_stale_lock,
     )?;

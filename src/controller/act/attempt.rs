@@ -66,7 +66,9 @@ pub fn render_operation<K: TerraformObject>(
         on: operation == names::OPERATION_APPLY && ann(names::APPLIED_ATTEMPT).is_some() && guarded,
         approved: ann(names::APPROVE_PLAN).map(String::as_str),
     };
+    let service_account = job::runner_account_name(&obj.terraform().runner, &scope.suffix);
     let request = JobRequest {
+        service_account: &service_account,
         kind: K::KIND,
         name: &scope.name,
         uid: &scope.uid,

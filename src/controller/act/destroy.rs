@@ -77,7 +77,7 @@ pub async fn start_attempt<K: TerraformObject>(
     };
     futures::try_join!(
         backup_and_labels,
-        crate::controller::rbac::ensure_runner_rbac(ctx, &scope.namespace),
+        crate::controller::rbac::ensure_runner(ctx, scope, obj),
         stale_lock,
     )?;
     // Write-ahead: the attempt number is on the object before its Job exists, under this

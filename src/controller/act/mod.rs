@@ -34,6 +34,8 @@ pub async fn release<K: TerraformObject>(
     scope: &Scope<K>,
     obj: &K,
 ) -> Result<(), Error> {
+    // Its own runner ServiceAccount goes first: nothing of it runs any more.
+    crate::controller::rbac::remove_object_runner(ctx, scope, obj).await?;
     let mut ops = annotation_ops(obj.meta(), &[(names::CLUSTERCTL_BLOCK_MOVE, None)]);
     ops.extend(remove_finalizer_ops(obj.meta(), K::KIND.finalizer()));
     match guarded_patch(&scope.api, obj.meta(), ops).await {

@@ -222,8 +222,9 @@ pub fn drive<T: Send + 'static>(
     tokio::spawn(stream.for_each(|_| futures::future::ready(())))
 }
 
-/// The watch of the runner ServiceAccounts (metadata) the manager made, for the RBAC
-/// sweep and for knowing that a namespace's runner RBAC is still there.
+/// The watch of the runner ServiceAccounts (metadata) the manager made (the namespaces'
+/// and the objects' own), for the RBAC sweep and for knowing that a namespace's runner
+/// RBAC is still there.
 pub fn runner_accounts(
     client: &Client,
     ns: &Option<String>,
@@ -234,9 +235,7 @@ pub fn runner_accounts(
     };
     reflect_metadata(
         api,
-        watcher::Config::default()
-            .labels(crate::controller::rbac::MANAGED_BY)
-            .fields(&format!("metadata.name={}", names::RUNNER_NAME)),
+        watcher::Config::default().labels(crate::controller::rbac::MANAGED_BY),
         &[],
     )
 }

@@ -161,42 +161,72 @@ impl Seen {
     }
 }
 
-/// Every version of one object's annotations the API server showed, recorded by a watch from
-/// before it was created: a record a later pass takes back (an apply's failure, cleared when
-/// its retry starts) is still seen, however long the test took to look.
-pub struct AnnotationHistory {
-    seen: std::sync::Arc<std::sync::Mutex<Vec<BTreeMap<String, String>>>>,
+/// Every version of the watched objects the API server showed, as `take` reads each,
+/// recorded by a watch from before they were made: what lasted a moment (a record a later
+/// pass takes back, a Job deleted at the release) is still seen, however long the test took
+/// to look.
+pub struct History<T> {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<T>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl AnnotationHistory {
-    pub fn start<K: TerraformObject>(api: Api<K>, name: &str) -> AnnotationHistory {
+impl<T: Send + 'static> History<T> {
+    pub fn watch<K>(
+        api: Api<K>,
+        config: kube::runtime::watcher::Config,
+        take: impl Fn(&K) -> T + Send + 'static,
+    ) -> History<T>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
         use futures::StreamExt;
         use kube::runtime::{WatchStreamExt, watcher};
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let s = seen.clone();
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let task = tokio::spawn(async move {
             // With a backoff, as the witness's watches (a stopped control plane must not
             // spin the test's runtime).
             let mut stream = watcher(api, config).default_backoff().boxed();
             while let Some(ev) = stream.next().await {
                 if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
-                    s.lock().expect("history").push(o.annotations().clone());
+                    s.lock().expect("history").push(take(&o));
                 }
             }
         });
-        AnnotationHistory { seen, task }
+        History { seen, task }
     }
 
     /// Whether a version seen so far satisfied `check`.
-    pub fn any(&self, check: impl Fn(&BTreeMap<String, String>) -> bool) -> bool {
+    pub fn any(&self, check: impl Fn(&T) -> bool) -> bool {
         self.seen.lock().expect("history").iter().any(check)
     }
 }
 
-impl Drop for AnnotationHistory {
+impl<T: Clone> History<T> {
+    /// Every version seen so far, in the order seen.
+    pub fn seen(&self) -> Vec<T> {
+        self.seen.lock().expect("history").clone()
+    }
+}
+
+impl<T> Drop for History<T> {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Every version of one CAPTF object's annotations ([`History`]).
+pub struct AnnotationHistory(History<BTreeMap<String, String>>);
+
+impl AnnotationHistory {
+    pub fn start<K: TerraformObject>(api: Api<K>, name: &str) -> AnnotationHistory {
+        let config =
+            kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+        AnnotationHistory(History::watch(api, config, |o: &K| o.annotations().clone()))
+    }
+
+    /// Whether a version seen so far satisfied `check`.
+    pub fn any(&self, check: impl Fn(&BTreeMap<String, String>) -> bool) -> bool {
+        self.0.any(check)
     }
 }
