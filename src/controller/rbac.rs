@@ -225,8 +225,19 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
     let (shared, own): (Vec<_>, Vec<_>) = accounts
         .into_iter()
         .partition(|a| a.metadata.name.as_deref() == Some(RUNNER_NAME));
+    // The objects of each namespace and kind: from the controllers' caches when they hold
+    // every object, else listed once per namespace and kind that has such an account.
+    let mut objects = ObjectsOf::default();
+    if let Some(all) = ctx.all_caches()
+        && all.iter().all(|c| c.unfiltered)
+    {
+        for (kind, c) in crate::api::names::Kind::ALL.iter().zip(&all) {
+            (c.members)(&mut |m| objects.note(*kind, m));
+        }
+        objects.complete = true;
+    }
     for sa in own {
-        if sweep_object_runner(ctx, &sa).await? {
+        if sweep_object_runner(ctx, &sa, &mut objects).await? {
             removed += 1;
         }
     }
@@ -261,15 +272,62 @@ pub async fn sweep(ctx: &Context) -> Result<usize, Error> {
     Ok(removed)
 }
 
+/// The live objects' (name, uid) by namespace and kind, as a sweep found them.
+#[derive(Default)]
+struct ObjectsOf {
+    by: std::collections::BTreeMap<(String, crate::api::names::Kind), Vec<(String, String)>>,
+    /// Whether every object is noted (from the caches): a namespace and kind with none
+    /// noted has none.
+    complete: bool,
+}
+
+impl ObjectsOf {
+    fn note(&mut self, kind: crate::api::names::Kind, m: &kube::api::ObjectMeta) {
+        self.by
+            .entry((m.namespace.clone().unwrap_or_default(), kind))
+            .or_default()
+            .push((
+                m.name.clone().unwrap_or_default(),
+                m.uid.clone().unwrap_or_default(),
+            ));
+    }
+
+    async fn of(
+        &mut self,
+        ctx: &Context,
+        ns: &str,
+        kind: crate::api::names::Kind,
+    ) -> Result<&[(String, String)], Error> {
+        let key = (ns.to_string(), kind);
+        if !self.complete && !self.by.contains_key(&key) {
+            let listed: Vec<kube::api::ObjectMeta> = crate::with_kind!(kind, K => {
+                Api::<K>::namespaced(ctx.client.clone(), ns)
+                    .list_metadata(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(|o| o.metadata)
+                    .collect()
+            });
+            self.by.insert(key.clone(), Vec::new());
+            for m in &listed {
+                self.note(kind, m);
+            }
+        }
+        Ok(self.by.get(&key).map(Vec::as_slice).unwrap_or_default())
+    }
+}
+
 /// Removes the runner ServiceAccount of an object's own, and its RoleBinding, when that
 /// object is gone (it left without its release: `clusterctl move`, a stripped finalizer)
-/// and no runner in its namespace still runs. Whether it is gone is read live: the objects
-/// of its kind (from the account's name) in its namespace, one of which is its owner by
+/// and no runner in its namespace still runs. Whether it is gone: among the objects of its
+/// kind (from the account's name) in its namespace ([`ObjectsOf`]), none is its owner by
 /// the uid label (or, without one, by the state suffix: a long name's is cut and hashed,
 /// so the name alone does not find the object).
 async fn sweep_object_runner(
     ctx: &Context,
     sa: &PartialObjectMeta<ServiceAccount>,
+    objects: &mut ObjectsOf,
 ) -> Result<bool, Error> {
     let (Some(ns), Some(name)) = (&sa.metadata.namespace, &sa.metadata.name) else {
         return Ok(false);
@@ -289,21 +347,14 @@ async fn sweep_object_runner(
         .as_ref()
         .and_then(|l| l.get(crate::api::names::LABEL_OWNER_UID))
         .cloned();
-    let objects: Vec<kube::api::ObjectMeta> = crate::with_kind!(kind, K => {
-        Api::<K>::namespaced(ctx.client.clone(), ns)
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .map(|o| o.metadata)
-            .collect()
-    });
-    let alive = objects.iter().any(|m| match &uid {
-        Some(uid) => m.uid.as_ref() == Some(uid),
-        None => {
-            crate::api::names::state_suffix(kind, m.name.as_deref().unwrap_or_default()) == suffix
-        }
-    });
+    let alive = objects
+        .of(ctx, ns, kind)
+        .await?
+        .iter()
+        .any(|(name, live_uid)| match &uid {
+            Some(uid) => live_uid == uid,
+            None => crate::api::names::state_suffix(kind, name) == suffix,
+        });
     if alive || runner_unfinished(ctx, ns).await? {
         return Ok(false);
     }
