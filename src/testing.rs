@@ -50,33 +50,13 @@ pub fn spec() -> TerraformSpec {
 /// What a pass of `team-a/prod` of `kind` observes with nothing else around it, at
 /// 2026-12-01T12:00:00Z.
 pub fn observed(kind: Kind, annotations: &[(&str, &str)]) -> Observed {
-    Observed {
+    Observed::new(
         kind,
-        meta: meta(annotations),
-        spec: spec(),
-        control_plane_endpoint: None,
-        cluster: None,
-        cluster_kind_unknown: None,
-        job_refusals: BTreeMap::new(),
-        crd_deleting: false,
-        namespace_terminating: false,
-        stuck_pods: BTreeMap::new(),
-        owners_gone: vec![],
-        jobs: vec![],
-        pods: vec![],
-        earlier_jobs: vec![],
-        earlier_pods: vec![],
-        dependents: vec![],
-        state: None,
-        errored: vec![],
-        state_permit: None,
-        inputs_secret: None,
-        attempt_secret: None,
-        referenced_secrets: BTreeMap::new(),
-        referenced_config_maps: BTreeMap::new(),
-        lock: None,
-        now: "2026-12-01T12:00:00Z".parse().expect("time"),
-    }
+        meta(annotations),
+        spec(),
+        None,
+        "2026-12-01T12:00:00Z".parse().expect("time"),
+    )
 }
 
 /// Job `captf-<suffix>-<operation>-<attempt>` of `team-a/prod` of `kind`, with the owner

@@ -160,6 +160,44 @@ pub struct Observed {
 }
 
 impl Observed {
+    /// What a pass of `kind`'s object of `meta` and `spec` observes at `now` before it
+    /// reads anything around it: nothing seen yet.
+    pub fn new(
+        kind: Kind,
+        meta: ObjectMeta,
+        spec: TerraformSpec,
+        control_plane_endpoint: Option<crate::api::types::ApiEndpoint>,
+        now: Timestamp,
+    ) -> Observed {
+        Observed {
+            kind,
+            meta,
+            spec,
+            control_plane_endpoint,
+            cluster: None,
+            cluster_kind_unknown: None,
+            crd_deleting: false,
+            namespace_terminating: false,
+            stuck_pods: BTreeMap::new(),
+            owners_gone: Vec::new(),
+            job_refusals: BTreeMap::new(),
+            jobs: Vec::new(),
+            pods: Vec::new(),
+            earlier_jobs: Vec::new(),
+            earlier_pods: Vec::new(),
+            dependents: Vec::new(),
+            state: None,
+            errored: Vec::new(),
+            state_permit: None,
+            inputs_secret: None,
+            attempt_secret: None,
+            referenced_secrets: BTreeMap::new(),
+            referenced_config_maps: BTreeMap::new(),
+            lock: None,
+            now,
+        }
+    }
+
     /// The object as what CAPTF makes for it names it (an empty part for a dump that
     /// lacks it).
     pub fn identity(&self) -> crate::api::labels::Identity<'_> {

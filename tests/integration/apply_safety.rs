@@ -274,21 +274,6 @@ fn regional_variables(env: &Env, region: &str) -> serde_json::Value {
     json!({"variables": {"name": "prod", "marker_dir": env.markers().display().to_string(), "region": region}})
 }
 
-/// The Cluster `prod` with its TerraformCluster `prod` of `module` and `extra` (beside it
-/// in the spec), applied by the manager.
-async fn provisioned_cluster(env: &Env, module: &str, extra: serde_json::Value) {
-    let uid = env.create_cluster("prod").await;
-    env.create_owned::<Tfc>(
-        "prod",
-        "prod",
-        &[("Cluster", "prod", &uid, false)],
-        module,
-        extra,
-    )
-    .await;
-    env.wait_provisioned::<Tfc>("prod").await;
-}
-
 /// The variables file of the variables Secret of `job` (the attempt's Secret is named
 /// after its Job), once it exists.
 async fn attempt_variables(env: &Env, job: &str) -> String {
@@ -312,7 +297,8 @@ async fn the_destroy_runs_the_inputs_that_last_wrote_the_state() {
         return;
     }
     let env = Env::builder("inputs-ran").provisioning().start().await;
-    provisioned_cluster(&env, &regional_module(), regional_variables(&env, "a")).await;
+    env.provisioned_cluster(&regional_module(), regional_variables(&env, "a"))
+        .await;
     let apply_refused = env
         .refuse_jobs(
             &[(names::LABEL_OPERATION, names::OPERATION_APPLY)],
@@ -369,7 +355,7 @@ async fn a_broken_module_that_never_ran_does_not_break_the_destroy() {
         .provisioning()
         .start()
         .await;
-    provisioned_cluster(&env, &apply_module(0), json!({})).await;
+    env.provisioned_cluster(&apply_module(0), json!({})).await;
     // A syntax error: init fails, Terraform never touches the state.
     let broken = format!(
         "{}\nresource \"terraform_data\" \"oops\" {{\n",
@@ -462,7 +448,8 @@ async fn an_errored_state_holds_the_apply() {
         .provisioning()
         .start()
         .await;
-    provisioned_cluster(&env, &counted_module(), counted_variables(&env, 2)).await;
+    env.provisioned_cluster(&counted_module(), counted_variables(&env, 2))
+        .await;
     let state = names::state_secret_name(&names::state_suffix(Kind::TerraformCluster, "prod"));
     let allow = refuse_secret_updates(&env, &state).await;
     env.api::<Tfc>()
@@ -491,7 +478,8 @@ async fn an_errored_state_holds_the_apply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apply_jobs_are_pruned_to_the_last_three() {
     let env = Env::builder("prune-applies").provisioning().start().await;
-    provisioned_cluster(&env, &counted_module(), counted_variables(&env, 1)).await;
+    env.provisioned_cluster(&counted_module(), counted_variables(&env, 1))
+        .await;
     for n in 2..=6u32 {
         env.api::<Tfc>()
             .patch(
@@ -652,8 +640,7 @@ async fn the_next_apply_clears_the_lock_its_killed_runner_left() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_endpoint_cluster_api_copies_back_does_not_re_apply() {
     let env = Env::builder("endpoint-copy").provisioning().start().await;
-    provisioned_cluster(
-        &env,
+    env.provisioned_cluster(
         &(apply_module(0) + contract_outputs(Kind::TerraformCluster)),
         json!({}),
     )
@@ -979,7 +966,7 @@ async fn a_transient_error_reading_the_apply_log_does_not_lose_what_it_ran() {
     env.proxy
         .faults()
         .fail_next(1, Some("get"), Some("pods/log"), 500);
-    provisioned_cluster(&env, &apply_module(0), json!({})).await;
+    env.provisioned_cluster(&apply_module(0), json!({})).await;
     wait_for("what the apply ran to be recorded", long(), || async {
         crate::provisioning::recorded_ran(&env, Kind::TerraformCluster, "prod")
             .await
@@ -999,7 +986,8 @@ async fn an_apply_decided_before_a_pause_starts_no_job_under_it() {
         return;
     }
     let env = Env::builder("pause-race").provisioning().start().await;
-    provisioned_cluster(&env, &regional_module(), regional_variables(&env, "a")).await;
+    env.provisioned_cluster(&regional_module(), regional_variables(&env, "a"))
+        .await;
     let applied = env.jobs_created();
     // The manager's Cluster watch stops seeing changes: its stream ends and every list
     // and watch of Clusters fails.

@@ -1349,16 +1349,11 @@ async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
         watcher::Config::default().fields(&format!("metadata.name={account}")),
         |a: &ServiceAccount| a.annotations().get(ROLE).cloned(),
     );
-    let uid = env.create_cluster("prod").await;
-    env.create_owned::<Tfc>(
-        "prod",
-        "prod",
-        &[("Cluster", "prod", &uid, false)],
+    env.provisioned_cluster(
         &apply_module(0),
         json!({"runner": {"serviceAccount": {"annotations": {ROLE: "arn:aws:iam::111122223333:role/a"}}}}),
     )
     .await;
-    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
     assert!(
         jobs.any(|(op, sa)| op == names::OPERATION_APPLY && sa == account),
         "the apply ran as the object's own account: {:?}",
@@ -1419,16 +1414,11 @@ async fn the_sweep_removes_the_runner_account_of_an_object_gone_without_its_rele
         .start()
         .await;
     let account = "captf-runner-prod.tfc";
-    let uid = env.create_cluster("prod").await;
-    env.create_owned::<Tfc>(
-        "prod",
-        "prod",
-        &[("Cluster", "prod", &uid, false)],
+    env.provisioned_cluster(
         &apply_module(0),
         json!({"runner": {"serviceAccount": {"annotations": {}}}}),
     )
     .await;
-    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
     let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
     let rbs: Api<RoleBinding> = Api::namespaced(env.client.clone(), &env.ns);
     // The sweep runs every 500 ms here: four of them leave a live object's account alone.

@@ -498,15 +498,7 @@ async fn applied_cluster(tag: &str, module: &str, extra: Value, backoff_base: Du
         .provisioning()
         .start()
         .await;
-    let uid = env.create_cluster("prod").await;
-    env.create_owned::<Tfc>(
-        "prod",
-        "prod",
-        &[("Cluster", "prod", &uid, false)],
-        module,
-        extra,
-    )
-    .await;
+    env.create_terraform_cluster(module, extra).await;
     env
 }
 

@@ -164,10 +164,6 @@ pub async fn observe_object<S: Source>(
     };
     let (jobs, earlier_jobs) = split_namesakes(jobs, &uid);
     let mut o = Observed {
-        kind,
-        meta,
-        spec,
-        control_plane_endpoint,
         cluster_kind_unknown: match (&cluster_name, capi_known) {
             (Some(_), Err(why)) => Some(why),
             _ => None,
@@ -176,22 +172,10 @@ pub async fn observe_object<S: Source>(
         crd_deleting,
         namespace_terminating,
         owners_gone,
-        stuck_pods: BTreeMap::new(),
         jobs,
-        pods: Vec::new(),
         earlier_jobs,
-        earlier_pods: Vec::new(),
-        job_refusals: BTreeMap::new(),
         dependents,
-        state: None,
-        errored: Vec::new(),
-        state_permit: None,
-        inputs_secret: None,
-        attempt_secret: None,
-        referenced_secrets: BTreeMap::new(),
-        referenced_config_maps: BTreeMap::new(),
-        lock: None,
-        now: source.now(),
+        ..Observed::new(kind, meta, spec, control_plane_endpoint, source.now())
     };
     let read_now = state_now(&o);
     let state = async {

@@ -247,6 +247,26 @@ resource "terraform_data" "slow" {{
         }
     }
 
+    /// The Cluster `prod` with its TerraformCluster `prod` of `module` and `extra` (beside
+    /// it in the spec), for the manager to apply.
+    pub async fn create_terraform_cluster(&self, module: &str, extra: Value) {
+        let uid = self.create_cluster("prod").await;
+        self.create_owned::<TerraformCluster>(
+            "prod",
+            "prod",
+            &[("Cluster", "prod", &uid, false)],
+            module,
+            extra,
+        )
+        .await;
+    }
+
+    /// [`Env::create_terraform_cluster`], once the manager applied it.
+    pub async fn provisioned_cluster(&self, module: &str, extra: Value) {
+        self.create_terraform_cluster(module, extra).await;
+        self.wait_provisioned::<TerraformCluster>("prod").await;
+    }
+
     /// Does what the apply path does before a deletion can find anything: writes the
     /// inputs Secret and `applied-at`, runs the real `terraform apply` through the
     /// kubernetes backend, then records the state's fingerprint on the object.
