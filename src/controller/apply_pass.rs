@@ -210,10 +210,9 @@ pub async fn run<K: TerraformObject>(
                             )
                             .await;
                         }
-                        Ok(Requeue::requeue(match facts.refused {
-                            None => Duration::ZERO,
-                            Some(_) => LOOK_AGAIN,
-                        }))
+                        Ok(Requeue::requeue(super::retry::after_refusal(
+                            facts.refused.is_some(),
+                        )))
                     }
                     None => Err(e),
                 },

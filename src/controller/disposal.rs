@@ -186,4 +186,4 @@ pub async fn pass<K: TerraformObject>(
     }))
 }
 
-const REFUSED_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+const REFUSED_RETRY: std::time::Duration = crate::gather::verdict::LOOK_AGAIN;

@@ -31,7 +31,7 @@ use crate::state::permits::Lane;
 pub(crate) const RESYNC: Duration = Duration::from_secs(600);
 
 /// How soon an attempt the API server refused to start is tried again.
-const REFUSED_RETRY: Duration = Duration::from_secs(10);
+const REFUSED_RETRY: Duration = crate::gather::verdict::LOOK_AGAIN;
 
 fn annotation<'a, K: ResourceExt>(obj: &'a K, key: &str) -> Option<&'a str> {
     obj.annotations().get(key).map(String::as_str)
@@ -256,7 +256,9 @@ pub async fn reconcile<K: TerraformObject>(
                                 )
                                 .await;
                             }
-                            Ok(Requeue::requeue(refused_retry(refused.as_deref())))
+                            Ok(Requeue::requeue(super::retry::after_refusal(
+                                refused.is_some(),
+                            )))
                         }
                         None => Err(e),
                     },
@@ -315,15 +317,6 @@ pub async fn reconcile<K: TerraformObject>(
             abandon::abandon(&ctx, &scope, obj.as_ref(), &observed, &findings).await?;
             Ok(Requeue::await_change())
         }
-    }
-}
-
-/// When a pass whose start was refused looks again: at once when its conditions do not
-/// say a refusal yet (the next pass decides with it), else after [`REFUSED_RETRY`].
-fn refused_retry(shown: Option<&str>) -> Duration {
-    match shown {
-        None => Duration::ZERO,
-        Some(_) => REFUSED_RETRY,
     }
 }
 

@@ -10,6 +10,15 @@ use tracing::warn;
 
 use super::{Context, Error};
 use crate::api::TerraformObject;
+use crate::gather::verdict::LOOK_AGAIN;
+
+/// When a pass whose attempt the API server refused looks again: at once when its
+/// conditions did not say a refusal yet (`shown`: the next pass decides with it and says
+/// it), else after [`LOOK_AGAIN`], so that a refusal whose message changes on every try
+/// cannot spin.
+pub(super) fn after_refusal(shown: bool) -> Duration {
+    if shown { LOOK_AGAIN } else { Duration::ZERO }
+}
 
 /// After a failed pass: a conflict is decided again at once, anything else is counted
 /// and retried after the backoff's base.

@@ -54,6 +54,24 @@ impl<'a, K: TerraformObject> Cluster<'a, K> {
         self.scope.caches.as_deref()
     }
 
+    /// The `T`s (Jobs, Pods) made for objects of `kind` named `name` in the namespace,
+    /// listed from the API server.
+    async fn list_namesakes<T>(&self, kind: Kind, name: &str) -> Result<Vec<T>, Error>
+    where
+        T: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let lp = ListParams::default().labels(&namesake_selector(kind, name));
+        Ok(
+            Api::<T>::namespaced(self.ctx.client.clone(), &self.scope.namespace)
+                .list(&lp)
+                .await?
+                .items,
+        )
+    }
+
     /// Cluster API's object `name` of `ar` in `ns`: from the manager's cache of its kind
     /// (`store`, watched), else read from the API server.
     async fn cached_or_read(
@@ -103,13 +121,7 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
         self.jobs_listed.store(cached.is_none(), Ordering::Relaxed);
         Ok(match cached {
             Some(jobs) => jobs,
-            None => {
-                let lp = ListParams::default().labels(&namesake_selector(kind, name));
-                Api::<Job>::namespaced(self.ctx.client.clone(), ns)
-                    .list(&lp)
-                    .await?
-                    .items
-            }
+            None => self.list_namesakes(kind, name).await?,
         })
     }
 
@@ -122,13 +134,7 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
                 .filter(|_| !self.jobs_listed.load(Ordering::Relaxed))
             {
                 Some(c) => caches_namesakes(&c.pods, &c.pods_by_owner, kind, ns, name),
-                None => {
-                    let lp = ListParams::default().labels(&namesake_selector(kind, name));
-                    Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
-                        .list(&lp)
-                        .await?
-                        .items
-                }
+                None => self.list_namesakes(kind, name).await?,
             },
         )
     }

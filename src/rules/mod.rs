@@ -129,22 +129,33 @@ pub fn state_needed(f: &Facts) -> bool {
     }
 }
 
-/// The rule table. Rows are evaluated in order; the first that applies decides. A row
-/// that starts an attempt the API server refused last time ([`Facts::refused`]) still
-/// starts it, and the decision shows row 9's conditions for a destroy that cannot start,
-/// with the refusal as what keeps it.
+/// The rule table. Rows are evaluated in order; the first that applies decides. An
+/// attempt the API server refused last time ([`Facts::refused`]) is row 9's destroy that
+/// cannot start, with the refusal as what keeps it, and a retry that is due: it starts the
+/// attempt again.
 pub fn decide(f: &Facts) -> Decision {
     let d = decide_rows(f);
-    match (&f.refused, d.action.start_attempt()) {
-        (Some(why), Some(_)) => Decision {
-            action: d.action,
-            ..decide_rows(&Facts {
-                blocker: Some(Blocker::Refused(why.clone())),
-                refused: None,
-                ..f.clone()
-            })
+    let (Some(why), Some(attempt)) = (&f.refused, d.action.start_attempt()) else {
+        return d;
+    };
+    let blocked = decide_rows(&Facts {
+        blocker: Some(Blocker::Refused(why.clone())),
+        refused: None,
+        ..f.clone()
+    });
+    match blocked.action {
+        Action::RetryLater { at, .. } => Decision {
+            action: Action::RetryLater {
+                at,
+                start: Some(attempt),
+            },
+            ..blocked
         },
-        _ => d,
+        // Row 9 with the abandon annotation: its conditions, the row's own action.
+        _ => Decision {
+            action: d.action,
+            ..blocked
+        },
     }
 }
 

@@ -120,12 +120,6 @@ pub fn deletion_ready(d: &Decision) -> Desired {
 fn ready_of(d: &Decision, lead: &str, waits: &str) -> Desired {
     let row = d.row.map(|r| r.number()).unwrap_or_default();
     let (status, why, message) = match d.action {
-        // A start the API server refused last time: tried again, and held until allowed.
-        Action::StartDestroy { .. } if d.deleting.reason == reason::DESTROY_CANNOT_START => (
-            Status::False,
-            held_reason(d),
-            format!("{lead} (row {row}): {}{waits}", d.deleting.message),
-        ),
         Action::StartDestroy { attempt } => (
             Status::True,
             reason::DESTROY_WOULD_RUN,
