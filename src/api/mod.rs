@@ -2,12 +2,14 @@
 //! the conditions.
 
 pub mod conditions;
+pub mod identity;
 pub mod labels;
 pub mod names;
 pub mod object;
 pub mod templates;
 pub mod types;
 
+pub use identity::{IdentityRef, TerraformClusterIdentity, TerraformClusterIdentitySpec};
 pub use names::{Kind, TemplateKind};
 pub use object::TerraformObject;
 pub use templates::*;
@@ -16,12 +18,13 @@ pub use types::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-/// The six CRDs, in the order `captf crds` prints them: the three kinds, each with the
+/// The seven CRDs, in the order `captf crds` prints them: the three kinds, each with the
 /// status fields of its kind only ([`status_fields`]), then their templates
-/// ([`template_crds`]).
+/// ([`template_crds`]), then the identity kind ([`TerraformClusterIdentity`]).
 pub fn crds() -> Vec<CustomResourceDefinition> {
     let mut all = object_crds();
     all.extend(template_crds());
+    all.push(TerraformClusterIdentity::crd());
     all
 }
 

@@ -314,6 +314,14 @@ where
                     .map(|o| gather::apply::object_provisioned(o.as_ref()))
             })
         },
+        identity_of: {
+            let store = store.clone();
+            Arc::new(move |n: &str, name: &str| {
+                store
+                    .get(&ObjectRef::new(name).within(n))
+                    .map(|o| o.terraform().identity_ref.as_ref().map(|r| r.name.clone()))
+            })
+        },
         unfiltered: cfg.watch_filter.is_none(),
         live_pauses: Default::default(),
         members: {

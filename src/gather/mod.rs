@@ -62,12 +62,16 @@ pub struct ClusterView {
     /// `dispose-hibernate: "true"`: the modules hibernate while the disposal runs.
     pub dispose_hibernate: bool,
     pub deleting: bool,
+    /// The TerraformCluster its `spec.infrastructureRef` names, when its infrastructure is
+    /// CAPTF's.
+    pub infrastructure: Option<String>,
 }
 
 impl ClusterView {
     /// Reads a `cluster.x-k8s.io` Cluster of any version.
     pub fn from_value(value: &Value) -> ClusterView {
         ClusterView {
+            infrastructure: crate::contract::values::handoff_source(value).map(str::to_string),
             name: value["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()

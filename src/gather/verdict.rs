@@ -66,8 +66,12 @@ pub fn refused_message(o: &Observed, n: u32, why: &str) -> String {
 
 /// What [`ApplyFacts::refused`] says of the refusal `why` of attempt `n` of `o`.
 fn refusal(o: &Observed, n: u32, why: &str) -> String {
+    let refused = match crate::api::identity::refused_identity(why) {
+        Some(why) => format!("the identity apply attempt {n} runs with cannot be used: {why}"),
+        None => format!("the API server refused what apply attempt {n} needs: {why}"),
+    };
     format!(
-        "{} {}/{}: the API server refused what apply attempt {n} needs: {why}; tried again every {}s",
+        "{} {}/{}: {refused}; tried again every {}s",
         o.kind.as_str(),
         o.meta.namespace.as_deref().unwrap_or_default(),
         o.meta.name.as_deref().unwrap_or_default(),

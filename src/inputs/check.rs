@@ -18,7 +18,7 @@ pub enum InputsError {
     #[error("{origin}: not a JSON object")]
     NotObject { origin: String },
     #[error(
-        "{origin}: unsupported version {found} (this CAPTF reads versions 1 to {INPUTS_VERSION})"
+        "{origin}: unsupported version {found} (this CAPTF reads versions 1 to {INPUTS_VERSION_IDENTITY})"
     )]
     UnsupportedVersion { origin: String, found: String },
     #[error("{origin}: missing required field `{field}`")]
@@ -84,7 +84,7 @@ pub(super) fn secret_origin(namespace: &str, suffix: &str) -> String {
 }
 
 /// Parses and checks `inputs.json` for the object whose namespace and state suffix are
-/// given. Unknown fields are ignored; a version other than 1 and 2, a missing required field (`runner`,
+/// given. Unknown fields are ignored; a version other than 1 to 3, a missing required field (`runner`,
 /// `module`, `backend`), a module with both or neither of `source` and `files`, a bad
 /// module file name, or a backend that is not the object's own make the inputs unusable.
 pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, InputsError> {
@@ -180,6 +180,7 @@ pub fn parse(bytes: &[u8], namespace: &str, suffix: &str) -> Result<Inputs, Inpu
         lock_file: field(obj, "lockFile", &origin)?,
         contract_variables: field(obj, "contractVariables", &origin)?.unwrap_or_default(),
         ran: field(obj, "ran", &origin)?,
+        identity: field(obj, "identity", &origin)?,
     };
     check(&inputs, namespace, suffix, &origin)?;
     Ok(inputs)

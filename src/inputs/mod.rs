@@ -33,9 +33,13 @@ pub const INPUTS_MAX_BYTES: usize = 1024 * 1024;
 /// module and pull the image anew, refuses them instead of destroying with other code.
 pub const INPUTS_VERSION: u32 = 2;
 
+/// The version of inputs that record an identity (`identity`, read by no CAPTF before it),
+/// so that an older CAPTF refuses them instead of destroying without the credentials.
+pub const INPUTS_VERSION_IDENTITY: u32 = 3;
+
 /// The versions this controller reads: 1 (SPEC section 3; what an older CAPTF wrote, or
-/// another tool) and 2 (version 1's fields, and `ran`).
-pub const INPUTS_VERSIONS_READ: std::ops::RangeInclusive<u32> = 1..=INPUTS_VERSION;
+/// another tool), 2 (version 1's fields, and `ran`) and 3 (version 2's, and `identity`).
+pub const INPUTS_VERSIONS_READ: std::ops::RangeInclusive<u32> = 1..=INPUTS_VERSION_IDENTITY;
 
 /// The version the hash `A/inputs-sha256` is taken in: the same inputs hash the same in
 /// either version, so a new version re-applies nothing.
@@ -69,6 +73,22 @@ pub struct Inputs {
     /// What the latest successful apply ran (see [`Ran`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ran: Option<Ran>,
+    /// The `TerraformClusterIdentity` the apply ran with (see [`IdentityUse`]); its destroy
+    /// uses the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<IdentityUse>,
+}
+
+/// The identity an attempt ran with: its name, and the version of its Secret then. Who
+/// runs the module, not what it asks for: not part of the inputs' hash, so neither a new
+/// identity nor a rotated Secret re-applies by itself.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct IdentityUse {
+    pub name: String,
+    /// The `resourceVersion` of the identity's Secret the attempt was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_resource_version: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -129,7 +149,7 @@ pub fn with_ran(
         let mut with = inputs.clone();
         with.ran = Some(record.clone());
         // `ran` is version 2's: an older CAPTF refuses the inputs rather than ignore it.
-        with.version = INPUTS_VERSION;
+        with.version = with.version.max(INPUTS_VERSION);
         if with.to_json_bytes().len() <= INPUTS_MAX_BYTES && renders(&with) {
             return Some(with);
         }
@@ -314,6 +334,7 @@ pub fn build_from_spec(
         lock_file: spec.lock_file.clone(),
         contract_variables: Map::new(),
         ran: None,
+        identity: None,
     };
     check(&inputs, namespace, suffix, "spec")?;
     let bytes = inputs.to_json_bytes();
@@ -354,16 +375,29 @@ impl Inputs {
     }
 
     /// The hash of [`Inputs::to_json_bytes`] in version 1, without what a run recorded
-    /// (`ran`): the hash is of what the spec asked for, so neither recording what ran nor
-    /// a new version of the format makes the inputs look changed.
+    /// (`ran`) and the identity it ran with: the hash is of what the spec asked for, so
+    /// neither recording what ran, nor an identity, nor a new version of the format makes
+    /// the inputs look changed.
     pub fn sha256(&self) -> String {
-        if self.ran.is_none() && self.version == HASHED_VERSION {
+        if self.ran.is_none() && self.identity.is_none() && self.version == HASHED_VERSION {
             return Self::sha256_hex(&self.to_json_bytes());
         }
         let mut asked = self.clone();
         asked.ran = None;
+        asked.identity = None;
         asked.version = HASHED_VERSION;
         Self::sha256_hex(&asked.to_json_bytes())
+    }
+
+    /// These inputs recording that they run with `identity` (version 3, which an older
+    /// CAPTF refuses rather than run without the credentials); None: as they are.
+    pub fn with_identity(&self, identity: Option<IdentityUse>) -> Inputs {
+        let mut i = self.clone();
+        if identity.is_some() {
+            i.version = i.version.max(INPUTS_VERSION_IDENTITY);
+        }
+        i.identity = identity;
+        i
     }
 
     /// These inputs with the runner image `image` in place of what the apply ran (an

@@ -131,12 +131,37 @@ fn recording_what_ran_writes_version_2() {
 }
 
 #[test]
+fn recording_an_identity_writes_version_3_and_leaves_the_hash() {
+    let v1 = parse_value(&example()).unwrap();
+    let used = IdentityUse {
+        name: "team-a".into(),
+        secret_resource_version: Some("42".into()),
+    };
+    let with = v1.with_identity(Some(used.clone()));
+    assert_eq!(with.version, INPUTS_VERSION_IDENTITY);
+    assert_eq!(with.identity.as_ref(), Some(&used));
+    assert_eq!(
+        with.sha256(),
+        v1.sha256(),
+        "who runs the module is not in the hash"
+    );
+    let again = parse(&with.to_json_bytes(), NS, SUFFIX).expect("version 3 is read");
+    assert_eq!(again, with);
+    // Recording what ran after it keeps version 3: an older CAPTF still refuses them.
+    let ran = with_ran(&with, Ran::default(), |_| true).expect("fits");
+    assert_eq!(ran.version, INPUTS_VERSION_IDENTITY);
+    assert_eq!(ran.identity.as_ref(), Some(&used));
+    // None: as they were.
+    assert_eq!(v1.with_identity(None), v1);
+}
+
+#[test]
 fn another_version_is_unusable() {
     let mut v = example();
-    v["version"] = json!(3);
+    v["version"] = json!(4);
     let msg = unusable(v);
-    assert!(msg.contains("unsupported version 3"), "{msg}");
-    assert!(msg.contains("versions 1 to 2"), "{msg}");
+    assert!(msg.contains("unsupported version 4"), "{msg}");
+    assert!(msg.contains("versions 1 to 3"), "{msg}");
     assert!(msg.contains("captf-inputs-web-1.tfm"), "{msg}");
     let mut v = example();
     v["version"] = json!(0);
@@ -321,6 +346,7 @@ fn spec() -> TerraformSpec {
             runtime: None,
             service_account: None,
         },
+        identity_ref: None,
         lock_file: Some("# lock".into()),
     }
 }

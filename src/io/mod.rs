@@ -20,6 +20,11 @@ pub enum Error {
     /// name or uid): nothing is done to it.
     #[error("{0}")]
     Incomplete(String),
+    /// The identity an attempt runs with cannot be used (gone, not allowed in the
+    /// namespace, its Secret missing or refused): like an API server's refusal, remembered
+    /// and shown until an operator fixes it.
+    #[error("{0}")]
+    Identity(String),
 }
 
 impl Error {
@@ -34,13 +39,15 @@ impl Error {
     }
 
     /// The API server refused the request as it is (an admission policy or webhook, a
-    /// quota, a missing permission, an invalid object): trying again the same way fails
-    /// again until someone changes something. The API's message.
+    /// quota, a missing permission, an invalid object), or the identity cannot be used:
+    /// trying again the same way fails again until someone changes something. The API's
+    /// message, or the identity's refusal ([`crate::api::identity::refusal`]).
     pub fn refusal(&self) -> Option<String> {
         match self {
             Error::Kube(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422) => {
                 Some(s.message.clone())
             }
+            Error::Identity(why) => Some(crate::api::identity::refusal(why)),
             _ => None,
         }
     }
@@ -57,6 +64,7 @@ impl Error {
             Error::Stale(_) => "stale".into(),
             Error::Setup(_) => "setup".into(),
             Error::Incomplete(_) => "incomplete".into(),
+            Error::Identity(_) => "identity".into(),
         }
     }
 }

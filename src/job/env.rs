@@ -62,6 +62,16 @@ pub fn env_refusal(
     None
 }
 
+/// Whether `name` can be an environment variable the runner's shell reads: letters,
+/// digits and `_`, not starting with a digit.
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
 /// The container's env: the template's own (proxies, …), the credentials from the inputs
 /// (by Secret name and key), then the runner's settings. Reserved names come from code only.
 pub(super) fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>, RenderError> {
@@ -81,6 +91,42 @@ pub(super) fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>
             env_refusal(&e.name, variables).is_none() && !from_inputs.contains(&e.name.as_str())
         })
         .collect();
+    if let Some(identity) = req.identity {
+        let job_name = names::job_name(req.suffix, req.operation, req.attempt);
+        for name in identity.values.keys() {
+            let refused = |why| RenderError::ForbiddenIdentityEnv {
+                identity: identity.name.clone(),
+                name: name.clone(),
+                why,
+            };
+            if !is_env_name(name) {
+                return Err(refused(
+                    "not a variable name (letters, digits and _, not starting with a digit)",
+                ));
+            }
+            if let Some(why) = env_refusal(name, variables) {
+                return Err(refused(why));
+            }
+            if from_inputs.contains(&name.as_str()) {
+                return Err(refused(
+                    "the spec's env gives it too (remove it from one of them)",
+                ));
+            }
+            out.retain(|o| &o.name != name);
+            out.push(EnvVar {
+                name: name.clone(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: job_name.clone(),
+                        key: super::identity_key(name),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                }),
+            });
+        }
+    }
     for e in &req.inputs.env {
         if out.iter().any(|o| o.name == e.name) {
             continue;

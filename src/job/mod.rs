@@ -67,6 +67,22 @@ pub struct JobRequest<'a> {
     /// The ServiceAccount its Pod runs as: the namespace's `captf-runner`, or the object's
     /// own ([`runner_account_name`]).
     pub service_account: &'a str,
+    /// The credentials of the identity the attempt runs with, as read at its start.
+    pub identity: Option<&'a IdentityEnv>,
+}
+
+/// An identity's credentials for one attempt: each key of its Secret an environment
+/// variable of the runner, carried by the attempt's Secret (keys `identity.<NAME>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityEnv {
+    /// The `TerraformClusterIdentity`'s name.
+    pub name: String,
+    pub values: std::collections::BTreeMap<String, k8s_openapi::ByteString>,
+}
+
+/// The key of the attempt's Secret holding identity variable `name`.
+pub fn identity_key(name: &str) -> String {
+    format!("identity.{name}")
 }
 
 /// The ServiceAccount the runner Pods of an object of state suffix `suffix` and runner
@@ -122,4 +138,12 @@ pub enum RenderError {
         "the inputs' env entry {name:?} is refused: {why}; remove it from the spec's env (and from the inputs Secret)"
     )]
     ForbiddenEnv { name: String, why: &'static str },
+    #[error(
+        "TerraformClusterIdentity {identity}: its Secret's key {name:?} is refused as an environment variable: {why}; remove it from the identity's Secret"
+    )]
+    ForbiddenIdentityEnv {
+        identity: String,
+        name: String,
+        why: &'static str,
+    },
 }

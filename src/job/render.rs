@@ -135,6 +135,10 @@ pub fn attempt_secret(templates: &Templates, req: &JobRequest) -> Result<Secret,
             ByteString(req.inputs.to_json_bytes()),
         );
     }
+    // The identity's credentials, for the runner's env (not projected as files).
+    for (name, value) in req.identity.iter().flat_map(|i| &i.values) {
+        data.insert(super::identity_key(name), value.clone());
+    }
     let size: usize = data.iter().map(|(k, v)| k.len() + v.0.len()).sum();
     if size > SECRET_MAX_BYTES {
         return Err(RenderError::SecretTooLarge {

@@ -56,6 +56,7 @@ pub(crate) fn inline_inputs() -> Inputs {
         lock_file: Some("# lock file\n".into()),
         contract_variables: Default::default(),
         ran: None,
+        identity: None,
     }
 }
 
@@ -72,6 +73,7 @@ pub(crate) fn request(inputs: &Inputs) -> JobRequest<'_> {
         inputs,
         plan_guard: PlanGuard::default(),
         service_account: names::RUNNER_NAME,
+        identity: None,
     }
 }
 
@@ -661,6 +663,104 @@ fn inputs_for_another_backend_are_refused() {
     inputs.backend.secret_suffix = "web-2.tfm".into();
     let err = render(&Templates::embedded(), &request(&inputs)).unwrap_err();
     assert!(matches!(err, RenderError::ForeignBackend { .. }), "{err}");
+}
+
+#[test]
+fn an_identitys_credentials_come_from_the_attempts_secret_and_are_checked() {
+    let inputs = inline_inputs();
+    let identity = IdentityEnv {
+        name: "team-a".into(),
+        values: BTreeMap::from([
+            (
+                "CLOUD_TOKEN".to_string(),
+                k8s_openapi::ByteString(b"AKIA".to_vec()),
+            ),
+            (
+                "TF_VAR_region".to_string(),
+                k8s_openapi::ByteString(b"eu-west-1".to_vec()),
+            ),
+        ]),
+    };
+    let req = JobRequest {
+        identity: Some(&identity),
+        ..request(&inputs)
+    };
+    let templates = Templates::embedded();
+    let job = render(&templates, &req).unwrap();
+    let secret = attempt_secret(&templates, &req).unwrap();
+    let container = &job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0];
+    let job_name = job.metadata.name.clone().unwrap();
+    for (name, value) in [("CLOUD_TOKEN", "AKIA"), ("TF_VAR_region", "eu-west-1")] {
+        let var = container
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("{name} in the runner's env"));
+        assert_eq!(var.value, None, "never in the Pod's spec");
+        let from = var
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .expect("from a Secret");
+        assert_eq!(from.name, job_name, "the attempt's own Secret");
+        assert_eq!(
+            secret.data.as_ref().unwrap()[&from.key].0,
+            value.as_bytes(),
+            "{name}"
+        );
+    }
+    // Not projected into the render directory.
+    let files = projected_files(&job, &secret);
+    assert!(files.values().all(|v| !v.contains("AKIA")), "{files:?}");
+
+    // A key that would change what Terraform or the runner does, that is no variable
+    // name, or that the spec's env gives too: refused, naming the identity and the key.
+    for (key, why) in [
+        ("TF_WORKSPACE", "TF_*"),
+        ("CAPTF_SUFFIX", "runner"),
+        ("TF_VAR_name", "override"),
+        ("1PASSWORD", "not a variable name"),
+        ("aws-key", "not a variable name"),
+        ("TOKEN", "spec's env"),
+    ] {
+        let mut inputs = inline_inputs();
+        inputs.env.push(EnvFromSecret {
+            name: "TOKEN".into(),
+            secret_key_ref: SecretKeyRef {
+                name: "s".into(),
+                key: "k".into(),
+            },
+        });
+        let bad = IdentityEnv {
+            name: "team-a".into(),
+            values: BTreeMap::from([(key.to_string(), k8s_openapi::ByteString(b"x".to_vec()))]),
+        };
+        let err = render(
+            &templates,
+            &JobRequest {
+                identity: Some(&bad),
+                ..request(&inputs)
+            },
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, RenderError::ForbiddenIdentityEnv { .. })
+                && msg.contains("TerraformClusterIdentity team-a")
+                && msg.contains(&format!("{key:?}"))
+                && msg.contains(why),
+            "{key}: {msg}"
+        );
+    }
 }
 
 #[test]

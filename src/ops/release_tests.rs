@@ -188,7 +188,7 @@ fn the_components_hold_clusterctl_s_rules_and_only_captf_s_variables() {
             .iter()
             .filter(|o| o["kind"] == "CustomResourceDefinition")
             .count(),
-        6
+        7
     );
     for o in &objects {
         assert_eq!(

@@ -237,9 +237,10 @@ impl Blocker {
             Blocker::ErroredState(what) => format!(
                 "{what}; a destroy against the state would leave them: merge the errored state into the state with captf state restore --from-errored, or delete it once they are confirmed gone, or abandon"
             ),
-            Blocker::Refused(why) => {
-                format!("the API server refused what the destroy needs: {why}")
-            }
+            Blocker::Refused(why) => match crate::api::identity::refused_identity(why) {
+                Some(why) => format!("the identity the destroy runs with cannot be used: {why}"),
+                None => format!("the API server refused what the destroy needs: {why}"),
+            },
         }
     }
 }

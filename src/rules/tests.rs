@@ -820,6 +820,24 @@ fn a_refused_start_is_tried_again_and_shown_as_a_destroy_that_cannot_start() {
             "destroy attempt 1 cannot start: the API server refused what the destroy needs: {why}; see runbooks/DestroyCannotStart.md"
         )
     );
+    // The identity it runs with, refused by the manager, is told as such.
+    let identity = crate::api::identity::refusal("TerraformClusterIdentity team-a does not exist");
+    assert_eq!(
+        refused_message(2, &identity),
+        "destroy attempt 2 cannot start: the identity the destroy runs with cannot be used: TerraformClusterIdentity team-a does not exist; see runbooks/DestroyCannotStart.md"
+    );
+    let f = Facts {
+        refused: Some(identity),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert!(
+        d.deleting
+            .message
+            .contains("the identity the destroy runs with cannot be used: TerraformClusterIdentity team-a does not exist"),
+        "{}",
+        d.deleting.message
+    );
 }
 
 /// The preview of a live object (`DeletionReady`): the deletion table with the deletion

@@ -197,6 +197,109 @@ async fn clusterctl_move_takes_a_provisioned_cluster_and_leaves_nothing_behind()
     env.shutdown().await;
 }
 
+/// The entry `clusterctl init` writes in its inventory for CAPTF installed in the
+/// manager's namespace (the manager runs in the test's process, not installed by it):
+/// `clusterctl move` reads Secrets in an infrastructure provider's namespace only, an
+/// identity's among them, and requires each provider of the source in the target.
+async fn register_provider(env: &Env) {
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    let gvk = GroupVersionKind::gvk("clusterctl.cluster.x-k8s.io", "v1alpha3", "Provider");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "providers");
+    let provider: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3", "kind": "Provider",
+        "metadata": {"name": "infrastructure-terraform", "namespace": env.manager_ns,
+            "labels": {"clusterctl.cluster.x-k8s.io": "",
+                "clusterctl.cluster.x-k8s.io/core": "inventory"}},
+        "providerName": "terraform",
+        "type": "InfrastructureProvider",
+        "version": "v0.1.0"
+    }))
+    .expect("provider");
+    Api::<DynamicObject>::namespaced_with(env.client.clone(), &env.manager_ns, &ar)
+        .create(&PostParams::default(), &provider)
+        .await
+        .expect("clusterctl's inventory entry for CAPTF");
+}
+
+/// `clusterctl move` carries a TerraformCluster's identity and the identity's Secret (a
+/// global hierarchy: copied, and left in the source); deleting the Cluster in the target
+/// destroys with the moved credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clusterctl_move_carries_the_identity_and_its_secret() {
+    use crate::identity::{create_identity, identities, identity_name, identity_ref, marker};
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Api;
+    if envtest_only("it moves between two local control planes") {
+        return;
+    }
+    // A control plane of its own: the provider's entry in clusterctl's inventory below
+    // would make the other moves' targets lack a provider the source has.
+    let env = Env::builder("move-identity")
+        .dedicated()
+        .provisioning()
+        .start()
+        .await;
+    register_provider(&env).await;
+    create_identity(&env, "token-moved", serde_json::json!({"list": [env.ns]})).await;
+    env.create_terraform_cluster(&crate::identity::token_module(), identity_ref(&env))
+        .await;
+    env.wait_provisioned::<Tfc>("prod").await;
+    env.mark_cluster_ready("prod").await;
+    let target = target_of(&env, "move-identity-to").await;
+    register_provider(&target).await;
+
+    move_to(&env, &target);
+
+    wait_for("the source to let the moved objects go", long(), || async {
+        !env.exists::<Tfc>("prod").await
+    })
+    .await;
+    let name = identity_name(&env);
+    let moved = identities(&target)
+        .get(&name)
+        .await
+        .expect("the identity moved");
+    let secret = Api::<Secret>::namespaced(target.client.clone(), &target.manager_ns)
+        .get("team-creds")
+        .await
+        .expect("its Secret moved");
+    assert!(
+        secret
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| Some(&r.uid) == moved.metadata.uid.as_ref()),
+        "the Secret is the moved identity's: {:?}",
+        secret.metadata.owner_references
+    );
+    assert!(
+        identities(&env)
+            .get_opt(&name)
+            .await
+            .expect("get")
+            .is_some(),
+        "a global identity stays in the source too"
+    );
+
+    target.wait_provisioned::<Tfc>("prod").await;
+    target.delete_cluster("prod").await;
+    wait_for("the target to release the cluster", long(), || async {
+        !target.exists::<Tfc>("prod").await
+    })
+    .await;
+    assert_eq!(
+        marker(&env, "prod.destroy-token").as_deref(),
+        Some("token-moved"),
+        "the target's destroy ran with the moved identity"
+    );
+    for e in [&env, &target] {
+        let _ = identities(e).delete(&name, &Default::default()).await;
+    }
+    target.shutdown().await;
+    env.shutdown().await;
+}
+
 /// A machine whose deletion is held (its state cannot be read: `StateCorrupt`) when the
 /// management cluster moves: nothing is destroyed in the source, the state moves with the
 /// object as it was, and the target holds it too. clusterctl carries no deletion over (it

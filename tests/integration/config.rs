@@ -24,7 +24,7 @@ fn kustomize_builds_the_install_manifests() {
     );
     let built = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
 
-    // The six CRDs.
+    // The seven CRDs.
     for name in [
         "terraformclusters.infrastructure.cluster.x-k8s.io",
         "terraformmachines.infrastructure.cluster.x-k8s.io",
@@ -32,6 +32,7 @@ fn kustomize_builds_the_install_manifests() {
         "terraformclustertemplates.infrastructure.cluster.x-k8s.io",
         "terraformmachinetemplates.infrastructure.cluster.x-k8s.io",
         "terraformmachinepooltemplates.infrastructure.cluster.x-k8s.io",
+        "terraformclusteridentities.infrastructure.cluster.x-k8s.io",
     ] {
         assert!(
             built.contains(&format!("  name: {name}\n")),
@@ -40,8 +41,8 @@ fn kustomize_builds_the_install_manifests() {
     }
     assert_eq!(
         built.matches("\nkind: CustomResourceDefinition\n").count(),
-        6,
-        "six CRDs"
+        7,
+        "seven CRDs"
     );
 
     // The manager Deployment, its probes and its arguments.

@@ -11,6 +11,7 @@ mod control_plane;
 mod crds;
 mod deletion;
 mod disposal;
+mod identity;
 mod jobs;
 mod kube_state_metrics;
 mod local_images;

@@ -1248,7 +1248,7 @@ async fn clusterctl_init_installs_captf_from_a_local_repository() {
             )
             .await;
     }
-    // The six CRDs, labelled by clusterctl, and the admission policies, cluster-scoped.
+    // The CRDs, labelled by clusterctl, and the admission policies, cluster-scoped.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for kind in captf::api::Kind::ALL {
         let crd = crds.get(&kind.crd_name()).await.expect("CRD");

@@ -1,6 +1,6 @@
 //! Starting apply attempt `n` (rows A12 and A13 of the apply table).
 //!
-//! Write order: what the Job needs first (the runner's RBAC; the state's Secrets, if any,
+//! Write order: the identity it runs with read first (a refusal writes nothing); what the Job needs first (the runner's RBAC; the state's Secrets, if any,
 //! labelled for Terraform's backend with the parts' protection off; a lock left by a gone
 //! runner of the object cleared, as read); then, in one guarded write on the object, the
 //! attempt number, `inputs-sha256`, `applied-at` the first time, block-move, and the last
@@ -47,6 +47,9 @@ pub async fn start_apply<K: TerraformObject>(
     inputs: &Inputs,
     attempt: Attempt,
 ) -> Result<Started, Error> {
+    let (attempt, inputs) =
+        attempt::with_identity(ctx, scope, obj, o, names::OPERATION_APPLY, inputs, attempt).await?;
+    let inputs = &inputs;
     let Attempt {
         n,
         job,

@@ -29,7 +29,8 @@ pub struct Attempt {
     pub backend_labels: BTreeMap<String, String>,
 }
 
-/// Renders attempt `n` of the object for `operation` (`names::OPERATION_DESTROY` or `names::OPERATION_APPLY`).
+/// Renders attempt `n` of the object for `operation` (`names::OPERATION_DESTROY` or
+/// `names::OPERATION_APPLY`), without an identity's credentials (see [`with_identity`]).
 pub fn render_operation<K: TerraformObject>(
     ctx: &Context,
     scope: &Scope<K>,
@@ -37,6 +38,51 @@ pub fn render_operation<K: TerraformObject>(
     operation: &'static str,
     n: u32,
     inputs: &Inputs,
+) -> Result<Attempt, String> {
+    render_with(ctx, scope, obj, operation, n, inputs, None)
+}
+
+/// `attempt` as it starts: rendered again with the credentials of the identity it runs
+/// with, read now (an apply's inputs then record it), or as it is when it runs with none.
+/// Before anything of the attempt is written: a refusal ([`Error::Identity`]) leaves nothing.
+pub async fn with_identity<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    o: &Observed,
+    operation: &'static str,
+    inputs: &Inputs,
+    attempt: Attempt,
+) -> Result<(Attempt, Inputs), Error> {
+    let Some(resolved) = super::identity::resolve(ctx, scope, obj, o, operation, inputs).await?
+    else {
+        return Ok((attempt, inputs.clone()));
+    };
+    let inputs = match operation {
+        names::OPERATION_APPLY => inputs.with_identity(Some(resolved.used)),
+        _ => inputs.clone(),
+    };
+    let attempt = render_with(
+        ctx,
+        scope,
+        obj,
+        operation,
+        attempt.n,
+        &inputs,
+        Some(&resolved.env),
+    )
+    .map_err(Error::Identity)?;
+    Ok((attempt, inputs))
+}
+
+fn render_with<K: TerraformObject>(
+    ctx: &Context,
+    scope: &Scope<K>,
+    obj: &K,
+    operation: &'static str,
+    n: u32,
+    inputs: &Inputs,
+    identity: Option<&job::IdentityEnv>,
 ) -> Result<Attempt, String> {
     let cluster = gather::owning_cluster(obj.meta());
     // An operator's image in place of the digest the apply ran (one the registry no
@@ -79,6 +125,7 @@ pub fn render_operation<K: TerraformObject>(
         attempt: n,
         inputs,
         plan_guard,
+        identity,
     };
     let job = job::render(&ctx.templates, &request).map_err(|e| e.to_string())?;
     let secret = job::attempt_secret(&ctx.templates, &request).map_err(|e| e.to_string())?;

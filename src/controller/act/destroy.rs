@@ -1,6 +1,7 @@
 //! Starting destroy attempt `n` (rows 4 and 6 of the rule table).
 //!
-//! Write order: everything the Job needs first (the backup of the state it starts from,
+//! Write order: the identity it runs with read first (a refusal writes nothing); then
+//! everything the Job needs (the backup of the state it starts from,
 //! the backend's labels on the state Secrets with the parts' protection off, the runner's
 //! RBAC, a stale lock of a runner that is gone), all before the attempt number; then the
 //! attempt number, under this object's uid, on the object (write-ahead: a crash after it
@@ -47,6 +48,22 @@ pub async fn start_attempt<K: TerraformObject>(
     findings: &Findings,
     attempt: Attempt,
 ) -> Result<Started, Error> {
+    let attempt = match &findings.inputs {
+        Some(inputs) => {
+            attempt::with_identity(
+                ctx,
+                scope,
+                obj,
+                o,
+                names::OPERATION_DESTROY,
+                inputs,
+                attempt,
+            )
+            .await?
+            .0
+        }
+        None => attempt,
+    };
     let Attempt {
         n,
         job,

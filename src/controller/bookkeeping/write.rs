@@ -248,7 +248,7 @@ async fn with_what_it_ran<K: TerraformObject>(
         None => {
             let mut empty = inputs.clone();
             empty.ran = Some(Default::default());
-            empty.version = crate::inputs::INPUTS_VERSION;
+            empty.version = empty.version.max(crate::inputs::INPUTS_VERSION);
             if empty.to_json_bytes().len() > crate::inputs::INPUTS_MAX_BYTES {
                 inputs
             } else {

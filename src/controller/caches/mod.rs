@@ -80,6 +80,9 @@ pub struct Caches {
     /// Whether the cached object (namespace, name) of the kind is provisioned; none when
     /// the cache does not hold it.
     pub provisioned: ProvisionedOf,
+    /// The `TerraformClusterIdentity` the cached object (namespace, name) of the kind
+    /// names (`Some(None)`: none); none when the cache does not hold it.
+    pub identity_of: IdentityOf,
     /// Visits the metadata of every object of the kind in the controller's own cache.
     pub members: Members,
     /// Whether that cache holds every object of the kind (no `--watch-filter`).
@@ -95,6 +98,9 @@ pub type Members = Arc<dyn Fn(&mut dyn FnMut(&kube::api::ObjectMeta)) + Send + S
 
 /// Whether the cached object (namespace, name) is provisioned; none when not cached.
 pub type ProvisionedOf = Arc<dyn Fn(&str, &str) -> Option<bool> + Send + Sync>;
+
+/// The identity the cached object (namespace, name) names; none when not cached.
+pub type IdentityOf = Arc<dyn Fn(&str, &str) -> Option<Option<String>> + Send + Sync>;
 
 /// How long a pass waits for the caches' first lists before it fails, naming them.
 pub const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);

@@ -403,6 +403,7 @@ resource "terraform_data" "slow" {{
             lock_file: None,
             contract_variables: Default::default(),
             ran: None,
+            identity: None,
         };
         let mut inputs = inputs;
         edit(&mut inputs);

@@ -1,0 +1,280 @@
+//! Credentials a platform team keeps in the manager's namespace (`TerraformClusterIdentity`):
+//! given to the runners of the namespaces an identity allows, machines through their
+//! cluster's, recorded with the apply for its destroy, and refused with the reason where
+//! they are not allowed.
+
+use captf::api::TerraformClusterIdentity;
+use captf::api::names::{self, Kind};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::provisioning::{recorded_inputs, recording_machine_module, wait_condition};
+use crate::support::*;
+
+/// A cluster module that writes the runner's `CLOUD_TOKEN` into `<name>.apply-token` when
+/// it creates its one instance, and into `<name>.destroy-token` when it destroys it.
+pub(crate) fn token_module() -> String {
+    r#"variable "name" { type = string }
+variable "marker_dir" { type = string }
+resource "terraform_data" "vm" {
+  input = "${var.marker_dir}/${var.name}"
+  provisioner "local-exec" {
+    command = "printf '%s' \"$CLOUD_TOKEN\" > '${self.input}.apply-token'"
+  }
+  provisioner "local-exec" {
+    when    = destroy
+    command = "printf '%s' \"$CLOUD_TOKEN\" > '${self.input}.destroy-token'"
+  }
+}
+"#
+    .to_string()
+}
+
+/// The test's identity: cluster-scoped, so named after the test's namespace.
+pub(crate) fn identity_name(env: &Env) -> String {
+    format!("{}-team", env.ns)
+}
+
+/// Creates the identity's Secret in the manager's namespace with `token`, and the identity
+/// allowing `allowed` (`spec.allowedNamespaces`).
+pub(crate) async fn create_identity(env: &Env, token: &str, allowed: Value) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "team-creds", "namespace": env.manager_ns},
+        "stringData": {"CLOUD_TOKEN": token}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(env.client.clone(), &env.manager_ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the identity's Secret");
+    let identity: TerraformClusterIdentity = serde_json::from_value(json!({
+        "apiVersion": names::API_VERSION, "kind": "TerraformClusterIdentity",
+        "metadata": {"name": identity_name(env)},
+        "spec": {"secretRef": "team-creds", "allowedNamespaces": allowed}
+    }))
+    .expect("identity");
+    identities(env)
+        .create(&PostParams::default(), &identity)
+        .await
+        .expect("create the identity");
+}
+
+pub(crate) fn identities(env: &Env) -> Api<TerraformClusterIdentity> {
+    Api::all(env.client.clone())
+}
+
+pub(crate) fn identity_ref(env: &Env) -> Value {
+    json!({"identityRef": {"kind": "TerraformClusterIdentity", "name": identity_name(env)}})
+}
+
+pub(crate) fn marker(env: &Env, file: &str) -> Option<String> {
+    std::fs::read_to_string(env.markers().join(file)).ok()
+}
+
+/// An identity's Secret gives the apply its credentials as environment variables, never
+/// in the Pod's spec; a machine uses its cluster's; the apply records the identity and
+/// its Secret's version; the destroy after a rotation runs with the rotated credential;
+/// and the identity owns its Secret, so that `clusterctl move` carries both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_identity_gives_the_apply_its_credentials_and_the_destroy_the_rotated_ones() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::builder("identity").provisioning().start().await;
+    create_identity(&env, "token-1", json!({"list": [env.ns]})).await;
+    let cluster_uid = env.create_cluster("prod").await;
+    env.mark_cluster_ready("prod").await;
+    env.create_owned::<Tfc>(
+        "prod",
+        "prod",
+        &[("Cluster", "prod", &cluster_uid, false)],
+        &token_module(),
+        identity_ref(&env),
+    )
+    .await;
+    env.wait_provisioned::<Tfc>("prod").await;
+    assert_eq!(
+        marker(&env, "prod.apply-token").as_deref(),
+        Some("token-1"),
+        "the apply ran with the identity's credential"
+    );
+    // A machine of the cluster names no identity: it runs with its cluster's.
+    env.create_bootstrap_secret("prod", "web-1-bootstrap", "#cloud-config web-1")
+        .await;
+    let machine_uid = env
+        .create_machine("web-1", "prod", Some("web-1-bootstrap"))
+        .await;
+    env.create_owned::<Tfm>(
+        "web-1",
+        "prod",
+        &[("Machine", "web-1", &machine_uid, true)],
+        &recording_machine_module(1, "", r#"\"$CLOUD_TOKEN\""#),
+        json!({}),
+    )
+    .await;
+    wait_condition::<Tfm>(&env, "web-1", "Provisioned", "True", "Provisioned").await;
+    assert_eq!(
+        marker(&env, "web-1-0.created").as_deref(),
+        Some("token-1"),
+        "the machine ran with its cluster's identity"
+    );
+
+    // What the apply recorded: the identity and its Secret's version (inputs version 3).
+    let secrets = Api::<Secret>::namespaced(env.client.clone(), &env.manager_ns);
+    let secret = secrets
+        .get("team-creds")
+        .await
+        .expect("the identity's Secret");
+    for kind in [Kind::TerraformCluster, Kind::TerraformMachine] {
+        let name = if kind == Kind::TerraformCluster {
+            "prod"
+        } else {
+            "web-1"
+        };
+        let inputs = recorded_inputs(&env, kind, name).await.expect("inputs");
+        let used = inputs.identity.expect("the identity is recorded");
+        assert_eq!(used.name, identity_name(&env), "{kind:?}");
+        assert_eq!(
+            used.secret_resource_version, secret.metadata.resource_version,
+            "{kind:?}"
+        );
+        assert_eq!(inputs.version, captf::inputs::INPUTS_VERSION_IDENTITY);
+    }
+    // The credential is in no Pod's spec: the Jobs name the attempt's Secret.
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(env.client.clone(), &env.ns)
+        .list(&Default::default())
+        .await
+        .expect("jobs")
+        .items;
+    assert!(!jobs.is_empty());
+    for job in &jobs {
+        let text = serde_json::to_string(job).expect("job");
+        assert!(!text.contains("token-1"), "{text}");
+    }
+    // The identity owns its Secret: clusterctl move carries a global identity's hierarchy.
+    let identity = identities(&env)
+        .get(&identity_name(&env))
+        .await
+        .expect("identity");
+    assert!(
+        secret
+            .owner_references()
+            .iter()
+            .any(|r| Some(&r.uid) == identity.meta().uid.as_ref()
+                && r.kind == "TerraformClusterIdentity"),
+        "{:?}",
+        secret.owner_references()
+    );
+
+    // The credential is rotated; the destroy runs with the new one.
+    secrets
+        .patch(
+            "team-creds",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"CLOUD_TOKEN": "token-2"}})),
+        )
+        .await
+        .expect("rotate");
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    env.delete::<Tfc>("prod").await;
+    env.wait_gone::<Tfc>("prod", long()).await;
+    assert_eq!(
+        marker(&env, "prod.destroy-token").as_deref(),
+        Some("token-2"),
+        "the destroy ran with the identity's Secret as it is now"
+    );
+    let _ = identities(&env)
+        .delete(&identity_name(&env), &DeleteParams::default())
+        .await;
+    env.shutdown().await;
+}
+
+/// An identity that does not allow the object's namespace holds its apply with the reason
+/// and the fix, starting nothing; labelling the namespace to match the identity's
+/// selector lets it start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_identity_the_namespace_may_not_use_holds_the_apply_with_its_reason() {
+    let env = Env::builder("identity-refused")
+        .provisioning()
+        .start()
+        .await;
+    create_identity(
+        &env,
+        "token-1",
+        json!({"list": ["another-team"], "selector": {"matchLabels": {"team": env.ns}}}),
+    )
+    .await;
+    env.create_terraform_cluster(&token_module(), identity_ref(&env))
+        .await;
+    let msg =
+        wait_condition::<Tfc>(&env, "prod", "InputsApplied", "False", "ApplyCannotStart").await;
+    let identity = identity_name(&env);
+    assert!(
+        msg.contains(&format!(
+            "the identity apply attempt 1 runs with cannot be used: TerraformClusterIdentity {identity} does not allow namespace {}",
+            env.ns
+        )) && msg.contains("spec.allowedNamespaces")
+            && msg.contains("runbooks/ApplyCannotStart.md"),
+        "{msg}"
+    );
+    assert_eq!(env.jobs_created(), 0, "nothing runs without the identity");
+    let obj = env.object::<Tfc>("prod").await.expect("object");
+    assert!(
+        !obj.annotations().contains_key(names::APPLY_ATTEMPT),
+        "a refused identity writes nothing of the attempt"
+    );
+    assert!(
+        env.event_reasons("prod")
+            .await
+            .iter()
+            .any(|r| r == "ApplyCannotStart"),
+        "a Warning Event names the refusal"
+    );
+
+    // The platform team labels the namespace for the team: the apply starts.
+    Api::<Namespace>::all(env.client.clone())
+        .patch(
+            &env.ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": env.ns}}})),
+        )
+        .await
+        .expect("label the namespace");
+    wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
+
+    // The identity goes: the destroy cannot start, and says why; nothing is released.
+    identities(&env)
+        .delete(&identity, &DeleteParams::default())
+        .await
+        .expect("delete the identity");
+    env.delete::<Tfc>("prod").await;
+    let msg = env
+        .wait_deleting::<Tfc>("prod", "DestroyCannotStart", long())
+        .await;
+    assert!(
+        msg.contains(&format!(
+            "the identity the destroy runs with cannot be used: TerraformClusterIdentity {identity} does not exist"
+        )) && msg.contains("runbooks/DestroyCannotStart.md"),
+        "{msg}"
+    );
+    assert!(
+        env.object::<Tfc>("prod").await.is_some(),
+        "held, not released"
+    );
+    // The identity owned its Secret: it went with it (the garbage collector).
+    let secrets = Api::<Secret>::namespaced(env.client.clone(), &env.manager_ns);
+    wait_for("the identity's Secret to go with it", long(), || async {
+        secrets.get_opt("team-creds").await.expect("get").is_none()
+    })
+    .await;
+    // Both made again (the same names), the destroy runs and the object goes.
+    create_identity(&env, "token-2", json!({"list": [env.ns]})).await;
+    env.wait_gone::<Tfc>("prod", long()).await;
+    let _ = identities(&env)
+        .delete(&identity, &DeleteParams::default())
+        .await;
+    env.shutdown().await;
+}
