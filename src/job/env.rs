@@ -91,7 +91,7 @@ pub(super) fn env(template: Vec<EnvVar>, req: &JobRequest) -> Result<Vec<EnvVar>
             env_refusal(&e.name, variables).is_none() && !from_inputs.contains(&e.name.as_str())
         })
         .collect();
-    if let Some(identity) = req.identity {
+    if let Some(identity) = req.credentials {
         let job_name = names::job_name(req.suffix, req.operation, req.attempt);
         for name in identity.values.keys() {
             let refused = |why| RenderError::ForbiddenIdentityEnv {

@@ -67,8 +67,9 @@ pub struct JobRequest<'a> {
     /// The ServiceAccount its Pod runs as: the namespace's `captf-runner`, or the object's
     /// own ([`runner_account_name`]).
     pub service_account: &'a str,
-    /// The credentials of the identity the attempt runs with, as read at its start.
-    pub identity: Option<&'a IdentityEnv>,
+    /// The credentials of the `TerraformClusterIdentity` the attempt runs with, as read
+    /// at its start (not [`JobRequest::identity`], the object's).
+    pub credentials: Option<&'a IdentityEnv>,
 }
 
 /// An identity's credentials for one attempt: each key of its Secret an environment

@@ -136,7 +136,7 @@ pub fn attempt_secret(templates: &Templates, req: &JobRequest) -> Result<Secret,
         );
     }
     // The identity's credentials, for the runner's env (not projected as files).
-    for (name, value) in req.identity.iter().flat_map(|i| &i.values) {
+    for (name, value) in req.credentials.iter().flat_map(|i| &i.values) {
         data.insert(super::identity_key(name), value.clone());
     }
     let size: usize = data.iter().map(|(k, v)| k.len() + v.0.len()).sum();

@@ -73,7 +73,7 @@ pub(crate) fn request(inputs: &Inputs) -> JobRequest<'_> {
         inputs,
         plan_guard: PlanGuard::default(),
         service_account: names::RUNNER_NAME,
-        identity: None,
+        credentials: None,
     }
 }
 
@@ -682,7 +682,7 @@ fn an_identitys_credentials_come_from_the_attempts_secret_and_are_checked() {
         ]),
     };
     let req = JobRequest {
-        identity: Some(&identity),
+        credentials: Some(&identity),
         ..request(&inputs)
     };
     let templates = Templates::embedded();
@@ -747,7 +747,7 @@ fn an_identitys_credentials_come_from_the_attempts_secret_and_are_checked() {
         let err = render(
             &templates,
             &JobRequest {
-                identity: Some(&bad),
+                credentials: Some(&bad),
                 ..request(&inputs)
             },
         )

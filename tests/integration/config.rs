@@ -234,3 +234,127 @@ fn kustomize_builds_the_monitoring_manifests() {
         }
     }
 }
+
+/// The per-tenant RBAC of config/tenant, applied to the API server as a platform team
+/// would, and the runner's RBAC of a namespace: a team's user may manage CAPTF objects in
+/// its namespace only and read no Secret (the identities' Secrets in the manager's
+/// namespace included); a runner may read its own namespace's Secrets (the state) and no
+/// other namespace's (another team's, or the identities'). Each checked by the API
+/// server's own authorizer (SubjectAccessReview).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_reaches_its_own_namespace_and_a_runner_no_other_teams_secrets() {
+    use crate::support::{Env, apply_module};
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    use kube::api::{Api, PostParams};
+
+    let env = Env::builder("tenant").provisioning().start().await;
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
+    let built = Command::new(&kubectl)
+        .args(["kustomize", "config/tenant/example"])
+        .current_dir(ROOT)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{kubectl}` ({e})"));
+    assert!(
+        built.status.success(),
+        "`kubectl kustomize config/tenant/example`: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let manifests = env.dir.join("tenant.yaml");
+    std::fs::write(&manifests, &built.stdout).expect("write the manifests");
+    let applied = Command::new(&kubectl)
+        .args(["apply", "-f"])
+        .arg(&manifests)
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{kubectl}` ({e})"));
+    assert!(
+        applied.status.success(),
+        "the API server refused config/tenant/example: {}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    // A runner of the test's namespace: the manager makes its RBAC at the first attempt.
+    env.provisioned_cluster(&apply_module(0), serde_json::json!({}))
+        .await;
+
+    let reviews: Api<SubjectAccessReview> = Api::all(env.client.clone());
+    let allowed = |user: &str, groups: &[&str], verb: &str, resource: &str, ns: &str| {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_string()),
+                groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(
+                        if resource == "secrets" {
+                            ""
+                        } else {
+                            "infrastructure.cluster.x-k8s.io"
+                        }
+                        .to_string(),
+                    ),
+                    resource: Some(resource.to_string()),
+                    verb: Some(verb.to_string()),
+                    namespace: Some(ns.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let reviews = reviews.clone();
+        async move {
+            reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .expect("SubjectAccessReview")
+                .status
+                .is_some_and(|s| s.allowed)
+        }
+    };
+    let team = ["team-a", "system:authenticated"];
+    let ns = env.ns.as_str();
+    let manager_ns = env.manager_ns.as_str();
+    for (verb, resource, in_ns, expected) in [
+        ("create", "terraformclusters", "team-a", true),
+        ("delete", "terraformmachinetemplates", "team-a", true),
+        ("create", "terraformclusters", ns, false),
+        ("get", "secrets", "team-a", false),
+        ("get", "secrets", manager_ns, false),
+    ] {
+        assert_eq!(
+            allowed("alice", &team, verb, resource, in_ns).await,
+            expected,
+            "a user of group team-a: {verb} {resource} in {in_ns}"
+        );
+    }
+    let runner = format!(
+        "system:serviceaccount:{ns}:{}",
+        captf::api::names::RUNNER_NAME
+    );
+    let runner_groups = [
+        "system:serviceaccounts",
+        &format!("system:serviceaccounts:{ns}"),
+        "system:authenticated",
+    ]
+    .map(|g| g.to_string());
+    let runner_groups: Vec<&str> = runner_groups.iter().map(String::as_str).collect();
+    for (verb, in_ns, expected) in [
+        ("list", ns, true),
+        ("get", ns, true),
+        ("get", "team-a", false),
+        ("list", "team-a", false),
+        ("get", manager_ns, false),
+        ("list", manager_ns, false),
+    ] {
+        assert_eq!(
+            allowed(&runner, &runner_groups, verb, "secrets", in_ns).await,
+            expected,
+            "the runner of {ns}: {verb} secrets in {in_ns}"
+        );
+    }
+    let _ = Api::<captf::api::TerraformClusterIdentity>::all(env.client.clone())
+        .delete("team-a", &Default::default())
+        .await;
+    env.shutdown().await;
+}

@@ -125,7 +125,7 @@ fn render_with<K: TerraformObject>(
         attempt: n,
         inputs,
         plan_guard,
-        identity,
+        credentials: identity,
     };
     let job = job::render(&ctx.templates, &request).map_err(|e| e.to_string())?;
     let secret = job::attempt_secret(&ctx.templates, &request).map_err(|e| e.to_string())?;
