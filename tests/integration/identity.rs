@@ -278,3 +278,71 @@ async fn an_identity_the_namespace_may_not_use_holds_the_apply_with_its_reason()
         .await;
     env.shutdown().await;
 }
+
+/// A module that asks the API server, with its runner's own token, for a Secret of its
+/// namespace and for one of another namespace (the identities' Secrets in the manager's
+/// namespace): the first is read, the second refused (403), whatever the module does.
+fn probing_module() -> String {
+    r#"variable "name" { type = string }
+variable "marker_dir" { type = string }
+variable "own" { type = string }
+variable "other" { type = string }
+resource "terraform_data" "probe" {
+  input = "${var.marker_dir}/${var.name}"
+  provisioner "local-exec" {
+    command = <<-EOT
+      sa=/var/run/secrets/kubernetes.io/serviceaccount
+      get() { curl -s -o /dev/null -w '%%{http_code}' --cacert $sa/ca.crt -H "Authorization: Bearer $(cat $sa/token)" "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/$1"; }
+      get '${var.own}' > '${self.input}.own'
+      get '${var.other}' > '${self.input}.other'
+    EOT
+  }
+}
+"#
+    .to_string()
+}
+
+/// What a module can reach in the management cluster: its own namespace's Secrets (the
+/// state lives there), and no other namespace's: not another team's, not the identities'
+/// credentials in the manager's namespace. The module runs `curl` with the Pod's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_module_cannot_read_another_namespaces_secrets() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::builder("identity-reach").provisioning().start().await;
+    create_identity(&env, "token-1", json!({"list": [env.ns]})).await;
+    let own: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "own-secret"}, "stringData": {"k": "v"}
+    }))
+    .expect("secret");
+    env.secrets()
+        .create(&PostParams::default(), &own)
+        .await
+        .expect("create own-secret");
+    env.create_terraform_cluster(
+        &probing_module(),
+        json!({"variables": {
+            "name": "prod",
+            "marker_dir": env.markers().display().to_string(),
+            "own": format!("namespaces/{}/secrets/own-secret", env.ns),
+            "other": format!("namespaces/{}/secrets/team-creds", env.manager_ns),
+        }}),
+    )
+    .await;
+    env.wait_provisioned::<Tfc>("prod").await;
+    assert_eq!(
+        marker(&env, "prod.own").as_deref(),
+        Some("200"),
+        "the runner reads its own namespace's Secrets (its token works)"
+    );
+    assert_eq!(
+        marker(&env, "prod.other").as_deref(),
+        Some("403"),
+        "the identities' Secret in the manager's namespace is refused to a module"
+    );
+    let _ = identities(&env)
+        .delete(&identity_name(&env), &DeleteParams::default())
+        .await;
+    env.shutdown().await;
+}
