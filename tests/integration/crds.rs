@@ -1,5 +1,5 @@
-//! The CRD YAML under crds/ is the output of `captf crds`: the three kinds and their
-//! three templates.
+//! The CRD YAML under crds/ is the output of `captf crds`: the three kinds, their three
+//! templates and the identity kind.
 
 use std::process::Command;
 
@@ -28,6 +28,7 @@ fn committed_crds_are_what_the_binary_prints() {
         "TerraformClusterTemplate",
         "TerraformMachineTemplate",
         "TerraformMachinePoolTemplate",
+        "TerraformClusterIdentity",
     ] {
         assert!(
             printed.contains(&format!("kind: {kind}\n")),
@@ -38,7 +39,7 @@ fn committed_crds_are_what_the_binary_prints() {
         printed
             .matches("cluster.x-k8s.io/v1beta2: v1alpha1")
             .count(),
-        6,
+        7,
         "the CAPI contract label on each CRD"
     );
     // clusterctl move discovers only kinds whose CRD carries this label; `clusterctl init`
@@ -48,8 +49,17 @@ fn committed_crds_are_what_the_binary_prints() {
         printed
             .matches("clusterctl.cluster.x-k8s.io: \"\"\n")
             .count(),
-        6,
+        7,
         "the clusterctl label on each CRD"
+    );
+    // The identity kind also carries clusterctl's move-hierarchy label: a move copies each
+    // identity with the Secret it owns.
+    assert_eq!(
+        printed
+            .matches("clusterctl.cluster.x-k8s.io/move-hierarchy: \"\"\n")
+            .count(),
+        1,
+        "the move-hierarchy label on the identity's CRD"
     );
     for short in [
         "- tfc\n",
@@ -58,6 +68,7 @@ fn committed_crds_are_what_the_binary_prints() {
         "- tfct\n",
         "- tfmt\n",
         "- tfmpt\n",
+        "- tfci\n",
     ] {
         assert!(printed.contains(short), "short name {short}");
     }
