@@ -68,6 +68,19 @@ pub struct IdentityRef {
 /// The kind an [`IdentityRef`] may name.
 pub const IDENTITY_KIND: &str = "TerraformClusterIdentity";
 
+/// Whether `name` can name an object (a DNS subdomain, RFC 1123: lowercase letters,
+/// digits, `-` and `.`, starting and ending with a letter or digit, 253 at most): a name
+/// read from an inputs Secret is untrusted, and goes into a request's path.
+pub fn is_object_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.first().is_some_and(edge)
+        && b.last().is_some_and(edge)
+        && b.iter().all(|c| edge(c) || *c == b'-' || *c == b'.')
+}
+
 /// How a refusal of the identity is told apart from the API server's among the refusals
 /// the manager remembers: the text the conditions show after it differs.
 const REFUSAL_MARK: &str = "identity: ";
@@ -137,6 +150,25 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn only_an_object_name_is_taken_for_an_identitys_or_secrets_name() {
+        for ok in ["team-a", "a", "team.a-1", &"a".repeat(253)] {
+            assert!(is_object_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "Team-A",
+            "-a",
+            "a-",
+            "a/b",
+            "../secrets/x",
+            "a b",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_object_name(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Starting apply attempt `n` (rows A12 and A13 of the apply table).
 //!
-//! Write order: the identity it runs with read first (a refusal writes nothing); what the Job needs first (the runner's RBAC; the state's Secrets, if any,
-//! labelled for Terraform's backend with the parts' protection off; a lock left by a gone
-//! runner of the object cleared, as read); then, in one guarded write on the object, the
+//! Write order: the identity it runs with read first (a refusal writes nothing); then what
+//! the Job needs (the runner's RBAC; the state's Secrets, if any, labelled for Terraform's
+//! backend with the parts' protection off; a lock left by a gone runner of the object
+//! cleared, as read); then, in one guarded write on the object, the
 //! attempt number, `inputs-sha256`, `applied-at` the first time, block-move, and the last
 //! failure's time cleared (write-ahead: the deletion reads `applied-at` as "something may
 //! exist", and the attempt number keeps a restarted pass from starting a second Job

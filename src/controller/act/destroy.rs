@@ -1,9 +1,9 @@
 //! Starting destroy attempt `n` (rows 4 and 6 of the rule table).
 //!
 //! Write order: the identity it runs with read first (a refusal writes nothing); then
-//! everything the Job needs (the backup of the state it starts from,
-//! the backend's labels on the state Secrets with the parts' protection off, the runner's
-//! RBAC, a stale lock of a runner that is gone), all before the attempt number; then the
+//! everything the Job needs (the backup of the state it starts from, the backend's labels
+//! on the state Secrets with the parts' protection off, the runner's RBAC, a stale lock of
+//! a runner that is gone), all before the attempt number; then the
 //! attempt number, under this object's uid, on the object (write-ahead: a crash after it
 //! starts the same attempt again, never a second one beside it); then the attempt's
 //! variables Secret; the Job last. Creating a name that exists is a no-op, so a restarted

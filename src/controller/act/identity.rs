@@ -18,7 +18,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::api::TerraformObject;
-use crate::api::identity::{IDENTITY_KIND, TerraformClusterIdentity};
+use crate::api::identity::{IDENTITY_KIND, TerraformClusterIdentity, is_object_name};
 use crate::api::names::{self, Kind};
 use crate::controller::{Context, Error, Scope};
 use crate::gather::Observed;
@@ -91,6 +91,14 @@ pub async fn resolve<K: TerraformObject>(
     let Some(name) = identity_name(ctx, scope, obj, o, operation, inputs).await? else {
         return Ok(None);
     };
+    // The name may come from the inputs Secret, which anyone who writes Secrets in the
+    // namespace can change: it is checked as a name here, and the namespace must still be
+    // allowed below, whichever identity it names.
+    if !is_object_name(&name) {
+        return Err(Error::Identity(format!(
+            "{name:?} is not the name of a TerraformClusterIdentity: correct spec.identityRef (or the inputs Secret's identity.name)"
+        )));
+    }
     let identities: Api<TerraformClusterIdentity> = Api::all(ctx.client.clone());
     let Some(identity) = identities.get_opt(&name).await? else {
         return Err(Error::Identity(format!(
@@ -119,6 +127,11 @@ pub async fn resolve<K: TerraformObject>(
     }
     let manager_ns = &ctx.manager_namespace;
     let secret_name = &identity.spec.secret_ref;
+    if !is_object_name(secret_name) {
+        return Err(Error::Identity(format!(
+            "TerraformClusterIdentity {name}: its spec.secretRef {secret_name:?} is not the name of a Secret: correct it"
+        )));
+    }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), manager_ns);
     let Some(secret) = secrets.get_opt(secret_name).await? else {
         return Err(Error::Identity(format!(

@@ -1,8 +1,9 @@
 //! The actions a decision dispatches to, one file each, with the write order each keeps
 //! stated at its top: starting a destroy attempt ([`destroy`]) or an apply attempt
 //! ([`apply`]), both through what an attempt is ([`attempt`]: its rendering, its Job and
-//! variables Secret, its number, and the identity it runs with: [`identity`]), keeping the backup ([`backup`]), the cleanup after a
-//! verified destroy ([`cleanup`]) and the abandon ([`abandon`]). What more than one of them
+//! variables Secret, its number; [`identity`]: the credentials it runs with), keeping the
+//! backup ([`backup`]), the cleanup after a verified destroy ([`cleanup`]) and the abandon
+//! ([`abandon`]). What more than one of them
 //! does is here: the release, deleting the object's Jobs and Terraform's lock, the
 //! errored states' metadata.
 
