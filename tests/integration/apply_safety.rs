@@ -7,10 +7,10 @@ use captf::api::names::{self, Kind};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use crate::deletion::FAST;
 use crate::provisioning::{
     annotation, handoff_cluster_module, recording_machine_module, wait_condition,
 };
+use crate::steps::FAST;
 use crate::support::*;
 
 /// A machine module with no managed resource (only the contract's outputs): what a "bring
@@ -670,7 +670,7 @@ async fn the_endpoint_cluster_api_copies_back_does_not_re_apply() {
 /// the apply table for an object not being deleted, as it does from files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn explain_of_the_live_cluster_shows_the_apply_table() {
-    use crate::deletion::EnvExt;
+    use crate::steps::EnvExt;
     let env = Env::builder("explain-live")
         .backoff(FAST, FAST * 4)
         .with_machine("web-1", &module(0))
@@ -707,7 +707,7 @@ async fn explain_of_the_live_cluster_shows_the_apply_table() {
 /// Lease) must not stay in the source for good, and `captf orphans` lists what is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_move_leaves_nothing_of_the_moved_objects_in_the_source() {
-    use crate::deletion::EnvExt;
+    use crate::steps::EnvExt;
     let mut env = Env::builder("move-leftovers")
         .backoff(FAST, FAST * 4)
         .with_machine("web-1", &module(0))

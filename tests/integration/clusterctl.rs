@@ -7,7 +7,7 @@ use std::process::Output;
 use captf::api::names::{self, Kind};
 use captf::api::{TerraformCluster as Tfc, TerraformMachine as Tfm};
 
-use crate::deletion::EnvExt;
+use crate::steps::EnvExt;
 use crate::support::*;
 
 /// Runs clusterctl with its own home (its config and cache) and no version check (there

@@ -6,8 +6,8 @@ use captf::api::names;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::deletion::EnvExt;
 use crate::provisioning::{annotation, wait_condition};
+use crate::steps::EnvExt;
 
 /// The condition `type_` of `name` in `captf explain -n NS -o json`'s apply table.
 fn explained(env: &Env, name: &str, type_: &str) -> Option<Value> {

@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
-use crate::deletion::{destroy_by_hand, pass, passes_by_hand};
+use crate::steps::{destroy_by_hand, pass, passes_by_hand};
 use crate::support::*;
 
 const FAST: Duration = Duration::from_millis(300);

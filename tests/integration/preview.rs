@@ -4,9 +4,9 @@
 use captf::api::names;
 use k8s_openapi::ByteString;
 
-use crate::deletion::{EnvExt, FAST};
 use crate::manager::{http_get, restart_with_metrics};
 use crate::provisioning::wait_condition;
+use crate::steps::{EnvExt, FAST};
 use crate::support::*;
 
 /// The gauge's sample for `reason` of TerraformMachines, 0 when absent.

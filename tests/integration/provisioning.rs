@@ -37,7 +37,7 @@ pub(crate) async fn wait_condition<K: TerraformObject>(
 /// the live run, and the comparison made once both dumps are the same (the manager may be
 /// writing meanwhile).
 pub(crate) fn assert_explain_reads_alike(env: &Env, when: &str) {
-    use crate::deletion::EnvExt;
+    use crate::steps::EnvExt;
     let file = std::env::temp_dir().join(format!(
         "captf-explain-{}-{}.yaml",
         env.ns,

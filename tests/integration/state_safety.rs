@@ -11,7 +11,7 @@ use captf::state::{self, StateContent};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams};
 
-use crate::deletion::EnvExt;
+use crate::steps::EnvExt;
 use crate::support::*;
 
 /// A state of about 4.5 MB of JSON, 3 MB gzipped: a base and two parts. In a resource

@@ -225,7 +225,7 @@ async fn health_fails_while_a_pass_does_not_end_or_a_controller_with_objects_fin
 /// when, and why CAPTF did not judge it stale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_held_lock_is_named_with_its_holder_in_the_status_and_in_explain() {
-    use crate::deletion::EnvExt;
+    use crate::steps::EnvExt;
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::Api;
     let env = Env::builder("lock-holder")
