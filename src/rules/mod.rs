@@ -132,7 +132,7 @@ pub fn state_needed(f: &Facts) -> bool {
 /// The rule table. Rows are evaluated in order; the first that applies decides. An
 /// attempt the API server refused last time ([`Facts::refused`]) is row 9's destroy that
 /// cannot start, with the refusal as what keeps it, and a retry that is due: it starts the
-/// attempt again.
+/// attempt again, unless the abandon annotation releases it (row 9's abandon).
 pub fn decide(f: &Facts) -> Decision {
     let d = decide_rows(f);
     let (Some(why), Some(attempt)) = (&f.refused, d.action.start_attempt()) else {
@@ -151,11 +151,9 @@ pub fn decide(f: &Facts) -> Decision {
             },
             ..blocked
         },
-        // Row 9 with the abandon annotation: its conditions, the row's own action.
-        _ => Decision {
-            action: d.action,
-            ..blocked
-        },
+        // Row 9 with the abandon annotation: the abandon (or its hold when it cannot
+        // finish), as its conditions say; not the start the refusal stopped.
+        _ => blocked,
     }
 }
 

@@ -760,6 +760,33 @@ fn the_state_is_needed_exactly_when_no_row_before_it_or_the_cleanup_marker_decid
     assert!(seen > 0);
 }
 
+/// A refused start is row 9, and row 9 with the abandon annotation releases: the action
+/// is the abandon its conditions say, not the start the refusal stopped.
+#[test]
+fn a_refused_start_with_the_abandon_annotation_is_abandoned() {
+    let why = "jobs.batch \"captf-web-1-tfm-destroy-1\" is forbidden: exceeded quota";
+    let d = decide(&Facts {
+        refused: Some(why.into()),
+        abandon: AbandonMark::ThisObject,
+        ..facts()
+    });
+    assert_eq!(d.row, Some(Row::FailedOrBlocked));
+    assert_eq!(d.action, Action::Abandon, "{}", d.deleting.message);
+    assert!(
+        d.deleting.message.starts_with("abandoned by the operator")
+            && d.deleting.message.contains(why),
+        "{}",
+        d.deleting.message
+    );
+    // An abandon that cannot finish holds, and starts nothing either.
+    let d = decide(&Facts {
+        refused: Some(why.into()),
+        abandon: AbandonMark::CannotFinish("the namespace is terminating".into()),
+        ..facts()
+    });
+    assert_eq!(d.action.start_attempt(), None, "{:?}", d.action);
+}
+
 #[test]
 fn a_refused_start_is_tried_again_and_shown_as_a_destroy_that_cannot_start() {
     let why = "jobs.batch \"captf-web-1-tfm-destroy-1\" is forbidden: exceeded quota";
