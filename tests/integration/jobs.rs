@@ -280,6 +280,40 @@ async fn a_refused_destroy_job_is_named_and_started_once_allowed() {
     env.shutdown().await;
 }
 
+/// A refused destroy start is row 9: the abandon annotation releases the object without
+/// a destroy, its state and inputs kept, and no Job is made in the meantime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_destroy_start_is_released_by_the_abandon_annotation() {
+    let env = Env::builder("refused-abandon")
+        .backoff(FAST, FAST * 4)
+        .with_machine("web-1", &module(0))
+        .start()
+        .await;
+    let refusal = env
+        .refuse_jobs(
+            &[(names::LABEL_OPERATION, names::OPERATION_DESTROY)],
+            "destroy Jobs need the platform team's approval",
+        )
+        .await;
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "DestroyCannotStart", Duration::from_secs(60))
+        .await;
+    env.abandon::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(!env.destroyed("web-1"), "abandoned, not destroyed");
+    assert!(
+        env.destroy_jobs().await.is_empty(),
+        "no destroy Job was made"
+    );
+    let state = names::state_secret_name(&names::state_suffix(Kind::TerraformMachine, "web-1"));
+    assert!(
+        env.secrets().get_opt(&state).await.expect("get").is_some(),
+        "the state is kept"
+    );
+    refusal.remove(&env.client).await;
+    env.shutdown().await;
+}
+
 /// The destroy Job is created but its Pods are refused (PodSecurity, a LimitRange, a quota
 /// that needs limits, a policy engine): WaitingForJob says why, from the Job's
 /// `FailedCreate` Events, instead of waiting silently until the deadline.
