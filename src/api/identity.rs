@@ -36,8 +36,17 @@ pub struct TerraformClusterIdentitySpec {
     /// The name of a Secret in the manager's namespace: each key an environment variable
     /// of the runner (`AWS_ACCESS_KEY_ID`, `ARM_CLIENT_SECRET`, a `TF_VAR_` of a variable
     /// the module does not get otherwise). CAPTF sets itself as the Secret's owner, so that
-    /// `clusterctl move` carries it with the identity.
-    pub secret_ref: String,
+    /// `clusterctl move` carries it with the identity. Optional with `serviceAccount`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<String>,
+    /// The cloud's workload identity instead of (or beside) a static key: each object
+    /// that uses this identity runs its runners as a ServiceAccount of its own,
+    /// `captf-runner-<name>.<tfc|tfm|tfmp>`, with these annotations (EKS IRSA's
+    /// `eks.amazonaws.com/role-arn`, GKE's `iam.gke.io/gcp-service-account`, Azure's
+    /// `azure.workload.identity/client-id`), set by the platform team for the namespaces
+    /// it allows. An object whose own `spec.runner.serviceAccount` is set cannot use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<crate::api::types::RunnerServiceAccount>,
     /// The namespaces whose objects may use it: those listed, and those the selector
     /// matches. Empty (`{}`): every namespace. Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]

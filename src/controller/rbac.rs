@@ -22,22 +22,23 @@ use crate::job;
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=captf";
 
 /// Makes sure what the runner Pods of the object of `scope` need exists: the namespace's
-/// runner RBAC, and when its spec asks for a ServiceAccount of its own
-/// (`spec.runner.serviceAccount`), that ServiceAccount with the annotations the spec gives
-/// now and its RoleBinding to the runner Role. Read at every attempt (only for objects
-/// that ask for one): a change of the annotations reaches the next attempt, a destroy's
-/// too, and an account someone deleted is made again.
+/// runner RBAC, and when the attempt runs as a ServiceAccount of the object's own (its
+/// spec's `runner.serviceAccount`, or its identity's `serviceAccount`), that
+/// ServiceAccount with `own`, the annotations given now, and its RoleBinding to the runner
+/// Role. Read at every attempt (only for objects that have one): a change of the
+/// annotations reaches the next attempt, a destroy's too, and an account someone deleted
+/// is made again.
 pub async fn ensure_runner<K: TerraformObject>(
     ctx: &Context,
     scope: &Scope<K>,
-    obj: &K,
+    own: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Result<(), Error> {
     ensure_runner_rbac(ctx, &scope.namespace).await?;
-    let Some(own) = &obj.terraform().runner.service_account else {
+    let Some(own) = own else {
         return Ok(());
     };
     let identity = scope.identity();
-    let want = job::object_runner_account(&identity, &own.annotations);
+    let want = job::object_runner_account(&identity, own);
     let name = want.metadata.name.clone().unwrap_or_default();
     let sas = Api::<ServiceAccount>::namespaced(ctx.client.clone(), &scope.namespace);
     match sas.get_opt(&name).await? {
@@ -46,14 +47,14 @@ pub async fn ensure_runner<K: TerraformObject>(
         }
         Some(have) => {
             let have = have.metadata.annotations.unwrap_or_default();
-            if have != own.annotations {
+            if &have != own {
                 // CAPTF's own account: its annotations become the spec's, those it no
                 // longer gives removed.
                 let mut edits: serde_json::Map<String, serde_json::Value> = have
                     .keys()
                     .map(|k| (k.clone(), serde_json::Value::Null))
                     .collect();
-                for (k, v) in &own.annotations {
+                for (k, v) in own {
                     edits.insert(k.clone(), serde_json::Value::String(v.clone()));
                 }
                 let patch = serde_json::json!({"metadata": {"annotations": edits}});
@@ -71,16 +72,23 @@ pub async fn ensure_runner<K: TerraformObject>(
 }
 
 /// Deletes the runner ServiceAccount of the object of `scope`'s own and its RoleBinding,
-/// when its spec asks for one: at its release, once none of its runners runs.
+/// when it has one (its spec asks for one, or the manager's cache of runner accounts holds
+/// it: an identity's `serviceAccount` made it): at its release, once none of its runners
+/// runs. One the cache has not seen yet is the sweep's.
 pub async fn remove_object_runner<K: TerraformObject>(
     ctx: &Context,
     scope: &Scope<K>,
     obj: &K,
 ) -> Result<(), Error> {
-    if obj.terraform().runner.service_account.is_none() {
+    let name = crate::api::names::object_runner_name(&scope.suffix);
+    let cached = ctx.runner_accounts.get().is_some_and(|store| {
+        store
+            .get(&ObjectRef::new(&name).within(&scope.namespace))
+            .is_some()
+    });
+    if obj.terraform().runner.service_account.is_none() && !cached {
         return Ok(());
     }
-    let name = crate::api::names::object_runner_name(&scope.suffix);
     delete_if_present(
         &Api::<RoleBinding>::namespaced(ctx.client.clone(), &scope.namespace),
         &name,

@@ -346,3 +346,96 @@ async fn a_module_cannot_read_another_namespaces_secrets() {
         .await;
     env.shutdown().await;
 }
+
+/// An identity that gives workload identity instead of a key (`serviceAccount`, no
+/// Secret): an object that asks for its own runner account too is refused (one of the two
+/// must go); without it, its apply and destroy run as the object's own account with the
+/// identity's annotations, and the account goes with the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_identity_gives_the_runner_a_workload_identity_of_its_own() {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::runtime::watcher;
+    const ROLE: &str = "eks.amazonaws.com/role-arn";
+    // No sweep during the test: the release alone removes the account.
+    let env = Env::builder("identity-account")
+        .sweep_every(std::time::Duration::from_secs(3600))
+        .provisioning()
+        .start()
+        .await;
+    let identity: TerraformClusterIdentity = serde_json::from_value(json!({
+        "apiVersion": names::API_VERSION, "kind": "TerraformClusterIdentity",
+        "metadata": {"name": identity_name(&env)},
+        "spec": {"serviceAccount": {"annotations": {ROLE: "arn:aws:iam::111122223333:role/team"}},
+            "allowedNamespaces": {"list": [env.ns]}}
+    }))
+    .expect("identity");
+    identities(&env)
+        .create(&PostParams::default(), &identity)
+        .await
+        .expect("create the identity");
+    let account = "captf-runner-prod.tfc";
+    let jobs = History::watch(
+        Api::<Job>::namespaced(env.client.clone(), &env.ns),
+        watcher::Config::default(),
+        |j: &Job| {
+            (
+                j.labels()
+                    .get(names::LABEL_OPERATION)
+                    .cloned()
+                    .unwrap_or_default(),
+                j.spec
+                    .as_ref()
+                    .and_then(|s| s.template.spec.as_ref())
+                    .and_then(|p| p.service_account_name.clone())
+                    .unwrap_or_default(),
+            )
+        },
+    );
+    let mut spec = identity_ref(&env);
+    spec["runner"] =
+        json!({"serviceAccount": {"annotations": {ROLE: "arn:aws:iam::444455556666:role/mine"}}});
+    env.create_terraform_cluster(&apply_module(0), spec).await;
+    let msg =
+        wait_condition::<Tfc>(&env, "prod", "InputsApplied", "False", "ApplyCannotStart").await;
+    assert!(
+        msg.contains("and so does the object's spec.runner.serviceAccount"),
+        "{msg}"
+    );
+    assert_eq!(env.jobs_created(), 0);
+
+    // The object's own request goes: the identity's account runs the apply.
+    env.api::<Tfc>()
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"runner": {"serviceAccount": null}}})),
+        )
+        .await
+        .expect("patch");
+    env.wait_provisioned::<Tfc>("prod").await;
+    let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
+    let sa = sas.get(account).await.expect("the object's runner account");
+    assert_eq!(
+        sa.annotations().get(ROLE).map(String::as_str),
+        Some("arn:aws:iam::111122223333:role/team"),
+        "the identity's annotations"
+    );
+    env.delete::<Tfc>("prod").await;
+    env.wait_gone::<Tfc>("prod", long()).await;
+    for op in [names::OPERATION_APPLY, names::OPERATION_DESTROY] {
+        assert!(
+            jobs.any(|(o, sa)| o == op && sa == account),
+            "the {op} ran as the object's own account: {:?}",
+            jobs.seen()
+        );
+    }
+    assert!(
+        sas.get_opt(account).await.expect("get").is_none(),
+        "the account goes with the object, at its release"
+    );
+    let _ = identities(&env)
+        .delete(&identity_name(&env), &DeleteParams::default())
+        .await;
+    env.shutdown().await;
+}

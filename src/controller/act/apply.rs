@@ -56,6 +56,7 @@ pub async fn start_apply<K: TerraformObject>(
         job,
         secret,
         backend_labels,
+        runner_account,
     } = attempt;
     let base = names::state_secret_name(&scope.suffix);
     let metas = state_metas(scope, &base).await?;
@@ -73,7 +74,7 @@ pub async fn start_apply<K: TerraformObject>(
         Ok::<_, Error>(())
     };
     futures::try_join!(
-        crate::controller::rbac::ensure_runner(ctx, scope, obj),
+        crate::controller::rbac::ensure_runner(ctx, scope, runner_account.as_ref()),
         ensure_backend_labels_on(scope, &base, metas, &backend_labels),
         clear_stale_lock,
     )?;

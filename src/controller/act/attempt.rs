@@ -20,13 +20,16 @@ use crate::inputs::Inputs;
 use crate::io::writes::{self, annotation_ops, guarded_patch, remove_finalizer_ops};
 use crate::job::{self, JobRequest};
 
-/// What an attempt is started with: its Job, its variables Secret, and the labels
-/// Terraform's backend selects the state's Secrets by.
+/// What an attempt is started with: its Job, its variables Secret, the labels
+/// Terraform's backend selects the state's Secrets by, and the annotations of the runner
+/// ServiceAccount of the object's own its Pod runs as (none: the namespace's), from the
+/// spec's `runner.serviceAccount` or the identity's `serviceAccount`.
 pub struct Attempt {
     pub n: u32,
     pub job: Job,
     pub secret: Secret,
     pub backend_labels: BTreeMap<String, String>,
+    pub runner_account: Option<BTreeMap<String, String>>,
 }
 
 /// Renders attempt `n` of the object for `operation` (`names::OPERATION_DESTROY` or
@@ -59,7 +62,7 @@ pub async fn with_identity<K: TerraformObject>(
         return Ok((attempt, inputs.clone()));
     };
     let inputs = match operation {
-        names::OPERATION_APPLY => inputs.with_identity(Some(resolved.used)),
+        names::OPERATION_APPLY => inputs.with_identity(Some(resolved.used.clone())),
         _ => inputs.clone(),
     };
     let attempt = render_with(
@@ -69,7 +72,7 @@ pub async fn with_identity<K: TerraformObject>(
         operation,
         attempt.n,
         &inputs,
-        Some(&resolved.env),
+        Some(&resolved),
     )
     .map_err(Error::Identity)?;
     Ok((attempt, inputs))
@@ -82,7 +85,7 @@ fn render_with<K: TerraformObject>(
     operation: &'static str,
     n: u32,
     inputs: &Inputs,
-    identity: Option<&job::IdentityEnv>,
+    identity: Option<&super::identity::Resolved>,
 ) -> Result<Attempt, String> {
     let cluster = gather::owning_cluster(obj.meta());
     // An operator's image in place of the digest the apply ran (one the registry no
@@ -112,7 +115,19 @@ fn render_with<K: TerraformObject>(
         on: operation == names::OPERATION_APPLY && ann(names::APPLIED_ATTEMPT).is_some() && guarded,
         approved: ann(names::APPROVE_PLAN).map(String::as_str),
     };
-    let service_account = job::runner_account_name(&obj.terraform().runner, &scope.suffix);
+    // The object's own runner account, with the spec's annotations or the identity's
+    // (never both: `identity::resolve` refuses that).
+    let runner_account = obj
+        .terraform()
+        .runner
+        .service_account
+        .as_ref()
+        .map(|a| a.annotations.clone())
+        .or_else(|| identity.and_then(|i| i.account.clone()));
+    let service_account = match runner_account {
+        Some(_) => names::object_runner_name(&scope.suffix),
+        None => names::RUNNER_NAME.to_string(),
+    };
     let request = JobRequest {
         service_account: &service_account,
         kind: K::KIND,
@@ -125,7 +140,7 @@ fn render_with<K: TerraformObject>(
         attempt: n,
         inputs,
         plan_guard,
-        credentials: identity,
+        credentials: identity.map(|i| &i.env),
     };
     let job = job::render(&ctx.templates, &request).map_err(|e| e.to_string())?;
     let secret = job::attempt_secret(&ctx.templates, &request).map_err(|e| e.to_string())?;
@@ -137,6 +152,7 @@ fn render_with<K: TerraformObject>(
         // selects them by, its own included (a state restored by hand may lack one, and
         // Terraform would then find no state and write an empty one over it).
         backend_labels: scope.identity().state_labels(),
+        runner_account,
     })
 }
 

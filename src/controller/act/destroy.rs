@@ -69,6 +69,7 @@ pub async fn start_attempt<K: TerraformObject>(
         job,
         secret,
         backend_labels,
+        runner_account,
     } = attempt;
     // What the Job needs, all before the attempt number is written; independent of each
     // other, so their requests run at once.
@@ -94,7 +95,7 @@ pub async fn start_attempt<K: TerraformObject>(
     };
     futures::try_join!(
         backup_and_labels,
-        crate::controller::rbac::ensure_runner(ctx, scope, obj),
+        crate::controller::rbac::ensure_runner(ctx, scope, runner_account.as_ref()),
         stale_lock,
     )?;
     // Write-ahead: the attempt number is on the object before its Job exists, under this

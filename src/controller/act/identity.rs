@@ -1,6 +1,6 @@
 //! The identity an attempt runs with (`TerraformClusterIdentity`), read at its start:
-//! which one, whether the object's namespace may use it, and its Secret's keys as the
-//! runner's environment. Anything in the way is a refusal ([`Error::Identity`]): nothing is
+//! which one, whether the object's namespace may use it, its Secret's keys as the
+//! runner's environment, and the annotations of the runner's own ServiceAccount it gives. Anything in the way is a refusal ([`Error::Identity`]): nothing is
 //! written, the conditions say why the attempt cannot start and what to do, and each pass
 //! tries again.
 //!
@@ -29,10 +29,13 @@ use crate::job::IdentityEnv;
 /// credentials are small, and they travel in the attempt's Secret beside the module.
 pub const IDENTITY_SECRET_MAX_BYTES: usize = 256 * 1024;
 
-/// An identity as an attempt uses it: its variables, and what the inputs record.
+/// An identity as an attempt uses it: its variables, what the inputs record, and the
+/// annotations of the runner ServiceAccount of the object's own it gives (workload
+/// identity), if it gives one.
 pub struct Resolved {
     pub env: IdentityEnv,
     pub used: IdentityUse,
+    pub account: Option<BTreeMap<String, String>>,
 }
 
 /// The name of the identity attempt `operation` of the object runs with, or none.
@@ -125,8 +128,47 @@ pub async fn resolve<K: TerraformObject>(
             "TerraformClusterIdentity {name} does not allow namespace {ns}: add it to the identity's spec.allowedNamespaces.list, or label it to match spec.allowedNamespaces.selector"
         )));
     }
+    let account = identity
+        .spec
+        .service_account
+        .as_ref()
+        .map(|a| a.annotations.clone());
+    if account.is_some() && obj.terraform().runner.service_account.is_some() {
+        return Err(Error::Identity(format!(
+            "TerraformClusterIdentity {name} gives the runner a ServiceAccount (its spec.serviceAccount), and so does the object's spec.runner.serviceAccount: remove the object's, or use another identity"
+        )));
+    }
+    let (values, version) = match &identity.spec.secret_ref {
+        Some(secret_name) => credentials(ctx, &identity, &name, secret_name).await?,
+        None if account.is_some() => (BTreeMap::new(), None),
+        None => {
+            return Err(Error::Identity(format!(
+                "TerraformClusterIdentity {name} gives no credentials (neither spec.secretRef nor spec.serviceAccount): give one"
+            )));
+        }
+    };
+    Ok(Some(Resolved {
+        env: IdentityEnv {
+            name: name.clone(),
+            values,
+        },
+        used: IdentityUse {
+            name,
+            secret_resource_version: version,
+        },
+        account,
+    }))
+}
+
+/// The identity's Secret `secret_name` (in the manager's namespace), checked: its keys and
+/// values, and its resourceVersion once the identity owns it.
+async fn credentials(
+    ctx: &Context,
+    identity: &TerraformClusterIdentity,
+    name: &str,
+    secret_name: &str,
+) -> Result<(BTreeMap<String, k8s_openapi::ByteString>, Option<String>), Error> {
     let manager_ns = &ctx.manager_namespace;
-    let secret_name = &identity.spec.secret_ref;
     if !is_object_name(secret_name) {
         return Err(Error::Identity(format!(
             "TerraformClusterIdentity {name}: its spec.secretRef {secret_name:?} is not the name of a Secret: correct it"
@@ -145,17 +187,8 @@ pub async fn resolve<K: TerraformObject>(
             "TerraformClusterIdentity {name}: its Secret {manager_ns}/{secret_name} holds {size} bytes, more than the {IDENTITY_SECRET_MAX_BYTES} an identity may: keep only the credentials in it"
         )));
     }
-    let version = own_secret(&secrets, &identity, &secret).await?;
-    Ok(Some(Resolved {
-        env: IdentityEnv {
-            name: name.clone(),
-            values,
-        },
-        used: IdentityUse {
-            name,
-            secret_resource_version: version,
-        },
-    }))
+    let version = own_secret(&secrets, identity, &secret).await?;
+    Ok((values, version))
 }
 
 /// Makes the identity an owner of its Secret, once: `clusterctl move` carries a global

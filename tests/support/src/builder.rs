@@ -13,6 +13,7 @@ pub struct EnvBuilder {
     names: Option<(String, String)>,
     provision: bool,
     backoff: Option<(Duration, Duration)>,
+    sweep_every: Option<Duration>,
     machine: Option<Machine>,
 }
 
@@ -82,6 +83,13 @@ impl EnvBuilder {
         self
     }
 
+    /// With the manager's RBAC sweep every `every` (500 ms by default): what only a
+    /// release removes is seen apart from what the sweep does.
+    pub fn sweep_every(mut self, every: Duration) -> EnvBuilder {
+        self.sweep_every = Some(every);
+        self
+    }
+
     /// With the manager's retries `base` apart, up to `max`.
     pub fn backoff(mut self, base: Duration, max: Duration) -> EnvBuilder {
         self.backoff = Some((base, max));
@@ -141,6 +149,9 @@ impl EnvBuilder {
             env.config.settings.backoff.base = base;
             env.config.settings.backoff.max = max;
         }
+        if let Some(every) = self.sweep_every {
+            env.config.rbac_sweep_every = every;
+        }
         match self.machine {
             Some(Machine::Applied { name, module_body }) => {
                 env.config.provision = true;
@@ -176,6 +187,7 @@ impl Env {
             names: None,
             provision: false,
             backoff: None,
+            sweep_every: None,
             machine: None,
         }
     }
