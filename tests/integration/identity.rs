@@ -10,7 +10,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::provisioning::{recorded_inputs, recording_machine_module, wait_condition};
+use crate::provisioning::{
+    job_accounts, recorded_inputs, recording_machine_module, wait_condition,
+};
 use crate::support::*;
 
 /// A cluster module that writes the runner's `CLOUD_TOKEN` into `<name>.apply-token` when
@@ -353,9 +355,7 @@ async fn a_module_cannot_read_another_namespaces_secrets() {
 /// identity's annotations, and the account goes with the object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_identity_gives_the_runner_a_workload_identity_of_its_own() {
-    use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::core::v1::ServiceAccount;
-    use kube::runtime::watcher;
     const ROLE: &str = "eks.amazonaws.com/role-arn";
     // No sweep during the test: the release alone removes the account.
     let env = Env::builder("identity-account")
@@ -375,23 +375,7 @@ async fn an_identity_gives_the_runner_a_workload_identity_of_its_own() {
         .await
         .expect("create the identity");
     let account = "captf-runner-prod.tfc";
-    let jobs = History::watch(
-        Api::<Job>::namespaced(env.client.clone(), &env.ns),
-        watcher::Config::default(),
-        |j: &Job| {
-            (
-                j.labels()
-                    .get(names::LABEL_OPERATION)
-                    .cloned()
-                    .unwrap_or_default(),
-                j.spec
-                    .as_ref()
-                    .and_then(|s| s.template.spec.as_ref())
-                    .and_then(|p| p.service_account_name.clone())
-                    .unwrap_or_default(),
-            )
-        },
-    );
+    let jobs = job_accounts(&env);
     let mut spec = identity_ref(&env);
     spec["runner"] =
         json!({"serviceAccount": {"annotations": {ROLE: "arn:aws:iam::444455556666:role/mine"}}});

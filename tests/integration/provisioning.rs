@@ -1317,18 +1317,13 @@ async fn a_module_image_with_its_providers_applies_and_destroys() {
 /// carries the annotations the spec gives at each attempt (changed between the apply and
 /// the destroy, the destroy's account has the new ones) and can use the state through
 /// its RoleBinding to the runner Role; at the release, the account and its binding go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
+/// Every Job of the test's namespace as it is seen: its operation and the ServiceAccount
+/// its Pod runs as.
+pub(crate) fn job_accounts(env: &Env) -> History<(String, String)> {
     use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::RoleBinding;
-    use kube::Api;
     use kube::runtime::watcher;
-    const ROLE: &str = "eks.amazonaws.com/role-arn";
-    let env = Env::builder("runner-account").provisioning().start().await;
-    let account = "captf-runner-prod.tfc";
-    let jobs = History::watch(
-        Api::<Job>::namespaced(env.client.clone(), &env.ns),
+    History::watch(
+        kube::Api::<Job>::namespaced(env.client.clone(), &env.ns),
         watcher::Config::default(),
         |j: &Job| {
             (
@@ -1343,7 +1338,19 @@ async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
                     .unwrap_or_default(),
             )
         },
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use kube::Api;
+    use kube::runtime::watcher;
+    const ROLE: &str = "eks.amazonaws.com/role-arn";
+    let env = Env::builder("runner-account").provisioning().start().await;
+    let account = "captf-runner-prod.tfc";
+    let jobs = job_accounts(&env);
     let accounts = History::watch(
         Api::<ServiceAccount>::namespaced(env.client.clone(), &env.ns),
         watcher::Config::default().fields(&format!("metadata.name={account}")),
