@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     label("clusterctl.cluster.x-k8s.io", ""),
     label("clusterctl.cluster.x-k8s.io/move-hierarchy", ""),
-    doc = "Credentials for the runners of the TerraformClusters (and their machines and pools) that refer to it, from a Secret in the manager's namespace, for the namespaces it allows.",
+    doc = "Credentials for the runners of the TerraformClusters (and their machines and pools) that refer to it, for the namespaces it allows: a Secret in the manager's namespace, or the cloud's workload identity (ServiceAccount annotations), or both.",
     printcolumn(name = "Secret", type_ = "string", json_path = ".spec.secretRef"),
     printcolumn(
         name = "Age",
@@ -35,8 +35,9 @@ use serde::{Deserialize, Serialize};
 pub struct TerraformClusterIdentitySpec {
     /// The name of a Secret in the manager's namespace: each key an environment variable
     /// of the runner (`AWS_ACCESS_KEY_ID`, `ARM_CLIENT_SECRET`, a `TF_VAR_` of a variable
-    /// the module does not get otherwise). CAPTF sets itself as the Secret's owner, so that
-    /// `clusterctl move` carries it with the identity. Optional with `serviceAccount`.
+    /// the module does not get otherwise). CAPTF makes the identity the Secret's owner, so
+    /// that `clusterctl move` carries it with the identity (and deleting the identity
+    /// deletes it). Optional with `serviceAccount`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<String>,
     /// The cloud's workload identity instead of (or beside) a static key: each object

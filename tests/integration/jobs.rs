@@ -237,17 +237,7 @@ async fn the_rbac_sweep_waits_for_a_runner_whose_object_is_gone() {
 /// manager tries again; once the policy is gone the destroy runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_destroy_job_is_named_and_started_once_allowed() {
-    let env = Env::builder("refused")
-        .backoff(FAST, FAST * 4)
-        .with_machine("web-1", &module(0))
-        .start()
-        .await;
-    let refusal = env
-        .refuse_jobs(
-            &[(names::LABEL_OPERATION, names::OPERATION_DESTROY)],
-            "destroy Jobs need the platform team's approval",
-        )
-        .await;
+    let (env, refusal) = refused_destroys("refused").await;
     env.delete::<Tfm>("web-1").await;
     let msg = env
         .wait_deleting::<Tfm>("web-1", "DestroyCannotStart", Duration::from_secs(60))
@@ -280,11 +270,10 @@ async fn a_refused_destroy_job_is_named_and_started_once_allowed() {
     env.shutdown().await;
 }
 
-/// A refused destroy start is row 9: the abandon annotation releases the object without
-/// a destroy, its state and inputs kept, and no Job is made in the meantime.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_refused_destroy_start_is_released_by_the_abandon_annotation() {
-    let env = Env::builder("refused-abandon")
+/// A machine `web-1` applied, the manager running, and destroy Jobs refused in the
+/// test's namespace by an admission policy (remove it with the [`Refusal`]).
+async fn refused_destroys(tag: &str) -> (Env, Refusal) {
+    let env = Env::builder(tag)
         .backoff(FAST, FAST * 4)
         .with_machine("web-1", &module(0))
         .start()
@@ -295,6 +284,14 @@ async fn a_refused_destroy_start_is_released_by_the_abandon_annotation() {
             "destroy Jobs need the platform team's approval",
         )
         .await;
+    (env, refusal)
+}
+
+/// A refused destroy start is row 9: the abandon annotation releases the object without
+/// a destroy, its state and inputs kept, and no Job is made in the meantime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_destroy_start_is_released_by_the_abandon_annotation() {
+    let (env, refusal) = refused_destroys("refused-abandon").await;
     env.delete::<Tfm>("web-1").await;
     env.wait_deleting::<Tfm>("web-1", "DestroyCannotStart", Duration::from_secs(60))
         .await;
