@@ -41,11 +41,12 @@ pub struct TerraformSpec {
     /// How the runner Job runs.
     #[serde(default)]
     pub runner: RunnerSpec,
-    /// A `TerraformClusterIdentity` whose Secret's keys the runner gets as environment
-    /// variables (cloud credentials a platform team keeps in the manager's namespace).
-    /// A TerraformMachine or TerraformMachinePool without one uses its cluster's. Read at
+    /// A `TerraformClusterIdentity`: the runner gets its Secret's keys as environment
+    /// variables (cloud credentials a platform team keeps in the manager's namespace), or
+    /// runs as an account of the object's own with its workload identity annotations. A
+    /// TerraformMachine or TerraformMachinePool without one uses its cluster's. Read at
     /// each attempt; the apply's is recorded with the inputs and its destroy uses the
-    /// same identity, with the identity's Secret as it is then.
+    /// same identity, as the identity is then (a rotated Secret's new values).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity_ref: Option<super::identity::IdentityRef>,
     /// The provider lock file (`.terraform.lock.hcl`) to use, if pinned.
