@@ -441,3 +441,39 @@ fn the_apply_event_reasons_are_the_documented_ones() {
         "docs/provisioning/01-lifecycle.md's Events table"
     );
 }
+
+/// Every `apiVersion` of CAPTF's group that a page shows (docs/, runbooks/, the READMEs)
+/// is the version the CRDs serve: an example a reader applies as written must be taken.
+#[test]
+fn the_pages_show_the_api_version_the_crds_serve() {
+    let prefix = format!("{}/", captf::api::names::GROUP);
+    let mut pages = vec![repo("README.md"), repo("config/README.md")];
+    for dir in ["docs", "docs/provisioning", "runbooks"] {
+        for entry in std::fs::read_dir(repo(dir)).expect("a pages directory") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("a page");
+        for (n, line) in text.lines().enumerate() {
+            for (at, _) in line.match_indices(&prefix) {
+                let version: String = line[at + prefix.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric())
+                    .collect();
+                if version.starts_with('v') && version != captf::api::names::VERSION {
+                    wrong.push(format!("{}:{}: {version}", page.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "pages that show another version than {}: {wrong:?}",
+        captf::api::names::VERSION
+    );
+}
