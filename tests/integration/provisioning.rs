@@ -1432,14 +1432,65 @@ async fn the_sweep_removes_the_runner_account_of_an_object_gone_without_its_rele
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     assert!(sas.get_opt(account).await.expect("get").is_some());
     env.delete_stripping_finalizers::<Tfc>("prod").await;
-    wait_for(
-        "the gone object's runner account and binding to be swept",
-        long(),
-        || async {
-            sas.get_opt(account).await.expect("get").is_none()
-                && rbs.get_opt(account).await.expect("get").is_none()
-        },
-    )
-    .await;
+    let swept = || async {
+        sas.get_opt(account).await.expect("get").is_none()
+            && rbs.get_opt(account).await.expect("get").is_none()
+    };
+    let start = std::time::Instant::now();
+    while !swept().await {
+        // On a timeout, what the sweep decides from: it waits for every runner of the
+        // namespace to finish, and for the object to be gone from the caches.
+        if start.elapsed() > long() {
+            use k8s_openapi::api::batch::v1::Job;
+            use k8s_openapi::api::core::v1::Pod;
+            let jobs: Vec<String> = Api::<Job>::namespaced(env.client.clone(), &env.ns)
+                .list(&Default::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .map(|j| {
+                            format!(
+                                "{} {:?}",
+                                j.name_any(),
+                                j.status
+                                    .as_ref()
+                                    .and_then(|s| s.conditions.clone())
+                                    .unwrap_or_default()
+                                    .iter()
+                                    .map(|c| (c.type_.clone(), c.status.clone()))
+                                    .collect::<Vec<_>>()
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let pods: Vec<String> = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+                .list(&Default::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .map(|p| {
+                            format!(
+                                "{} {:?} deleting={}",
+                                p.name_any(),
+                                p.status.as_ref().and_then(|s| s.phase.clone()),
+                                p.metadata.deletion_timestamp.is_some()
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            panic!(
+                "timed out after {:?} waiting for the gone object's runner account and binding to be swept: account {}, binding {}, object {}; Jobs {jobs:?}; Pods {pods:?}",
+                long(),
+                sas.get_opt(account).await.ok().flatten().is_some(),
+                rbs.get_opt(account).await.ok().flatten().is_some(),
+                env.exists::<Tfc>("prod").await,
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     env.shutdown().await;
 }
