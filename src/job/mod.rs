@@ -86,12 +86,13 @@ pub fn identity_key(name: &str) -> String {
     format!("identity.{name}")
 }
 
-/// The ServiceAccount the runner Pods of an object of state suffix `suffix` and runner
-/// settings `runner` run as: its own when the spec asks for one, else the namespace's.
-pub fn runner_account_name(runner: &crate::api::types::RunnerSpec, suffix: &str) -> String {
-    match runner.service_account {
-        Some(_) => names::object_runner_name(suffix),
-        None => names::RUNNER_NAME.to_string(),
+/// The ServiceAccount the runner Pods of an object of state suffix `suffix` run as: its
+/// own when it has one (`own`: its spec's `runner.serviceAccount` or its identity's
+/// `serviceAccount` asks for one), else the namespace's.
+pub fn runner_account_name(own: bool, suffix: &str) -> String {
+    match own {
+        true => names::object_runner_name(suffix),
+        false => names::RUNNER_NAME.to_string(),
     }
 }
 

@@ -207,14 +207,12 @@ mod tests {
             ),
             ("ServiceAccount", "captf-runner-web-1.tfm", Some("team-a"))
         );
-        let mut runner = crate::api::types::RunnerSpec::default();
         assert_eq!(
-            super::super::runner_account_name(&runner, "web-1.tfm"),
+            super::super::runner_account_name(false, "web-1.tfm"),
             names::RUNNER_NAME
         );
-        runner.service_account = Some(Default::default());
         assert_eq!(
-            super::super::runner_account_name(&runner, "web-1.tfm"),
+            super::super::runner_account_name(true, "web-1.tfm"),
             "captf-runner-web-1.tfm"
         );
     }

@@ -124,10 +124,7 @@ fn render_with<K: TerraformObject>(
         .as_ref()
         .map(|a| a.annotations.clone())
         .or_else(|| identity.and_then(|i| i.account.clone()));
-    let service_account = match runner_account {
-        Some(_) => names::object_runner_name(&scope.suffix),
-        None => names::RUNNER_NAME.to_string(),
-    };
+    let service_account = job::runner_account_name(runner_account.is_some(), &scope.suffix);
     let request = JobRequest {
         service_account: &service_account,
         kind: K::KIND,

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -115,11 +116,19 @@ pub async fn resolve<K: TerraformObject>(
         )));
     };
     let listed = allowed.list.iter().flatten().any(|n| n == ns);
+    // The labels from the manager's cache of Namespaces (metadata), else read.
     let labels = if allowed.selector.is_some() && !listed {
-        Api::<Namespace>::all(ctx.client.clone())
-            .get_opt(ns)
-            .await?
-            .map(|n| n.labels().clone())
+        match scope
+            .caches
+            .as_ref()
+            .and_then(|c| c.namespaces.get(&ObjectRef::new(ns)))
+        {
+            Some(n) => Some(n.labels().clone()),
+            None => Api::<Namespace>::all(ctx.client.clone())
+                .get_metadata_opt(ns)
+                .await?
+                .map(|n| n.labels().clone()),
+        }
     } else {
         None
     };
