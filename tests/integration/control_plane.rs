@@ -164,6 +164,99 @@ async fn a_deleted_pod_gets_sigterm_then_its_whole_tree_is_killed() {
     env.shutdown().await;
 }
 
+/// A native sidecar (an init container with `restartPolicy: Always`, as CAPTF's state
+/// proxy is) runs beside the Pod's container, is reported among the init containers, and
+/// is stopped only once the container has ended: when the container exits on its own (the
+/// Pod then succeeds by the container's exit alone), and when the Pod is deleted (the
+/// container gets SIGTERM first, so that a runner interrupted mid-write still has its
+/// proxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_sidecar_outlives_the_container_it_serves() {
+    if envtest_only("it reads the files the containers write on this machine") {
+        return;
+    }
+    let env = Env::builder("cp-sidecar").start().await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let with_sidecar = |name: &str, grace: i64, main: &str, log: &std::path::Path| -> Pod {
+        let sidecar = format!(
+            "trap 'echo sidecar-term >> {l}; exit 0' TERM; echo sidecar-up >> {l}; while :; do sleep 0.1; done",
+            l = log.display()
+        );
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": env.ns},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": grace,
+                "initContainers": [{"name": "proxy", "image": "busybox", "restartPolicy": "Always",
+                    "command": ["sh", "-c", sidecar]}],
+                "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", main]}]}
+        }))
+        .expect("pod")
+    };
+    let read = |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default();
+
+    // On its own: the container ends, then the sidecar is stopped; the Pod succeeds.
+    let done = env.markers().join("done.log");
+    let main = format!(
+        "while ! grep -q sidecar-up {l} 2>/dev/null; do sleep 0.1; done; echo main-exit >> {l}; exit 0",
+        l = done.display()
+    );
+    pods.create(
+        &PostParams::default(),
+        &with_sidecar("done", 30, &main, &done),
+    )
+    .await
+    .expect("create pod");
+    wait_for("the Pod to succeed", WAIT, || async {
+        pod_state(&pods, "done")
+            .await
+            .is_some_and(|p| phase(&p) == "Succeeded")
+    })
+    .await;
+    assert_eq!(read(&done), "sidecar-up\nmain-exit\nsidecar-term\n");
+    let p = pod_state(&pods, "done").await.expect("pod");
+    let status = p.status.expect("status");
+    let names = |s: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| -> Vec<String> {
+        s.iter().flatten().map(|c| c.name.clone()).collect()
+    };
+    assert_eq!(names(&status.container_statuses), ["main"]);
+    assert_eq!(names(&status.init_container_statuses), ["proxy"]);
+    let sidecar = &status.init_container_statuses.as_ref().expect("init")[0];
+    assert!(
+        sidecar
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some(),
+        "the sidecar ended: {sidecar:?}"
+    );
+
+    // Deleted: SIGTERM to the container first; the sidecar serves until it has ended.
+    let deleted = env.markers().join("deleted.log");
+    let main = format!(
+        "trap 'sleep 1; echo main-term >> {l}; exit 0' TERM; while :; do sleep 0.1; done",
+        l = deleted.display()
+    );
+    pods.create(
+        &PostParams::default(),
+        &with_sidecar("deleted", 10, &main, &deleted),
+    )
+    .await
+    .expect("create pod");
+    wait_for("the sidecar to run", WAIT, || async {
+        read(&deleted).contains("sidecar-up")
+    })
+    .await;
+    pods.delete("deleted", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("the Pod to go", WAIT, || async {
+        pod_state(&pods, "deleted").await.is_none()
+    })
+    .await;
+    assert_eq!(read(&deleted), "sidecar-up\nmain-term\nsidecar-term\n");
+    env.shutdown().await;
+}
+
 fn rand_marker() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -74,6 +74,11 @@ pub struct Args {
     /// runs from that image; any other runs the host's programs.
     #[arg(long)]
     image_store: Option<PathBuf>,
+    /// The entrypoint of an image the store does not have (REFERENCE=PROGRAM, repeatable):
+    /// a container of that image that gives only `args` runs the host's PROGRAM with
+    /// them, as it would run the image's entrypoint.
+    #[arg(long = "image-entrypoint", value_parser = parse_key_value)]
+    image_entrypoint: Vec<(String, String)>,
     /// The Node's Pod capacity: the scheduler binds no more unfinished Pods than this to
     /// it; the others stay Pending (Unschedulable) until one finishes, as on a full node.
     #[arg(long, default_value_t = 110)]

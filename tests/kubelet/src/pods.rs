@@ -15,8 +15,11 @@
 //!
 //! A container runs from its image when the image store has it ([`crate::images`]), else
 //! the host's programs; its readiness probe makes it ready ([`crate::probes`]).
-//! Containers are never restarted (`restartPolicy` is taken as `Never`); init containers,
-//! liveness and startup probes and a Pod's own `activeDeadlineSeconds` are not modelled.
+//! Containers are never restarted (`restartPolicy` is taken as `Never`). Native sidecars
+//! (init containers with `restartPolicy: Always`) start first (without waiting for a
+//! startup probe) and get SIGTERM once every other container has ended, a deletion's
+//! included; other init containers, liveness and startup probes and a Pod's own
+//! `activeDeadlineSeconds` are not modelled.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::process::CommandExt;
@@ -59,6 +62,8 @@ pub struct Kubelet {
     api_host: String,
     api_port: u16,
     image_env: Vec<(String, String)>,
+    /// `--image-entrypoint`: the host programs standing for images' entrypoints.
+    image_entrypoint: HashMap<String, String>,
     image_user: u32,
     /// The local images (`--image-store`), if any.
     images: Option<Arc<images::Store>>,
@@ -100,6 +105,7 @@ impl Kubelet {
                 .to_string(),
             api_port: port,
             image_env: args.image_env.clone(),
+            image_entrypoint: args.image_entrypoint.iter().cloned().collect(),
             image_user: args.image_user,
             images,
             faults,
@@ -309,6 +315,24 @@ pub fn argv(
     }
 }
 
+/// What the kubelet runs of `pod`: its native sidecars (init containers with
+/// `restartPolicy: Always`), then its containers; each with whether it is a sidecar.
+/// Other init containers are not run.
+fn pod_containers(pod: &Pod) -> Vec<(Container, bool)> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .map(|c| (c.clone(), true));
+    sidecars
+        .chain(spec.containers.iter().map(|c| (c.clone(), false)))
+        .collect()
+}
+
 /// One container's run.
 struct Run {
     pid: i32,
@@ -346,13 +370,10 @@ impl Worker {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let ns = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
-        let containers = pod
-            .spec
-            .as_ref()
-            .map(|s| s.containers.clone())
-            .unwrap_or_default()
+        let containers = pod_containers(&pod)
             .iter()
-            .map(|c| status::Container {
+            .map(|(c, sidecar)| status::Container {
+                sidecar: *sidecar,
                 name: c.name.clone(),
                 image: c.image.clone().unwrap_or_default(),
                 image_id: None,
@@ -381,12 +402,13 @@ impl Worker {
         }
     }
 
+    /// The Pod's native sidecars, then its containers, in the order of
+    /// [`Worker::containers`].
     fn spec_containers(&self) -> Vec<Container> {
-        self.pod
-            .spec
-            .as_ref()
-            .map(|s| s.containers.clone())
-            .unwrap_or_default()
+        pod_containers(&self.pod)
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect()
     }
 
     /// Waits for a change of the Pod, of the fault rules, or for `until`.
@@ -872,7 +894,17 @@ impl Worker {
             };
             env.push(("HOME".into(), home));
         }
-        let argv = argv(c, image.map(|i| &i.config), &env);
+        // An image the store lacks: its entrypoint, when `--image-entrypoint` names one.
+        let host_entrypoint = c
+            .image
+            .as_ref()
+            .and_then(|i| self.k.image_entrypoint.get(i))
+            .map(|program| images::ImageConfig {
+                entrypoint: Some(vec![program.clone()]),
+                ..Default::default()
+            });
+        let config = image.map(|i| &i.config).or(host_entrypoint.as_ref());
+        let argv = argv(c, config, &env);
         let working_dir = c
             .working_dir
             .clone()
@@ -1008,8 +1040,10 @@ impl Worker {
         let (probe_tx, mut probe_rx) = mpsc::unbounded_channel::<(usize, bool)>();
         let mut kill_at: Option<Instant> = None;
         let mut term_sent = false;
+        let mut sidecars_stopped = false;
         let mut fault_done = false;
         let mut lost = false;
+        let sidecar: Vec<bool> = self.containers.iter().map(|c| c.sidecar).collect();
         while running > 0 {
             if deleting(&self.pod) && !term_sent && !lost {
                 term_sent = true;
@@ -1019,12 +1053,33 @@ impl Worker {
                     .deletion_grace_period_seconds
                     .unwrap_or(30)
                     .max(0);
+                // The containers first; the sidecars once they have ended (below).
                 for (i, r) in runs.iter().enumerate() {
-                    if !exited[i] {
+                    if !exited[i] && !sidecar[i] {
                         signal(r.pid, libc::SIGTERM);
                     }
                 }
                 kill_at = Some(Instant::now() + Duration::from_secs(grace as u64));
+            }
+            // Every container ended: the sidecars are stopped, as the kubelet stops them,
+            // within the grace a deletion left, else the Pod's termination grace period.
+            if !sidecars_stopped && !lost && (0..runs.len()).all(|i| sidecar[i] || exited[i]) {
+                sidecars_stopped = true;
+                for (i, r) in runs.iter().enumerate() {
+                    if !exited[i] && sidecar[i] {
+                        signal(r.pid, libc::SIGTERM);
+                    }
+                }
+                if kill_at.is_none() {
+                    let grace = self
+                        .pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.termination_grace_period_seconds)
+                        .unwrap_or(30)
+                        .max(0);
+                    kill_at = Some(Instant::now() + Duration::from_secs(grace as u64));
+                }
             }
             let fault = if fault_done {
                 None

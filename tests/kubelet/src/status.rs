@@ -40,6 +40,9 @@ pub struct Container {
     pub state: State,
     /// What its readiness probe says (`None`: it has none, and is ready while it runs).
     pub probed_ready: Option<bool>,
+    /// A native sidecar (an init container with `restartPolicy: Always`): reported among
+    /// the init containers, and not counted in the phase.
+    pub sidecar: bool,
 }
 
 impl Container {
@@ -71,6 +74,11 @@ pub fn phase(containers: &[Container], evicted: bool) -> &'static str {
     if evicted {
         return "Failed";
     }
+    // A sidecar's own end decides nothing: the kubelet stops it once the others ended.
+    let sidecars_running = containers
+        .iter()
+        .any(|c| c.sidecar && !matches!(c.state, State::Terminated { .. }));
+    let containers: Vec<&Container> = containers.iter().filter(|c| !c.sidecar).collect();
     let terminated: Vec<i32> = containers
         .iter()
         .filter_map(|c| match c.state {
@@ -79,7 +87,9 @@ pub fn phase(containers: &[Container], evicted: bool) -> &'static str {
         })
         .collect();
     if terminated.len() == containers.len() && !containers.is_empty() {
-        if terminated.iter().all(|c| *c == 0) {
+        if sidecars_running {
+            "Running"
+        } else if terminated.iter().all(|c| *c == 0) {
             "Succeeded"
         } else {
             "Failed"
@@ -228,8 +238,15 @@ pub fn patch(pod: &Pod, containers: &[Container], report: &PodReport) -> Value {
         "conditions": conditions,
         "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
         "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
-        "containerStatuses": containers.iter().map(container_status).collect::<Vec<_>>(),
+        "containerStatuses": containers.iter().filter(|c| !c.sidecar).map(container_status).collect::<Vec<_>>(),
     });
+    if containers.iter().any(|c| c.sidecar) {
+        status["initContainerStatuses"] = containers
+            .iter()
+            .filter(|c| c.sidecar)
+            .map(container_status)
+            .collect();
+    }
     if let Some(t) = &report.start_time {
         status["startTime"] = json!(t);
     }
@@ -271,6 +288,7 @@ mod tests {
             container_id: None,
             state,
             probed_ready: None,
+            sidecar: false,
         }
     }
 
@@ -302,6 +320,40 @@ mod tests {
         );
         assert_eq!(phase(&[c("a", term(0)), c("b", term(1))], false), "Failed");
         assert_eq!(phase(&[c("a", waiting)], true), "Failed");
+    }
+
+    #[test]
+    fn a_sidecar_is_an_init_container_whose_end_decides_nothing() {
+        let running = State::Running {
+            started_at: "t".into(),
+        };
+        let sidecar = |state| Container {
+            sidecar: true,
+            ..c("proxy", state)
+        };
+        // The main container ended: running until the sidecar is stopped too.
+        let both = [sidecar(running), c("main", term(0))];
+        assert_eq!(phase(&both, false), "Running");
+        // Stopped by SIGTERM (143): the main container's exit decides.
+        assert_eq!(
+            phase(&[sidecar(term(143)), c("main", term(0))], false),
+            "Succeeded"
+        );
+        assert_eq!(
+            phase(&[sidecar(term(0)), c("main", term(2))], false),
+            "Failed"
+        );
+        let p = patch(&Pod::default(), &both, &PodReport::default());
+        let names = |key: &str| -> Vec<String> {
+            p["status"][key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(names("containerStatuses"), ["main"]);
+        assert_eq!(names("initContainerStatuses"), ["proxy"]);
     }
 
     #[test]
