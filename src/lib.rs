@@ -16,6 +16,7 @@ pub mod io;
 pub mod job;
 pub mod metrics;
 pub mod ops;
+pub mod proxy;
 pub mod rules;
 pub mod state;
 pub mod telemetry;

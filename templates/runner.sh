@@ -27,7 +27,8 @@
 # CAPTF_RENDER_DIR, CAPTF_WORKSPACE (an emptyDir: HOME, TF_DATA_DIR, TMPDIR and the
 # working copy live there, the root filesystem is read-only), and optionally
 # CAPTF_TERMINATION_LOG (default /dev/termination-log), KUBE_CONFIG_PATH (a local runner:
-# no in_cluster_config then).
+# no in_cluster_config then), CAPTF_STATE_PROXY_PORT_FILE (the backend goes through the
+# state proxy of the Pod, at the port that file holds, with no credentials of its own).
 #
 # Signals: a shell as PID 1 has no default signal handling, so Terraform runs as a child
 # (in its own session when `setsid` exists, so that a signal sent to the whole process
@@ -60,6 +61,8 @@ ESC=$(printf '\033')
 TAIL_BYTES=2800
 
 TF_PID=""
+PROXY_PORT=""
+PROXY_KUBECONFIG="$WS/state-proxy.kubeconfig"
 SIGNALLED=""
 WAITED=0
 
@@ -165,6 +168,19 @@ stop_if_signalled() {
     fi
 }
 
+# api_settings: how the backend reaches the API server: through the state proxy beside
+# this container (CAPTF_STATE_PROXY_PORT_FILE: the Pod's token is the proxy's alone), else
+# with the Pod's in-cluster credentials, else (KUBE_CONFIG_PATH, a local runner) as the
+# kubeconfig says.
+api_settings() {
+    if [ -n "${CAPTF_STATE_PROXY_PORT_FILE:-}" ]; then
+        printf 'config_path = "%s"\n' "$PROXY_KUBECONFIG"
+    elif [ -z "${KUBE_CONFIG_PATH:-}" ]; then
+        printf 'in_cluster_config = true\n'
+    fi
+    return 0
+}
+
 # save_errored: pushes errored.tfstate through Terraform's own kubernetes backend into a
 # state of its own, under the backend suffix $CAPTF_ERRORED_SUFFIX_BEFORE_TAG, this Pod's
 # name tag, $CAPTF_ERRORED_SUFFIX_AFTER_TAG (errored-<attempt>-<tag>.<suffix>), so that
@@ -188,7 +204,7 @@ save_errored() {
     {
         cat "$RENDER/errored-backend.hcl" &&
             printf 'secret_suffix = "%s"\n' "$e_suffix" &&
-            if [ -z "${KUBE_CONFIG_PATH:-}" ]; then printf 'in_cluster_config = true\n'; fi
+            api_settings
     } > "$e_dir/backend.hcl" || return 1
     log "saving errored.tfstate as the state of suffix $e_suffix (Secret $ERRORED_SECRET)"
     # In a subshell, in a directory and data directory of its own: init (which makes the
@@ -297,10 +313,30 @@ fi
 if [ -f "$RENDER/terraform.lock.hcl" ]; then
     cp "$RENDER/terraform.lock.hcl" "$WORK/.terraform.lock.hcl" || fail 1 "cannot copy the lock file"
 fi
-cp "$RENDER/backend.hcl" "$BACKEND" || fail 1 "cannot copy backend.hcl"
-if [ -z "${KUBE_CONFIG_PATH:-}" ]; then
-    printf 'in_cluster_config = true\n' >> "$BACKEND"
+if [ -n "${CAPTF_STATE_PROXY_PORT_FILE:-}" ]; then
+    # The state proxy beside this container writes the port it listens on when it is
+    # ready: wait for it, at most a minute.
+    p_waited=0
+    while [ ! -s "$CAPTF_STATE_PROXY_PORT_FILE" ]; do
+        [ "$p_waited" -lt 60 ] ||
+            fail 1 "the state proxy wrote no port to $CAPTF_STATE_PROXY_PORT_FILE in 60 s: read the logs of the Pod's container captf-state-proxy"
+        sleep 1
+        p_waited=$((p_waited + 1))
+    done
+    PROXY_PORT=$(tr -cd '0-9' < "$CAPTF_STATE_PROXY_PORT_FILE")
+    [ -n "$PROXY_PORT" ] || fail 1 "the state proxy's port file $CAPTF_STATE_PROXY_PORT_FILE holds no port"
+    # A kubeconfig naming the proxy and no credentials: the backend's `host` alone is not
+    # enough, it first loads a configuration and finds none without a token.
+    printf '%s\n' "apiVersion: v1" "kind: Config" \
+        "clusters: [{name: state-proxy, cluster: {server: \"http://127.0.0.1:$PROXY_PORT\"}}]" \
+        "users: [{name: state-proxy, user: {}}]" \
+        "contexts: [{name: state-proxy, context: {cluster: state-proxy, user: state-proxy}}]" \
+        "current-context: state-proxy" > "$PROXY_KUBECONFIG" ||
+        fail 1 "cannot write the state proxy's kubeconfig"
 fi
+# Written whole, not copied and appended to: the render volume's files are read-only
+# (mode 0444), and so is a copy of one.
+{ cat "$RENDER/backend.hcl" && api_settings; } > "$BACKEND" || fail 1 "cannot write backend.hcl"
 
 # The modules the apply's init installed for the module's remote `module` blocks: put
 # back where init looks first, so that it uses them and fetches nothing (their

@@ -51,6 +51,23 @@ pub enum Command {
     ReleaseAssets(ReleaseAssetsArgs),
     /// Print a shell completion script for captf (source it from your shell's profile).
     Completions(CompletionsArgs),
+    /// Run beside Terraform in a runner Pod (manager flag --state-proxy-image): pass on
+    /// to the API server, with the Pod's token, only the requests for one object's state
+    /// Secrets and lock Lease.
+    StateProxy(StateProxyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StateProxyArgs {
+    /// The object's namespace (the backend's).
+    #[arg(long)]
+    pub namespace: String,
+    /// The object's backend suffix (the state Secret is tfstate-default-SUFFIX).
+    #[arg(long)]
+    pub suffix: String,
+    /// Where to write the port it listens on (127.0.0.1), for the runner to read.
+    #[arg(long)]
+    pub port_file: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -166,6 +183,13 @@ pub struct ManagerArgs {
     /// A directory with job.yaml and runner.sh replacing the embedded templates.
     #[arg(long)]
     pub templates_dir: Option<PathBuf>,
+    /// Put the state proxy beside Terraform in every runner Pod, from this image (CAPTF's
+    /// own, whose entrypoint is captf): the proxy alone holds the Pod's token and passes
+    /// on only the object's state Secrets and lock Lease, so a module's code has no
+    /// credentials for the API server (docs/tenancy.md). Needs Kubernetes 1.29 or later
+    /// (native sidecars). Off when empty.
+    #[arg(long, default_value = "")]
+    pub state_proxy_image: String,
     /// Elect a leader on a Lease so that several replicas are safe.
     #[arg(long)]
     pub leader_elect: bool,

@@ -33,6 +33,7 @@ pub fn main() -> ExitCode {
         Command::Orphans(args) => run_orphans(&args),
         Command::Module(ModuleCommand::Check(args)) => return run_module_check(&args),
         Command::ReleaseAssets(args) => run_release_assets(&args),
+        Command::StateProxy(args) => run_state_proxy(&args),
         Command::Completions(args) => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -107,6 +108,8 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
             ..Settings::default()
         },
         templates_dir: args.templates_dir.clone(),
+        state_proxy_image: Some(args.state_proxy_image.trim().to_string())
+            .filter(|i| !i.is_empty()),
         leader_elect: args.leader_elect,
         metrics_addr: bind("--metrics-bind-address", &args.metrics_bind_address)?,
         metrics_secure: args.metrics_secure,
@@ -204,6 +207,23 @@ fn with_client<T>(
             .await
             .map_err(Misuse)?;
         f(client, ns).await
+    })
+}
+
+fn run_state_proxy(args: &StateProxyArgs) -> Result<(), Misuse> {
+    let scope = crate::proxy::Scope {
+        namespace: args.namespace.clone(),
+        suffix: args.suffix.clone(),
+    };
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        let (client, _) = crate::io::client::connect(crate::io::client::Sender::StateProxy)
+            .await
+            .map_err(Misuse)?;
+        crate::proxy::run(scope, &args.port_file, client)
+            .await
+            .map_err(Misuse)
     })
 }
 

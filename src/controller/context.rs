@@ -31,6 +31,8 @@ pub struct ManagerConfig {
     pub concurrency: u16,
     pub settings: Settings,
     pub templates_dir: Option<PathBuf>,
+    /// The state proxy's image (`--state-proxy-image`), when runner Pods get one.
+    pub state_proxy_image: Option<String>,
     pub leader_elect: bool,
     pub metrics_addr: Option<SocketAddr>,
     /// `/metrics` over HTTPS to callers the API server authenticates and allows (see
@@ -84,6 +86,7 @@ impl Default for ManagerConfig {
             concurrency: 4,
             settings: Settings::default(),
             templates_dir: None,
+            state_proxy_image: None,
             leader_elect: false,
             metrics_addr: None,
             metrics_secure: false,

@@ -28,11 +28,12 @@ pub async fn run(
     cfg: ManagerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let templates = match &cfg.templates_dir {
+    let mut templates = match &cfg.templates_dir {
         Some(dir) => Templates::load_dir(dir)
             .map_err(|e| Error::Setup(format!("--templates-dir {}: {e}", dir.display())))?,
         None => Templates::embedded(),
     };
+    templates.state_proxy_image = cfg.state_proxy_image.clone();
     let metrics = Arc::new(Metrics::default());
     // One set of state-read permits for the life of the process (the controllers start
     // again when Cluster API's Cluster kind appears), which the health probe watches.

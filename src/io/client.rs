@@ -2,7 +2,8 @@
 //! (`captf/<version> (manager)`, `captf/<version> (cli)`), for the API server's audit log
 //! and for an administrator reading API priority and fairness metrics (see
 //! `config/apf/`). The runner's requests are Terraform's own (its kubernetes backend
-//! sends `HashiCorp/1.0 Terraform/<version>`, which it does not let be changed).
+//! sends `HashiCorp/1.0 Terraform/<version>`, which it does not let be changed), or,
+//! through the state proxy of a runner Pod, the proxy's (`captf/<version> (state-proxy)`).
 
 use hyper::header::{HeaderValue, USER_AGENT};
 
@@ -11,6 +12,7 @@ use hyper::header::{HeaderValue, USER_AGENT};
 pub enum Sender {
     Manager,
     Cli,
+    StateProxy,
 }
 
 /// The User-Agent of `sender`'s requests.
@@ -18,6 +20,7 @@ pub fn user_agent(sender: Sender) -> String {
     let who = match sender {
         Sender::Manager => "manager",
         Sender::Cli => "cli",
+        Sender::StateProxy => "state-proxy",
     };
     format!("captf/{} ({who})", env!("CARGO_PKG_VERSION"))
 }

@@ -9,6 +9,7 @@ pub mod outcome;
 pub mod rbac;
 pub mod render;
 pub mod report;
+pub mod sidecar;
 pub mod template;
 
 #[cfg(test)]

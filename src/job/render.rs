@@ -468,10 +468,13 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     });
 
     c.env = Some(env(c.env.take().unwrap_or_default(), req)?);
+    if let Some(image) = &templates.state_proxy_image {
+        super::sidecar::add_state_proxy(pod, index, req, image);
+    }
     Ok(job)
 }
 
-fn runtime_default() -> SeccompProfile {
+pub(super) fn runtime_default() -> SeccompProfile {
     SeccompProfile {
         type_: "RuntimeDefault".to_string(),
         localhost_profile: None,

@@ -381,6 +381,7 @@ spec:
     let templates = Templates {
         job: hostile.to_string(),
         runner: "#!/bin/sh\n".to_string(),
+        state_proxy_image: None,
     };
     let inputs = inline_inputs();
     let job = render(&templates, &request(&inputs)).unwrap();
@@ -488,6 +489,7 @@ fn a_template_without_a_user_leaves_it_to_the_platform_and_never_runs_as_root() 
     let templates = Templates {
         job,
         runner: String::new(),
+        state_proxy_image: None,
     };
     let inputs = inline_inputs();
     let job = render(&templates, &request(&inputs)).unwrap();
@@ -539,6 +541,7 @@ fn a_longer_grace_period_in_the_template_is_kept() {
     let templates = Templates {
         job,
         runner: String::new(),
+        state_proxy_image: None,
     };
     let inputs = inline_inputs();
     let job = render(&templates, &request(&inputs)).unwrap();
@@ -604,6 +607,7 @@ fn a_template_with_an_unknown_placeholder_is_refused() {
             .job
             .replace("{{ image }}", "{{ imag }}"),
         runner: String::new(),
+        state_proxy_image: None,
     };
     let inputs = inline_inputs();
     let err = render(&templates, &request(&inputs)).unwrap_err();
@@ -825,6 +829,7 @@ fn the_runners_environment_is_captfs() {
     let templates = Templates {
         job: template,
         runner: "#!/bin/sh\n".to_string(),
+        state_proxy_image: None,
     };
     let inputs = inline_inputs();
     let job = render(&templates, &request(&inputs)).unwrap();
@@ -910,4 +915,86 @@ fn a_recorded_image_digest_is_the_image_the_job_runs() {
     });
     let (job, _) = rendered(&Templates::embedded(), &request(&inputs));
     assert_eq!(container(&job).image.as_deref(), Some(digest.as_str()));
+}
+
+/// With `--state-proxy-image`, the Pod's token is mounted in the state proxy only: a
+/// native sidecar serving the attempt's object, the runner told where its port is, and no
+/// token the API server would mount in every container.
+#[test]
+fn the_state_proxy_alone_holds_the_pods_token() {
+    use super::sidecar::{PORT_FILE_ENV, PROXY_CONTAINER, PROXY_DIR, TOKEN_DIR, TOKEN_VOLUME};
+    let inputs = inline_inputs();
+    let plain = render(&Templates::embedded(), &request(&inputs)).unwrap();
+    let pod = plain.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    assert!(pod.init_containers.is_none());
+
+    let templates = Templates {
+        state_proxy_image: Some("registry.example/captf:v0.1.0".into()),
+        ..Templates::embedded()
+    };
+    let job = render(&templates, &request(&inputs)).unwrap();
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let inits = pod.init_containers.as_ref().unwrap();
+    assert_eq!(inits.len(), 1);
+    let proxy = &inits[0];
+    assert_eq!(proxy.name, PROXY_CONTAINER);
+    assert_eq!(proxy.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(
+        proxy.image.as_deref(),
+        Some("registry.example/captf:v0.1.0")
+    );
+    assert_eq!(proxy.command, None, "the image's entrypoint (captf) runs");
+    assert_eq!(
+        proxy.args.as_deref().unwrap(),
+        [
+            "state-proxy",
+            "--namespace",
+            NS,
+            "--suffix",
+            SUFFIX,
+            "--port-file",
+            &format!("{PROXY_DIR}/port"),
+        ]
+    );
+    let sc = proxy.security_context.as_ref().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    // The token: a projected volume, mounted where in-cluster configuration reads it, in
+    // the proxy and nowhere else.
+    let token = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == TOKEN_VOLUME)
+        .unwrap();
+    let sources = token.projected.as_ref().unwrap().sources.as_ref().unwrap();
+    assert!(sources.iter().any(|s| s.service_account_token.is_some()));
+    let mounts_token = |c: &Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == TOKEN_VOLUME || m.mount_path.starts_with(TOKEN_DIR))
+    };
+    assert!(mounts_token(proxy));
+    assert!(pod.containers.iter().all(|c| !mounts_token(c)));
+    let runner = container(&job);
+    assert!(runner.env.iter().flatten().any(
+        |e| e.name == PORT_FILE_ENV && e.value.as_deref() == Some(&format!("{PROXY_DIR}/port"))
+    ));
+    assert!(
+        runner
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == PROXY_DIR && m.read_only == Some(true))
+    );
+    // What the template gives otherwise stays: the runner's own settings are the same.
+    assert_eq!(runner.command, container(&plain).command);
+    assert_eq!(
+        pod.service_account_name,
+        Some(crate::api::names::RUNNER_NAME.into())
+    );
 }

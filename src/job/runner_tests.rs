@@ -420,6 +420,35 @@ fn with_a_kubeconfig_the_backend_is_not_in_cluster() {
     }
 }
 
+/// With a state proxy beside it, the backend reaches the API server through the proxy's
+/// port, with a kubeconfig of no credentials, and never in-cluster.
+#[test]
+fn with_a_state_proxy_the_backend_goes_through_its_port() {
+    for shell in shells() {
+        eprintln!("shell: {shell:?}");
+        let r = Runner::destroy(shell);
+        let port_file = r.path("proxy-port");
+        std::fs::write(&port_file, "45609\n").unwrap();
+        let mut command = r.command();
+        command.env("CAPTF_STATE_PROXY_PORT_FILE", &port_file);
+        let (status, stderr) = r.run(command);
+        assert!(status.success(), "{stderr}");
+        let record = r.record();
+        let kubeconfig = r.path("workspace/state-proxy.kubeconfig");
+        assert!(
+            record.contains(&format!("config_path = \"{}\"", kubeconfig.display())),
+            "{record}"
+        );
+        assert!(!record.contains("in_cluster_config"), "{record}");
+        let config = std::fs::read_to_string(&kubeconfig).unwrap();
+        assert!(
+            config.contains("server: \"http://127.0.0.1:45609\""),
+            "{config}"
+        );
+        assert!(config.contains("user: {}"), "no credentials: {config}");
+    }
+}
+
 #[test]
 fn a_source_module_is_fetched_into_an_empty_directory_first() {
     for shell in shells() {

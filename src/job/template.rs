@@ -46,6 +46,9 @@ pub struct Templates {
     pub job: String,
     /// The runner script.
     pub runner: String,
+    /// The image of the state proxy to put beside the runner (manager flag
+    /// `--state-proxy-image`): `None`, none, and the runner holds the Pod's token.
+    pub state_proxy_image: Option<String>,
 }
 
 impl Templates {
@@ -54,6 +57,7 @@ impl Templates {
         Templates {
             job: EMBEDDED_JOB.to_string(),
             runner: EMBEDDED_RUNNER.to_string(),
+            state_proxy_image: None,
         }
     }
 
@@ -85,6 +89,7 @@ impl Templates {
         let templates = Templates {
             job: read(JOB_FILE, EMBEDDED_JOB)?,
             runner: read(RUNNER_FILE, EMBEDDED_RUNNER)?,
+            state_proxy_image: None,
         };
         let sample: BTreeMap<&str, String> = PLACEHOLDERS
             .iter()

@@ -423,3 +423,111 @@ async fn an_identity_gives_the_runner_a_workload_identity_of_its_own() {
         .await;
     env.shutdown().await;
 }
+
+/// A module behind the state proxy (`--state-proxy-image`): the runner container has no
+/// token; the API server refuses it as anonymous; the proxy beside it refuses a Secret of
+/// its own namespace that is not its state, and lists none but its state's; and the
+/// apply and the destroy still read and write the state through the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_module_behind_the_state_proxy_reaches_only_its_state() {
+    if envtest_only("the local kubelet runs the proxy's image as this build's captf") {
+        return;
+    }
+    let env = Env::builder("state-proxy")
+        .state_proxy()
+        .provisioning()
+        .start()
+        .await;
+    let own: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "prod-kubeconfig"}, "stringData": {"value": "a workload cluster's"}
+    }))
+    .expect("secret");
+    env.secrets()
+        .create(&PostParams::default(), &own)
+        .await
+        .expect("create prod-kubeconfig");
+    let module = r#"variable "name" { type = string }
+variable "marker_dir" { type = string }
+variable "namespace" { type = string }
+resource "terraform_data" "probe" {
+  input = "${var.marker_dir}/${var.name}"
+  provisioner "local-exec" {
+    command = <<-EOT
+      sa=/var/run/secrets/kubernetes.io/serviceaccount
+      if [ -e $sa/token ]; then echo present; else echo absent; fi > '${self.input}.token'
+      curl -sk -o /dev/null -w '%%{http_code}' "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/namespaces/${var.namespace}/secrets/prod-kubeconfig" > '${self.input}.direct'
+      proxy="http://127.0.0.1:$(cat "$CAPTF_STATE_PROXY_PORT_FILE")/api/v1/namespaces/${var.namespace}/secrets"
+      curl -s -o '${self.input}.refusal' -w '%%{http_code}' "$proxy/prod-kubeconfig" > '${self.input}.proxied'
+      curl -s -o '${self.input}.list' "$proxy"
+    EOT
+  }
+}
+"#;
+    env.create_terraform_cluster(
+        module,
+        json!({"variables": {
+            "name": "prod",
+            "marker_dir": env.markers().display().to_string(),
+            "namespace": env.ns,
+        }}),
+    )
+    .await;
+    env.wait_provisioned::<Tfc>("prod").await;
+    assert_eq!(
+        marker(&env, "prod.token").as_deref().map(str::trim),
+        Some("absent"),
+        "the runner container mounts no token"
+    );
+    let direct = marker(&env, "prod.direct").unwrap_or_default();
+    assert!(
+        direct == "401" || direct == "403",
+        "the API server refuses the runner without credentials: {direct}"
+    );
+    assert_eq!(
+        marker(&env, "prod.proxied").as_deref(),
+        Some("403"),
+        "the proxy refuses a Secret of the namespace that is not the state's: {:?}",
+        marker(&env, "prod.refusal")
+    );
+    let refusal = marker(&env, "prod.refusal").unwrap_or_default();
+    assert!(refusal.contains("captf state-proxy"), "{refusal}");
+    let list: Value = serde_json::from_str(&marker(&env, "prod.list").unwrap_or_default())
+        .expect("the proxy's list is the API server's");
+    let listed: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    assert!(
+        listed
+            .iter()
+            .all(|n| n.starts_with("tfstate-default-prod.tfc")),
+        "only the state's own Secrets are listed: {listed:?}"
+    );
+    // The state was written through the proxy, with the owner labels the backend sets.
+    let state = env
+        .secrets()
+        .get(&names::state_secret_name("prod.tfc"))
+        .await
+        .expect("the state Secret");
+    assert_eq!(
+        state
+            .labels()
+            .get(names::TF_LABEL_SUFFIX)
+            .map(String::as_str),
+        Some("prod.tfc")
+    );
+
+    env.delete::<Tfc>("prod").await;
+    env.wait_gone::<Tfc>("prod", long()).await;
+    assert!(
+        env.secrets()
+            .get_opt(&names::state_secret_name("prod.tfc"))
+            .await
+            .expect("read")
+            .is_none(),
+        "the destroy ran through the proxy and the state went with the release"
+    );
+    env.shutdown().await;
+}

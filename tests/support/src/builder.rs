@@ -14,6 +14,7 @@ pub struct EnvBuilder {
     provision: bool,
     backoff: Option<(Duration, Duration)>,
     sweep_every: Option<Duration>,
+    state_proxy: bool,
     machine: Option<Machine>,
 }
 
@@ -90,6 +91,13 @@ impl EnvBuilder {
         self
     }
 
+    /// With the state proxy in every runner Pod (`--state-proxy-image`
+    /// [`STATE_PROXY_IMAGE`], which the local kubelet runs as this build's `captf`).
+    pub fn state_proxy(mut self) -> EnvBuilder {
+        self.state_proxy = true;
+        self
+    }
+
     /// With the manager's retries `base` apart, up to `max`.
     pub fn backoff(mut self, base: Duration, max: Duration) -> EnvBuilder {
         self.backoff = Some((base, max));
@@ -152,6 +160,9 @@ impl EnvBuilder {
         if let Some(every) = self.sweep_every {
             env.config.rbac_sweep_every = every;
         }
+        if self.state_proxy {
+            env.config.state_proxy_image = Some(STATE_PROXY_IMAGE.to_string());
+        }
         match self.machine {
             Some(Machine::Applied { name, module_body }) => {
                 env.config.provision = true;
@@ -188,6 +199,7 @@ impl Env {
             provision: false,
             backoff: None,
             sweep_every: None,
+            state_proxy: false,
             machine: None,
         }
     }

@@ -203,6 +203,17 @@ impl ControlPlane {
                 "--kubelet-arg=--image-env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{}",
                 dir_of.join("bin").display()
             ))
+            // The state proxy's image: this build's captf (the integration tests built it).
+            .arg(format!(
+                "--kubelet-arg=--image-entrypoint={}={}",
+                super::STATE_PROXY_IMAGE,
+                dir_of
+                    .parent()
+                    .expect("target directory")
+                    .join(profile())
+                    .join("captf")
+                    .display()
+            ))
             .args(kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")))
             .args(kcm_args.iter().map(|a| format!("--kcm-arg={a}")))
             // Its manager and components are found beside captf-envtest.

@@ -107,6 +107,11 @@ pub struct Env {
 
 /// The finalizers Cluster API's Cluster, Machine and MachinePool controllers keep until
 /// what they own is gone.
+/// The image the state proxy's sidecar names in the scenarios ([`EnvBuilder::state_proxy`]):
+/// the local kubelet of every control plane runs it as this build's `captf`
+/// (`--image-entrypoint`).
+pub const STATE_PROXY_IMAGE: &str = "captf.test/captf:state-proxy";
+
 pub const CAPI_CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
 pub const CAPI_MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
 pub const CAPI_MACHINE_POOL_FINALIZER: &str = "machinepool.cluster.x-k8s.io";
