@@ -183,11 +183,14 @@ pub struct ManagerArgs {
     /// A directory with job.yaml and runner.sh replacing the embedded templates.
     #[arg(long)]
     pub templates_dir: Option<PathBuf>,
-    /// Put the state proxy beside Terraform in every runner Pod, from this image (CAPTF's
-    /// own, whose entrypoint is captf): the proxy alone holds the Pod's token and passes
-    /// on only the object's state Secrets and lock Lease, so a module's code has no
-    /// credentials for the API server (docs/tenancy.md). Needs Kubernetes 1.29 or later
-    /// (native sidecars). Off when empty.
+    /// Put the state proxy beside Terraform in every runner Pod: the proxy alone holds
+    /// the Pod's token and passes on only the object's state Secrets and lock Lease, so a
+    /// module's code has no credentials for the API server (docs/tenancy.md). Needs
+    /// Kubernetes 1.29 or later (native sidecars).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub state_proxy: bool,
+    /// The state proxy's image (CAPTF's, whose entrypoint is captf); empty: the manager's
+    /// own, read from its Pod (POD_NAMESPACE, POD_NAME) when it starts.
     #[arg(long, default_value = "")]
     pub state_proxy_image: String,
     /// Elect a leader on a Lease so that several replicas are safe.

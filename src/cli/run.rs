@@ -108,6 +108,7 @@ fn run_manager(args: &ManagerArgs) -> Result<(), Misuse> {
             ..Settings::default()
         },
         templates_dir: args.templates_dir.clone(),
+        state_proxy: args.state_proxy,
         state_proxy_image: Some(args.state_proxy_image.trim().to_string())
             .filter(|i| !i.is_empty()),
         leader_elect: args.leader_elect,

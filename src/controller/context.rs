@@ -31,7 +31,9 @@ pub struct ManagerConfig {
     pub concurrency: u16,
     pub settings: Settings,
     pub templates_dir: Option<PathBuf>,
-    /// The state proxy's image (`--state-proxy-image`), when runner Pods get one.
+    /// Whether runner Pods get the state proxy (`--state-proxy`), and its image
+    /// (`--state-proxy-image`; `None`: the manager's own, read from its Pod).
+    pub state_proxy: bool,
     pub state_proxy_image: Option<String>,
     pub leader_elect: bool,
     pub metrics_addr: Option<SocketAddr>,
@@ -86,6 +88,7 @@ impl Default for ManagerConfig {
             concurrency: 4,
             settings: Settings::default(),
             templates_dir: None,
+            state_proxy: false,
             state_proxy_image: None,
             leader_elect: false,
             metrics_addr: None,

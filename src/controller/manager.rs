@@ -33,7 +33,11 @@ pub async fn run(
             .map_err(|e| Error::Setup(format!("--templates-dir {}: {e}", dir.display())))?,
         None => Templates::embedded(),
     };
-    templates.state_proxy_image = cfg.state_proxy_image.clone();
+    templates.state_proxy_image = match (cfg.state_proxy, &cfg.state_proxy_image) {
+        (false, _) => None,
+        (true, Some(image)) => Some(image.clone()),
+        (true, None) => Some(own_image(&client, &cfg).await?),
+    };
     let metrics = Arc::new(Metrics::default());
     // One set of state-read permits for the life of the process (the controllers start
     // again when Cluster API's Cluster kind appears), which the health probe watches.
@@ -232,4 +236,28 @@ async fn stop_tasks(
         task.abort();
         let _ = task.await;
     }
+}
+
+/// The manager's own image, for `--state-proxy` without `--state-proxy-image`: its
+/// container's in its Pod (`POD_NAMESPACE`, `POD_NAME`), which the manager may read.
+async fn own_image(client: &Client, cfg: &ManagerConfig) -> Result<String, Error> {
+    use k8s_openapi::api::core::v1::Pod;
+    let fail = |why: String| {
+        Error::Setup(format!(
+            "--state-proxy: no --state-proxy-image, and the manager's own image cannot be read from Pod {}/{}: {why}; give --state-proxy-image (CAPTF's image)",
+            cfg.manager_namespace, cfg.identity
+        ))
+    };
+    let pod = kube::Api::<Pod>::namespaced(client.clone(), &cfg.manager_namespace)
+        .get(&cfg.identity)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let containers = pod.spec.map(|s| s.containers).unwrap_or_default();
+    containers
+        .iter()
+        .find(|c| c.name == crate::ops::release::CONTAINER)
+        .or(containers.first())
+        .and_then(|c| c.image.clone())
+        .filter(|i| !i.is_empty())
+        .ok_or_else(|| fail("it names no image".to_string()))
 }

@@ -39,7 +39,7 @@ pub struct ManagerVariable {
 /// The manager flags an operator sets at `clusterctl init` (docs/provisioning/05-clusterctl.md
 /// says what each does). Not `--watch-filter` or `--namespace`: clusterctl takes an empty
 /// default for "required", and they are empty by default.
-pub const MANAGER_VARIABLES: [ManagerVariable; 5] = [
+pub const MANAGER_VARIABLES: [ManagerVariable; 6] = [
     ManagerVariable {
         variable: "CAPTF_CONCURRENCY",
         flag: "--concurrency",
@@ -59,6 +59,10 @@ pub const MANAGER_VARIABLES: [ManagerVariable; 5] = [
     ManagerVariable {
         variable: "CAPTF_PROVISION",
         flag: "--provision",
+    },
+    ManagerVariable {
+        variable: "CAPTF_STATE_PROXY",
+        flag: "--state-proxy",
     },
 ];
 

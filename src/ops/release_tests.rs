@@ -218,6 +218,7 @@ fn the_components_hold_clusterctl_s_rules_and_only_captf_s_variables() {
         "--destroy-backoff-base=${CAPTF_DESTROY_BACKOFF_BASE:=30s}",
         "--destroy-backoff-max=${CAPTF_DESTROY_BACKOFF_MAX:=30m}",
         "--provision=${CAPTF_PROVISION:=true}",
+        "--state-proxy=${CAPTF_STATE_PROXY:=false}",
     ] {
         assert!(args.contains(arg), "{arg} in {args}");
     }

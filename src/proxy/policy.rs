@@ -7,7 +7,8 @@
 //! - a list of Secrets only with a label selector that names one of those backend
 //!   suffixes (`tfstateSecretSuffix=`); a list that names none gets the object's own
 //!   added, which is what the backend's listing of workspaces keeps of it anyway;
-//! - its lock Lease (`lock-tfstate-default-<suffix>`): get, create, update, delete.
+//! - its lock Lease (`lock-tfstate-default-<suffix>`), and its errored states' (the
+//!   runner's `init` of one locks it): get, create, update, delete.
 //!
 //! No watch, patch or collection delete; a create names its object in the body, which
 //! [`created_name`] checks.
@@ -80,9 +81,11 @@ fn suffix_allowed(scope: &Scope, backend_suffix: &str) -> bool {
     backend_suffix == scope.suffix || names::is_errored_suffix_of(backend_suffix, &scope.suffix)
 }
 
-/// Whether `name` is the scope's lock Lease.
+/// Whether `name` is the scope's lock Lease, or an errored state's (the runner's `init`
+/// of the errored state's suffix makes its empty state under a lock).
 pub fn lease_allowed(scope: &Scope, name: &str) -> bool {
-    name == names::lock_lease_name(&scope.suffix)
+    name.strip_prefix(&format!("lock-tfstate-{}-", names::TF_WORKSPACE))
+        .is_some_and(|backend_suffix| suffix_allowed(scope, backend_suffix))
 }
 
 /// Decides a request by its method, path and query.
@@ -333,6 +336,10 @@ mod tests {
                 method,
                 &format!("{LEASES}/lock-tfstate-default-prod.tfc")
             ));
+            assert!(ok(
+                method,
+                &format!("{LEASES}/lock-tfstate-default-errored-2-ab3cd.prod.tfc")
+            ));
         }
         let create = route(&scope(), "POST", SECRETS, None).unwrap();
         assert_eq!(create.create, Some(Resource::Secret));
@@ -374,6 +381,14 @@ mod tests {
             (
                 "GET",
                 "/apis/coordination.k8s.io/v1/namespaces/team-a/leases/lock-tfstate-default-web.tfm",
+            ),
+            (
+                "GET",
+                "/apis/coordination.k8s.io/v1/namespaces/team-a/leases/lock-tfstate-default-errored-2-ab3cd.x.prod.tfc",
+            ),
+            (
+                "GET",
+                "/apis/coordination.k8s.io/v1/namespaces/team-a/leases/lock-tfstate-default-prod.tfc-part-1",
             ),
             ("GET", LEASES),
             (

@@ -397,7 +397,6 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
 
     env.delete::<Tfm>("web-1").await;
     let start = std::time::Instant::now();
-    let mut said_saved = false;
     loop {
         let sets = errored_sets(&env).await;
         // Both there, and whole: the runner's init first makes an empty state there, and
@@ -433,19 +432,20 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
                 env.condition::<Tfm>("web-1", "Deleting").await
             );
         }
-        if let Some((_, _, msg)) = env.condition::<Tfm>("web-1", "Deleting").await
-            && msg.contains(&format!(
-                "terraform could not save its state: errored.tfstate saved in Secret {}/tfstate-default-errored-",
-                env.ns
-            ))
-        {
-            said_saved = true;
-        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Said in the failed attempt's Event, which stays (its Deleting message lasts only
+    // until the next attempt starts, which may be within the same second).
+    let saved = format!(
+        "terraform could not save its state: errored.tfstate saved in Secret {}/tfstate-default-errored-",
+        env.ns
+    );
+    let notes = env.event_notes("web-1").await;
     assert!(
-        said_saved,
-        "a failed attempt's Deleting message said where the errored state went"
+        notes
+            .iter()
+            .any(|(reason, note)| reason == "DestroyFailed" && note.contains(&saved)),
+        "a failed attempt said where the errored state went: {notes:?}"
     );
     for (ws, secrets) in errored_sets(&env).await {
         assert!(ws.ends_with(".web-1.tfm"), "{ws}");

@@ -160,7 +160,12 @@ impl EnvBuilder {
         if let Some(every) = self.sweep_every {
             env.config.rbac_sweep_every = every;
         }
-        if self.state_proxy {
+        // `CAPTF_TEST_STATE_PROXY=1`: every scenario's runners behind the state proxy, on
+        // the local control plane (docs/testing.md).
+        let every = std::env::var_os("CAPTF_TEST_STATE_PROXY").is_some_and(|v| v == "1")
+            && external_cluster().is_none();
+        if self.state_proxy || every {
+            env.config.state_proxy = true;
             env.config.state_proxy_image = Some(STATE_PROXY_IMAGE.to_string());
         }
         match self.machine {

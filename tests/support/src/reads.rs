@@ -182,6 +182,19 @@ impl Env {
             .collect()
     }
 
+    /// The Events recorded about an object (events.k8s.io/v1): reason and note.
+    pub async fn event_notes(&self, name: &str) -> Vec<(String, String)> {
+        Api::<Event>::namespaced(self.client.clone(), &self.ns)
+            .list(&Default::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
     /// Writes (create, update, patch, delete) of the manager that the API server carried
     /// out so far.
     pub fn total_writes(&self) -> u64 {
