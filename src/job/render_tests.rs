@@ -929,13 +929,22 @@ fn the_state_proxy_alone_holds_the_pods_token() {
     assert_eq!(pod.automount_service_account_token, Some(true));
     assert!(pod.init_containers.is_none());
 
+    let embedded = Templates::embedded();
     let templates = Templates {
         state_proxy_image: Some("registry.example/captf:v0.1.0".into()),
-        ..Templates::embedded()
+        // A template that runs the runner on the host's network: the proxy's loopback
+        // would be the node's.
+        job: embedded.job.replace(
+            "      enableServiceLinks: false\n",
+            "      enableServiceLinks: false\n      hostNetwork: true\n",
+        ),
+        ..embedded
     };
+    assert!(templates.job.contains("hostNetwork: true"));
     let job = render(&templates, &request(&inputs)).unwrap();
     let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(pod.host_network, None);
     let inits = pod.init_containers.as_ref().unwrap();
     assert_eq!(inits.len(), 1);
     let proxy = &inits[0];

@@ -34,10 +34,12 @@ fn port_file() -> String {
 }
 
 /// Adds the state proxy to `pod`, whose runner container is `runner`: the sidecar, its
-/// token volume, the port file's volume in both, the runner's variable, and no token
-/// mounted by the API server.
+/// token volume, the port file's volume in both, the runner's variable, no token mounted
+/// by the API server, and the Pod's own network (a template's `hostNetwork` goes).
 pub(super) fn add_state_proxy(pod: &mut PodSpec, runner: usize, req: &JobRequest, image: &str) {
     pod.automount_service_account_token = Some(false);
+    // The proxy listens on the Pod's loopback, which is the node's with the host's network.
+    pod.host_network = None;
     let volumes = pod.volumes.get_or_insert_with(Vec::new);
     volumes.retain(|v| v.name != PROXY_VOLUME && v.name != TOKEN_VOLUME);
     volumes.push(Volume {

@@ -611,7 +611,15 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     // prints the Pods if it fails so.)
     let dir = temp_dir("clusterctl-image");
     let home = dir.join("home");
-    let config = local_repository(&dir, &format!("CAPTF_IMAGE: {}\n", image_ref()));
+    // With the state proxy on: its sidecar runs the manager's own image, read from the
+    // manager's Pod.
+    let config = local_repository(
+        &dir,
+        &format!(
+            "CAPTF_IMAGE: {}\nCAPTF_STATE_PROXY: \"true\"\n",
+            image_ref()
+        ),
+    );
     let (health, metrics) = (free_port(), free_port());
     let components = dir
         .join("repo/infrastructure-terraform")
@@ -709,6 +717,35 @@ async fn clusterctl_init_runs_the_image_and_clusterctl_delete_destroys_nothing()
     .await;
     wait_condition::<Tfc>(&env, "prod", "Provisioned", "True", "Provisioned").await;
     mark("provisioned");
+    // The apply ran behind the state proxy, from the image the manager runs.
+    let runner_pods = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+        .list(&Default::default())
+        .await
+        .expect("the runner's Pods");
+    let apply = runner_pods
+        .items
+        .iter()
+        .find(|p| p.labels().get(names::LABEL_OPERATION).map(String::as_str) == Some("apply"))
+        .expect("the apply's Pod");
+    let sidecar = apply
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .and_then(|c| c.first())
+        .expect("the state proxy's sidecar");
+    assert_eq!(sidecar.name, "captf-state-proxy");
+    assert_eq!(sidecar.image.as_deref(), Some(image_ref().as_str()));
+    let ran = apply
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| c.image_id.clone())
+        .unwrap_or_default();
+    assert!(
+        ran.contains(&digest),
+        "the sidecar ran the image {digest}: {ran}"
+    );
     let fingerprint = env.fingerprint(Kind::TerraformCluster, "prod").await;
     let applies = |tfc: &Tfc| tfc.annotations().get(names::APPLY_ATTEMPT).cloned();
     let applied = applies(&env.object::<Tfc>("prod").await.expect("prod"));
