@@ -18,9 +18,10 @@ use super::JobRequest;
 
 /// The sidecar's container name.
 pub const PROXY_CONTAINER: &str = "captf-state-proxy";
-/// The volume of the port file, shared by the two containers, and where they mount it.
+/// The volume of the port file, shared by the two containers, and where they mount it:
+/// not under `/captf`, which is the binary itself in CAPTF's image.
 pub const PROXY_VOLUME: &str = "captf-state-proxy";
-pub const PROXY_DIR: &str = "/captf/state-proxy";
+pub const PROXY_DIR: &str = "/captf-state-proxy";
 /// The projected token, CA and namespace, in the sidecar only.
 pub const TOKEN_VOLUME: &str = "captf-state-proxy-token";
 /// Where a Pod's container finds its ServiceAccount's credentials (and where kube's and

@@ -436,18 +436,29 @@ async fn refuse_secret_updates(env: &Env, name: &str) -> impl AsyncFnOnce() {
 /// the apply as it holds the destroy, until an operator has merged it back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_errored_state_holds_the_apply() {
+    errored_state_holds_the_apply(false).await;
+}
+
+/// The same behind the state proxy: the runner saves its errored state through the proxy
+/// (the errored state's Secrets and the lock its `init` takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_errored_state_saved_through_the_state_proxy_holds_the_apply() {
+    errored_state_holds_the_apply(true).await;
+}
+
+async fn errored_state_holds_the_apply(state_proxy: bool) {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
     // Retries 2 s apart: a retry would come at once.
-    let env = Env::builder("errored-apply")
-        .backoff(
-            std::time::Duration::from_secs(2),
-            std::time::Duration::from_secs(4),
-        )
-        .provisioning()
-        .start()
-        .await;
+    let mut builder = Env::builder("errored-apply").backoff(
+        std::time::Duration::from_secs(2),
+        std::time::Duration::from_secs(4),
+    );
+    if state_proxy {
+        builder = builder.state_proxy();
+    }
+    let env = builder.provisioning().start().await;
     env.provisioned_cluster(&counted_module(), counted_variables(&env, 2))
         .await;
     let state = names::state_secret_name(&names::state_suffix(Kind::TerraformCluster, "prod"));
