@@ -201,12 +201,18 @@ pub fn crds_yaml() -> String {
 fn with_client<T>(
     f: impl AsyncFnOnce(kube::Client, String) -> Result<T, Misuse>,
 ) -> Result<T, Misuse> {
+    with_client_of(crate::io::client::Sender::Cli, f)
+}
+
+/// [`with_client`], its requests sent as `sender`'s.
+fn with_client_of<T>(
+    sender: crate::io::client::Sender,
+    f: impl AsyncFnOnce(kube::Client, String) -> Result<T, Misuse>,
+) -> Result<T, Misuse> {
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async move {
-        let (client, ns) = crate::io::client::connect(crate::io::client::Sender::Cli)
-            .await
-            .map_err(Misuse)?;
+        let (client, ns) = crate::io::client::connect(sender).await.map_err(Misuse)?;
         f(client, ns).await
     })
 }
@@ -216,12 +222,7 @@ fn run_state_proxy(args: &StateProxyArgs) -> Result<(), Misuse> {
         namespace: args.namespace.clone(),
         suffix: args.suffix.clone(),
     };
-    let runtime = tokio::runtime::Runtime::new()
-        .map_err(|e| Misuse(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async move {
-        let (client, _) = crate::io::client::connect(crate::io::client::Sender::StateProxy)
-            .await
-            .map_err(Misuse)?;
+    with_client_of(crate::io::client::Sender::StateProxy, async |client, _| {
         crate::proxy::run(scope, &args.port_file, client)
             .await
             .map_err(Misuse)

@@ -171,14 +171,11 @@ impl Env {
 
     /// Event reasons recorded about an object (events.k8s.io/v1).
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
-        Api::<Event>::namespaced(self.client.clone(), &self.ns)
-            .list(&Default::default())
+        self.event_notes(name)
             .await
-            .expect("list events")
-            .items
             .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .filter_map(|e| e.reason)
+            .map(|(reason, _)| reason)
+            .filter(|reason| !reason.is_empty())
             .collect()
     }
 
