@@ -51,7 +51,7 @@ pub enum Command {
     ReleaseAssets(ReleaseAssetsArgs),
     /// Print a shell completion script for captf (source it from your shell's profile).
     Completions(CompletionsArgs),
-    /// Run beside Terraform in a runner Pod (manager flag --state-proxy-image): pass on
+    /// Run beside Terraform in a runner Pod (manager flag --state-proxy): pass on
     /// to the API server, with the Pod's token, only the requests for one object's state
     /// Secrets and lock Lease.
     StateProxy(StateProxyArgs),

@@ -312,7 +312,11 @@ async fn a_module_cannot_read_another_namespaces_secrets() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
-    let env = Env::builder("identity-reach").provisioning().start().await;
+    let env = Env::builder("identity-reach")
+        .runner_token()
+        .provisioning()
+        .start()
+        .await;
     create_identity(&env, "token-1", json!({"list": [env.ns]})).await;
     let own: Secret = serde_json::from_value(json!({
         "metadata": {"name": "own-secret"}, "stringData": {"k": "v"}

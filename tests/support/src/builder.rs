@@ -14,7 +14,7 @@ pub struct EnvBuilder {
     provision: bool,
     backoff: Option<(Duration, Duration)>,
     sweep_every: Option<Duration>,
-    state_proxy: bool,
+    state_proxy: Option<bool>,
     machine: Option<Machine>,
 }
 
@@ -94,7 +94,14 @@ impl EnvBuilder {
     /// With the state proxy in every runner Pod (`--state-proxy-image`
     /// [`STATE_PROXY_IMAGE`], which the local kubelet runs as this build's `captf`).
     pub fn state_proxy(mut self) -> EnvBuilder {
-        self.state_proxy = true;
+        self.state_proxy = Some(true);
+        self
+    }
+
+    /// With runners that hold their Pod's token, whatever `CAPTF_TEST_STATE_PROXY` says: for
+    /// a scenario about what that token reaches.
+    pub fn runner_token(mut self) -> EnvBuilder {
+        self.state_proxy = Some(false);
         self
     }
 
@@ -164,7 +171,7 @@ impl EnvBuilder {
         // the local control plane (docs/testing.md).
         let every = std::env::var_os("CAPTF_TEST_STATE_PROXY").is_some_and(|v| v == "1")
             && external_cluster().is_none();
-        if self.state_proxy || every {
+        if self.state_proxy.unwrap_or(every) {
             env.config.state_proxy = true;
             env.config.state_proxy_image = Some(STATE_PROXY_IMAGE.to_string());
         }
@@ -204,7 +211,7 @@ impl Env {
             provision: false,
             backoff: None,
             sweep_every: None,
-            state_proxy: false,
+            state_proxy: None,
             machine: None,
         }
     }
