@@ -123,8 +123,16 @@ pub fn route(
         )));
     }
     let query = query.unwrap_or_default();
-    if query_params(query).any(|(k, v)| k == "watch" && v != "false" && v != "0") {
-        return Err(refuse(format!("{method} {path}: no watch is served")));
+    // Names as the API server reads them: percent-decoded, as values are.
+    for (k, v) in query_params(query) {
+        let Some(key) = decode(k) else {
+            return Err(refuse(format!(
+                "{method} {path}: a parameter name that is not UTF-8"
+            )));
+        };
+        if key == "watch" && decode(v).is_none_or(|v| v != "false" && v != "0") {
+            return Err(refuse(format!("{method} {path}: no watch is served")));
+        }
     }
     let forward = |create| Forward {
         path_and_query: with_query(path, query),
@@ -165,7 +173,8 @@ fn list_query(scope: &Scope, query: &str, method: &str, path: &str) -> Result<St
     let mut selector = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if k == "labelSelector" {
+        // `route` refused a name that does not decode.
+        if decode(k).as_deref() == Some("labelSelector") {
             if selector.is_some() {
                 return Err(refuse(format!("{method} {path}: two label selectors")));
             }
@@ -460,6 +469,43 @@ mod tests {
         ] {
             assert!(list(q).is_err(), "{q} passed");
         }
+    }
+
+    /// A parameter name is percent-decoded by the API server as a value is: an encoded
+    /// `labelSelector` or `watch` is the same parameter, and is treated as one.
+    #[test]
+    fn an_encoded_parameter_name_is_read_as_the_api_server_reads_it() {
+        let list = |q: &str| route(&scope(), "GET", SECRETS, Some(q));
+        for q in [
+            "labelSelecto%72=",
+            "labelSelecto%72=&labelSelector=tfstate%3Dtrue",
+            "label%53elector=tfstate%3Dtrue",
+        ] {
+            match list(q) {
+                Err(_) => {}
+                Ok(f) => {
+                    let query = f
+                        .path_and_query
+                        .split_once('?')
+                        .map(|(_, q)| q)
+                        .unwrap_or("");
+                    let selectors: Vec<String> = query_params(query)
+                        .filter(|(k, _)| decode(k).as_deref() == Some("labelSelector"))
+                        .map(|(_, v)| decode(v).unwrap())
+                        .collect();
+                    assert_eq!(selectors.len(), 1, "{q}: {selectors:?}");
+                    assert!(
+                        selectors[0].contains("tfstateSecretSuffix=prod.tfc"),
+                        "{q}: {selectors:?}"
+                    );
+                }
+            }
+        }
+        assert!(list("wat%63h=true").is_err());
+        assert!(
+            list("watch%3Dtrue").is_ok(),
+            "a parameter named watch=true, not watch"
+        );
     }
 
     #[test]
