@@ -118,11 +118,17 @@ where
         }
     };
     if let Some(resource) = forward.create {
-        let checked = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .map_err(|e| {
-                policy::Refusal(format!(
-                    "{method} {path}: a create whose body is not JSON: {e}"
-                ))
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        let checked = policy::create_content_type(content_type)
+            .and_then(|()| {
+                serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
+                    policy::Refusal(format!(
+                        "{method} {path}: a create whose body is not JSON: {e}"
+                    ))
+                })
             })
             .and_then(|v| policy::created_name(scope, resource, &v));
         if let Err(why) = checked {

@@ -216,6 +216,24 @@ fn list_query(scope: &Scope, query: &str, method: &str, path: &str) -> Result<St
     Ok(out.join("&"))
 }
 
+/// Whether a create's body is read as the proxy reads it: JSON only (the API server would
+/// read YAML or protobuf too, which the proxy does not check).
+pub fn create_content_type(content_type: Option<&str>) -> Result<(), Refusal> {
+    let media = content_type
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    if media.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(refuse(format!(
+            "a create of Content-Type {media:?}: only application/json is passed on"
+        )))
+    }
+}
+
 /// Whether a create's body (its `metadata`) names an object the scope may make.
 pub fn created_name(
     scope: &Scope,
@@ -506,6 +524,20 @@ mod tests {
             list("watch%3Dtrue").is_ok(),
             "a parameter named watch=true, not watch"
         );
+    }
+
+    #[test]
+    fn a_create_is_json_or_refused() {
+        assert!(create_content_type(Some("application/json")).is_ok());
+        assert!(create_content_type(Some("application/json; charset=utf-8")).is_ok());
+        for ct in [
+            None,
+            Some("application/yaml"),
+            Some("application/vnd.kubernetes.protobuf"),
+            Some("text/plain"),
+        ] {
+            assert!(create_content_type(ct).is_err(), "{ct:?}");
+        }
     }
 
     #[test]
