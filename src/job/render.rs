@@ -435,18 +435,10 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     if c.working_dir.is_none() {
         c.working_dir = Some(WORKSPACE_DIR.to_string());
     }
-    let sc = c
-        .security_context
-        .get_or_insert_with(SecurityContext::default);
-    sc.read_only_root_filesystem = Some(true);
-    sc.allow_privilege_escalation = Some(false);
-    sc.privileged = Some(false);
-    sc.run_as_non_root = Some(true);
-    sc.capabilities = Some(Capabilities {
-        add: None,
-        drop: Some(vec!["ALL".to_string()]),
-    });
-    sc.seccomp_profile = Some(runtime_default());
+    harden(
+        c.security_context
+            .get_or_insert_with(SecurityContext::default),
+    );
 
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
     mounts.retain(|m| {
@@ -474,7 +466,22 @@ pub fn render(templates: &Templates, req: &JobRequest) -> Result<Job, RenderErro
     Ok(job)
 }
 
-pub(super) fn runtime_default() -> SeccompProfile {
+/// What code sets on a container's security context whatever the template says (the
+/// runner's, the state proxy's): a read-only root, no privilege or its escalation, no
+/// capability, not root, the runtime's seccomp profile.
+pub(super) fn harden(sc: &mut SecurityContext) {
+    sc.read_only_root_filesystem = Some(true);
+    sc.allow_privilege_escalation = Some(false);
+    sc.privileged = Some(false);
+    sc.run_as_non_root = Some(true);
+    sc.capabilities = Some(Capabilities {
+        add: None,
+        drop: Some(vec!["ALL".to_string()]),
+    });
+    sc.seccomp_profile = Some(runtime_default());
+}
+
+fn runtime_default() -> SeccompProfile {
     SeccompProfile {
         type_: "RuntimeDefault".to_string(),
         localhost_profile: None,

@@ -7,7 +7,7 @@
 //! through the proxy on the Pod's loopback (`src/proxy/`).
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapProjection, Container, DownwardAPIProjection, DownwardAPIVolumeFile,
+    ConfigMapProjection, Container, DownwardAPIProjection, DownwardAPIVolumeFile,
     EmptyDirVolumeSource, EnvVar, KeyToPath, ObjectFieldSelector, PodSpec, ProjectedVolumeSource,
     ResourceRequirements, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
     VolumeProjection,
@@ -102,17 +102,10 @@ fn sidecar(req: &JobRequest, image: &str) -> Container {
             limits: Some([("memory".to_string(), quantity("128Mi"))].into()),
             ..Default::default()
         }),
-        security_context: Some(SecurityContext {
-            read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                add: None,
-                drop: Some(vec!["ALL".to_string()]),
-            }),
-            seccomp_profile: Some(super::render::runtime_default()),
-            ..Default::default()
+        security_context: Some({
+            let mut sc = SecurityContext::default();
+            super::render::harden(&mut sc);
+            sc
         }),
         volume_mounts: Some(vec![
             VolumeMount {

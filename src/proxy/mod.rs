@@ -93,7 +93,7 @@ fn write_port(path: &Path, port: u16) -> Result<(), String> {
 
 /// One request: refused with a Kubernetes `Status` unless the policy allows it, else
 /// passed on with the proxy's credentials and its answer passed back as it streams.
-pub async fn handle<B>(scope: &Scope, client: &kube::Client, req: Request<B>) -> Response<ProxyBody>
+async fn handle<B>(scope: &Scope, client: &kube::Client, req: Request<B>) -> Response<ProxyBody>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -101,9 +101,6 @@ where
     let (parts, body) = req.into_parts();
     let method = parts.method.as_str().to_string();
     let path = parts.uri.path().to_string();
-    if path == "/healthz" {
-        return local(StatusCode::OK, "text/plain", Bytes::from_static(b"ok"));
-    }
     let forward = match policy::route(scope, &method, &path, parts.uri.query()) {
         Ok(f) => f,
         Err(why) => return refused(StatusCode::FORBIDDEN, "Forbidden", &why.0),

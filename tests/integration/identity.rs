@@ -34,6 +34,18 @@ resource "terraform_data" "vm" {
     .to_string()
 }
 
+/// Makes Secret `name` of `string_data` in the test's namespace.
+async fn create_secret(env: &Env, name: &str, string_data: Value) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name}, "stringData": string_data
+    }))
+    .expect("secret");
+    env.secrets()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
 /// The test's identity: cluster-scoped, so named after the test's namespace.
 pub(crate) fn identity_name(env: &Env) -> String {
     format!("{}-team", env.ns)
@@ -318,14 +330,7 @@ async fn a_module_cannot_read_another_namespaces_secrets() {
         .start()
         .await;
     create_identity(&env, "token-1", json!({"list": [env.ns]})).await;
-    let own: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "own-secret"}, "stringData": {"k": "v"}
-    }))
-    .expect("secret");
-    env.secrets()
-        .create(&PostParams::default(), &own)
-        .await
-        .expect("create own-secret");
+    create_secret(&env, "own-secret", json!({"k": "v"})).await;
     env.create_terraform_cluster(
         &probing_module(),
         json!({"variables": {
@@ -428,7 +433,7 @@ async fn an_identity_gives_the_runner_a_workload_identity_of_its_own() {
     env.shutdown().await;
 }
 
-/// A module behind the state proxy (`--state-proxy-image`): the runner container has no
+/// A module behind the state proxy (`--state-proxy`): the runner container has no
 /// token; the API server refuses it as anonymous; the proxy beside it refuses a Secret of
 /// its own namespace that is not its state, and lists none but its state's; and the
 /// apply and the destroy still read and write the state through the proxy.
@@ -442,14 +447,12 @@ async fn a_module_behind_the_state_proxy_reaches_only_its_state() {
         .provisioning()
         .start()
         .await;
-    let own: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "prod-kubeconfig"}, "stringData": {"value": "a workload cluster's"}
-    }))
-    .expect("secret");
-    env.secrets()
-        .create(&PostParams::default(), &own)
-        .await
-        .expect("create prod-kubeconfig");
+    create_secret(
+        &env,
+        "prod-kubeconfig",
+        json!({"value": "a workload cluster's"}),
+    )
+    .await;
     let module = r#"variable "name" { type = string }
 variable "marker_dir" { type = string }
 variable "namespace" { type = string }
