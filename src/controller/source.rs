@@ -233,14 +233,23 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     /// Read live under a state-read permit of the pass's lane (see
     /// `Context::state_reads`); the errored states found in the cache of the object's
     /// Secrets' metadata.
-    async fn state(&self, o: &Observed) -> Result<StateRead, Error> {
+    async fn state(&self, o: &Observed, inputs: bool) -> Result<StateRead, Error> {
         observe::read_secrets(
             &self.ctx.client,
             self.caches(),
             o,
             (&self.ctx.state_reads, self.lane),
+            inputs,
         )
         .await
+    }
+
+    async fn inputs(&self, o: &mut Observed) -> Result<(), Error> {
+        let (inputs, (secrets, maps)) = observe::read_inputs(&self.ctx.client, o).await?;
+        o.inputs_secret = inputs;
+        o.referenced_secrets = secrets;
+        o.referenced_config_maps = maps;
+        Ok(())
     }
 
     async fn referenced(&self, o: &mut Observed) -> Result<(), Error> {

@@ -302,6 +302,34 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Findings) {
     (facts, findings)
 }
 
+/// Whether a pass reads the inputs Secret, and what it and the spec reference, with the
+/// state. Not after a destroy attempt of this deletion succeeded, unless an apply's end is
+/// still to be recorded: the state that destroy left is expected to list nothing, and row 8
+/// cleans up a state that lists nothing whatever the inputs say (the cleanup finds the
+/// inputs Secret among the object's Secrets). A state that lists something after all is
+/// followed by that read ([`inputs_wanted_after`]).
+pub fn inputs_with_state(o: &Observed) -> bool {
+    let name = o.meta.name.as_deref().unwrap_or_default();
+    let succeeded = matches!(
+        destroy_history(o, &names::state_suffix(o.kind, name)).1,
+        rules::LastAttempt::Succeeded { .. }
+    );
+    o.meta.deletion_timestamp.is_none() || !succeeded || apply::unrecorded_apply(o).is_some()
+}
+
+/// Whether a pass that read the state without the inputs ([`inputs_with_state`]) must read
+/// them now: unless the state read lists no managed resource instance, what is decided
+/// may rest on them (a destroy to start, a blocker to name).
+pub fn inputs_wanted_after(o: &Observed, settings: &Settings) -> bool {
+    !matches!(
+        gather(o, settings).0.state,
+        rules::StateFacts::Readable {
+            managed_instances: 0,
+            ..
+        }
+    )
+}
+
 /// The facts of a TerraformCluster's disposal (its Cluster's mark and hold, its own
 /// record); none for the other kinds.
 pub fn disposal_facts(

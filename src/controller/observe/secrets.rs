@@ -14,22 +14,24 @@ pub async fn read_state_into(
     state_reads: &StateReads,
 ) -> Result<Option<ObjectMeta>, Error> {
     Ok(
-        read_secrets(client, caches, o, (state_reads, Lane::Ordinary))
+        read_secrets(client, caches, o, (state_reads, Lane::Ordinary), true)
             .await?
             .apply(o, Timestamp::now()),
     )
 }
 
 /// The state of `o` and what is read beside it: the state, the inputs and the lock at once, then what
-/// the inputs (or, without them, the spec) reference, at once. These are read live: the
-/// decision acts on them. With `caches`, the errored states are found in the cache of
-/// the object's Secrets' metadata, except shortly after a Job of the object failed
-/// ([`gather::failed_lately`]).
+/// the inputs (or, without them, the spec) reference, at once; without `inputs`, neither
+/// the inputs nor what they reference ([`gather::inputs_with_state`]). These are read
+/// live: the decision acts on them. With `caches`, the errored states are found in the
+/// cache of the object's Secrets' metadata, except shortly after a Job of the object
+/// failed ([`gather::failed_lately`]).
 pub(crate) async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
     o: &Observed,
     (state_reads, lane): (&StateReads, Lane),
+    inputs: bool,
 ) -> Result<StateRead, Error> {
     // Waits its turn: at most as many states in memory as there are permits.
     let permit = state_reads.acquire(lane).await;
@@ -44,7 +46,12 @@ pub(crate) async fn read_secrets(
     let lock_name = names::lock_lease_name(&suffix);
     let ((state, state_meta), inputs_secret, lock, errored) = futures::try_join!(
         chunked::read_with_meta(&secrets, &state_name, Some(&suffix)),
-        async { Ok(secrets.get_opt(&inputs_name).await?) },
+        async {
+            match inputs {
+                true => Ok(secrets.get_opt(&inputs_name).await?),
+                false => Ok(None),
+            }
+        },
         async { Ok(leases.get_opt(&lock_name).await?) },
         read_errored(
             &secrets,
@@ -54,8 +61,10 @@ pub(crate) async fn read_secrets(
         ),
     )?;
 
-    let (referenced_secrets, referenced_config_maps) =
-        read_referenced(client, o, inputs_secret.as_ref()).await?;
+    let (referenced_secrets, referenced_config_maps) = match inputs {
+        true => read_referenced(client, o, inputs_secret.as_ref()).await?,
+        false => Default::default(),
+    };
     // An apply attempt whose end is to be recorded: the inputs it ran, which become the
     // destroy's if it wrote the state.
     let attempt_secret = match gather::apply::unrecorded_apply(o) {
@@ -66,6 +75,7 @@ pub(crate) async fn read_secrets(
         None => None,
     };
     Ok(StateRead {
+        inputs_read: inputs,
         permit: Some(permit),
         state,
         errored,
@@ -76,6 +86,27 @@ pub(crate) async fn read_secrets(
         referenced_config_maps,
         lock,
     })
+}
+
+/// The inputs Secret of `o`, then what it (or, without it, the spec) references: for a
+/// pass that read the state without them.
+pub async fn read_inputs(
+    client: &Client,
+    o: &Observed,
+) -> Result<
+    (
+        Option<Secret>,
+        (BTreeMap<String, Secret>, BTreeMap<String, ConfigMap>),
+    ),
+    Error,
+> {
+    let ns = o.meta.namespace.clone().unwrap_or_default();
+    let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
+    let inputs = Api::<Secret>::namespaced(client.clone(), &ns)
+        .get_opt(&names::inputs_secret_name(&suffix))
+        .await?;
+    let referenced = read_referenced(client, o, inputs.as_ref()).await?;
+    Ok((inputs, referenced))
 }
 
 /// The Secrets and ConfigMaps the inputs (or, without them, the spec) reference, read at

@@ -75,6 +75,28 @@ fn namesakes<T: kube::Resource + Clone>(items: &[T], kind: Kind, meta: &ObjectMe
         .collect()
 }
 
+impl Dump<'_> {
+    /// The files' inputs Secret of `o` and, as what the spec references, every Secret and
+    /// ConfigMap of the namespace (found by name).
+    fn inputs_of(&self, o: &Observed) -> (Option<Secret>, ByName<Secret>, ByName<ConfigMap>) {
+        let ns = o.meta.namespace.clone().unwrap_or_default();
+        let suffix = names::state_suffix(o.kind, o.meta.name.as_deref().unwrap_or_default());
+        let by_name = |s: &Secret| (s.metadata.name.clone().unwrap_or_default(), s.clone());
+        (
+            self.secret(&ns, &names::inputs_secret_name(&suffix))
+                .cloned(),
+            self.secrets_in(&ns).map(by_name).collect(),
+            self.config_maps
+                .iter()
+                .filter(|c| c.metadata.namespace.as_deref() == Some(ns.as_str()))
+                .map(|c| (c.metadata.name.clone().unwrap_or_default(), c.clone()))
+                .collect(),
+        )
+    }
+}
+
+type ByName<T> = BTreeMap<String, T>;
+
 impl Source for Dump<'_> {
     type Error = std::convert::Infallible;
 
@@ -151,10 +173,10 @@ impl Source for Dump<'_> {
         Ok(BTreeMap::new())
     }
 
-    /// The files' state of `o`, its errored states, inputs Secret, the variables of an
-    /// apply whose end is to be recorded, the lock, and as what the spec references every
-    /// Secret and ConfigMap of the namespace (found by name).
-    async fn state(&self, o: &Observed) -> Result<StateRead, Self::Error> {
+    /// The files' state of `o`, its errored states, the variables of an apply whose end
+    /// is to be recorded, the lock, and with `inputs` its inputs Secret and, as what the
+    /// spec references, every Secret and ConfigMap of the namespace (found by name).
+    async fn state(&self, o: &Observed, inputs: bool) -> Result<StateRead, Self::Error> {
         let ns = o.meta.namespace.clone().unwrap_or_default();
         let name = o.meta.name.clone().unwrap_or_default();
         let suffix = names::state_suffix(o.kind, &name);
@@ -164,25 +186,20 @@ impl Source for Dump<'_> {
             .map(|u| names::job_name(&suffix, names::OPERATION_APPLY, u.attempt))
             .and_then(|job| self.secret(&ns, &job).cloned());
         let lock_name = names::lock_lease_name(&suffix);
+        let (inputs_secret, referenced_secrets, referenced_config_maps) = match inputs {
+            true => self.inputs_of(o),
+            false => Default::default(),
+        };
         Ok(StateRead {
+            inputs_read: inputs,
             permit: None,
             state: StateSecrets::from_secrets(&base, &in_ns),
             errored: Errored::find(&suffix, &in_ns),
             state_meta: self.secret(&ns, &base).map(|s| s.metadata.clone()),
-            inputs_secret: self
-                .secret(&ns, &names::inputs_secret_name(&suffix))
-                .cloned(),
+            inputs_secret,
             attempt_secret,
-            referenced_secrets: in_ns
-                .iter()
-                .map(|s| (s.metadata.name.clone().unwrap_or_default(), s.clone()))
-                .collect(),
-            referenced_config_maps: self
-                .config_maps
-                .iter()
-                .filter(|c| c.metadata.namespace.as_deref() == Some(ns.as_str()))
-                .map(|c| (c.metadata.name.clone().unwrap_or_default(), c.clone()))
-                .collect(),
+            referenced_secrets,
+            referenced_config_maps,
             lock: self
                 .leases
                 .iter()
@@ -192,6 +209,15 @@ impl Source for Dump<'_> {
                 })
                 .cloned(),
         })
+    }
+
+    async fn inputs(&self, o: &mut Observed) -> Result<(), Self::Error> {
+        (
+            o.inputs_secret,
+            o.referenced_secrets,
+            o.referenced_config_maps,
+        ) = self.inputs_of(o);
+        Ok(())
     }
 
     async fn referenced(&self, _o: &mut Observed) -> Result<(), Self::Error> {

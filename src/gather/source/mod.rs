@@ -103,8 +103,17 @@ pub trait Source: Sync {
         now: Timestamp,
     ) -> impl Future<Output = Result<BTreeMap<String, String>, Self::Error>> + Send;
 
-    /// The state of `o`, with what is read beside it ([`StateRead`]).
-    fn state(&self, o: &Observed) -> impl Future<Output = Result<StateRead, Self::Error>> + Send;
+    /// The state of `o`, with what is read beside it ([`StateRead`]): its inputs Secret
+    /// and what it and the spec reference only when `inputs`.
+    fn state(
+        &self,
+        o: &Observed,
+        inputs: bool,
+    ) -> impl Future<Output = Result<StateRead, Self::Error>> + Send;
+
+    /// Reads into `o` its inputs Secret and the Secrets and ConfigMaps it and the spec
+    /// reference, for a pass that read the state without them.
+    fn inputs(&self, o: &mut Observed) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Reads into `o` the Secrets and ConfigMaps its spec references (read live by the
     /// manager: an apply acts on them, and no cache holds them).
@@ -191,7 +200,7 @@ pub async fn observe_live<S: Source>(
     let seen = apply_observed(&observed, &sources);
     if apply_state_needed(&apply_facts_seen(&observed, &seen, &state_seen, settings)) {
         source
-            .state(&observed)
+            .state(&observed, true)
             .await?
             .apply(&mut observed, source.now());
         state_seen = apply_state_seen(&observed, settings);
@@ -386,6 +395,80 @@ mod tests {
         };
         let s = read(&dump);
         assert!(s.cluster.is_none() && s.owner.is_none() && s.bootstrap.is_none());
+    }
+
+    /// State Secret `tfstate-default-<suffix>` of `team-a` holding a state of `resources`,
+    /// gzipped as Terraform writes it.
+    fn state_secret(suffix: &str, resources: Value) -> Secret {
+        use std::io::Write;
+        let state = json!({"version": 4, "serial": 2, "lineage": "lin-1", "resources": resources});
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(state.to_string().as_bytes()).expect("gzip");
+        let mut s = secret("team-a", &names::state_secret_name(suffix));
+        s.data = Some(
+            [(
+                names::TF_STATE_KEY.to_string(),
+                k8s_openapi::ByteString(e.finish().expect("gzip")),
+            )]
+            .into(),
+        );
+        s
+    }
+
+    /// Once a destroy of this deletion succeeded, the pass reads the state without the
+    /// inputs Secret (a state that lists nothing is cleaned up whatever the inputs say);
+    /// a state that still lists an instance is followed by the inputs' read, so that what
+    /// is decided on it has them; before any destroy succeeded they are read with the
+    /// state.
+    #[test]
+    fn after_a_successful_destroy_the_inputs_are_read_only_for_a_state_that_lists_something() {
+        let suffix = names::state_suffix(Kind::TerraformCluster, "prod");
+        let complete = [("Complete", "True", "", "2026-12-01T11:00:00Z")];
+        let observe = |attempt: &str, resources: Value| {
+            let jobs = [crate::testing::job(
+                Kind::TerraformCluster,
+                "destroy",
+                1,
+                &complete,
+            )];
+            let secrets = [
+                state_secret(&suffix, resources),
+                secret("team-a", &names::inputs_secret_name(&suffix)),
+            ];
+            let dump = Dump {
+                now: "2026-12-01T12:00:00Z".parse().expect("time"),
+                jobs: &jobs,
+                secrets: &secrets,
+                ..Default::default()
+            };
+            let meta = crate::testing::meta(&[
+                (names::APPLIED_AT, "2026-12-01T09:00:00Z"),
+                (names::DELETION_UID, "uid-1"),
+                (names::DESTROY_ATTEMPT, attempt),
+            ]);
+            let subject = Subject {
+                kind: Kind::TerraformCluster,
+                meta,
+                spec: crate::testing::spec(),
+                control_plane_endpoint: None,
+            };
+            match futures::executor::block_on(observe_pass(&dump, subject, &Settings::default())) {
+                Ok((o, meta)) => {
+                    assert!(meta.is_some_and(|m| m.is_some()), "the state was read");
+                    o.inputs_secret.is_some()
+                }
+                Err(never) => match never {},
+            }
+        };
+        let instance = json!([{"mode": "managed", "type": "terraform_data", "name": "vm",
+            "instances": [{}]}]);
+        assert!(!observe("1", json!([])), "an empty state after a destroy");
+        assert!(
+            observe("1", instance.clone()),
+            "a state still listing an instance"
+        );
+        assert!(observe("0", json!([])), "no destroy of this deletion yet");
+        assert!(observe("0", instance), "no destroy of this deletion yet");
     }
 
     /// The deletion's observation of a deleting TerraformCluster `team-a/prod` from a dump:

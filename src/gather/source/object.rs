@@ -44,6 +44,9 @@ impl Subject {
 /// states, its inputs Secret, the variables of an apply whose end is to be recorded, the
 /// Secrets and ConfigMaps the inputs or the spec reference, and Terraform's lock.
 pub struct StateRead {
+    /// Whether the inputs Secret and what it and the spec reference were read (asked for
+    /// by [`gather::inputs_with_state`]); when not, they are empty here.
+    pub inputs_read: bool,
     /// The manager's permit to hold this state in memory, when it reads under one.
     pub permit: Option<StatePermit>,
     pub state: StateSecrets,
@@ -180,7 +183,7 @@ pub async fn observe_object<S: Source>(
     let read_now = state_now(&o);
     let state = async {
         match read_now {
-            true => Ok(Some(source.state(&o).await?)),
+            true => Ok(Some(source.state(&o, gather::inputs_with_state(&o)).await?)),
             false => Ok(None),
         }
     };
@@ -201,7 +204,9 @@ pub async fn observe_object<S: Source>(
 /// is read at the same time as the Pods; a read the Pods then make unnecessary is
 /// dropped, so the decision is the one made without it. Returns the base state Secret's
 /// metadata as the pass read it: `None` when it did not read the state, `Some(None)`
-/// when that Secret does not exist.
+/// when that Secret does not exist. The inputs Secret, and what it and the spec
+/// reference, are read with the state unless a destroy of this deletion succeeded
+/// ([`gather::inputs_with_state`]); then only when the state lists something after all.
 pub async fn observe_pass<S: Source>(
     source: &S,
     subject: Subject,
@@ -217,8 +222,12 @@ pub async fn observe_pass<S: Source>(
     }
     let read = match early {
         Some(read) => read,
-        None => source.state(&o).await?,
+        None => source.state(&o, gather::inputs_with_state(&o)).await?,
     };
+    let inputs_read = read.inputs_read;
     let meta = read.apply(&mut o, source.now());
+    if !inputs_read && gather::inputs_wanted_after(&o, settings) {
+        source.inputs(&mut o).await?;
+    }
     Ok((o, Some(meta)))
 }
