@@ -112,6 +112,16 @@ pub fn any_state_selector() -> String {
     format!("{}=true", names::TF_LABEL_STATE)
 }
 
+/// The label selector of the lock Leases Terraform's backend makes (it labels them as it
+/// labels the state Secrets).
+pub fn terraform_lock_selector() -> String {
+    format!(
+        "{}=true,{}=terraform",
+        names::TF_LABEL_STATE,
+        names::TF_LABEL_MANAGED_BY
+    )
+}
+
 /// The label selector of Terraform's state Secrets that carry no owner labels (written by
 /// hand, or before the backend's labels were set).
 pub fn unowned_state_selector() -> String {

@@ -164,6 +164,8 @@ pub struct Context {
     pub probes: Option<Arc<super::server::Probes>>,
     /// The runner ServiceAccounts the manager made, when watched (see [`super::rbac`]).
     pub runner_accounts: std::sync::OnceLock<Store<PartialObjectMeta<ServiceAccount>>>,
+    /// Terraform's lock Leases, when watched (see [`super::caches::terraform_locks`]).
+    pub locks: std::sync::OnceLock<Store<k8s_openapi::api::coordination::v1::Lease>>,
 }
 
 impl Context {
@@ -204,6 +206,7 @@ impl Context {
             previews: Default::default(),
             disposals: Default::default(),
             runner_accounts: std::sync::OnceLock::new(),
+            locks: std::sync::OnceLock::new(),
             probes: None,
         }
     }

@@ -128,6 +128,7 @@ pub async fn run(
     tokio::pin!(lost);
     let mut sweep = None;
     let mut accounts_watch = None;
+    let mut locks_watch = None;
     let mut lost_leadership = false;
     // The controllers run with the Cluster kind as known; while it is unknown, the manager
     // looks for it again and, once found, starts them again to watch Clusters.
@@ -152,6 +153,11 @@ pub async fn run(
         let (accounts, accounts_stream) = caches::runner_accounts(&client, &cfg.namespace);
         let _ = ctx.runner_accounts.set(accounts);
         if let Some(old) = accounts_watch.replace(caches::drive(accounts_stream)) {
+            old.abort();
+        }
+        let (locks, locks_stream) = caches::terraform_locks(&client, &cfg.namespace);
+        let _ = ctx.locks.set(locks);
+        if let Some(old) = locks_watch.replace(caches::drive(locks_stream)) {
             old.abort();
         }
         if let Some(old) = sweep.replace(tokio::spawn(rbac::sweep_forever(
@@ -191,7 +197,7 @@ pub async fn run(
             _ = stopping() => {
                 info!(grace = ?cfg.shutdown_grace, "shutting down: no pass starts any more; the passes under way may finish");
                 probes.set_running(false);
-                stop_tasks(&mut sweep, &mut None).await;
+                stop_tasks(&mut [&mut sweep]).await;
                 for trigger in triggers {
                     let _ = trigger.send(());
                 }
@@ -216,7 +222,7 @@ pub async fn run(
             }
         }
     }
-    stop_tasks(&mut sweep, &mut accounts_watch).await;
+    stop_tasks(&mut [&mut sweep, &mut accounts_watch, &mut locks_watch]).await;
     signal.abort();
     // Nothing guarded by the Lease runs any more (a pass dropped above may still have a
     // request in flight, as after a crash; every write is guarded by its resourceVersion).
@@ -227,12 +233,10 @@ pub async fn run(
     Ok(())
 }
 
-/// Aborts the sweep and the watch of runner accounts, and waits until they are gone.
-async fn stop_tasks(
-    sweep: &mut Option<tokio::task::JoinHandle<()>>,
-    accounts_watch: &mut Option<tokio::task::JoinHandle<()>>,
-) {
-    for task in sweep.take().into_iter().chain(accounts_watch.take()) {
+/// Aborts the tasks (the sweep, the watches of runner accounts and locks), and waits
+/// until they are gone.
+async fn stop_tasks(tasks: &mut [&mut Option<tokio::task::JoinHandle<()>>]) {
+    for task in tasks.iter_mut().filter_map(|t| t.take()) {
         task.abort();
         let _ = task.await;
     }

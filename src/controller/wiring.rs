@@ -324,6 +324,7 @@ where
         },
         unfiltered: cfg.watch_filter.is_none(),
         live_pauses: Default::default(),
+        locks: ctx.locks.get().cloned(),
         members: {
             let store = store.clone();
             Arc::new(move |visit: &mut dyn FnMut(&kube::api::ObjectMeta)| {

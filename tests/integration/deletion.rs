@@ -1522,3 +1522,70 @@ async fn a_released_clusters_hand_off_is_forgotten() {
     assert!(left.contains_key(&key("other")), "{left:?}");
     env.shutdown().await;
 }
+
+/// A deletion takes Terraform's lock Lease from the manager's cache of locks, not from the
+/// API server: the Lease the apply's Terraform left (free, labelled by its backend) is
+/// read by no pass of the manager, and the cleanup still deletes it, as it was read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deletion_takes_terraforms_lock_from_the_managers_cache() {
+    let (env, lock_requests) = delete_with_the_lock_cached("lock-cache", false).await;
+    assert_eq!(
+        lock_requests,
+        (0, 1),
+        "no read of the lock by the manager, one delete"
+    );
+    env.shutdown().await;
+}
+
+/// The cleanup deletes a free lock only as it was read; when the Lease changed since (the
+/// cache a version behind Terraform's unlock: here, the API server answers the delete
+/// 409), the Lease is read live and judged once more in the same pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_that_changed_since_it_was_cached_is_read_again_before_its_delete() {
+    let (env, lock_requests) = delete_with_the_lock_cached("lock-stale", true).await;
+    assert_eq!(
+        lock_requests,
+        (1, 2),
+        "one read after the refused delete, and the delete again"
+    );
+    env.shutdown().await;
+}
+
+/// A machine applied, then deleted and waited for (with the cleanup's first delete of the
+/// lock refused as stale when `stale`): the manager's GETs and DELETEs of Leases during
+/// the deletion. Everything of the object is gone, the lock with it.
+async fn delete_with_the_lock_cached(tag: &str, stale: bool) -> (Env, (u64, u64)) {
+    let env = machine_with(tag, &module(0)).await;
+    let lock = names::lock_lease_name("web-1.tfm");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    assert!(
+        leases.get_opt(&lock).await.expect("lease").is_some(),
+        "the apply's Terraform left its lock Lease"
+    );
+    let log = env.proxy.request_log();
+    log.reset();
+    if stale {
+        env.proxy
+            .faults()
+            .fail_next(1, Some("delete"), Some("leases"), 409);
+    }
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(env.destroyed("web-1"));
+    let manager = |verb: &str| -> u64 {
+        log.snapshot_by_client()
+            .iter()
+            .filter(|((client, v, resource, _), _)| {
+                // The manager's client here sends no User-Agent; a runner's Terraform
+                // would send its own.
+                (client == "-" || client.contains("(manager)")) && v == verb && resource == "leases"
+            })
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let requests = (manager("get"), manager("delete"));
+    env.assert_nothing_left(Kind::TerraformMachine, "web-1")
+        .await;
+    (env, requests)
+}

@@ -88,29 +88,54 @@ pub async fn delete_jobs<K: TerraformObject>(scope: &Scope<K>, o: &Observed) -> 
 
 /// Deletes Terraform's lock Lease when [`lock::judge`] finds it free or held by a runner
 /// of this object that is provably gone, and only as it was read; a lock held by anyone
-/// else stays, whatever the step.
+/// else stays, whatever the step. One that changed since it was read (the pass may have
+/// taken it from the manager's cache, a version behind Terraform's unlock) is read live
+/// and judged once more.
 pub async fn delete_lock_if_free<K: TerraformObject>(
     scope: &Scope<K>,
     o: &Observed,
 ) -> Result<(), Error> {
     let leases: Api<Lease> = scope.api_of();
     let name = names::lock_lease_name(&scope.suffix);
-    // As this pass read it with the state (after the Job was seen finished), or read now.
+    // As this pass read it with the state (after the Job was seen finished), or from the
+    // cache, or read now.
     let lease = match (&o.state, &o.lock) {
         (Some(_), lock) => lock.clone(),
-        (None, _) => leases.get_opt(&name).await?,
+        (None, _) => match scope
+            .caches
+            .as_ref()
+            .and_then(|c| c.lock(&scope.namespace, &name))
+        {
+            Some(cached) => Some(cached),
+            None => leases.get_opt(&name).await?,
+        },
+    };
+    let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
+    let delete_if_free = |lease: Lease| {
+        let (leases, pods) = (&leases, &pods);
+        async move {
+            match lock::judge(Some(&lease), &scope.suffix, pods, jiff::Timestamp::now()) {
+                Lock::Free | Lock::StaleOwn { .. } => {
+                    writes::delete_as_read(leases, &lease.metadata).await?;
+                }
+                Lock::Held { holder, .. } => debug!(%holder, "lock Lease left in place: held"),
+            }
+            Ok::<_, Error>(())
+        }
     };
     let Some(lease) = lease else {
         return Ok(());
     };
-    let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
-    match lock::judge(Some(&lease), &scope.suffix, &pods, jiff::Timestamp::now()) {
-        Lock::Free | Lock::StaleOwn { .. } => {
-            writes::delete_as_read(&leases, &lease.metadata).await?;
+    match delete_if_free(lease).await {
+        Err(Error::Stale(why)) => {
+            debug!(%why, "the lock Lease changed since it was read: read again");
+            match leases.get_opt(&name).await? {
+                Some(now) => delete_if_free(now).await,
+                None => Ok(()),
+            }
         }
-        Lock::Held { holder, .. } => debug!(%holder, "lock Lease left in place: held"),
+        done => done,
     }
-    Ok(())
 }
 
 /// The metadata of the object's errored states (what Terraform could not save, kept by a

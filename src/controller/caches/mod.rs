@@ -14,6 +14,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -91,6 +92,8 @@ pub struct Caches {
     /// `clusters` cache still said otherwise: `namespace/name` → the resourceVersion the
     /// cache held then (see [`Caches::note_pause_read_live`]).
     pub live_pauses: Arc<std::sync::Mutex<HashMap<String, String>>>,
+    /// Terraform's lock Leases ([`terraform_locks`]), when the manager watches them.
+    pub locks: Option<Store<Lease>>,
 }
 
 /// A visit of every cached object's metadata.
@@ -246,6 +249,25 @@ pub fn runner_accounts(
     )
 }
 
+/// The watch of Terraform's lock Leases (by the labels its backend gives them, whoever
+/// made them), kept without their managed fields: a pass takes an object's lock from here
+/// when the cache holds it, and reads it live when not (a Lease made by hand without
+/// the labels, or one the watch has not brought yet). Whatever is done to a lock is done
+/// only as it was read (a delete with its resourceVersion as precondition), so a cached
+/// version behind the cluster's can delay, never break, a lock.
+pub fn terraform_locks(client: &Client, ns: &Option<String>) -> Watched<Lease> {
+    let api: Api<Lease> = match ns {
+        Some(n) => Api::namespaced(client.clone(), n),
+        None => Api::all(client.clone()),
+    };
+    reflect(
+        api,
+        watcher::Config::default().labels(&crate::api::labels::terraform_lock_selector()),
+        |l: &mut Lease| l.metadata.managed_fields = None,
+        &[],
+    )
+}
+
 /// The namesakes' items of a store: those of kind `kind`, namespace `ns` and name `name`
 /// (by the owner labels, as [`crate::api::labels::namesake_selector`] selects them),
 /// looked up in `by_owner`, the store's index by the owner's name label.
@@ -367,6 +389,14 @@ impl Caches {
         out.extend(self.states_by_suffix.get(&self.states, suffix));
         out.retain(|m| matches(m));
         out
+    }
+
+    /// The cached lock Lease `ns/name` (none: not cached, which does not mean absent).
+    pub fn lock(&self, ns: &str, name: &str) -> Option<Lease> {
+        let store = self.locks.as_ref()?;
+        store
+            .get(&reflector::ObjectRef::new(name).within(ns))
+            .map(|l| l.as_ref().clone())
     }
 
     /// The cached metadata of Secret `ns/name`, from the owned or the state Secrets.

@@ -52,7 +52,12 @@ pub(crate) async fn read_secrets(
                 false => Ok(None),
             }
         },
-        async { Ok(leases.get_opt(&lock_name).await?) },
+        async {
+            match caches.and_then(|c| c.lock(&ns, &lock_name)) {
+                Some(cached) => Ok(Some(cached)),
+                None => Ok(leases.get_opt(&lock_name).await?),
+            }
+        },
         read_errored(
             &secrets,
             caches.filter(|_| !gather::failed_lately(o)),
