@@ -106,7 +106,7 @@ pub async fn delete_lock_if_free<K: TerraformObject>(
             .as_ref()
             .and_then(|c| c.lock(&scope.namespace, &name))
         {
-            Some(cached) => Some(cached),
+            Some(cached) => cached,
             None => leases.get_opt(&name).await?,
         },
     };

@@ -2,8 +2,10 @@
 //! the passes (the store is written before the trigger fires, so a pass that a change
 //! triggered reads a store that holds it). A pass reads the Cluster, the CRD, the
 //! Namespace, the object's Jobs, Pods and Secrets' metadata, its FailedCreate Events and,
-//! for a TerraformCluster, its machines and pools from here, never from the API server;
-//! the reads that stay live are named in `docs/decisions.md` (API reads).
+//! for a TerraformCluster, its machines and pools from here, never from the API server,
+//! and Terraform's lock Leases when the one watch of them ([`terraform_locks`], not a
+//! trigger) holds them; the reads that stay live are named in `docs/decisions.md` (API
+//! reads).
 //!
 //! Jobs and Pods are kept trimmed ([`trim_job`], [`trim_pod`]): what the facts read of
 //! them (metadata, status, `suspend`, the containers' names and resources, the node), not
@@ -250,11 +252,11 @@ pub fn runner_accounts(
 }
 
 /// The watch of Terraform's lock Leases (by the labels its backend gives them, whoever
-/// made them), kept without their managed fields: a pass takes an object's lock from here
-/// when the cache holds it, and reads it live when not (a Lease made by hand without
-/// the labels, or one the watch has not brought yet). Whatever is done to a lock is done
-/// only as it was read (a delete with its resourceVersion as precondition), so a cached
-/// version behind the cluster's can delay, never break, a lock.
+/// made them), kept without their managed fields: once it has listed, a pass takes an
+/// object's lock (or its absence) from here; before, it reads the lock live. Whatever is
+/// done to a lock is done only as it was read (a delete with its resourceVersion as
+/// precondition), so a cached version behind the cluster's can delay, never break, a
+/// lock; and Terraform takes no lock that is held, whatever the cache said.
 pub fn terraform_locks(client: &Client, ns: &Option<String>) -> Watched<Lease> {
     let api: Api<Lease> = match ns {
         Some(n) => Api::namespaced(client.clone(), n),
@@ -391,12 +393,19 @@ impl Caches {
         out
     }
 
-    /// The cached lock Lease `ns/name` (none: not cached, which does not mean absent).
-    pub fn lock(&self, ns: &str, name: &str) -> Option<Lease> {
+    /// The lock Lease `ns/name` as the cache of locks has it (`Some(None)`: there is
+    /// none); `None` when there is no such cache or it has not listed yet.
+    pub fn lock(&self, ns: &str, name: &str) -> Option<Option<Lease>> {
+        use futures::FutureExt;
         let store = self.locks.as_ref()?;
-        store
-            .get(&reflector::ObjectRef::new(name).within(ns))
-            .map(|l| l.as_ref().clone())
+        if !matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+            return None;
+        }
+        Some(
+            store
+                .get(&reflector::ObjectRef::new(name).within(ns))
+                .map(|l| l.as_ref().clone()),
+        )
     }
 
     /// The cached metadata of Secret `ns/name`, from the owned or the state Secrets.

@@ -54,7 +54,7 @@ pub(crate) async fn read_secrets(
         },
         async {
             match caches.and_then(|c| c.lock(&ns, &lock_name)) {
-                Some(cached) => Ok(Some(cached)),
+                Some(cached) => Ok(cached),
                 None => Ok(leases.get_opt(&lock_name).await?),
             }
         },

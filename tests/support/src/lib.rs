@@ -506,7 +506,12 @@ impl Env {
         use k8s_openapi::api::coordination::v1::Lease;
         let lock_name = names::lock_lease_name(suffix);
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
-        let held = json!({"metadata": {"annotations": {names::TF_LOCK_INFO: info.to_string()}},
+        // Labelled as Terraform's backend labels the Leases it makes.
+        let held = json!({"metadata": {
+                "labels": {names::TF_LABEL_STATE: "true", names::TF_LABEL_SUFFIX: suffix,
+                    names::TF_LABEL_WORKSPACE: names::TF_WORKSPACE,
+                    names::TF_LABEL_MANAGED_BY: "terraform"},
+                "annotations": {names::TF_LOCK_INFO: info.to_string()}},
             "spec": {"holderIdentity": id}});
         match leases.get_opt(&lock_name).await.expect("lease") {
             Some(_) => {
