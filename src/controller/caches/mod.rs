@@ -270,6 +270,20 @@ pub fn terraform_locks(client: &Client, ns: &Option<String>) -> Watched<Lease> {
     )
 }
 
+/// Lease `ns/name` as `store` has it once it has listed (`Some(None)`: there is none);
+/// `None` before.
+fn listed_lock(store: &Store<Lease>, ns: &str, name: &str) -> Option<Option<Lease>> {
+    use futures::FutureExt;
+    if !matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+        return None;
+    }
+    Some(
+        store
+            .get(&reflector::ObjectRef::new(name).within(ns))
+            .map(|l| l.as_ref().clone()),
+    )
+}
+
 /// The namesakes' items of a store: those of kind `kind`, namespace `ns` and name `name`
 /// (by the owner labels, as [`crate::api::labels::namesake_selector`] selects them),
 /// looked up in `by_owner`, the store's index by the owner's name label.
@@ -396,16 +410,7 @@ impl Caches {
     /// The lock Lease `ns/name` as the cache of locks has it (`Some(None)`: there is
     /// none); `None` when there is no such cache or it has not listed yet.
     pub fn lock(&self, ns: &str, name: &str) -> Option<Option<Lease>> {
-        use futures::FutureExt;
-        let store = self.locks.as_ref()?;
-        if !matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
-            return None;
-        }
-        Some(
-            store
-                .get(&reflector::ObjectRef::new(name).within(ns))
-                .map(|l| l.as_ref().clone()),
-        )
+        listed_lock(self.locks.as_ref()?, ns, name)
     }
 
     /// The cached metadata of Secret `ns/name`, from the owned or the state Secrets.
@@ -443,6 +448,37 @@ mod tests {
         let mut out: Vec<String> = items.iter().map(|i| i.name_any()).collect();
         out.sort();
         out
+    }
+
+    /// Before its first list the cache of locks says nothing (the pass reads the lock
+    /// live); after, it says which lock there is, and that there is none.
+    #[test]
+    fn the_cache_of_locks_answers_only_once_it_has_listed() {
+        use watcher::Event::{Init, InitApply, InitDone};
+        let (store, mut writer) = reflector::store::<Lease>();
+        let lease: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "lock-tfstate-default-web-1.tfm", "namespace": "a"},
+            "spec": {"holderIdentity": "alice-1"}
+        }))
+        .expect("a Lease");
+        assert_eq!(listed_lock(&store, "a", "lock-tfstate-default-web-1.tfm"), None);
+        writer.apply_watcher_event(&Init);
+        writer.apply_watcher_event(&InitApply(lease.clone()));
+        assert_eq!(
+            listed_lock(&store, "a", "lock-tfstate-default-web-1.tfm"),
+            None,
+            "not during the first list"
+        );
+        writer.apply_watcher_event(&InitDone);
+        assert_eq!(
+            listed_lock(&store, "a", "lock-tfstate-default-web-1.tfm"),
+            Some(Some(lease))
+        );
+        assert_eq!(
+            listed_lock(&store, "b", "lock-tfstate-default-web-1.tfm"),
+            Some(None),
+            "none in another namespace"
+        );
     }
 
     #[test]
