@@ -461,7 +461,10 @@ mod tests {
             "spec": {"holderIdentity": "alice-1"}
         }))
         .expect("a Lease");
-        assert_eq!(listed_lock(&store, "a", "lock-tfstate-default-web-1.tfm"), None);
+        assert_eq!(
+            listed_lock(&store, "a", "lock-tfstate-default-web-1.tfm"),
+            None
+        );
         writer.apply_watcher_event(&Init);
         writer.apply_watcher_event(&InitApply(lease.clone()));
         assert_eq!(
