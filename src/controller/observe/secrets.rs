@@ -23,9 +23,10 @@ pub async fn read_state_into(
 /// The state of `o` and what is read beside it: the state, the inputs and the lock at once, then what
 /// the inputs (or, without them, the spec) reference, at once; without `inputs`, neither
 /// the inputs nor what they reference ([`gather::inputs_with_state`]). These are read
-/// live: the decision acts on them. With `caches`, the errored states are found in the
-/// cache of the object's Secrets' metadata, except shortly after a Job of the object
-/// failed ([`gather::failed_lately`]).
+/// live: the decision acts on them. With `caches`, the lock is taken from the cache of
+/// Terraform's locks once it has listed ([`Caches::lock`]), and the errored states are
+/// found in the cache of the object's Secrets' metadata, except shortly after a Job of
+/// the object failed ([`gather::failed_lately`]).
 pub(crate) async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
