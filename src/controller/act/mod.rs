@@ -101,41 +101,41 @@ pub async fn delete_lock_if_free<K: TerraformObject>(
     // cache, or read now.
     let lease = match (&o.state, &o.lock) {
         (Some(_), lock) => lock.clone(),
-        (None, _) => match scope
-            .caches
-            .as_ref()
-            .and_then(|c| c.lock(&scope.namespace, &name))
-        {
-            Some(cached) => cached,
-            None => leases.get_opt(&name).await?,
-        },
-    };
-    let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
-    let delete_if_free = |lease: Lease| {
-        let (leases, pods) = (&leases, &pods);
-        async move {
-            match lock::judge(Some(&lease), &scope.suffix, pods, jiff::Timestamp::now()) {
-                Lock::Free | Lock::StaleOwn { .. } => {
-                    writes::delete_as_read(leases, &lease.metadata).await?;
-                }
-                Lock::Held { holder, .. } => debug!(%holder, "lock Lease left in place: held"),
-            }
-            Ok::<_, Error>(())
+        (None, _) => {
+            crate::controller::observe::lock_of(scope.caches.as_deref(), &leases, &name).await?
         }
     };
     let Some(lease) = lease else {
         return Ok(());
     };
-    match delete_if_free(lease).await {
+    let pods: Vec<Pod> = o.pods.iter().chain(&o.earlier_pods).cloned().collect();
+    match delete_if_free(&leases, &lease, &scope.suffix, &pods).await {
         Err(Error::Stale(why)) => {
             debug!(%why, "the lock Lease changed since it was read: read again");
             match leases.get_opt(&name).await? {
-                Some(now) => delete_if_free(now).await,
+                Some(now) => delete_if_free(&leases, &now, &scope.suffix, &pods).await,
                 None => Ok(()),
             }
         }
         done => done,
     }
+}
+
+/// Deletes `lease`, as read, when [`lock::judge`] finds it free or held by a runner of
+/// the object of `suffix` that is provably gone.
+async fn delete_if_free(
+    leases: &Api<Lease>,
+    lease: &Lease,
+    suffix: &str,
+    pods: &[Pod],
+) -> Result<(), Error> {
+    match lock::judge(Some(lease), suffix, pods, jiff::Timestamp::now()) {
+        Lock::Free | Lock::StaleOwn { .. } => {
+            writes::delete_as_read(leases, &lease.metadata).await?;
+        }
+        Lock::Held { holder, .. } => debug!(%holder, "lock Lease left in place: held"),
+    }
+    Ok(())
 }
 
 /// The metadata of the object's errored states (what Terraform could not save, kept by a

@@ -33,7 +33,7 @@ mod jobs;
 mod secrets;
 
 pub(crate) use jobs::{cached_refusals, job_refusals, podless, stuck_pods};
-pub(crate) use secrets::read_secrets;
+pub(crate) use secrets::{lock_of, read_secrets};
 pub use secrets::{read_inputs, read_referenced, read_state_into};
 
 /// The base state Secret's metadata as a pass read it: `None` when the pass did not read

@@ -43,22 +43,16 @@ pub(crate) async fn read_secrets(
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
     let state_name = names::state_secret_name(&suffix);
-    let inputs_name = names::inputs_secret_name(&suffix);
     let lock_name = names::lock_lease_name(&suffix);
-    let ((state, state_meta), inputs_secret, lock, errored) = futures::try_join!(
+    let ((state, state_meta), inputs_read, lock, errored) = futures::try_join!(
         chunked::read_with_meta(&secrets, &state_name, Some(&suffix)),
         async {
             match inputs {
-                true => Ok(secrets.get_opt(&inputs_name).await?),
-                false => Ok(None),
+                true => read_inputs(client, o).await,
+                false => Ok(Default::default()),
             }
         },
-        async {
-            match caches.and_then(|c| c.lock(&ns, &lock_name)) {
-                Some(cached) => Ok(cached),
-                None => Ok(leases.get_opt(&lock_name).await?),
-            }
-        },
+        lock_of(caches, &leases, &lock_name),
         read_errored(
             &secrets,
             caches.filter(|_| !gather::failed_lately(o)),
@@ -66,11 +60,7 @@ pub(crate) async fn read_secrets(
             &name,
         ),
     )?;
-
-    let (referenced_secrets, referenced_config_maps) = match inputs {
-        true => read_referenced(client, o, inputs_secret.as_ref()).await?,
-        false => Default::default(),
-    };
+    let (inputs_secret, (referenced_secrets, referenced_config_maps)) = inputs_read;
     // An apply attempt whose end is to be recorded: the inputs it ran, which become the
     // destroy's if it wrote the state.
     let attempt_secret = match gather::apply::unrecorded_apply(o) {
@@ -94,8 +84,21 @@ pub(crate) async fn read_secrets(
     })
 }
 
-/// The inputs Secret of `o`, then what it (or, without it, the spec) references: for a
-/// pass that read the state without them.
+/// Terraform's lock Lease `name` in `leases`' namespace: from the cache of locks once it
+/// has listed ([`Caches::lock`]), else read.
+pub(crate) async fn lock_of(
+    caches: Option<&Caches>,
+    leases: &Api<Lease>,
+    name: &str,
+) -> Result<Option<Lease>, Error> {
+    let ns = leases.namespace().unwrap_or_default();
+    match caches.and_then(|c| c.lock(ns, name)) {
+        Some(cached) => Ok(cached),
+        None => Ok(leases.get_opt(name).await?),
+    }
+}
+
+/// The inputs Secret of `o`, then what it (or, without it, the spec) references.
 pub async fn read_inputs(
     client: &Client,
     o: &Observed,
