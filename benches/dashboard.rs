@@ -57,10 +57,7 @@ async fn scrape(port: u16) -> Option<String> {
 
 async fn record(every: Duration) {
     let mut env = Env::builder("dashboard").start().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let port = support::ports::free_port();
     env.config.metrics_addr = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
     env.config.health_addr = env.config.metrics_addr;
     env.config.provision = true;

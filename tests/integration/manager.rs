@@ -103,25 +103,24 @@ async fn a_skewed_clock_does_not_take_the_lease_from_a_healthy_leader() {
     env.shutdown().await;
 }
 
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+pub(crate) use captf_test_support::ports::free_port;
 
 pub(crate) async fn http_get(port: u16, path: &str) -> (u16, String) {
+    try_http_get(port, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET 127.0.0.1:{port}{path}: {e}"))
+}
+
+/// `GET path` on `port`: its status code and the whole response, or why nothing answered.
+pub(crate) async fn try_http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+        .await?;
     let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
+    s.read_to_string(&mut out).await?;
     let out = dechunked(out);
-    (status_code(&out), out)
+    Ok((status_code(&out), out))
 }
 
 /// A whole HTTP/1.1 response with a chunked body (`Transfer-Encoding: chunked`, as Go's

@@ -30,7 +30,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::PostParams;
 
 use crate::local_images::scratch_dir;
-use crate::manager::{free_port, http_get};
+use crate::manager::{free_port, try_http_get};
 use crate::provisioning::wait_condition;
 use crate::support::*;
 use crate::templates::{VERSION, clusterctl, clusterctl_inventory, local_repository, temp_dir};
@@ -286,7 +286,7 @@ async fn the_manager_runs_as_a_pod_from_its_image_and_stops_gracefully() {
     })
     .await;
     let ready = installed.elapsed();
-    assert_eq!(http_get(health, "/readyz").await.0, 200);
+    readyz_answers(&pods, &name, health).await;
     assert_eq!(holder(&leases).await.as_deref(), Some(name.as_str()));
 
     // The process: the image's root filesystem, read-only, not the host's; user 65532.
@@ -534,15 +534,30 @@ async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String 
         Some(format!("registry.captf.test/captf@{digest}").as_str()),
         "the Pod runs the image built here: {status}"
     );
-    // The kubelet's probe found it ready, but it is not ready again for a moment when its
-    // controllers start again (Cluster API's kind found after it began), so a poll.
+    readyz_answers(pods, &name, health).await;
+    name
+}
+
+/// Waits until the manager of Pod `name` answers `/readyz` on `health` with 200. The
+/// kubelet's probe found it ready, but it is not ready again for a moment when its
+/// controllers start again (Cluster API's kind found after it began), and a manager that
+/// exits (a lost Lease under load; the kubelet restarts it) answers nothing for a moment:
+/// both are polled through. What it answered last, its containers and its logs if it
+/// never does.
+async fn readyz_answers(pods: &Api<Pod>, name: &str, health: u16) {
     let start = Instant::now();
-    let mut code = http_get(health, "/readyz").await.0;
-    while code != 200 && start.elapsed() < WAIT {
+    let answer = || async {
+        match try_http_get(health, "/readyz").await {
+            Ok((code, _)) => format!("{code}"),
+            Err(e) => format!("nothing ({e})"),
+        }
+    };
+    let mut last = answer().await;
+    while last != "200" && start.elapsed() < WAIT {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        code = http_get(health, "/readyz").await.0;
+        last = answer().await;
     }
-    if code != 200 {
+    if last != "200" {
         // A Ready Pod that does not answer ready again: its manager stopped or restarted,
         // or its caches never listed. Its log says why.
         let log = |previous: bool| {
@@ -551,27 +566,25 @@ async fn ready_manager_on(pods: &Api<Pod>, health: u16, digest: &str) -> String 
                 tail_lines: Some(60),
                 ..Default::default()
             };
-            let (pods, name) = (pods.clone(), name.clone());
             async move {
-                pods.logs(&name, &params)
+                pods.logs(name, &params)
                     .await
                     .unwrap_or_else(|e| format!("(no log: {e})"))
             }
         };
         let statuses = pods
-            .get(&name)
+            .get(name)
             .await
             .ok()
             .and_then(|p| p.status)
             .map(|s| serde_json::to_string(&s.container_statuses).unwrap_or_default())
             .unwrap_or_default();
         panic!(
-            "manager Pod {name} was Ready, but /readyz answers {code}; its containers: {statuses}\nits log:\n{}\nits previous container's:\n{}",
+            "manager Pod {name} was Ready, but /readyz on port {health} answers {last}; its containers: {statuses}\nits log:\n{}\nits previous container's:\n{}",
             log(false).await,
             log(true).await
         );
     }
-    name
 }
 
 /// CAPTF installed as a user installs it: the real `clusterctl init --infrastructure

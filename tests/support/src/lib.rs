@@ -24,6 +24,7 @@ pub mod cluster;
 mod kubelet;
 mod modules;
 mod objects;
+pub mod ports;
 mod reads;
 mod waits;
 mod witness;
