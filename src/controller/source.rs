@@ -26,7 +26,7 @@ use crate::api::labels::namesake_selector;
 use crate::api::names::{self, Kind};
 use crate::gather::apply as gather_apply;
 use crate::gather::source::{Source, StateRead};
-use crate::gather::{self, Observed};
+use crate::gather::{self, Observed, StateWanted};
 use crate::state::permits::Lane;
 
 /// The cluster, as a pass on the object of `scope` reads it.
@@ -233,13 +233,13 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     /// Read live under a state-read permit of the pass's lane (see
     /// `Context::state_reads`); the errored states found in the cache of the object's
     /// Secrets' metadata.
-    async fn state(&self, o: &Observed, inputs: bool) -> Result<StateRead, Error> {
+    async fn state(&self, o: &Observed, wanted: StateWanted) -> Result<StateRead, Error> {
         observe::read_secrets(
             &self.ctx.client,
             self.caches(),
             o,
             (&self.ctx.state_reads, self.lane),
-            inputs,
+            wanted,
         )
         .await
     }

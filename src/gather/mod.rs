@@ -302,6 +302,49 @@ pub fn gather(o: &Observed, settings: &Settings) -> (Facts, Findings) {
     (facts, findings)
 }
 
+/// What a pass reads of an object's state, and beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateWanted {
+    /// The state, its lock and errored states, the inputs Secret and what it and the
+    /// spec reference.
+    WithInputs,
+    /// The same without the inputs Secret and what it references ([`inputs_with_state`]).
+    WithoutInputs,
+    /// Before the first apply of an object that never applied nor adopted a state
+    /// ([`apply::never_applied`]): as [`StateWanted::WithInputs`], except that a source
+    /// that sees there is no Secret of its state and no inputs Secret without reading
+    /// (the manager's caches of the object's Secrets and of state Secrets) takes both as
+    /// absent. Nothing of this object's own can be there: Terraform writes its state only
+    /// in an apply, which this object never started, and the inputs Secret is written
+    /// when an apply succeeded; and a state someone else left there is taken as missing
+    /// whatever it holds (its being there is the apply table's `foreign_state`, from the
+    /// same caches).
+    FirstApply,
+}
+
+impl StateWanted {
+    /// What a deletion's pass reads with the state ([`inputs_with_state`]).
+    pub fn for_pass(o: &Observed) -> StateWanted {
+        match inputs_with_state(o) {
+            true => StateWanted::WithInputs,
+            false => StateWanted::WithoutInputs,
+        }
+    }
+
+    /// What a live pass reads before an apply would start.
+    pub fn before_apply(o: &Observed) -> StateWanted {
+        match apply::never_applied(&o.meta) {
+            true => StateWanted::FirstApply,
+            false => StateWanted::WithInputs,
+        }
+    }
+
+    /// Whether the inputs Secret is read (unless seen absent: [`StateWanted::FirstApply`]).
+    pub fn inputs(self) -> bool {
+        self != StateWanted::WithoutInputs
+    }
+}
+
 /// Whether a pass reads the inputs Secret, and what it and the spec reference, with the
 /// state. Not after a destroy attempt of this deletion succeeded, unless an apply's end is
 /// still to be recorded: the state that destroy left is expected to list nothing, and row 8

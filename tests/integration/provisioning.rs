@@ -534,6 +534,57 @@ async fn a_machine_reads_its_bootstrap_data_once_while_it_does_not_change() {
     env.shutdown().await;
 }
 
+/// A machine that never applied starts its first apply without reading its state or its
+/// inputs Secret, which the manager's caches show are not there (issue 37: every new
+/// object read both, and listed its state's Secrets, to find nothing). Counted until its
+/// first apply Job's create, which the proxy holds: every pass counted is then one of the
+/// object before anything of it was applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_apply_reads_no_state_and_no_inputs_the_caches_show_absent() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::builder("first-apply-reads")
+        .provisioning()
+        .start()
+        .await;
+    env.create_cluster("prod").await;
+    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
+    env.mark_cluster_ready("prod").await;
+    let log = env.proxy.request_log();
+    log.reset();
+    env.proxy
+        .faults()
+        .delay_next(1, Some("create"), Some("jobs"), Duration::from_secs(5));
+    let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
+    let (state, inputs) = (
+        names::state_secret_name(&suffix),
+        names::inputs_secret_name(&suffix),
+    );
+    let counted = async {
+        wait_for(
+            "web-1's first apply Job to be asked for",
+            long(),
+            || async { log.count("create", "jobs", "") >= 1 },
+        )
+        .await;
+        (
+            log.gets_of("secrets", &state),
+            log.gets_of("secrets", &inputs),
+        )
+    };
+    let module = apply_module(0);
+    let ((), before_the_job) =
+        tokio::join!(env.provision::<Tfm>("web-1", "prod", &module), counted);
+    assert_eq!(
+        before_the_job,
+        (0, 0),
+        "GETs of {state} and {inputs} before web-1's first apply; the manager's requests: {:?}",
+        log.snapshot()
+    );
+    env.shutdown().await;
+}
+
 /// A provisioned machine decides from the values its inputs Secret recorded: its passes
 /// read that Secret once while it does not change, not at every pass (issue 37: a
 /// provisioned machine's passes read it at each one).

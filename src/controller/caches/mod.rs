@@ -407,6 +407,14 @@ impl Caches {
         out
     }
 
+    /// Whether these caches hold no Secret of the state of suffix `suffix` in `ns`: neither
+    /// its base Secret nor any Secret with its suffix label (a part, a stranger).
+    pub fn shows_no_state(&self, ns: &str, suffix: &str) -> bool {
+        self.secret_meta(ns, &names::state_secret_name(suffix))
+            .is_none()
+            && self.with_suffix(ns, suffix).is_empty()
+    }
+
     /// The lock Lease `ns/name` as the cache of locks has it (`Some(None)`: there is
     /// none); `None` when there is no such cache or it has not listed yet.
     pub fn lock(&self, ns: &str, name: &str) -> Option<Option<Lease>> {

@@ -22,7 +22,7 @@ use crate::api::labels::namesake_selector;
 use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool, VariablesSourceKind};
 use crate::gather::source::StateRead;
-use crate::gather::{self, Observed, POD_EXPECTED_WITHIN};
+use crate::gather::{self, Observed, POD_EXPECTED_WITHIN, StateWanted};
 use crate::inputs;
 use crate::job::{self, JobOutcome};
 use crate::state;

@@ -13,26 +13,32 @@ pub async fn read_state_into(
     o: &mut Observed,
     state_reads: &StateReads,
 ) -> Result<Option<ObjectMeta>, Error> {
-    Ok(
-        read_secrets(client, caches, o, (state_reads, Lane::Ordinary), true)
-            .await?
-            .apply(o, Timestamp::now()),
+    Ok(read_secrets(
+        client,
+        caches,
+        o,
+        (state_reads, Lane::Ordinary),
+        StateWanted::WithInputs,
     )
+    .await?
+    .apply(o, Timestamp::now()))
 }
 
 /// The state of `o` and what is read beside it: the state, the inputs and the lock at once, then what
-/// the inputs (or, without them, the spec) reference, at once; without `inputs`, neither
-/// the inputs nor what they reference ([`gather::inputs_with_state`]). These are read
+/// the inputs (or, without them, the spec) reference, at once; as `wanted` says, without
+/// the inputs and what they reference ([`gather::inputs_with_state`]). These are read
 /// live: the decision acts on them. With `caches`, the lock is taken from the cache of
 /// Terraform's locks once it has listed ([`Caches::lock`]), and the errored states are
 /// found in the cache of the object's Secrets' metadata, except shortly after a Job of
-/// the object failed ([`gather::failed_lately`]).
+/// the object failed ([`gather::failed_lately`]); before a first apply
+/// ([`StateWanted::FirstApply`]), a state and an inputs Secret the caches show no Secret
+/// of are taken as absent, and what the spec references is what `o` holds.
 pub(crate) async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
     o: &Observed,
     (state_reads, lane): (&StateReads, Lane),
-    inputs: bool,
+    wanted: StateWanted,
 ) -> Result<StateRead, Error> {
     // Waits its turn: at most as many states in memory as there are permits.
     let permit = state_reads.acquire(lane).await;
@@ -44,12 +50,31 @@ pub(crate) async fn read_secrets(
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
     let state_name = names::state_secret_name(&suffix);
     let lock_name = names::lock_lease_name(&suffix);
+    let absent = wanted == StateWanted::FirstApply
+        && caches.is_some_and(|c| {
+            c.shows_no_state(&ns, &suffix)
+                && c.secret_meta(&ns, &names::inputs_secret_name(&suffix))
+                    .is_none()
+        });
+    let inputs = wanted.inputs();
     let ((state, state_meta), inputs_read, lock, errored) = futures::try_join!(
-        chunked::read_with_meta(&secrets, &state_name, Some(&suffix)),
         async {
-            match inputs {
-                true => read_inputs(client, o).await,
-                false => Ok(Default::default()),
+            match absent {
+                true => Ok((state::StateSecrets::from_secrets(&state_name, &[]), None)),
+                false => chunked::read_with_meta(&secrets, &state_name, Some(&suffix)).await,
+            }
+        },
+        async {
+            match (absent, inputs) {
+                (true, _) => Ok((
+                    None,
+                    (
+                        o.referenced_secrets.clone(),
+                        o.referenced_config_maps.clone(),
+                    ),
+                )),
+                (false, true) => read_inputs(client, o).await,
+                (false, false) => Ok(Default::default()),
             }
         },
         lock_of(caches, &leases, &lock_name),

@@ -229,6 +229,16 @@ pub struct ApplyStateSeen {
     pub stale_lock: bool,
 }
 
+/// Whether the object never started an apply, nor recorded or adopted a state: no
+/// `applied-at` (written with the first attempt's number, before its Job), no
+/// `apply-attempt`, no `state-lineage`, no `adopt`.
+pub fn never_applied(meta: &ObjectMeta) -> bool {
+    annotation(meta, names::APPLIED_AT).is_none()
+        && annotation(meta, names::APPLY_ATTEMPT).is_none()
+        && annotation(meta, names::STATE_LINEAGE).is_none()
+        && annotation(meta, names::ADOPT) != Some("true")
+}
+
 /// [`ApplyStateSeen`] of the state the pass read (see [`Observed::state`]).
 pub fn apply_state_seen(o: &Observed, settings: &Settings) -> ApplyStateSeen {
     if o.state.is_none() {

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::{Source, StateRead};
 use crate::api::names::{self, Kind};
 use crate::gather::apply::handoff_of;
-use crate::gather::{self, Observed};
+use crate::gather::{self, Observed, StateWanted};
 use crate::state::{Errored, StateSecrets};
 
 /// What the files hold, by kind. A TerraformCluster the files do not hold is taken as
@@ -176,7 +176,10 @@ impl Source for Dump<'_> {
     /// The files' state of `o`, its errored states, the variables of an apply whose end
     /// is to be recorded, the lock, and with `inputs` its inputs Secret and, as what the
     /// spec references, every Secret and ConfigMap of the namespace (found by name).
-    async fn state(&self, o: &Observed, inputs: bool) -> Result<StateRead, Self::Error> {
+    /// A dump holds what there is: read whatever `wanted` says (a state
+    /// [`StateWanted::FirstApply`] could take as absent is absent from the dump too).
+    async fn state(&self, o: &Observed, wanted: StateWanted) -> Result<StateRead, Self::Error> {
+        let inputs = wanted.inputs();
         let ns = o.meta.namespace.clone().unwrap_or_default();
         let name = o.meta.name.clone().unwrap_or_default();
         let suffix = names::state_suffix(o.kind, &name);

@@ -28,7 +28,7 @@ use super::apply::{
     bootstrap_secret_name, capi_owner, handoff_readable, handoff_state, keeps_recorded_values,
     needs_handoff, no_handoff_state, owner_kind, provisioned, recorded_values,
 };
-use super::{Observed, Settings};
+use super::{Observed, Settings, StateWanted};
 use crate::api::names::{self, Kind};
 use crate::rules::apply::apply_state_needed;
 
@@ -103,12 +103,11 @@ pub trait Source: Sync {
         now: Timestamp,
     ) -> impl Future<Output = Result<BTreeMap<String, String>, Self::Error>> + Send;
 
-    /// The state of `o`, with what is read beside it ([`StateRead`]): its inputs Secret
-    /// and what it and the spec reference only when `inputs`.
+    /// The state of `o`, with what is read beside it ([`StateRead`]), as `wanted` says.
     fn state(
         &self,
         o: &Observed,
-        inputs: bool,
+        wanted: StateWanted,
     ) -> impl Future<Output = Result<StateRead, Self::Error>> + Send;
 
     /// Reads into `o` its inputs Secret and the Secrets and ConfigMaps it and the spec
@@ -200,7 +199,7 @@ pub async fn observe_live<S: Source>(
     let seen = apply_observed(&observed, &sources);
     if apply_state_needed(&apply_facts_seen(&observed, &seen, &state_seen, settings)) {
         source
-            .state(&observed, true)
+            .state(&observed, StateWanted::before_apply(&observed))
             .await?
             .apply(&mut observed, source.now());
         state_seen = apply_state_seen(&observed, settings);

@@ -44,8 +44,8 @@ impl Subject {
 /// states, its inputs Secret, the variables of an apply whose end is to be recorded, the
 /// Secrets and ConfigMaps the inputs or the spec reference, and Terraform's lock.
 pub struct StateRead {
-    /// Whether the inputs Secret and what it and the spec reference were read (asked for
-    /// by [`gather::inputs_with_state`]); when not, they are empty here.
+    /// Whether the inputs Secret and what it and the spec reference were read, or seen
+    /// absent ([`gather::StateWanted`]); when not, they are empty here.
     pub inputs_read: bool,
     /// The manager's permit to hold this state in memory, when it reads under one.
     pub permit: Option<StatePermit>,
@@ -183,7 +183,9 @@ pub async fn observe_object<S: Source>(
     let read_now = state_now(&o);
     let state = async {
         match read_now {
-            true => Ok(Some(source.state(&o, gather::inputs_with_state(&o)).await?)),
+            true => Ok(Some(
+                source.state(&o, gather::StateWanted::for_pass(&o)).await?,
+            )),
             false => Ok(None),
         }
     };
@@ -222,7 +224,7 @@ pub async fn observe_pass<S: Source>(
     }
     let read = match early {
         Some(read) => read,
-        None => source.state(&o, gather::inputs_with_state(&o)).await?,
+        None => source.state(&o, gather::StateWanted::for_pass(&o)).await?,
     };
     let inputs_read = read.inputs_read;
     let meta = read.apply(&mut o, source.now());
