@@ -546,6 +546,7 @@ async fn provisioning(
     let cpu = common::cpu_seconds(&format!("/proc/{pid}/stat"), 11) - cpu_before;
     let hwm = common::proc_kib(pid, "VmHWM:").unwrap_or(0);
     let by_client = log.snapshot_by_client();
+    let gets = log.gets_by_name();
     for w in watchers {
         w.abort();
     }
@@ -633,8 +634,38 @@ async fn provisioning(
             per_object(*count)
         );
     }
+    println!("  GETs of Secrets by what they are (total / per provisioning):");
+    for (what, count) in secret_gets(&gets) {
+        println!("    {what:<45} {count:>7}  {:>6.2}", per_object(count));
+    }
     println!();
     Ok(())
+}
+
+/// The GETs of Secrets in `gets` (by resource and name), by what the Secret is: the
+/// names CAPTF and the bench give them.
+fn secret_gets(gets: &BTreeMap<(String, String), u64>) -> BTreeMap<&'static str, u64> {
+    let mut by = BTreeMap::new();
+    for ((resource, name), count) in gets {
+        if resource != "secrets" {
+            continue;
+        }
+        let what = if name.ends_with("-bootstrap") {
+            "bootstrap data"
+        } else if name.starts_with("captf-inputs-") {
+            "inputs Secret"
+        } else if name.starts_with("tfstate-") {
+            "state (base or part)"
+        } else if name.starts_with("captf-") && name.contains("-apply-") {
+            "an apply attempt's variables"
+        } else if name.starts_with("captf-") && name.contains("-destroy-") {
+            "a destroy attempt's variables"
+        } else {
+            "other"
+        };
+        *by.entry(what).or_default() += count;
+    }
+    by
 }
 
 /// Waits until `done()` counts all `n` objects `what` (provisioned, released), from `t0`

@@ -80,6 +80,11 @@ impl RequestLog {
             .or_default() += 1;
     }
 
+    /// GETs of one object, by (resource, name), for a bench to say which objects it read.
+    pub fn gets_by_name(&self) -> BTreeMap<(String, String), u64> {
+        self.gets.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// GETs of the object `name` of `resource` (in any namespace).
     pub fn gets_of(&self, resource: &str, name: &str) -> u64 {
         self.gets
