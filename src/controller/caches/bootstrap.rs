@@ -13,7 +13,9 @@ use kube::runtime::watcher;
 /// bootstrap data at every pass until it has recorded its values (the contract's inputs),
 /// and a provisioning takes a score of passes. Only the resourceVersions the watch saw
 /// are kept for every Secret (the watch is of metadata); at most [`BOOTSTRAP_KEPT`]
-/// Secrets are kept whole.
+/// Secrets, and [`BOOTSTRAP_KEPT_BYTES`] of their data, are kept whole, and past either the
+/// one read least lately goes first: a machine that provisioned reads its recorded values
+/// instead, so its bootstrap data goes before that of one still provisioning.
 #[derive(Default)]
 pub struct BootstrapSecrets {
     inner: std::sync::Mutex<BootstrapInner>,
@@ -26,13 +28,36 @@ struct BootstrapInner {
     /// While the watch lists again (after a start or a lost watch): what it saw so far.
     /// Nothing is served from the kept Secrets meanwhile.
     relisting: Option<HashMap<String, String>>,
-    /// The Secrets as read, by `namespace/name`.
-    kept: HashMap<String, Arc<Secret>>,
+    /// The Secrets as read, by `namespace/name`, each with when it was last served or kept
+    /// (a count of those) and its size.
+    kept: HashMap<String, Kept>,
+    /// The count of the last serve or keep.
+    clock: u64,
 }
 
-/// How many bootstrap data Secrets are kept whole at most (a kubeadm bootstrap's data is
-/// a few to some tens of kilobytes).
-pub const BOOTSTRAP_KEPT: usize = 256;
+struct Kept {
+    secret: Arc<Secret>,
+    used: u64,
+    bytes: usize,
+}
+
+/// What a kept Secret is counted as: its data, and a kilobyte for the rest.
+fn size_of(secret: &Secret) -> usize {
+    let data: usize = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.0.len())
+        .sum();
+    data + 1024
+}
+
+/// How many bootstrap data Secrets are kept whole at most.
+pub const BOOTSTRAP_KEPT: usize = 4096;
+
+/// How many bytes of bootstrap data are kept whole at most (a kubeadm bootstrap's data is
+/// a few to some tens of kilobytes: a few hundred machines provisioning at once).
+pub const BOOTSTRAP_KEPT_BYTES: usize = 8 << 20;
 
 fn key_of(meta: &kube::api::ObjectMeta) -> Option<String> {
     Some(format!(
@@ -63,7 +88,7 @@ impl BootstrapSecrets {
             watcher::Event::InitDone => {
                 let seen = inner.relisting.take().unwrap_or_default();
                 let BootstrapInner { kept, .. } = &mut *inner;
-                kept.retain(|k, s| seen.get(k) == s.metadata.resource_version.as_ref());
+                kept.retain(|k, s| seen.get(k) == s.secret.metadata.resource_version.as_ref());
                 inner.seen = seen;
             }
             watcher::Event::Apply(m) => {
@@ -95,13 +120,21 @@ impl BootstrapSecrets {
 
     /// The Secret `ns/name` as kept, when the watch saw no other version of it since.
     pub fn get(&self, ns: &str, name: &str) -> Option<Arc<Secret>> {
-        let inner = self.lock();
+        let mut inner = self.lock();
         if inner.relisting.is_some() {
             return None;
         }
         let key = format!("{ns}/{name}");
-        let kept = inner.kept.get(&key)?;
-        (inner.seen.get(&key) == kept.metadata.resource_version.as_ref()).then(|| kept.clone())
+        inner.clock += 1;
+        let BootstrapInner {
+            seen, kept, clock, ..
+        } = &mut *inner;
+        let k = kept.get_mut(&key)?;
+        if seen.get(&key) != k.secret.metadata.resource_version.as_ref() {
+            return None;
+        }
+        k.used = *clock;
+        Some(k.secret.clone())
     }
 
     /// Keeps a Secret as read, without its managed fields.
@@ -111,13 +144,36 @@ impl BootstrapSecrets {
         };
         secret.metadata.managed_fields = None;
         let mut inner = self.lock();
-        if inner.kept.len() >= BOOTSTRAP_KEPT && !inner.kept.contains_key(&key) {
-            let any = inner.kept.keys().next().cloned();
-            if let Some(any) = any {
-                inner.kept.remove(&any);
+        inner.clock += 1;
+        let used = inner.clock;
+        let bytes = size_of(&secret);
+        inner.kept.insert(
+            key,
+            Kept {
+                secret: Arc::new(secret),
+                used,
+                bytes,
+            },
+        );
+        // Past the count or the bytes, the one read least lately goes (a scan: this runs
+        // only when a read was not served, and the kept are a few thousand at most).
+        let mut total: usize = inner.kept.values().map(|k| k.bytes).sum();
+        while inner.kept.len() > 1
+            && (inner.kept.len() > BOOTSTRAP_KEPT || total > BOOTSTRAP_KEPT_BYTES)
+        {
+            let Some(oldest) = inner
+                .kept
+                .iter()
+                .filter(|(_, k)| k.used != used)
+                .min_by_key(|(_, k)| k.used)
+                .map(|(name, _)| name.clone())
+            else {
+                break;
+            };
+            if let Some(k) = inner.kept.remove(&oldest) {
+                total -= k.bytes;
             }
         }
-        inner.kept.insert(key, Arc::new(secret));
     }
 
     /// How many Secrets are kept whole.
@@ -215,6 +271,68 @@ mod tests {
         b.keep(secret("a", "1"));
         b.lost();
         assert!(b.get("team-a", "a").is_none());
+    }
+
+    /// More machines provisioning at once than 256 (355 in the scale bench once a first
+    /// apply no longer read its absent state) each read their bootstrap data once, not at
+    /// every pass: the Secrets that are read are the ones kept.
+    #[test]
+    fn each_of_many_machines_provisioning_at_once_reads_its_bootstrap_data_once() {
+        let b = BootstrapSecrets::default();
+        listed(&b, &[]);
+        let n = 400;
+        let mut reads = 0;
+        for _pass in 0..5 {
+            for i in 0..n {
+                let name = format!("m-{i}-bootstrap");
+                if b.get("team-a", &name).is_none() {
+                    reads += 1;
+                    b.saw(&watcher::Event::Apply(meta(&name, "1")));
+                    b.keep(secret(&name, "1"));
+                }
+            }
+        }
+        assert_eq!(
+            reads, n,
+            "reads of {n} machines' bootstrap data over 5 passes each"
+        );
+    }
+
+    /// Past the budget, the Secret read least lately goes first: that of a machine that
+    /// provisioned (its passes read its recorded values instead), not one that waits.
+    #[test]
+    fn past_the_budget_the_secret_read_least_lately_goes_first() {
+        let b = BootstrapSecrets::default();
+        listed(&b, &[]);
+        let big = |name: &str| {
+            let mut s = secret(name, "1");
+            s.data = Some(
+                [(
+                    "value".to_string(),
+                    k8s_openapi::ByteString(vec![b'x'; BOOTSTRAP_KEPT_BYTES / 4]),
+                )]
+                .into(),
+            );
+            s
+        };
+        for name in ["done", "waiting-1", "waiting-2"] {
+            b.saw(&watcher::Event::Apply(meta(name, "1")));
+            b.keep(big(name));
+        }
+        // The two waiting machines' passes read theirs again; the provisioned one's do not.
+        assert!(b.get("team-a", "waiting-1").is_some());
+        assert!(b.get("team-a", "waiting-2").is_some());
+        // A fourth is more than the budget holds.
+        b.saw(&watcher::Event::Apply(meta("new", "1")));
+        b.keep(big("new"));
+        assert!(
+            b.get("team-a", "done").is_none(),
+            "the provisioned one's went"
+        );
+        for name in ["waiting-1", "waiting-2", "new"] {
+            assert!(b.get("team-a", name).is_some(), "{name} kept");
+        }
+        assert_eq!(b.kept(), 3);
     }
 
     #[test]
