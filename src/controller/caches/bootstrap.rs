@@ -273,9 +273,9 @@ mod tests {
         assert!(b.get("team-a", "a").is_none());
     }
 
-    /// More machines provisioning at once than 256 (355 in the scale bench once a first
-    /// apply no longer read its absent state) each read their bootstrap data once, not at
-    /// every pass: the Secrets that are read are the ones kept.
+    /// More machines provisioning at once than 256 (355 to 430 in runs of the scale bench)
+    /// each read their bootstrap data once, not at every pass: the Secrets that are read
+    /// are the ones kept.
     #[test]
     fn each_of_many_machines_provisioning_at_once_reads_its_bootstrap_data_once() {
         let b = BootstrapSecrets::default();
