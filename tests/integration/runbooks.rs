@@ -26,6 +26,12 @@ const LONG: Duration = Duration::from_secs(90);
 /// over a minute, so this is five.
 const RUNBOOK_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The retry delay of the scenarios whose runbook reads a failed attempt (its log, its
+/// count) before the next attempt starts. 4 and 6 s were too short on a loaded machine:
+/// with the image's static build beside the suite, the next attempt had started when the
+/// runbook's commands ran (`runbook_apply_failed`, `runbook_destroy_failed`).
+const READ_BEFORE_RETRY: Duration = Duration::from_secs(20);
+
 /// The `captf` binary the runbooks run: `CAPTF_BIN` when set (a copy taken right after
 /// the build, when several checkouts share one target directory), else the one Cargo built.
 pub(crate) fn captf_bin() -> PathBuf {
@@ -469,7 +475,7 @@ async fn runbook_destroy_failed() {
     let suffix = check_vars(RB, "terraformmachine", "web-1");
     // One failure, and a retry delay long enough for the runbook's reading commands to
     // run against that failed attempt before the next one starts.
-    let env = machine("rb-failed", 1, Duration::from_secs(4)).await;
+    let env = machine("rb-failed", 1, READ_BEFORE_RETRY).await;
     env.delete::<Tfm>("web-1").await;
     let msg = wait_deleting(&env, "DestroyFailed").await;
     assert!(
@@ -528,7 +534,7 @@ async fn runbook_apply_failed() {
         "rb-apply-failed",
         &apply_module(1),
         json!({}),
-        Duration::from_secs(6),
+        READ_BEFORE_RETRY,
     )
     .await;
     let msg = wait_inputs_applied(&env, "ApplyFailed").await;
