@@ -30,6 +30,7 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -265,8 +266,21 @@ func (c *cluster) applyObjects(ctx context.Context, objs []*unstructured.Unstruc
 	}
 	for _, obj := range objs {
 		gvk := obj.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
+		// A kind whose CRD was established a moment ago may not be in discovery yet on a
+		// loaded API server ("no matches for kind", seen in a test run with a static
+		// build beside it): discovery is read again until it is, or the wait runs out.
+		var m *meta.RESTMapping
+		if err := c.poll(ctx, "the API server to serve "+gvk.String(), func() (bool, error) {
+			var err error
+			m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if !meta.IsNoMatchError(err) {
+				return err == nil, err
+			}
+			if groups, err := restmapper.GetAPIGroupResources(disc); err == nil {
+				mapper = restmapper.NewDiscoveryRESTMapper(groups)
+			}
+			return false, nil
+		}); err != nil {
 			return fmt.Errorf("%s %s: %w", gvk.Kind, obj.GetName(), err)
 		}
 		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
