@@ -512,9 +512,7 @@ async fn a_machine_reads_its_bootstrap_data_once_while_it_does_not_change() {
         .provisioning()
         .start()
         .await;
-    env.create_cluster("prod").await;
-    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
-    env.mark_cluster_ready("prod").await;
+    ready_cluster(&env).await;
     let log = env.proxy.request_log();
     log.reset();
     env.provision::<Tfm>("web-1", "prod", &apply_module(2))
@@ -534,6 +532,14 @@ async fn a_machine_reads_its_bootstrap_data_once_while_it_does_not_change() {
     env.shutdown().await;
 }
 
+/// What a machine of these scenarios waits for: a Cluster `prod`, its TerraformCluster
+/// applied by the manager, the Cluster marked ready.
+async fn ready_cluster(env: &Env) {
+    env.create_cluster("prod").await;
+    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
+    env.mark_cluster_ready("prod").await;
+}
+
 /// A machine that never applied starts its first apply without reading its state or its
 /// inputs Secret, which the manager's caches show are not there (issue 37: every new
 /// object read both, and listed its state's Secrets, to find nothing). Counted until its
@@ -548,9 +554,7 @@ async fn a_first_apply_reads_no_state_and_no_inputs_the_caches_show_absent() {
         .provisioning()
         .start()
         .await;
-    env.create_cluster("prod").await;
-    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
-    env.mark_cluster_ready("prod").await;
+    ready_cluster(&env).await;
     let log = env.proxy.request_log();
     log.reset();
     env.proxy
@@ -594,9 +598,7 @@ async fn a_provisioned_machine_reads_its_recorded_values_once_while_they_do_not_
         return;
     }
     let mut env = Env::builder("recorded-reads").provisioning().start().await;
-    env.create_cluster("prod").await;
-    env.provision::<Tfc>("prod", "prod", &apply_module(0)).await;
-    env.mark_cluster_ready("prod").await;
+    ready_cluster(&env).await;
     env.provision::<Tfm>("web-1", "prod", &apply_module(0))
         .await;
     // A manager that starts with nothing kept; then five changes of the Cluster, each a
