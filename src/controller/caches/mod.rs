@@ -407,11 +407,16 @@ impl Caches {
         out
     }
 
-    /// Whether these caches hold no Secret of the state of suffix `suffix` in `ns`: neither
-    /// its base Secret nor any Secret with its suffix label (a part, a stranger).
-    pub fn shows_no_state(&self, ns: &str, suffix: &str) -> bool {
-        self.secret_meta(ns, &names::state_secret_name(suffix))
-            .is_none()
+    /// Whether these caches hold no Secret of the state of suffix `suffix` in `ns`, nor its
+    /// inputs Secret: neither its base Secret, nor any Secret with its suffix label (a
+    /// part, a stranger), nor the inputs Secret.
+    pub fn shows_no_state_nor_inputs(&self, ns: &str, suffix: &str) -> bool {
+        [
+            names::state_secret_name(suffix),
+            names::inputs_secret_name(suffix),
+        ]
+        .iter()
+        .all(|name| self.secret_meta(ns, name).is_none())
             && self.with_suffix(ns, suffix).is_empty()
     }
 

@@ -51,11 +51,7 @@ pub(crate) async fn read_secrets(
     let state_name = names::state_secret_name(&suffix);
     let lock_name = names::lock_lease_name(&suffix);
     let absent = wanted == StateWanted::FirstApply
-        && caches.is_some_and(|c| {
-            c.shows_no_state(&ns, &suffix)
-                && c.secret_meta(&ns, &names::inputs_secret_name(&suffix))
-                    .is_none()
-        });
+        && caches.is_some_and(|c| c.shows_no_state_nor_inputs(&ns, &suffix));
     let inputs = wanted.inputs();
     let ((state, state_meta), inputs_read, lock, errored) = futures::try_join!(
         async {
