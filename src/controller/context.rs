@@ -16,7 +16,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use super::Caches;
-use super::caches::RecordedValues;
+use super::caches::KeptInputs;
 use crate::api::names::{self, Kind};
 use crate::gather::Settings;
 use crate::job::Templates;
@@ -144,9 +144,10 @@ pub struct Context {
     /// resourceVersion of the state Secret it was read from: the cluster's machines and
     /// pools are given it, and its state is read again only once it changed.
     pub handoffs: Mutex<HashMap<String, (String, serde_json::Value)>>,
-    /// What the inputs Secrets of provisioned machines record, kept while the cache shows
-    /// the version they were read at ([`RecordedValues`]).
-    pub recorded: RecordedValues,
+    /// The inputs Secrets the manager read or wrote, kept while the cache shows the
+    /// version kept ([`KeptInputs`]): a provisioned machine's recorded values and a
+    /// deletion's preview come from them.
+    pub kept_inputs: KeptInputs,
     /// A permit per state a pass may hold in memory at once: taken before a pass reads the
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
@@ -200,7 +201,7 @@ impl Context {
             refused: Mutex::default(),
             backups: Mutex::default(),
             handoffs: Mutex::default(),
-            recorded: RecordedValues::default(),
+            kept_inputs: KeptInputs::default(),
             state_reads: Arc::new(StateReads::new(cfg.max_state_reads)),
             caches: Mutex::default(),
             previews: Default::default(),
@@ -279,12 +280,12 @@ impl Context {
     }
 
     /// Forgets what the manager remembers of an object it released: its refusal, its
-    /// recorded values, what its backup held and, for a TerraformCluster, its hand-off. A released object never needs
+    /// inputs Secret kept, what its backup held and, for a TerraformCluster, its hand-off. A released object never needs
     /// them again, and kept they would grow with every object a fleet ever deleted, for
     /// the life of the process.
     pub fn forget(&self, kind: Kind, namespace: &str, name: &str, uid: &str) {
         self.clear_refusal(uid);
-        self.recorded.forget(uid);
+        self.kept_inputs.forget(uid);
         self.backups
             .lock()
             .unwrap_or_else(|e| e.into_inner())

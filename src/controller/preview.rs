@@ -19,13 +19,16 @@ use std::sync::Mutex;
 
 use kube::ResourceExt;
 
-use super::{Context, Error, Scope, observe};
+use super::source::Cluster;
+use super::{Context, Error, Scope};
 use crate::api::TerraformObject;
 use crate::api::conditions::{Desired, Status};
 use crate::api::names::{self, Kind};
-use crate::gather::{self, Observed};
+use crate::gather::source::Source;
+use crate::gather::{self, Observed, StateWanted};
 use crate::metrics::ByCause;
 use crate::rules::{self, Blocker, Facts, StateFacts};
+use crate::state::permits::Lane;
 
 /// What a read of the state told the preview of one object.
 struct Remembered {
@@ -141,19 +144,18 @@ pub async fn deletion_ready<K: TerraformObject>(
             match ctx.previews.recall(&scope.uid, key, &current) {
                 Some(f) => f,
                 None => {
-                    // Read once for this key: the state, the inputs, the lock, the errored
-                    // states and what the inputs reference, under a permit.
+                    // Read once for this key: the state, the inputs (as kept, when the
+                    // cache shows them unchanged), the lock, the errored states and what
+                    // the inputs reference, under a permit.
                     tracing::debug!(
                         "the deletion preview reads the state: nothing read for this key"
                     );
                     let mut o = observed.clone();
-                    observe::read_state_into(
-                        &ctx.client,
-                        scope.caches.as_deref(),
-                        &mut o,
-                        &ctx.state_reads,
-                    )
-                    .await?;
+                    let source = Cluster::new(ctx, scope, Lane::Ordinary);
+                    source
+                        .state(&o, StateWanted::Preview)
+                        .await?
+                        .apply(&mut o, source.now());
                     let (f, _) = gather::gather(&o, &ctx.settings);
                     ctx.previews.remember(&scope.uid, key, &f);
                     f

@@ -54,6 +54,25 @@ impl<'a, K: TerraformObject> Cluster<'a, K> {
         self.scope.caches.as_deref()
     }
 
+    /// The object's inputs Secret as the manager kept it, when the cache of the object's
+    /// Secrets shows the version kept (or what the manager's write of it replaced:
+    /// [`super::caches::KeptInputs`]); never without the manager's caches.
+    fn kept_inputs(&self) -> Option<Arc<Secret>> {
+        let caches = self.caches()?;
+        let name = names::inputs_secret_name(&self.scope.suffix);
+        let shown = caches
+            .secret_meta(&self.scope.namespace, &name)
+            .and_then(|m| m.metadata.resource_version.clone());
+        self.ctx.kept_inputs.get(&self.scope.uid, shown.as_deref())
+    }
+
+    /// Keeps the object's inputs Secret as read (with the manager's caches only).
+    fn keep_inputs(&self, secret: &Secret) {
+        if self.caches().is_some() {
+            self.ctx.kept_inputs.keep_read(&self.scope.uid, secret);
+        }
+    }
+
     /// The `T`s (Jobs, Pods) made for objects of `kind` named `name` in the namespace,
     /// listed from the API server.
     async fn list_namesakes<T>(&self, kind: Kind, name: &str) -> Result<Vec<T>, Error>
@@ -233,19 +252,34 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     /// Read live under a state-read permit of the pass's lane (see
     /// `Context::state_reads`); the errored states found in the cache of the object's
     /// Secrets' metadata.
+    /// A preview takes the inputs Secret kept at the version the cache shows
+    /// ([`Cluster::kept_inputs`]); an inputs Secret read is kept.
     async fn state(&self, o: &Observed, wanted: StateWanted) -> Result<StateRead, Error> {
-        observe::read_secrets(
+        let kept = match wanted {
+            StateWanted::Preview => self.kept_inputs(),
+            _ => None,
+        };
+        let read = observe::read_secrets(
             &self.ctx.client,
             self.caches(),
             o,
             (&self.ctx.state_reads, self.lane),
-            wanted,
+            (wanted, kept.as_deref()),
         )
-        .await
+        .await?;
+        if kept.is_none()
+            && let Some(s) = &read.inputs_secret
+        {
+            self.keep_inputs(s);
+        }
+        Ok(read)
     }
 
     async fn inputs(&self, o: &mut Observed) -> Result<(), Error> {
         let (inputs, (secrets, maps)) = observe::read_inputs(&self.ctx.client, o).await?;
+        if let Some(s) = &inputs {
+            self.keep_inputs(s);
+        }
         o.inputs_secret = inputs;
         o.referenced_secrets = secrets;
         o.referenced_config_maps = maps;
@@ -335,34 +369,25 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
         Ok(got)
     }
 
-    /// As an earlier pass kept them while the cache of the object's Secrets shows the
-    /// version they were read at, else read (one GET) and kept. Without the manager's
+    /// From the inputs Secret kept at the version the cache of the object's Secrets shows
+    /// ([`Cluster::kept_inputs`]), else read (one GET) and kept. Without the manager's
     /// caches, always read.
     async fn recorded(&self) -> Result<Option<Map<String, Value>>, Error> {
-        let (ctx, scope) = (self.ctx, self.scope);
-        let name = names::inputs_secret_name(&scope.suffix);
-        let cached = scope
-            .caches
-            .as_ref()
-            .and_then(|c| c.secret_meta(&scope.namespace, &name))
-            .and_then(|m| m.metadata.resource_version.clone());
-        if let Some(kept) = cached.and_then(|rv| ctx.recorded.get(&scope.uid, &rv)) {
-            return Ok(kept.map(|v| v.as_ref().clone()));
-        }
-        let secret = scope.secrets.get_opt(&name).await?;
-        let values = secret
-            .as_ref()
-            .and_then(|s| gather_apply::recorded_values(s, &scope.namespace, &scope.suffix));
-        let read_at = secret
-            .as_ref()
-            .and_then(|s| s.metadata.resource_version.as_deref());
-        if scope.caches.is_some()
-            && let Some(rv) = read_at
-        {
-            ctx.recorded
-                .keep(&scope.uid, rv, values.clone().map(Arc::new));
-        }
-        Ok(values)
+        let scope = self.scope;
+        let secret = match self.kept_inputs() {
+            Some(kept) => Some(kept),
+            None => {
+                let name = names::inputs_secret_name(&scope.suffix);
+                let read = scope.secrets.get_opt(&name).await?;
+                if let Some(s) = &read {
+                    self.keep_inputs(s);
+                }
+                read.map(Arc::new)
+            }
+        };
+        Ok(secret
+            .as_deref()
+            .and_then(|s| gather_apply::recorded_values(s, &scope.namespace, &scope.suffix)))
     }
 
     async fn terraform_cluster_provisioned(

@@ -320,6 +320,10 @@ pub enum StateWanted {
     /// whatever it holds (its being there is the apply table's `foreign_state`, from the
     /// same caches).
     FirstApply,
+    /// For a deletion's preview (`DeletionReady`), which starts nothing: as
+    /// [`StateWanted::WithInputs`], except that a source that kept the inputs Secret at
+    /// the version its caches show serves it without reading.
+    Preview,
 }
 
 impl StateWanted {
@@ -339,7 +343,8 @@ impl StateWanted {
         }
     }
 
-    /// Whether the inputs Secret is read (unless seen absent: [`StateWanted::FirstApply`]).
+    /// Whether the inputs Secret is read (unless seen absent: [`StateWanted::FirstApply`],
+    /// or kept: [`StateWanted::Preview`]).
     pub fn inputs(self) -> bool {
         self != StateWanted::WithoutInputs
     }

@@ -655,6 +655,40 @@ async fn a_provisioned_machine_reads_its_recorded_values_once_while_they_do_not_
     env.shutdown().await;
 }
 
+/// A machine's provisioning reads its inputs Secret once: at its apply's end, where the
+/// record then creates it. The passes after the record (its recorded values, its deletion
+/// preview's read of the state) take the Secret as the manager wrote it, whether or not the
+/// watch has brought the write yet (issue 37: three GETs per provisioning, two of them
+/// after the record). A second read is allowed: the pass at the apply's end runs again
+/// when it started from a copy of the object the watch had not brought the record to yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provisioning_reads_its_inputs_secret_once_the_record_keeps_what_it_wrote() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::builder("inputs-reads").provisioning().start().await;
+    ready_cluster(&env).await;
+    let log = env.proxy.request_log();
+    log.reset();
+    env.provision::<Tfm>("web-1", "prod", &apply_module(0))
+        .await;
+    wait_for("web-1's DeletionReady condition", long(), || async {
+        env.object::<Tfm>("web-1").await.is_some_and(|m| {
+            m.status
+                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "DeletionReady"))
+        })
+    })
+    .await;
+    let inputs = names::inputs_secret_name(&names::state_suffix(Kind::TerraformMachine, "web-1"));
+    let gets = log.gets_of("secrets", &inputs);
+    assert!(
+        (1..=2).contains(&gets),
+        "GETs of {inputs} from web-1's create to its provisioning: {gets}; the manager's requests: {:?}",
+        log.snapshot()
+    );
+    env.shutdown().await;
+}
+
 /// A machine module of `count` instances that declares `variables` and writes `record`
 /// (a shell word list of Terraform expressions) into each instance's created marker, with
 /// the machine's contract outputs.

@@ -155,7 +155,7 @@ async fn promote_inputs<K: TerraformObject>(
     secret.metadata.annotations =
         Some([(names::INPUTS_OF_ATTEMPT.to_string(), p.attempt.to_string())].into());
     let name = names::inputs_secret_name(&scope.suffix);
-    match &o.inputs_secret {
+    let written = match &o.inputs_secret {
         Some(current) => {
             // As read: a Secret changed since is not overwritten (409, and the pass fails).
             let mut updated = current.clone();
@@ -169,14 +169,21 @@ async fn promote_inputs<K: TerraformObject>(
             scope
                 .secrets
                 .replace(&name, &kube::api::PostParams::default(), &updated)
-                .await?;
+                .await?
         }
         None => {
             scope
                 .secrets
                 .create(&kube::api::PostParams::default(), &secret)
-                .await?;
+                .await?
         }
+    };
+    // Kept as written: the passes after the record (its recorded values, the deletion's
+    // preview) take it from memory, before the watch brings it too.
+    if scope.caches.is_some() {
+        let replaced = o.inputs_secret.as_ref().and_then(|c| c.resource_version());
+        ctx.kept_inputs
+            .keep_written(&scope.uid, &written, replaced.as_deref());
     }
     let r = inputs.ran.as_ref();
     tracing::info!(

@@ -36,8 +36,8 @@ pub use bootstrap::{BOOTSTRAP_KEPT, BootstrapSecrets};
 pub use by_label::ByLabel;
 use trim::trim_meta;
 pub use trim::{trim_event, trim_job, trim_pod, trim_to_owners};
-mod recorded;
-pub use recorded::{RECORDED_KEPT_BYTES, RecordedValues};
+mod inputs;
+pub use inputs::{INPUTS_KEPT_BYTES, KeptInputs};
 
 /// What one controller (one kind) reads from its watches.
 #[derive(Clone)]

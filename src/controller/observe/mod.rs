@@ -34,7 +34,7 @@ mod secrets;
 
 pub(crate) use jobs::{cached_refusals, job_refusals, podless, stuck_pods};
 pub(crate) use secrets::{lock_of, read_secrets};
-pub use secrets::{read_inputs, read_referenced, read_state_into};
+pub use secrets::{read_inputs, read_referenced};
 
 /// The base state Secret's metadata as a pass read it: `None` when the pass did not read
 /// the state, `Some(None)` when that Secret does not exist.

@@ -4,26 +4,6 @@
 
 use super::*;
 
-/// The state of `o` and what is read beside it, into `o`, for a pass of the manager that
-/// holds no permit yet: it waits for one of `state_reads` (the observation holds it until it is dropped), and finds the
-/// errored states in `caches`. Returns the base state Secret's metadata.
-pub async fn read_state_into(
-    client: &Client,
-    caches: Option<&Caches>,
-    o: &mut Observed,
-    state_reads: &StateReads,
-) -> Result<Option<ObjectMeta>, Error> {
-    Ok(read_secrets(
-        client,
-        caches,
-        o,
-        (state_reads, Lane::Ordinary),
-        StateWanted::WithInputs,
-    )
-    .await?
-    .apply(o, Timestamp::now()))
-}
-
 /// The state of `o` and what is read beside it: the state, the inputs and the lock at once, then what
 /// the inputs (or, without them, the spec) reference, at once; as `wanted` says, without
 /// the inputs and what they reference ([`gather::inputs_with_state`]). These are read
@@ -32,13 +12,15 @@ pub async fn read_state_into(
 /// found in the cache of the object's Secrets' metadata, except shortly after a Job of
 /// the object failed ([`gather::failed_lately`]); before a first apply
 /// ([`StateWanted::FirstApply`]), a state and an inputs Secret the caches show no Secret
-/// of are taken as absent, and what the spec references is what `o` holds.
+/// of are taken as absent, and what the spec references is what `o` holds. `kept_inputs`:
+/// the inputs Secret the caller kept at the version its caches show, used instead of a
+/// read when `wanted` is [`StateWanted::Preview`].
 pub(crate) async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
     o: &Observed,
     (state_reads, lane): (&StateReads, Lane),
-    wanted: StateWanted,
+    (wanted, kept_inputs): (StateWanted, Option<&Secret>),
 ) -> Result<StateRead, Error> {
     // Waits its turn: at most as many states in memory as there are permits.
     let permit = state_reads.acquire(lane).await;
@@ -69,7 +51,13 @@ pub(crate) async fn read_secrets(
                         o.referenced_config_maps.clone(),
                     ),
                 )),
-                (false, true) => read_inputs(client, o).await,
+                (false, true) => match kept_inputs.filter(|_| wanted == StateWanted::Preview) {
+                    Some(kept) => Ok((
+                        Some(kept.clone()),
+                        read_referenced(client, o, Some(kept)).await?,
+                    )),
+                    None => read_inputs(client, o).await,
+                },
                 (false, false) => Ok(Default::default()),
             }
         },

@@ -1,0 +1,228 @@
+//! The inputs Secrets the manager read or wrote, kept per object while the cache of the
+//! object's Secrets shows the version kept (or, after the manager's own write, the version
+//! that write replaced: the watch has not brought the write yet).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::core::v1::Secret;
+
+/// The inputs Secrets of objects, by uid, each with the resourceVersion it was read or
+/// written at. A provisioned machine decides from the values its inputs Secret recorded
+/// (`gather::apply::keeps_recorded_values`), and its passes would read that Secret at each
+/// one; a deletion's preview reads it with the state. A Secret is served only while the
+/// cache of the object's Secrets shows the version kept; the Secret is read again when the
+/// cache shows another (a re-apply recorded new inputs) or none. One the manager wrote is
+/// also served while the cache still shows what the write replaced (or, for a create,
+/// nothing): the watch is one write behind, and this is the write it has not brought yet.
+/// At most [`INPUTS_KEPT_BYTES`] are kept, the oldest dropped first.
+#[derive(Default)]
+pub struct KeptInputs {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_uid: HashMap<String, Kept>,
+    /// The uids by when they were kept, oldest first.
+    order: BTreeMap<u64, String>,
+    bytes: usize,
+    next: u64,
+}
+
+impl Inner {
+    fn forget(&mut self, uid: &str) {
+        if let Some(k) = self.by_uid.remove(uid) {
+            self.bytes -= k.bytes;
+            self.order.remove(&k.at);
+        }
+    }
+}
+
+struct Kept {
+    resource_version: String,
+    /// For a Secret the manager wrote: the version its write replaced (`Some(None)`: it
+    /// created the Secret).
+    replaced: Option<Option<String>>,
+    secret: Arc<Secret>,
+    bytes: usize,
+    at: u64,
+}
+
+/// How many bytes of inputs Secrets (their data, and a kilobyte for the rest of each) are
+/// kept at most: a machine's inputs are its variables, its bootstrap data and a few names,
+/// some kilobytes with kubeadm.
+pub const INPUTS_KEPT_BYTES: usize = 16 << 20;
+
+/// What a kept Secret is counted as: its data, and a kilobyte for the rest.
+fn size_of(secret: &Secret) -> usize {
+    let data: usize = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.0.len())
+        .sum();
+    data + 1024
+}
+
+impl KeptInputs {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inputs Secret kept for `uid`, when the cache of the object's Secrets shows it at
+    /// `shown` (its resourceVersion; `None`: the cache shows no such Secret).
+    pub fn get(&self, uid: &str, shown: Option<&str>) -> Option<Arc<Secret>> {
+        let inner = self.lock();
+        let kept = inner.by_uid.get(uid)?;
+        let current = shown == Some(kept.resource_version.as_str())
+            || kept
+                .replaced
+                .as_ref()
+                .is_some_and(|r| r.as_deref() == shown);
+        current.then(|| kept.secret.clone())
+    }
+
+    /// Keeps the inputs Secret of `uid` as read.
+    pub fn keep_read(&self, uid: &str, secret: &Secret) {
+        self.keep(uid, secret, None);
+    }
+
+    /// Keeps the inputs Secret of `uid` as the manager's write returned it, with the
+    /// version that write replaced (`None`: it created the Secret).
+    pub fn keep_written(&self, uid: &str, secret: &Secret, replaced: Option<&str>) {
+        self.keep(uid, secret, Some(replaced.map(str::to_string)));
+    }
+
+    fn keep(&self, uid: &str, secret: &Secret, replaced: Option<Option<String>>) {
+        let Some(resource_version) = secret.metadata.resource_version.clone() else {
+            return;
+        };
+        let bytes = size_of(secret);
+        if bytes > INPUTS_KEPT_BYTES {
+            return;
+        }
+        let mut secret = secret.clone();
+        secret.metadata.managed_fields = None;
+        let mut inner = self.lock();
+        let at = inner.next;
+        inner.next += 1;
+        inner.forget(uid);
+        while inner.bytes + bytes > INPUTS_KEPT_BYTES {
+            let Some((_, oldest)) = inner.order.pop_first() else {
+                break;
+            };
+            inner.forget(&oldest);
+        }
+        inner.bytes += bytes;
+        inner.order.insert(at, uid.to_string());
+        inner.by_uid.insert(
+            uid.to_string(),
+            Kept {
+                resource_version,
+                replaced,
+                secret: Arc::new(secret),
+                bytes,
+                at,
+            },
+        );
+    }
+
+    /// Forgets `uid` (released, or gone).
+    pub fn forget(&self, uid: &str) {
+        self.lock().forget(uid);
+    }
+
+    /// How many objects' inputs are kept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().by_uid.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    fn secret(version: &str, data: &str) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("web-1-inputs".into()),
+                resource_version: Some(version.into()),
+                ..Default::default()
+            },
+            data: Some([("inputs.json".to_string(), ByteString(data.into()))].into()),
+            ..Default::default()
+        }
+    }
+
+    fn data(s: Option<Arc<Secret>>) -> Option<Vec<u8>> {
+        s.and_then(|s| s.data.clone())
+            .and_then(|d| d.get("inputs.json").map(|v| v.0.clone()))
+    }
+
+    #[test]
+    fn a_secret_read_is_served_only_at_the_version_the_cache_shows() {
+        let k = KeptInputs::default();
+        assert!(k.get("uid-1", Some("10")).is_none(), "nothing kept yet");
+        k.keep_read("uid-1", &secret("10", "a"));
+        assert_eq!(data(k.get("uid-1", Some("10"))), Some(b"a".to_vec()));
+        // The cache shows another version (a re-apply recorded new inputs), or none.
+        assert!(k.get("uid-1", Some("11")).is_none());
+        assert!(k.get("uid-1", None).is_none());
+        k.keep_read("uid-1", &secret("11", "b"));
+        assert_eq!(data(k.get("uid-1", Some("11"))), Some(b"b".to_vec()));
+        assert!(k.get("uid-1", Some("10")).is_none());
+        k.forget("uid-1");
+        assert!(k.get("uid-1", Some("11")).is_none());
+        assert_eq!(k.len(), 0);
+    }
+
+    #[test]
+    fn a_secret_written_is_served_while_the_cache_shows_what_the_write_replaced() {
+        let k = KeptInputs::default();
+        // Created: served while the cache shows no Secret, and at its own version.
+        k.keep_written("uid-1", &secret("20", "a"), None);
+        assert_eq!(data(k.get("uid-1", None)), Some(b"a".to_vec()));
+        assert_eq!(data(k.get("uid-1", Some("20"))), Some(b"a".to_vec()));
+        assert!(k.get("uid-1", Some("19")).is_none(), "a version not known");
+        // Replaced: served at the version replaced, not while the cache shows none (the
+        // Secret was deleted since) nor at another version.
+        k.keep_written("uid-1", &secret("30", "b"), Some("20"));
+        assert_eq!(data(k.get("uid-1", Some("20"))), Some(b"b".to_vec()));
+        assert_eq!(data(k.get("uid-1", Some("30"))), Some(b"b".to_vec()));
+        assert!(k.get("uid-1", None).is_none());
+        assert!(k.get("uid-1", Some("31")).is_none());
+        // Read again: only at the version read.
+        k.keep_read("uid-1", &secret("31", "c"));
+        assert!(k.get("uid-1", Some("30")).is_none());
+        assert_eq!(data(k.get("uid-1", Some("31"))), Some(b"c".to_vec()));
+    }
+
+    #[test]
+    fn the_oldest_go_first_beyond_the_bound() {
+        let k = KeptInputs::default();
+        let big = "x".repeat(INPUTS_KEPT_BYTES / 4);
+        for i in 0..6 {
+            k.keep_read(&format!("uid-{i}"), &secret("1", &big));
+        }
+        // Four quarters do not fit with the kilobyte counted for the rest of each.
+        assert_eq!(k.len(), 3);
+        assert!(k.get("uid-0", Some("1")).is_none());
+        assert!(k.get("uid-5", Some("1")).is_some());
+        // Kept again, an object counts once.
+        k.keep_read("uid-5", &secret("2", "small"));
+        assert_eq!(k.len(), 3);
+        assert!(k.lock().bytes <= INPUTS_KEPT_BYTES);
+        // A Secret larger than the bound is not kept at all.
+        k.keep_read("uid-9", &secret("1", &"y".repeat(INPUTS_KEPT_BYTES + 1)));
+        assert!(k.get("uid-9", Some("1")).is_none());
+        // Nor one without a resourceVersion.
+        let mut unversioned = secret("1", "z");
+        unversioned.metadata.resource_version = None;
+        k.keep_read("uid-10", &unversioned);
+        assert!(k.get("uid-10", None).is_none());
+    }
+}
