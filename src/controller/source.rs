@@ -54,16 +54,22 @@ impl<'a, K: TerraformObject> Cluster<'a, K> {
         self.scope.caches.as_deref()
     }
 
-    /// The object's inputs Secret as the manager kept it, when the cache of the object's
+    /// The object's Secret `name` as the manager kept it, when the cache of the object's
     /// Secrets shows the version kept (or what the manager's write of it replaced:
     /// [`super::caches::KeptInputs`]); never without the manager's caches.
-    fn kept_inputs(&self) -> Option<Arc<Secret>> {
+    fn kept(&self, name: &str) -> Option<Arc<Secret>> {
         let caches = self.caches()?;
-        let name = names::inputs_secret_name(&self.scope.suffix);
         let shown = caches
-            .secret_meta(&self.scope.namespace, &name)
+            .secret_meta(&self.scope.namespace, name)
             .and_then(|m| m.metadata.resource_version.clone());
-        self.ctx.kept_inputs.get(&self.scope.uid, shown.as_deref())
+        self.ctx
+            .kept_inputs
+            .get(&self.scope.uid, name, shown.as_deref())
+    }
+
+    /// The object's inputs Secret as kept ([`Cluster::kept`]).
+    fn kept_inputs(&self) -> Option<Arc<Secret>> {
+        self.kept(&names::inputs_secret_name(&self.scope.suffix))
     }
 
     /// Keeps the object's inputs Secret as read (with the manager's caches only).
@@ -253,21 +259,34 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     /// `Context::state_reads`); the errored states found in the cache of the object's
     /// Secrets' metadata.
     /// A preview takes the inputs Secret kept at the version the cache shows
-    /// ([`Cluster::kept_inputs`]); an inputs Secret read is kept.
+    /// ([`Cluster::kept_inputs`]); an inputs Secret read is kept. An apply's end to be
+    /// recorded takes its attempt's variables Secret as the manager wrote it, while the
+    /// cache shows that version or none yet ([`Cluster::kept`]).
     async fn state(&self, o: &Observed, wanted: StateWanted) -> Result<StateRead, Error> {
-        let kept = match wanted {
+        let inputs = match wanted {
             StateWanted::Preview => self.kept_inputs(),
             _ => None,
+        };
+        let attempt = gather_apply::unrecorded_apply(o).and_then(|u| {
+            self.kept(&names::job_name(
+                &self.scope.suffix,
+                names::OPERATION_APPLY,
+                u.attempt,
+            ))
+        });
+        let kept = observe::Kept {
+            inputs: inputs.as_deref(),
+            attempt: attempt.as_deref(),
         };
         let read = observe::read_secrets(
             &self.ctx.client,
             self.caches(),
             o,
             (&self.ctx.state_reads, self.lane),
-            (wanted, kept.as_deref()),
+            (wanted, kept),
         )
         .await?;
-        if kept.is_none()
+        if inputs.is_none()
             && let Some(s) = &read.inputs_secret
         {
             self.keep_inputs(s);

@@ -207,6 +207,14 @@ pub async fn create_if_absent<K>(api: &Api<K>, obj: &K) -> Result<bool, Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
+    Ok(create_unless_present(api, obj).await?.is_some())
+}
+
+/// [`create_if_absent`], returning the object created (`None`: one of that name exists).
+pub async fn create_unless_present<K>(api: &Api<K>, obj: &K) -> Result<Option<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
     match api
         .create(
             &kube::api::PostParams {
@@ -217,8 +225,8 @@ where
         )
         .await
     {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(false),
+        Ok(created) => Ok(Some(created)),
+        Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

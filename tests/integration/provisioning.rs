@@ -661,8 +661,10 @@ async fn a_provisioned_machine_reads_its_recorded_values_once_while_they_do_not_
 /// watch has brought the write yet (issue 37: three GETs per provisioning, two of them
 /// after the record). A second read is allowed: the pass at the apply's end runs again
 /// when it started from a copy of the object the watch had not brought the record to yet.
+/// And the record takes the inputs the attempt ran from its variables Secret as the
+/// manager created it when it started the attempt, without reading it (one GET before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_provisioning_reads_its_inputs_secret_once_the_record_keeps_what_it_wrote() {
+async fn a_provisioning_reads_its_inputs_secret_once_and_its_attempts_variables_never() {
     if envtest_only("it reads the files Terraform leaves on this machine") {
         return;
     }
@@ -679,11 +681,16 @@ async fn a_provisioning_reads_its_inputs_secret_once_the_record_keeps_what_it_wr
         })
     })
     .await;
-    let inputs = names::inputs_secret_name(&names::state_suffix(Kind::TerraformMachine, "web-1"));
-    let gets = log.gets_of("secrets", &inputs);
+    let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
+    let inputs = names::inputs_secret_name(&suffix);
+    let variables = names::job_name(&suffix, names::OPERATION_APPLY, 1);
+    let gets = (
+        log.gets_of("secrets", &inputs),
+        log.gets_of("secrets", &variables),
+    );
     assert!(
-        (1..=2).contains(&gets),
-        "GETs of {inputs} from web-1's create to its provisioning: {gets}; the manager's requests: {:?}",
+        (1..=2).contains(&gets.0) && gets.1 == 0,
+        "GETs of {inputs} and {variables} from web-1's create to its provisioning: {gets:?}; the manager's requests: {:?}",
         log.snapshot()
     );
     env.shutdown().await;

@@ -93,9 +93,16 @@ pub async fn start_apply<K: TerraformObject>(
     if attempt::paused_since_read(ctx, scope, current).await? {
         return Ok(Started::ClusterPaused);
     }
-    let (started, created) =
-        attempt::create_attempt_job(scope, o, &job, &secret, names::APPLY_ATTEMPT, n, current)
-            .await?;
+    let (started, created) = attempt::create_attempt_job(
+        (scope, Some(&ctx.kept_inputs)),
+        o,
+        &job,
+        &secret,
+        names::APPLY_ATTEMPT,
+        n,
+        current,
+    )
+    .await?;
     if created {
         attempt::announce_start(ctx, obj, names::OPERATION_APPLY, n, &job).await;
     }

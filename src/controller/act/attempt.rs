@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::api::TerraformObject;
 use crate::api::names::{self, Kind};
+use crate::controller::caches::KeptInputs;
 use crate::controller::{Context, Error, Scope, events};
 use crate::gather::{self, Observed};
 use crate::inputs::Inputs;
@@ -296,9 +297,11 @@ pub async fn owner_gone_since_read<K: TerraformObject>(
 /// restarted pass makes nothing twice. When the name is taken by a Job of an earlier
 /// object of this name, the number under `attempt_key` moves on (the pass saw the Jobs of
 /// both; one it did not see, made since, is read when the create finds the name taken).
-/// Returns what became of the start and whether this call created the Job.
+/// Returns what became of the start and whether this call created the Job. With `keep`,
+/// the variables Secret this call created is kept there (an apply's: the pass that records
+/// its end reads the inputs it ran from it).
 pub async fn create_attempt_job<K: TerraformObject>(
-    scope: &Scope<K>,
+    (scope, keep): (&Scope<K>, Option<&KeptInputs>),
     o: &Observed,
     job: &Job,
     secret: &k8s_openapi::api::core::v1::Secret,
@@ -315,7 +318,10 @@ pub async fn create_attempt_job<K: TerraformObject>(
     let mut taken_by_earlier = seen(&o.earlier_jobs);
     let mut created = false;
     if !taken_by_earlier && !seen(&o.jobs) {
-        writes::create_if_absent(&scope.secrets, secret).await?;
+        let made = writes::create_unless_present(&scope.secrets, secret).await?;
+        if let (Some(keep), Some(made)) = (keep.filter(|_| scope.caches.is_some()), made) {
+            keep.keep_attempt(&scope.uid, &made);
+        }
         created = writes::create_if_absent(&jobs, job).await?;
         if !created {
             taken_by_earlier = jobs

@@ -115,9 +115,16 @@ pub async fn start_attempt<K: TerraformObject>(
     if attempt::owner_gone_since_read(ctx, scope, current).await? {
         return Ok(Started::OwnerGone);
     }
-    let (started, created) =
-        attempt::create_attempt_job(scope, o, &job, &secret, names::DESTROY_ATTEMPT, n, current)
-            .await?;
+    let (started, created) = attempt::create_attempt_job(
+        (scope, None),
+        o,
+        &job,
+        &secret,
+        names::DESTROY_ATTEMPT,
+        n,
+        current,
+    )
+    .await?;
     if created {
         attempt::announce_start(ctx, obj, names::OPERATION_DESTROY, n, &job).await;
     }

@@ -180,10 +180,13 @@ async fn promote_inputs<K: TerraformObject>(
     };
     // Kept as written: the passes after the record (its recorded values, the deletion's
     // preview) take it from memory, before the watch brings it too.
+    // The attempt's variables, kept since its start, are not read again.
     if scope.caches.is_some() {
         let replaced = o.inputs_secret.as_ref().and_then(|c| c.resource_version());
         ctx.kept_inputs
             .keep_written(&scope.uid, &written, replaced.as_deref());
+        let attempt = names::job_name(&scope.suffix, names::OPERATION_APPLY, p.attempt);
+        ctx.kept_inputs.forget_one(&scope.uid, &attempt);
     }
     let r = inputs.ran.as_ref();
     tracing::info!(

@@ -1,21 +1,25 @@
-//! The inputs Secrets the manager read or wrote, kept per object while the cache of the
-//! object's Secrets shows the version kept (or, after the manager's own write, the version
-//! that write replaced: the watch has not brought the write yet).
+//! The inputs Secrets, and the apply attempts' variables Secrets, the manager read or
+//! wrote, kept per object while the cache of the object's Secrets shows the version kept
+//! (or, after the manager's own write, the version that write replaced: the watch has not
+//! brought the write yet).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Secret;
 
-/// The inputs Secrets of objects, by uid, each with the resourceVersion it was read or
-/// written at. A provisioned machine decides from the values its inputs Secret recorded
+/// The inputs Secrets of objects, and the variables Secrets of their apply attempts, by
+/// object uid and Secret name, each with the resourceVersion it was read or written at. A
+/// provisioned machine decides from the values its inputs Secret recorded
 /// (`gather::apply::keeps_recorded_values`), and its passes would read that Secret at each
-/// one; a deletion's preview reads it with the state. A Secret is served only while the
-/// cache of the object's Secrets shows the version kept; the Secret is read again when the
-/// cache shows another (a re-apply recorded new inputs) or none. One the manager wrote is
-/// also served while the cache still shows what the write replaced (or, for a create,
-/// nothing): the watch is one write behind, and this is the write it has not brought yet.
-/// At most [`INPUTS_KEPT_BYTES`] are kept, the oldest dropped first.
+/// one; a deletion's preview reads it with the state; the pass that records an apply's end
+/// reads the inputs the attempt ran from its variables Secret, which the manager wrote when
+/// it started the attempt. A Secret is served only while the cache of the object's Secrets
+/// shows the version kept; it is read again when the cache shows another (a re-apply
+/// recorded new inputs) or none. One the manager wrote is also served while the cache still
+/// shows what the write replaced (or, for a create, nothing): the watch is one write behind,
+/// and this is the write it has not brought yet. At most [`INPUTS_KEPT_BYTES`] are kept, the
+/// oldest dropped first.
 #[derive(Default)]
 pub struct KeptInputs {
     inner: Mutex<Inner>,
@@ -23,16 +27,30 @@ pub struct KeptInputs {
 
 #[derive(Default)]
 struct Inner {
-    by_uid: HashMap<String, Kept>,
-    /// The uids by when they were kept, oldest first.
-    order: BTreeMap<u64, String>,
+    /// By object uid, then Secret name.
+    by_uid: HashMap<String, HashMap<String, Kept>>,
+    /// The (uid, name) pairs by when they were kept, oldest first.
+    order: BTreeMap<u64, (String, String)>,
     bytes: usize,
     next: u64,
 }
 
 impl Inner {
+    fn forget_one(&mut self, uid: &str, name: &str) {
+        let Some(of_uid) = self.by_uid.get_mut(uid) else {
+            return;
+        };
+        if let Some(k) = of_uid.remove(name) {
+            self.bytes -= k.bytes;
+            self.order.remove(&k.at);
+        }
+        if of_uid.is_empty() {
+            self.by_uid.remove(uid);
+        }
+    }
+
     fn forget(&mut self, uid: &str) {
-        if let Some(k) = self.by_uid.remove(uid) {
+        for (_, k) in self.by_uid.remove(uid).into_iter().flatten() {
             self.bytes -= k.bytes;
             self.order.remove(&k.at);
         }
@@ -44,6 +62,8 @@ struct Kept {
     /// For a Secret the manager wrote: the version its write replaced (`Some(None)`: it
     /// created the Secret).
     replaced: Option<Option<String>>,
+    /// An apply attempt's variables Secret.
+    attempt: bool,
     secret: Arc<Secret>,
     bytes: usize,
     at: u64,
@@ -70,11 +90,11 @@ impl KeptInputs {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The inputs Secret kept for `uid`, when the cache of the object's Secrets shows it at
-    /// `shown` (its resourceVersion; `None`: the cache shows no such Secret).
-    pub fn get(&self, uid: &str, shown: Option<&str>) -> Option<Arc<Secret>> {
+    /// Secret `name` of the object `uid` as kept, when the cache of the object's Secrets
+    /// shows it at `shown` (its resourceVersion; `None`: the cache shows no such Secret).
+    pub fn get(&self, uid: &str, name: &str, shown: Option<&str>) -> Option<Arc<Secret>> {
         let inner = self.lock();
-        let kept = inner.by_uid.get(uid)?;
+        let kept = inner.by_uid.get(uid)?.get(name)?;
         let current = shown == Some(kept.resource_version.as_str())
             || kept
                 .replaced
@@ -83,19 +103,46 @@ impl KeptInputs {
         current.then(|| kept.secret.clone())
     }
 
-    /// Keeps the inputs Secret of `uid` as read.
+    /// Keeps a Secret of the object `uid` as read.
     pub fn keep_read(&self, uid: &str, secret: &Secret) {
         self.keep(uid, secret, None);
     }
 
-    /// Keeps the inputs Secret of `uid` as the manager's write returned it, with the
+    /// Keeps a Secret of the object `uid` as the manager's write returned it, with the
     /// version that write replaced (`None`: it created the Secret).
     pub fn keep_written(&self, uid: &str, secret: &Secret, replaced: Option<&str>) {
         self.keep(uid, secret, Some(replaced.map(str::to_string)));
     }
 
+    /// Keeps the variables Secret the manager created for an apply attempt of the object
+    /// `uid`, in place of an earlier attempt's: one attempt's end is recorded at a time.
+    pub fn keep_attempt(&self, uid: &str, secret: &Secret) {
+        {
+            let mut inner = self.lock();
+            let earlier: Vec<String> = inner
+                .by_uid
+                .get(uid)
+                .into_iter()
+                .flatten()
+                .filter(|(_, k)| k.attempt)
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in earlier {
+                inner.forget_one(uid, &name);
+            }
+        }
+        self.keep_as(uid, secret, Some(None), true);
+    }
+
     fn keep(&self, uid: &str, secret: &Secret, replaced: Option<Option<String>>) {
-        let Some(resource_version) = secret.metadata.resource_version.clone() else {
+        self.keep_as(uid, secret, replaced, false);
+    }
+
+    fn keep_as(&self, uid: &str, secret: &Secret, replaced: Option<Option<String>>, attempt: bool) {
+        let (Some(name), Some(resource_version)) = (
+            secret.metadata.name.clone(),
+            secret.metadata.resource_version.clone(),
+        ) else {
             return;
         };
         let bytes = size_of(secret);
@@ -107,20 +154,21 @@ impl KeptInputs {
         let mut inner = self.lock();
         let at = inner.next;
         inner.next += 1;
-        inner.forget(uid);
+        inner.forget_one(uid, &name);
         while inner.bytes + bytes > INPUTS_KEPT_BYTES {
-            let Some((_, oldest)) = inner.order.pop_first() else {
+            let Some((_, (u, n))) = inner.order.pop_first() else {
                 break;
             };
-            inner.forget(&oldest);
+            inner.forget_one(&u, &n);
         }
         inner.bytes += bytes;
-        inner.order.insert(at, uid.to_string());
-        inner.by_uid.insert(
-            uid.to_string(),
+        inner.order.insert(at, (uid.to_string(), name.clone()));
+        inner.by_uid.entry(uid.to_string()).or_default().insert(
+            name,
             Kept {
                 resource_version,
                 replaced,
+                attempt,
                 secret: Arc::new(secret),
                 bytes,
                 at,
@@ -128,15 +176,20 @@ impl KeptInputs {
         );
     }
 
-    /// Forgets `uid` (released, or gone).
+    /// Forgets Secret `name` of the object `uid` (an attempt's variables, once recorded).
+    pub fn forget_one(&self, uid: &str, name: &str) {
+        self.lock().forget_one(uid, name);
+    }
+
+    /// Forgets what is kept of the object `uid` (released, or gone).
     pub fn forget(&self, uid: &str) {
         self.lock().forget(uid);
     }
 
-    /// How many objects' inputs are kept.
+    /// How many Secrets are kept.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().by_uid.len()
+        self.lock().by_uid.values().map(HashMap::len).sum()
     }
 }
 
@@ -147,9 +200,13 @@ mod tests {
     use kube::api::ObjectMeta;
 
     fn secret(version: &str, data: &str) -> Secret {
+        named("web-1-inputs", version, data)
+    }
+
+    fn named(name: &str, version: &str, data: &str) -> Secret {
         Secret {
             metadata: ObjectMeta {
-                name: Some("web-1-inputs".into()),
+                name: Some(name.into()),
                 resource_version: Some(version.into()),
                 ..Default::default()
             },
@@ -166,18 +223,57 @@ mod tests {
     #[test]
     fn a_secret_read_is_served_only_at_the_version_the_cache_shows() {
         let k = KeptInputs::default();
-        assert!(k.get("uid-1", Some("10")).is_none(), "nothing kept yet");
+        assert!(
+            k.get("uid-1", "web-1-inputs", Some("10")).is_none(),
+            "nothing kept yet"
+        );
         k.keep_read("uid-1", &secret("10", "a"));
-        assert_eq!(data(k.get("uid-1", Some("10"))), Some(b"a".to_vec()));
+        assert_eq!(
+            data(k.get("uid-1", "web-1-inputs", Some("10"))),
+            Some(b"a".to_vec())
+        );
         // The cache shows another version (a re-apply recorded new inputs), or none.
-        assert!(k.get("uid-1", Some("11")).is_none());
-        assert!(k.get("uid-1", None).is_none());
+        assert!(k.get("uid-1", "web-1-inputs", Some("11")).is_none());
+        assert!(k.get("uid-1", "web-1-inputs", None).is_none());
         k.keep_read("uid-1", &secret("11", "b"));
-        assert_eq!(data(k.get("uid-1", Some("11"))), Some(b"b".to_vec()));
-        assert!(k.get("uid-1", Some("10")).is_none());
+        assert_eq!(
+            data(k.get("uid-1", "web-1-inputs", Some("11"))),
+            Some(b"b".to_vec())
+        );
+        assert!(k.get("uid-1", "web-1-inputs", Some("10")).is_none());
         k.forget("uid-1");
-        assert!(k.get("uid-1", Some("11")).is_none());
+        assert!(k.get("uid-1", "web-1-inputs", Some("11")).is_none());
         assert_eq!(k.len(), 0);
+    }
+
+    #[test]
+    fn an_objects_secrets_are_kept_by_name_and_forgotten_one_or_all() {
+        let k = KeptInputs::default();
+        k.keep_read("uid-1", &secret("10", "inputs"));
+        k.keep_attempt("uid-1", &named("web-1-apply-1", "12", "attempt 1"));
+        k.keep_attempt("uid-2", &named("web-2-apply-1", "13", "other"));
+        assert_eq!(k.len(), 3);
+        assert_eq!(
+            data(k.get("uid-1", "web-1-apply-1", None)),
+            Some(b"attempt 1".to_vec())
+        );
+        assert!(
+            k.get("uid-1", "web-2-apply-1", None).is_none(),
+            "another object's"
+        );
+        // A later attempt's takes the place of the earlier one's.
+        k.keep_attempt("uid-1", &named("web-1-apply-2", "14", "attempt 2"));
+        assert_eq!(k.len(), 3);
+        assert!(k.get("uid-1", "web-1-apply-1", None).is_none());
+        assert!(k.get("uid-1", "web-1-apply-2", Some("14")).is_some());
+        k.forget_one("uid-1", "web-1-apply-2");
+        assert!(k.get("uid-1", "web-1-apply-2", None).is_none());
+        assert!(k.get("uid-1", "web-1-inputs", Some("10")).is_some());
+        k.forget("uid-1");
+        assert_eq!(k.len(), 1);
+        let bytes = k.lock().bytes;
+        k.forget("uid-2");
+        assert_eq!((k.len(), k.lock().bytes), (0, 0), "{bytes} bytes before");
     }
 
     #[test]
@@ -185,20 +281,38 @@ mod tests {
         let k = KeptInputs::default();
         // Created: served while the cache shows no Secret, and at its own version.
         k.keep_written("uid-1", &secret("20", "a"), None);
-        assert_eq!(data(k.get("uid-1", None)), Some(b"a".to_vec()));
-        assert_eq!(data(k.get("uid-1", Some("20"))), Some(b"a".to_vec()));
-        assert!(k.get("uid-1", Some("19")).is_none(), "a version not known");
+        assert_eq!(
+            data(k.get("uid-1", "web-1-inputs", None)),
+            Some(b"a".to_vec())
+        );
+        assert_eq!(
+            data(k.get("uid-1", "web-1-inputs", Some("20"))),
+            Some(b"a".to_vec())
+        );
+        assert!(
+            k.get("uid-1", "web-1-inputs", Some("19")).is_none(),
+            "a version not known"
+        );
         // Replaced: served at the version replaced, not while the cache shows none (the
         // Secret was deleted since) nor at another version.
         k.keep_written("uid-1", &secret("30", "b"), Some("20"));
-        assert_eq!(data(k.get("uid-1", Some("20"))), Some(b"b".to_vec()));
-        assert_eq!(data(k.get("uid-1", Some("30"))), Some(b"b".to_vec()));
-        assert!(k.get("uid-1", None).is_none());
-        assert!(k.get("uid-1", Some("31")).is_none());
+        assert_eq!(
+            data(k.get("uid-1", "web-1-inputs", Some("20"))),
+            Some(b"b".to_vec())
+        );
+        assert_eq!(
+            data(k.get("uid-1", "web-1-inputs", Some("30"))),
+            Some(b"b".to_vec())
+        );
+        assert!(k.get("uid-1", "web-1-inputs", None).is_none());
+        assert!(k.get("uid-1", "web-1-inputs", Some("31")).is_none());
         // Read again: only at the version read.
         k.keep_read("uid-1", &secret("31", "c"));
-        assert!(k.get("uid-1", Some("30")).is_none());
-        assert_eq!(data(k.get("uid-1", Some("31"))), Some(b"c".to_vec()));
+        assert!(k.get("uid-1", "web-1-inputs", Some("30")).is_none());
+        assert_eq!(
+            data(k.get("uid-1", "web-1-inputs", Some("31"))),
+            Some(b"c".to_vec())
+        );
     }
 
     #[test]
@@ -210,19 +324,19 @@ mod tests {
         }
         // Four quarters do not fit with the kilobyte counted for the rest of each.
         assert_eq!(k.len(), 3);
-        assert!(k.get("uid-0", Some("1")).is_none());
-        assert!(k.get("uid-5", Some("1")).is_some());
+        assert!(k.get("uid-0", "web-1-inputs", Some("1")).is_none());
+        assert!(k.get("uid-5", "web-1-inputs", Some("1")).is_some());
         // Kept again, an object counts once.
         k.keep_read("uid-5", &secret("2", "small"));
         assert_eq!(k.len(), 3);
         assert!(k.lock().bytes <= INPUTS_KEPT_BYTES);
         // A Secret larger than the bound is not kept at all.
         k.keep_read("uid-9", &secret("1", &"y".repeat(INPUTS_KEPT_BYTES + 1)));
-        assert!(k.get("uid-9", Some("1")).is_none());
+        assert!(k.get("uid-9", "web-1-inputs", Some("1")).is_none());
         // Nor one without a resourceVersion.
         let mut unversioned = secret("1", "z");
         unversioned.metadata.resource_version = None;
         k.keep_read("uid-10", &unversioned);
-        assert!(k.get("uid-10", None).is_none());
+        assert!(k.get("uid-10", "web-1-inputs", None).is_none());
     }
 }

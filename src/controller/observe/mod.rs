@@ -33,8 +33,8 @@ mod jobs;
 mod secrets;
 
 pub(crate) use jobs::{cached_refusals, job_refusals, podless, stuck_pods};
+pub use secrets::{Kept, read_inputs, read_referenced};
 pub(crate) use secrets::{lock_of, read_secrets};
-pub use secrets::{read_inputs, read_referenced};
 
 /// The base state Secret's metadata as a pass read it: `None` when the pass did not read
 /// the state, `Some(None)` when that Secret does not exist.

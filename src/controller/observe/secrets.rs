@@ -12,15 +12,14 @@ use super::*;
 /// found in the cache of the object's Secrets' metadata, except shortly after a Job of
 /// the object failed ([`gather::failed_lately`]); before a first apply
 /// ([`StateWanted::FirstApply`]), a state and an inputs Secret the caches show no Secret
-/// of are taken as absent, and what the spec references is what `o` holds. `kept_inputs`:
-/// the inputs Secret the caller kept at the version its caches show, used instead of a
-/// read when `wanted` is [`StateWanted::Preview`].
+/// of are taken as absent, and what the spec references is what `o` holds. What the caller
+/// kept ([`Kept`]) is used instead of a read.
 pub(crate) async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
     o: &Observed,
     (state_reads, lane): (&StateReads, Lane),
-    (wanted, kept_inputs): (StateWanted, Option<&Secret>),
+    (wanted, kept): (StateWanted, Kept<'_>),
 ) -> Result<StateRead, Error> {
     // Waits its turn: at most as many states in memory as there are permits.
     let permit = state_reads.acquire(lane).await;
@@ -51,7 +50,7 @@ pub(crate) async fn read_secrets(
                         o.referenced_config_maps.clone(),
                     ),
                 )),
-                (false, true) => match kept_inputs.filter(|_| wanted == StateWanted::Preview) {
+                (false, true) => match kept.inputs.filter(|_| wanted == StateWanted::Preview) {
                     Some(kept) => Ok((
                         Some(kept.clone()),
                         read_referenced(client, o, Some(kept)).await?,
@@ -75,7 +74,13 @@ pub(crate) async fn read_secrets(
     let attempt_secret = match gather::apply::unrecorded_apply(o) {
         Some(u) => {
             let job = names::job_name(&suffix, names::OPERATION_APPLY, u.attempt);
-            secrets.get_opt(&job).await?
+            match kept
+                .attempt
+                .filter(|s| s.metadata.name.as_deref() == Some(&job))
+            {
+                Some(s) => Some(s.clone()),
+                None => secrets.get_opt(&job).await?,
+            }
         }
         None => None,
     };
@@ -91,6 +96,18 @@ pub(crate) async fn read_secrets(
         referenced_config_maps,
         lock,
     })
+}
+
+/// What the caller of [`read_secrets`] kept of the object's Secrets, at the versions its
+/// caches show: used instead of a read.
+#[derive(Clone, Copy, Default)]
+pub struct Kept<'a> {
+    /// The inputs Secret, for a preview ([`StateWanted::Preview`]) only: what starts an
+    /// attempt reads it live.
+    pub inputs: Option<&'a Secret>,
+    /// The variables Secret of the apply attempt whose end is to be recorded, as the
+    /// manager wrote it when it started the attempt.
+    pub attempt: Option<&'a Secret>,
 }
 
 /// Terraform's lock Lease `name` in `leases`' namespace: from the cache of locks once it
