@@ -41,8 +41,9 @@ struct Kept {
     bytes: usize,
 }
 
-/// What a kept Secret is counted as: its data, and a kilobyte for the rest.
-fn size_of(secret: &Secret) -> usize {
+/// What a kept Secret is counted as: its data, and a kilobyte for the rest (the inputs
+/// kept count theirs so too).
+pub(super) fn size_of(secret: &Secret) -> usize {
     let data: usize = secret
         .data
         .iter()

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Secret;
 
+use super::bootstrap::size_of;
+
 /// The inputs Secrets of objects, and the variables Secrets of their apply attempts, by
 /// object uid and Secret name, each with the resourceVersion it was read or written at. A
 /// provisioned machine decides from the values its inputs Secret recorded
@@ -73,17 +75,6 @@ struct Kept {
 /// kept at most: a machine's inputs are its variables, its bootstrap data and a few names,
 /// some kilobytes with kubeadm.
 pub const INPUTS_KEPT_BYTES: usize = 16 << 20;
-
-/// What a kept Secret is counted as: its data, and a kilobyte for the rest.
-fn size_of(secret: &Secret) -> usize {
-    let data: usize = secret
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| k.len() + v.0.len())
-        .sum();
-    data + 1024
-}
 
 impl KeptInputs {
     fn lock(&self) -> MutexGuard<'_, Inner> {
