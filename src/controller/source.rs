@@ -258,6 +258,7 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     /// Read live under a state-read permit of the pass's lane (see
     /// `Context::state_reads`); the errored states found in the cache of the object's
     /// Secrets' metadata.
+    ///
     /// A preview takes the inputs Secret kept at the version the cache shows
     /// ([`Cluster::kept_inputs`]); an inputs Secret read is kept. An apply's end to be
     /// recorded takes its attempt's variables Secret as the manager wrote it, while the

@@ -179,8 +179,8 @@ async fn promote_inputs<K: TerraformObject>(
         }
     };
     // Kept as written: the passes after the record (its recorded values, the deletion's
-    // preview) take it from memory, before the watch brings it too.
-    // The attempt's variables, kept since its start, are not read again.
+    // preview) take it from memory, before the watch brings it too. The attempt's
+    // variables, kept since its start, are not read again: forgotten.
     if scope.caches.is_some() {
         let replaced = o.inputs_secret.as_ref().and_then(|c| c.resource_version());
         ctx.kept_inputs
