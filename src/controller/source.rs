@@ -259,13 +259,14 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     /// `Context::state_reads`); the errored states found in the cache of the object's
     /// Secrets' metadata.
     ///
-    /// A preview takes the inputs Secret kept at the version the cache shows
-    /// ([`Cluster::kept_inputs`]); an inputs Secret read is kept. An apply's end to be
+    /// A preview and a record take the inputs Secret kept at the version the cache shows
+    /// ([`Cluster::kept_inputs`]), a record none while the cache shows none
+    /// ([`StateWanted::Record`]); an inputs Secret read is kept. An apply's end to be
     /// recorded takes its attempt's variables Secret as the manager wrote it, while the
     /// cache shows that version or none yet ([`Cluster::kept`]).
     async fn state(&self, o: &Observed, wanted: StateWanted) -> Result<StateRead, Error> {
         let inputs = match wanted {
-            StateWanted::Preview => self.kept_inputs(),
+            StateWanted::Preview | StateWanted::Record => self.kept_inputs(),
             _ => None,
         };
         let attempt = gather_apply::unrecorded_apply(o).and_then(|u| {

@@ -324,14 +324,23 @@ pub enum StateWanted {
     /// [`StateWanted::WithInputs`], except that a source that kept the inputs Secret at
     /// the version its caches show serves it without reading.
     Preview,
+    /// For a pass that records an apply's end, which starts nothing either: as
+    /// [`StateWanted::Preview`], and the inputs Secret is taken as absent without reading
+    /// when the cache of the object's Secrets shows none and the manager kept none it
+    /// wrote. Only the manager writes it (the record of an apply's end; its own write is
+    /// kept until the watch brings it), and the record's create of one is refused if it
+    /// is there after all: the pass fails, and the next one decides again.
+    Record,
 }
 
 impl StateWanted {
-    /// What a deletion's pass reads with the state ([`inputs_with_state`]).
+    /// What a pass reads with the state ([`inputs_with_state`]); a pass that records an
+    /// apply's end: [`StateWanted::Record`].
     pub fn for_pass(o: &Observed) -> StateWanted {
-        match inputs_with_state(o) {
-            true => StateWanted::WithInputs,
-            false => StateWanted::WithoutInputs,
+        match (inputs_with_state(o), apply::unrecorded_apply(o).is_some()) {
+            (true, true) => StateWanted::Record,
+            (true, false) => StateWanted::WithInputs,
+            (false, _) => StateWanted::WithoutInputs,
         }
     }
 
@@ -344,7 +353,7 @@ impl StateWanted {
     }
 
     /// Whether the inputs Secret is read (unless seen absent: [`StateWanted::FirstApply`],
-    /// or kept: [`StateWanted::Preview`]).
+    /// [`StateWanted::Record`], or kept: [`StateWanted::Preview`], [`StateWanted::Record`]).
     pub fn inputs(self) -> bool {
         self != StateWanted::WithoutInputs
     }

@@ -12,8 +12,9 @@ use super::*;
 /// found in the cache of the object's Secrets' metadata, except shortly after a Job of
 /// the object failed ([`gather::failed_lately`]); before a first apply
 /// ([`StateWanted::FirstApply`]), a state and an inputs Secret the caches show no Secret
-/// of are taken as absent, and what the spec references is what `o` holds. What the caller
-/// kept ([`Kept`]) is used instead of a read.
+/// of are taken as absent, and what the spec references is what `o` holds; at the record
+/// of an apply's end ([`StateWanted::Record`]), an inputs Secret the caches show none of
+/// and the caller kept none of. What the caller kept ([`Kept`]) is used instead of a read.
 pub(crate) async fn read_secrets(
     client: &Client,
     caches: Option<&Caches>,
@@ -34,6 +35,15 @@ pub(crate) async fn read_secrets(
     let absent = wanted == StateWanted::FirstApply
         && caches.is_some_and(|c| c.shows_no_state_nor_inputs(&ns, &suffix));
     let inputs = wanted.inputs();
+    let kept_inputs = kept
+        .inputs
+        .filter(|_| matches!(wanted, StateWanted::Preview | StateWanted::Record));
+    let inputs_absent = wanted == StateWanted::Record
+        && kept_inputs.is_none()
+        && caches.is_some_and(|c| {
+            c.secret_meta(&ns, &names::inputs_secret_name(&suffix))
+                .is_none()
+        });
     let ((state, state_meta), inputs_read, lock, errored) = futures::try_join!(
         async {
             match absent {
@@ -50,12 +60,13 @@ pub(crate) async fn read_secrets(
                         o.referenced_config_maps.clone(),
                     ),
                 )),
-                (false, true) => match kept.inputs.filter(|_| wanted == StateWanted::Preview) {
-                    Some(kept) => Ok((
+                (false, true) => match (kept_inputs, inputs_absent) {
+                    (Some(kept), _) => Ok((
                         Some(kept.clone()),
                         read_referenced(client, o, Some(kept)).await?,
                     )),
-                    None => read_inputs(client, o).await,
+                    (None, true) => Ok((None, read_referenced(client, o, None).await?)),
+                    (None, false) => read_inputs(client, o).await,
                 },
                 (false, false) => Ok(Default::default()),
             }
@@ -102,8 +113,8 @@ pub(crate) async fn read_secrets(
 /// caches show: used instead of a read.
 #[derive(Clone, Copy, Default)]
 pub struct Kept<'a> {
-    /// The inputs Secret, for a preview ([`StateWanted::Preview`]) only: what starts an
-    /// attempt reads it live.
+    /// The inputs Secret, for a preview or a record ([`StateWanted::Preview`],
+    /// [`StateWanted::Record`]) only: what starts an attempt reads it live.
     pub inputs: Option<&'a Secret>,
     /// The variables Secret of the apply attempt whose end is to be recorded, as the
     /// manager wrote it when it started the attempt.

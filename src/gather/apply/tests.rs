@@ -514,3 +514,33 @@ fn the_hand_off_waits_for_the_clusters_first_apply_not_just_its_state() {
         .insert(names::APPLIED_ATTEMPT.into(), "1".into());
     assert!(object_provisioned(&c));
 }
+
+#[test]
+fn a_pass_that_records_an_apply_reads_the_inputs_as_a_record_does() {
+    use crate::gather::StateWanted;
+    let annotations = [
+        (names::APPLY_ATTEMPT, "2"),
+        (names::APPLIED_AT, "2026-12-01T09:00:00Z"),
+    ];
+    let complete = job(
+        Kind::TerraformMachine,
+        names::OPERATION_APPLY,
+        2,
+        &[("Complete", "True", "", "2026-12-01T11:59:00Z")],
+    );
+    // Its end not recorded yet: the pass records it, and starts nothing.
+    let mut o = live(Kind::TerraformMachine, &annotations, &[("Machine", true)]);
+    o.jobs = vec![complete.clone()];
+    assert_eq!(StateWanted::for_pass(&o), StateWanted::Record);
+    assert!(StateWanted::Record.inputs());
+    // Recorded: the pass reads as any other.
+    let mut recorded = annotations.to_vec();
+    recorded.push((names::APPLIED_ATTEMPT, "2"));
+    let mut o = live(Kind::TerraformMachine, &recorded, &[("Machine", true)]);
+    o.jobs = vec![complete];
+    assert_eq!(StateWanted::for_pass(&o), StateWanted::WithInputs);
+    // Still running: nothing to record.
+    let mut o = live(Kind::TerraformMachine, &annotations, &[("Machine", true)]);
+    o.jobs = vec![job(Kind::TerraformMachine, names::OPERATION_APPLY, 2, &[])];
+    assert_eq!(StateWanted::for_pass(&o), StateWanted::WithInputs);
+}
