@@ -16,7 +16,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use super::Caches;
-use super::caches::KeptInputs;
+use super::caches::{KeptInputs, KeptStates};
 use crate::api::names::{self, Kind};
 use crate::gather::Settings;
 use crate::job::Templates;
@@ -148,6 +148,9 @@ pub struct Context {
     /// version kept ([`KeptInputs`]): a provisioned machine's recorded values and a
     /// deletion's preview come from them.
     pub kept_inputs: KeptInputs,
+    /// The state each record of an apply's end read, kept for the deletion preview of the
+    /// pass after it ([`KeptStates`]).
+    pub kept_states: KeptStates,
     /// A permit per state a pass may hold in memory at once: taken before a pass reads the
     /// state Secrets, kept until the pass ends (its backup and abandon copies are written
     /// from what it read). This bounds the manager's memory whatever the states' sizes.
@@ -202,6 +205,7 @@ impl Context {
             backups: Mutex::default(),
             handoffs: Mutex::default(),
             kept_inputs: KeptInputs::default(),
+            kept_states: KeptStates::default(),
             state_reads: Arc::new(StateReads::new(cfg.max_state_reads)),
             caches: Mutex::default(),
             previews: Default::default(),
@@ -280,12 +284,13 @@ impl Context {
     }
 
     /// Forgets what the manager remembers of an object it released: its refusal, its
-    /// inputs Secret kept, what its backup held and, for a TerraformCluster, its hand-off. A released object never needs
+    /// inputs Secret and state kept, what its backup held and, for a TerraformCluster, its hand-off. A released object never needs
     /// them again, and kept they would grow with every object a fleet ever deleted, for
     /// the life of the process.
     pub fn forget(&self, kind: Kind, namespace: &str, name: &str, uid: &str) {
         self.clear_refusal(uid);
         self.kept_inputs.forget(uid);
+        self.kept_states.forget(uid);
         self.backups
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -97,7 +97,14 @@ pub async fn reconcile<K: TerraformObject>(
     let plan = bookkeeping::plan(&observed, &ctx.settings, &facts, &decision);
     let kept = bookkeeping::apply(&ctx, &scope, obj.as_ref(), &observed, &state_meta, plan).await?;
     if kept.written {
-        // The object changed; the next pass decides on fresh facts.
+        // The object changed; the next pass decides on fresh facts. A record of an
+        // apply's end read the state its Job left: the next pass's deletion preview takes
+        // it from here while the caches show it unchanged ([`super::caches::KeptStates`]).
+        if let (Some(state), Some(_)) = (&observed.state, &caches)
+            && gather::apply::unrecorded_apply(&observed).is_some()
+        {
+            ctx.kept_states.keep(uid, state, &kept.protected);
+        }
         return Ok(Requeue::requeue(Duration::ZERO));
     }
     // A part too new to protect yet is looked at again soon.

@@ -261,7 +261,9 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
     ///
     /// A preview and a record take the inputs Secret kept at the version the cache shows
     /// ([`Cluster::kept_inputs`]), a record none while the cache shows none
-    /// ([`StateWanted::Record`]); an inputs Secret read is kept. An apply's end to be
+    /// ([`StateWanted::Record`]); an inputs Secret read is kept. A preview takes the state
+    /// the record of an apply's end read, while the cache shows its Secrets unchanged
+    /// ([`super::caches::KeptStates`]). An apply's end to be
     /// recorded takes its attempt's variables Secret as the manager wrote it, while the
     /// cache shows that version or none yet ([`Cluster::kept`]).
     async fn state(&self, o: &Observed, wanted: StateWanted) -> Result<StateRead, Error> {
@@ -269,6 +271,16 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
             StateWanted::Preview | StateWanted::Record => self.kept_inputs(),
             _ => None,
         };
+        let state = match (wanted, self.caches()) {
+            (StateWanted::Preview, Some(caches)) => self.ctx.kept_states.take(
+                &self.scope.uid,
+                &caches.with_suffix(&self.scope.namespace, &self.scope.suffix),
+            ),
+            _ => None,
+        };
+        if state.is_some() {
+            tracing::debug!("the state as the record of the apply's end read it, unchanged since");
+        }
         let attempt = gather_apply::unrecorded_apply(o).and_then(|u| {
             self.kept(&names::job_name(
                 &self.scope.suffix,
@@ -279,6 +291,7 @@ impl<K: TerraformObject> Source for Cluster<'_, K> {
         let kept = observe::Kept {
             inputs: inputs.as_deref(),
             attempt: attempt.as_deref(),
+            state: state.as_deref(),
         };
         let read = observe::read_secrets(
             &self.ctx.client,

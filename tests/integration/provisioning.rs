@@ -697,6 +697,42 @@ async fn a_provisioning_reads_neither_its_inputs_secret_nor_its_attempts_variabl
     env.shutdown().await;
 }
 
+/// A machine's provisioning lists its state Secrets once: at the record of its apply's end,
+/// which reads the state the Job left. The pass after the record (the record changed the
+/// object, so its deletion preview has nothing remembered) takes that state as the record
+/// read it while the cache shows its Secrets at the versions the record read or wrote
+/// (issue 37: two lists per provisioning). A machine provisioned first has read its
+/// cluster's state for the machine inputs (read again only once that state changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provisioning_lists_its_state_once_its_preview_takes_what_the_record_read() {
+    if envtest_only("it reads the files Terraform leaves on this machine") {
+        return;
+    }
+    let env = Env::builder("state-lists").provisioning().start().await;
+    ready_cluster(&env).await;
+    env.provision::<Tfm>("web-0", "prod", &apply_module(0))
+        .await;
+    let log = env.proxy.request_log();
+    log.reset();
+    env.provision::<Tfm>("web-1", "prod", &apply_module(0))
+        .await;
+    wait_for("web-1's DeletionReady condition", long(), || async {
+        env.object::<Tfm>("web-1").await.is_some_and(|m| {
+            m.status
+                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "DeletionReady"))
+        })
+    })
+    .await;
+    let lists = log.count("list", "secrets", "");
+    assert_eq!(
+        lists,
+        1,
+        "lists of Secrets (the state's) from web-1's create to its provisioning; the requests: {:?}",
+        log.snapshot_by_client()
+    );
+    env.shutdown().await;
+}
+
 /// A machine module of `count` instances that declares `variables` and writes `record`
 /// (a shell word list of Terraform expressions) into each instance's created marker, with
 /// the machine's contract outputs.

@@ -2,6 +2,8 @@
 //! head states: the Events, the pruning and the state's protection first, the object's
 //! annotations last.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 /// What the bookkeeping of a pass did.
@@ -10,6 +12,8 @@ pub struct Kept {
     pub written: bool,
     /// A state part was too new to protect (see [`PART_SETTLES`]).
     pub young_parts: bool,
+    /// The state Secrets this pass protected: name → the resourceVersion its write made.
+    pub protected: BTreeMap<String, String>,
 }
 
 /// Carries out `plan` in the order the file's head states.
@@ -55,8 +59,8 @@ pub async fn apply<K: TerraformObject>(
         writes::delete_if_present(&jobs, name).await?;
         writes::delete_if_present(&scope.secrets, name).await?;
     }
-    let young_parts = match plan.protect {
-        Protect::Nothing => false,
+    let (young_parts, protected) = match plan.protect {
+        Protect::Nothing => (false, BTreeMap::new()),
         Protect::Base => protect_state(scope, obj, o, state_meta, false).await?,
         Protect::BaseAndParts => protect_state(scope, obj, o, state_meta, true).await?,
     };
@@ -119,6 +123,7 @@ pub async fn apply<K: TerraformObject>(
     Ok(Kept {
         written: written.is_some(),
         young_parts,
+        protected,
     })
 }
 
@@ -322,14 +327,14 @@ const PART_SETTLES: i64 = 10;
 /// itself when a state shrinks, and a part held in deletion would corrupt the next read;
 /// the backup is the protected copy then.) Uses the metadata this pass read with the
 /// state, or lists the base and parts by Terraform's suffix label. Returns whether a part
-/// was left for being too new.
+/// was left for being too new, and the versions its writes made (name → resourceVersion).
 async fn protect_state<K: TerraformObject>(
     scope: &Scope<K>,
     obj: &K,
     o: &Observed,
     state_meta: &StateMeta,
     parts: bool,
-) -> Result<bool, Error> {
+) -> Result<(bool, BTreeMap<String, String>), Error> {
     let secrets: &Api<Secret> = &scope.secrets;
     let base = names::state_secret_name(&scope.suffix);
     let metas: Vec<ObjectMeta> = match (&o.state, state_meta) {
@@ -359,6 +364,7 @@ async fn protect_state<K: TerraformObject>(
         metas.extend(crate::controller::act::errored_metas(scope, o).await?);
     }
     let mut young = false;
+    let mut written = BTreeMap::new();
     for meta in metas {
         let is_base = meta.name.as_deref() == Some(base.as_str());
         if meta.deletion_timestamp.is_some() || !(is_base || parts) {
@@ -377,12 +383,17 @@ async fn protect_state<K: TerraformObject>(
             continue;
         }
         match guarded_patch(secrets, &meta, ops).await {
-            Ok(_) => {}
+            Ok(Some(s)) => {
+                if let (Some(name), Some(v)) = (s.metadata.name, s.metadata.resource_version) {
+                    written.insert(name, v);
+                }
+            }
+            Ok(None) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(young)
+    Ok((young, written))
 }
 
 /// The JSON patch operations that set the outputs' spec fields on `obj`, and the edit of

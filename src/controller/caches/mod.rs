@@ -38,6 +38,8 @@ use trim::trim_meta;
 pub use trim::{trim_event, trim_job, trim_pod, trim_to_owners};
 mod inputs;
 pub use inputs::{INPUTS_KEPT_BYTES, KeptInputs};
+mod state;
+pub use state::{KeptStates, STATES_KEPT_BYTES};
 
 /// What one controller (one kind) reads from its watches.
 #[derive(Clone)]

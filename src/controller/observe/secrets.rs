@@ -46,9 +46,15 @@ pub(crate) async fn read_secrets(
         });
     let ((state, state_meta), inputs_read, lock, errored) = futures::try_join!(
         async {
-            match absent {
-                true => Ok((state::StateSecrets::from_secrets(&state_name, &[]), None)),
-                false => chunked::read_with_meta(&secrets, &state_name, Some(&suffix)).await,
+            match (
+                absent,
+                kept.state.filter(|_| wanted == StateWanted::Preview),
+            ) {
+                (true, _) => Ok((state::StateSecrets::from_secrets(&state_name, &[]), None)),
+                (false, Some(kept)) => Ok((kept.clone(), kept.metas.get(&state_name).cloned())),
+                (false, None) => {
+                    chunked::read_with_meta(&secrets, &state_name, Some(&suffix)).await
+                }
             }
         },
         async {
@@ -119,6 +125,9 @@ pub struct Kept<'a> {
     /// The variables Secret of the apply attempt whose end is to be recorded, as the
     /// manager wrote it when it started the attempt.
     pub attempt: Option<&'a Secret>,
+    /// The state, for a preview ([`StateWanted::Preview`]) only, as the record of an
+    /// apply's end read it.
+    pub state: Option<&'a state::StateSecrets>,
 }
 
 /// Terraform's lock Lease `name` in `leases`' namespace: from the cache of locks once it
