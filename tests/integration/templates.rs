@@ -1075,7 +1075,7 @@ async fn cluster_api_accepts_the_templates_and_patches_a_clusters_variables_into
                     .spec
                     .variables
                     .as_ref()
-                    .is_some_and(|v| v["size"] == "large")
+                    .is_some_and(|v| v.get("size").is_some_and(|s| s == "large"))
         })
     })
     .await;
@@ -1581,7 +1581,7 @@ async fn a_cluster_of_the_cluster_class_is_applied_reapplied_on_a_variable_chang
                         .terraform
                         .variables
                         .as_ref()
-                        .is_some_and(|v| v["size"] == "large")
+                        .is_some_and(|v| v.get("size").is_some_and(|s| s == "large"))
                     && t.metadata
                         .annotations
                         .as_ref()
