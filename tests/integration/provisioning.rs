@@ -673,15 +673,7 @@ async fn a_provisioning_reads_neither_its_inputs_secret_nor_its_attempts_variabl
     ready_cluster(&env).await;
     let log = env.proxy.request_log();
     log.reset();
-    env.provision::<Tfm>("web-1", "prod", &apply_module(0))
-        .await;
-    wait_for("web-1's DeletionReady condition", long(), || async {
-        env.object::<Tfm>("web-1").await.is_some_and(|m| {
-            m.status
-                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "DeletionReady"))
-        })
-    })
-    .await;
+    provision_until_deletion_ready(&env, "web-1").await;
     let suffix = names::state_suffix(Kind::TerraformMachine, "web-1");
     let inputs = names::inputs_secret_name(&suffix);
     let variables = names::job_name(&suffix, names::OPERATION_APPLY, 1);
@@ -695,6 +687,23 @@ async fn a_provisioning_reads_neither_its_inputs_secret_nor_its_attempts_variabl
         log.snapshot()
     );
     env.shutdown().await;
+}
+
+/// Provisions machine `name` of the Cluster `prod` with [`apply_module`], and waits until
+/// its `DeletionReady` condition is written: the pass after the record of its apply's end.
+async fn provision_until_deletion_ready(env: &Env, name: &str) {
+    env.provision::<Tfm>(name, "prod", &apply_module(0)).await;
+    wait_for(
+        &format!("{name}'s DeletionReady condition"),
+        long(),
+        || async {
+            env.object::<Tfm>(name).await.is_some_and(|m| {
+                m.status
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "DeletionReady"))
+            })
+        },
+    )
+    .await;
 }
 
 /// A machine's provisioning lists its state Secrets once: at the record of its apply's end,
@@ -714,15 +723,7 @@ async fn a_provisioning_lists_its_state_once_its_preview_takes_what_the_record_r
         .await;
     let log = env.proxy.request_log();
     log.reset();
-    env.provision::<Tfm>("web-1", "prod", &apply_module(0))
-        .await;
-    wait_for("web-1's DeletionReady condition", long(), || async {
-        env.object::<Tfm>("web-1").await.is_some_and(|m| {
-            m.status
-                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "DeletionReady"))
-        })
-    })
-    .await;
+    provision_until_deletion_ready(&env, "web-1").await;
     let lists = log.count("list", "secrets", "");
     assert_eq!(
         lists,
