@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use super::{Context, Error, Scope};
 use crate::api::names::RUNNER_NAME;
 use crate::api::{TerraformCluster, TerraformMachine, TerraformMachinePool, TerraformObject};
-use crate::io::writes::{create_if_absent, delete_if_present};
+use crate::io::writes::{create_if_absent, create_unless_present, delete_if_present};
 use crate::job;
 
 /// The label on the runner RBAC objects.
@@ -41,16 +41,18 @@ pub async fn ensure_runner<K: TerraformObject>(
     let want = job::object_runner_account(&identity, own);
     let name = want.metadata.name.clone().unwrap_or_default();
     let sas = Api::<ServiceAccount>::namespaced(ctx.client.clone(), &scope.namespace);
-    match sas.get_opt(&name).await? {
-        None => {
-            create_if_absent(&sas, &want).await?;
-        }
+    let (account, fresh) = match sas.get_opt(&name).await? {
+        None => match create_unless_present(&sas, &want).await? {
+            Some(created) => (created, true),
+            // Another pass made it since the read.
+            None => (sas.get(&name).await?, false),
+        },
         Some(have) => {
-            let have = have.metadata.annotations.unwrap_or_default();
-            if &have != own {
+            let annotations = have.metadata.annotations.clone().unwrap_or_default();
+            if &annotations != own {
                 // CAPTF's own account: its annotations become the spec's, those it no
                 // longer gives removed.
-                let mut edits: serde_json::Map<String, serde_json::Value> = have
+                let mut edits: serde_json::Map<String, serde_json::Value> = annotations
                     .keys()
                     .map(|k| (k.clone(), serde_json::Value::Null))
                     .collect();
@@ -61,13 +63,31 @@ pub async fn ensure_runner<K: TerraformObject>(
                 sas.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                     .await?;
             }
+            (have, false)
         }
-    }
-    create_if_absent(
-        &Api::<RoleBinding>::namespaced(ctx.client.clone(), &scope.namespace),
-        &job::object_runner_binding(&identity),
+    };
+    let uid = account.metadata.uid.unwrap_or_default();
+    bind(
+        ctx,
+        &scope.namespace,
+        &job::object_runner_binding(&identity, &uid),
+        fresh,
     )
-    .await?;
+    .await
+}
+
+/// Creates the runner RoleBinding `want` (owned by the account it binds) unless one of its
+/// name is there. When the account was made just now, one that is there may be owned by
+/// the account's predecessor (deleted by hand) and be on its way out with it, or owned by
+/// none (made by an earlier version): it is made again, owned by the new account (no
+/// runner of an account made just now runs yet).
+async fn bind(ctx: &Context, ns: &str, want: &RoleBinding, fresh: bool) -> Result<(), Error> {
+    let rbs = Api::<RoleBinding>::namespaced(ctx.client.clone(), ns);
+    if create_unless_present(&rbs, want).await?.is_some() || !fresh {
+        return Ok(());
+    }
+    delete_if_present(&rbs, want.metadata.name.as_deref().unwrap_or_default()).await?;
+    create_if_absent(&rbs, want).await?;
     Ok(())
 }
 
@@ -134,19 +154,21 @@ pub async fn ensure_runner_rbac(ctx: &Context, ns: &str) -> Result<(), Error> {
     if ready() {
         return Ok(());
     }
-    create_if_absent(
-        &Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns),
-        &job::runner_service_account(ns),
-    )
-    .await?;
+    // The account's uid owns its binding: read when the account was there already.
+    let (uid, fresh) = match create_unless_present(&sas, &job::runner_service_account(ns)).await? {
+        Some(created) => (created.metadata.uid, true),
+        None => (sas.get_metadata(RUNNER_NAME).await?.metadata.uid, false),
+    };
     create_if_absent(
         &Api::<Role>::namespaced(ctx.client.clone(), ns),
         &job::runner_role(ns),
     )
     .await?;
-    create_if_absent(
-        &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
-        &job::runner_role_binding(ns),
+    bind(
+        ctx,
+        ns,
+        &job::runner_role_binding(ns, &uid.unwrap_or_default()),
+        fresh,
     )
     .await?;
     if let Ok(mut s) = ctx.rbac_ready.lock() {

@@ -1,12 +1,17 @@
 //! The runner's RBAC in one namespace: what Terraform's kubernetes backend needs (Secrets:
 //! get, list, create, update, delete; Leases: get, create, update, delete), nothing
-//! cluster-wide. No ownerReferences: with foreground deletion the garbage collector would
-//! delete the RoleBinding a running destroy writes its state with.
+//! cluster-wide. No ownerReference to a CAPTF object: with foreground deletion the garbage
+//! collector would delete the RoleBinding a running destroy writes its state with. Each
+//! RoleBinding is owned by the ServiceAccount it binds instead (a binding is of no use
+//! without its account, whose deletion ends its runners' tokens anyway): the garbage
+//! collector deletes it with the account, however the account went, even when a pass
+//! still in flight creates the binding just after a sweep removed the account.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
 use crate::api::labels::Identity;
@@ -64,14 +69,22 @@ pub fn runner_role(namespace: &str) -> Role {
     }
 }
 
-/// Binds the Role to the ServiceAccount.
-pub fn runner_role_binding(namespace: &str) -> RoleBinding {
-    binding(meta(namespace), names::RUNNER_NAME)
+/// Binds the Role to the ServiceAccount, whose uid is `account_uid`.
+pub fn runner_role_binding(namespace: &str, account_uid: &str) -> RoleBinding {
+    binding(meta(namespace), names::RUNNER_NAME, account_uid)
 }
 
-/// A RoleBinding of the namespace's runner Role to ServiceAccount `account`.
-fn binding(meta: ObjectMeta, account: &str) -> RoleBinding {
+/// A RoleBinding of the namespace's runner Role to ServiceAccount `account` (uid
+/// `account_uid`), owned by that account.
+fn binding(mut meta: ObjectMeta, account: &str, account_uid: &str) -> RoleBinding {
     let namespace = meta.namespace.clone();
+    meta.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".to_string(),
+        kind: "ServiceAccount".to_string(),
+        name: account.to_string(),
+        uid: account_uid.to_string(),
+        ..Default::default()
+    }]);
     RoleBinding {
         metadata: meta,
         role_ref: RoleRef {
@@ -117,16 +130,29 @@ pub fn object_runner_account(
     }
 }
 
-/// The RoleBinding of the namespace's runner Role to `object`'s own runner ServiceAccount.
-pub fn object_runner_binding(object: &Identity<'_>) -> RoleBinding {
+/// The RoleBinding of the namespace's runner Role to `object`'s own runner ServiceAccount,
+/// whose uid is `account_uid`.
+pub fn object_runner_binding(object: &Identity<'_>, account_uid: &str) -> RoleBinding {
     let meta = object_meta(object);
     let account = meta.name.clone().unwrap_or_default();
-    binding(meta, &account)
+    binding(meta, &account, account_uid)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A binding's owners: (kind, name, uid), none a controller or blocking its owner's
+    /// deletion (which would need rights on the account the manager does not ask for).
+    fn owners(rb: &RoleBinding) -> Vec<(&str, &str, &str)> {
+        rb.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .inspect(|o| assert!(o.controller.is_none() && o.block_owner_deletion.is_none()))
+            .map(|o| (o.kind.as_str(), o.name.as_str(), o.uid.as_str()))
+            .collect()
+    }
 
     #[test]
     fn the_runner_rbac_grants_only_what_the_backend_needs() {
@@ -151,16 +177,20 @@ mod tests {
                 .all(|r| r.resource_names.is_none() && r.non_resource_urls.is_none())
         );
         let sa = runner_service_account("ns");
-        let rb = runner_role_binding("ns");
+        let rb = runner_role_binding("ns", "uid-sa");
+        assert_eq!(
+            owners(&rb),
+            [("ServiceAccount", names::RUNNER_NAME, "uid-sa")]
+        );
         for m in [&role.metadata, &sa.metadata, &rb.metadata] {
             assert_eq!(m.name.as_deref(), Some(names::RUNNER_NAME));
             assert_eq!(m.namespace.as_deref(), Some("ns"));
-            assert!(m.owner_references.is_none());
             assert_eq!(
                 m.labels.as_ref().unwrap()[MANAGED_BY_LABEL],
                 MANAGED_BY_VALUE
             );
         }
+        assert!(role.metadata.owner_references.is_none() && sa.metadata.owner_references.is_none());
         assert_eq!(rb.role_ref.name, names::RUNNER_NAME);
         let subject = &rb.subjects.unwrap()[0];
         assert_eq!(
@@ -193,8 +223,13 @@ mod tests {
         assert_eq!(labels[MANAGED_BY_LABEL], MANAGED_BY_VALUE);
         assert_eq!(labels[names::LABEL_OWNER_UID], "uid-1");
         assert!(!labels.contains_key(names::CLUSTERCTL_MOVE_LABEL));
-        let rb = object_runner_binding(&object);
+        assert!(sa.metadata.owner_references.is_none());
+        let rb = object_runner_binding(&object, "uid-sa");
         assert_eq!(rb.metadata.name, sa.metadata.name);
+        assert_eq!(
+            owners(&rb),
+            [("ServiceAccount", "captf-runner-web-1.tfm", "uid-sa")]
+        );
         assert_eq!(rb.role_ref.kind, "Role");
         assert_eq!(rb.role_ref.name, names::RUNNER_NAME);
         let subjects = rb.subjects.unwrap();

@@ -1541,6 +1541,75 @@ async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
     env.shutdown().await;
 }
 
+/// Each runner RoleBinding is owned by the ServiceAccount it binds, so that the garbage
+/// collector deletes it with that account, whoever deleted the account: a pass still in
+/// flight for an object whose finalizer was stripped can create the object's binding just
+/// after the sweep removed its account (CI saw it: the account swept, its binding left,
+/// and no later sweep found it, as sweeps start from the accounts). Here the object's own
+/// account and the namespace's shared one are deleted by hand: their bindings go, and the
+/// Role they bind to stays (another account's binding may use it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_binding_goes_with_the_account_it_binds() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::Api;
+    let env = Env::builder("runner-binding-owned")
+        .provisioning()
+        .start()
+        .await;
+    let own = "captf-runner-prod.tfc";
+    env.provisioned_cluster(
+        &apply_module(0),
+        json!({"runner": {"serviceAccount": {"annotations": {}}}}),
+    )
+    .await;
+    let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
+    let rbs: Api<RoleBinding> = Api::namespaced(env.client.clone(), &env.ns);
+    for account in [own, names::RUNNER_NAME] {
+        let sa = sas.get(account).await.expect("the runner account");
+        let rb = rbs.get(account).await.expect("its binding");
+        let owners: Vec<_> = rb
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| {
+                (
+                    o.kind.as_str(),
+                    o.name.as_str(),
+                    Some(&o.uid) == sa.metadata.uid.as_ref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            owners,
+            [("ServiceAccount", account, true)],
+            "{account}'s binding"
+        );
+        sas.delete(account, &Default::default())
+            .await
+            .expect("delete the account");
+        let start = std::time::Instant::now();
+        while rbs.get_opt(account).await.expect("get").is_some() {
+            assert!(
+                start.elapsed() < long(),
+                "{account}'s binding is still there {:?} after its account was deleted",
+                long()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    assert!(
+        Api::<Role>::namespaced(env.client.clone(), &env.ns)
+            .get_opt(names::RUNNER_NAME)
+            .await
+            .expect("get")
+            .is_some(),
+        "the runner Role stays"
+    );
+    env.shutdown().await;
+}
+
 /// The sweep keeps a live object's own runner account, and removes one whose object left
 /// without its release (its finalizer stripped), once no runner there runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
