@@ -140,6 +140,10 @@ pub struct Context {
     /// The lineage and serial each object's backup was last seen or written to hold, by
     /// uid: a pass that reads the same state again need not look at the backup.
     pub backups: Mutex<HashMap<String, (String, u64)>>,
+    /// The most part Secrets a backup this process wrote had, by object uid: a backup
+    /// written after a longer one of this process's reads what parts are left past its
+    /// own, since the cache of Secrets may not show the longer one's yet.
+    pub backup_parts: Mutex<HashMap<String, usize>>,
     /// The `machine_inputs` output of each TerraformCluster (by `namespace/name`), with the
     /// resourceVersion of the state Secret it was read from: the cluster's machines and
     /// pools are given it, and its state is read again only once it changed.
@@ -203,6 +207,7 @@ impl Context {
             released: Released::default(),
             refused: Mutex::default(),
             backups: Mutex::default(),
+            backup_parts: Mutex::default(),
             handoffs: Mutex::default(),
             kept_inputs: KeptInputs::default(),
             kept_states: KeptStates::default(),
@@ -238,6 +243,25 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(uid.to_string(), (lineage.to_string(), serial));
+    }
+
+    /// The most part Secrets a backup of object `uid` this process wrote (or began to
+    /// write) had: 0 when none.
+    pub fn backup_parts_written(&self, uid: &str) -> usize {
+        self.backup_parts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Notes that a backup of object `uid` with `parts` part Secrets is being written
+    /// (before the write: one interrupted half-way may have left them).
+    pub fn note_backup_parts(&self, uid: &str, parts: usize) {
+        let mut written = self.backup_parts.lock().unwrap_or_else(|e| e.into_inner());
+        let most = written.entry(uid.to_string()).or_default();
+        *most = (*most).max(parts);
     }
 
     pub fn register_caches(&self, kind: Kind, caches: Arc<Caches>) {
@@ -292,6 +316,10 @@ impl Context {
         self.kept_inputs.forget(uid);
         self.kept_states.forget(uid);
         self.backups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+        self.backup_parts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);

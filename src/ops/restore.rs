@@ -131,9 +131,13 @@ pub async fn restore(
     // gets the protection finalizer (the parts get theirs from the manager when no Job
     // runs).
     let none = BTreeMap::new();
-    let parts = chunked::write(&secrets, &state_name, &gzip, Over::Merge, |n, i, chunk| {
-        chunked::member(n, ns, &labels, &none, i == 0, chunk)
-    })
+    let parts = chunked::write(
+        &secrets,
+        &state_name,
+        &gzip,
+        (Over::Merge, chunked::Earlier::Read),
+        |n, i, chunk| chunked::member(n, ns, &labels, &none, i == 0, chunk),
+    )
     .await?;
     let after = state::classify(
         &state::read(

@@ -151,6 +151,17 @@ pub enum Over {
     Merge,
 }
 
+/// Where [`write`] learns whether an earlier, longer set left parts past the new one's.
+#[derive(Clone, Copy)]
+pub enum Earlier<'a> {
+    /// From the API server: each part past the new set's is read, until one is absent.
+    Read,
+    /// From a cache that cannot lack one (it listed before the writer's first write and
+    /// holds every write of the writer's longer than this set): whether a Secret of that
+    /// name is there. Nothing is read.
+    Cached(&'a (dyn Fn(&str) -> bool + Sync)),
+}
+
 /// Writes the gzip stream `gzip` as the chunked set `base` in the order the file's head
 /// states, each member built by `build(name, index, chunk)` (index 0 is the base).
 /// Returns how many part Secrets the set has.
@@ -158,7 +169,7 @@ pub async fn write(
     secrets: &Api<Secret>,
     base: &str,
     gzip: &[u8],
-    over: Over,
+    (over, earlier): (Over, Earlier<'_>),
     build: impl Fn(&str, u32, &[u8]) -> Secret,
 ) -> Result<usize, Error> {
     let chunks = super::chunk(gzip);
@@ -172,19 +183,23 @@ pub async fn write(
         over,
     )
     .await?;
-    // Parts an earlier, longer set had (looked for with a read: usually there is none):
-    // each deleted first, then its protection taken off. Once a Secret is being deleted
-    // the API server lets no finalizer onto it, so a manager's pass that protects the
-    // state's parts meanwhile cannot keep it; taken off first, a pass could put it back
-    // before the delete, and the part stayed held in deletion beside the shorter set.
+    // Parts an earlier, longer set had (usually there is none): each deleted first, then
+    // its protection taken off. Once a Secret is being deleted the API server lets no
+    // finalizer onto it, so a manager's pass that protects the state's parts meanwhile
+    // cannot keep it; taken off first, a pass could put it back before the delete, and
+    // the part stayed held in deletion beside the shorter set.
     let mut n = chunks.len().max(1) as u32;
-    while secrets
-        .get_metadata_opt(&names::part_secret_name(base, n))
-        .await?
-        .is_some()
-    {
-        writes::delete_if_present(secrets, &names::part_secret_name(base, n)).await?;
-        unprotect_deleting(secrets, &names::part_secret_name(base, n)).await?;
+    loop {
+        let part = names::part_secret_name(base, n);
+        let there = match earlier {
+            Earlier::Read => secrets.get_metadata_opt(&part).await?.is_some(),
+            Earlier::Cached(there) => there(&part),
+        };
+        if !there {
+            break;
+        }
+        writes::delete_if_present(secrets, &part).await?;
+        unprotect_deleting(secrets, &part).await?;
         n += 1;
     }
     Ok(chunks.len().saturating_sub(1))

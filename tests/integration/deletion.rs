@@ -557,6 +557,33 @@ async fn a_deletion_reads_its_machine_live_only_when_a_destroy_starts() {
     env.shutdown().await;
 }
 
+/// A deletion's backup, written where the manager's cache of the object's Secrets shows
+/// no earlier, longer backup and the manager wrote none, looks for no surplus part with a
+/// read: the cache, which listed before the first pass and brings every write since, is
+/// what answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deletion_writes_its_backup_without_reading_parts_the_cache_shows_absent() {
+    let env = machine_env("backup-no-probe", 0, FAST).await;
+    let backup = names::backup_secret_name(&names::state_suffix(Kind::TerraformMachine, "web-1"));
+    let log = env.proxy.request_log();
+    log.reset();
+    env.delete::<Tfm>("web-1").await;
+    env.wait_gone::<Tfm>("web-1", long()).await;
+    assert!(
+        log.writes_in_order()
+            .iter()
+            .any(|w| w.verb == "create" && w.resource == "secrets" && w.name == backup),
+        "the deletion wrote its backup {backup}: {:?}",
+        log.writes_in_order()
+    );
+    assert_eq!(
+        log.gets_of("secrets", &names::part_secret_name(&backup, 1)),
+        0,
+        "reads of {backup}'s first part, which was never there"
+    );
+    env.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orphans_and_restore_work_for_a_ninety_character_name() {
     let name = format!("web-{}", "x".repeat(86));

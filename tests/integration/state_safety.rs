@@ -658,6 +658,69 @@ async fn a_restore_over_a_longer_protected_state_leaves_no_part_held_in_deletion
     env.shutdown().await;
 }
 
+/// A destroy that fails after Terraform destroyed the big resource leaves a one-Secret
+/// state at a newer serial, and the backup follows it: the parts of the longer backup go
+/// (the backup is read up to its first missing part, so one left would be read as the
+/// tail of the shorter stream). The longer backup was written by this manager (`restart`
+/// false: its parts are read, since the cache may not show its own write yet) or by the
+/// one before it (`restart`: the cache, listed at the start, shows them).
+async fn a_backup_that_shrinks_leaves_no_part_of_the_longer_one(tag: &str, restart: bool) {
+    let mut env = Env::builder(tag)
+        .backoff(Duration::from_secs(5), Duration::from_secs(20))
+        .with_machine("web-1", &format!("{}{BLOB}", module(u32::MAX)))
+        .start()
+        .await;
+    let (base, backup) = (
+        names::state_secret_name("web-1.tfm"),
+        names::backup_secret_name("web-1.tfm"),
+    );
+    assert!(state_secrets(&env, &base).await.len() >= 3);
+    // The record of the apply backed the state up: three Secrets too.
+    wait_for("the apply's backup, whole", long(), || async {
+        state_secrets(&env, &backup).await.len() >= 3
+    })
+    .await;
+    if restart {
+        env.stop_manager().await;
+        env.start_manager();
+    }
+    env.delete::<Tfm>("web-1").await;
+    env.wait_deleting::<Tfm>("web-1", "DestroyFailed", long())
+        .await;
+    let shrunk = fingerprint(env.read_state(Kind::TerraformMachine, "web-1").await)
+        .expect("the failed destroy's state is readable");
+    assert_eq!(
+        state_secrets(&env, &base).await.len(),
+        1,
+        "the big resource is destroyed: one Secret"
+    );
+    wait_for("the backup to follow the shorter state", long(), || async {
+        state_secrets(&env, &backup).await.len() == 1
+    })
+    .await;
+    assert_eq!(
+        state_secrets(&env, &backup)
+            .await
+            .into_iter()
+            .map(|(name, protected)| (name == backup, protected))
+            .collect::<Vec<_>>(),
+        [(true, true)],
+        "the backup's base alone, protected"
+    );
+    assert_eq!(read_set(&env.secrets(), &backup).await, Some(shrunk));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_that_shrinks_after_this_managers_longer_one_leaves_none_of_its_parts() {
+    a_backup_that_shrinks_leaves_no_part_of_the_longer_one("backup-shrinks", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_that_shrinks_after_an_earlier_managers_longer_one_leaves_none_of_its_parts() {
+    a_backup_that_shrinks_leaves_no_part_of_the_longer_one("backup-shrinks-restart", true).await;
+}
+
 /// Writing a one-Secret set where no longer set was (a deletion's backup, a first
 /// restore) looks for a surplus part with a read and deletes nothing: a deletion's writes
 /// are what the scale bench counts.
@@ -675,13 +738,19 @@ async fn a_set_written_where_none_was_looks_for_surplus_parts_without_a_write() 
             .expect("gzip");
         e.finish().expect("gzip")
     };
-    let parts = chunked::write(&secrets, &base, &gz, Over::Replace, |name, _, chunk| {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "data": {names::TF_STATE_KEY: k8s_openapi::ByteString(chunk.to_vec())},
-        }))
-        .expect("secret")
-    })
+    let parts = chunked::write(
+        &secrets,
+        &base,
+        &gz,
+        (Over::Replace, chunked::Earlier::Read),
+        |name, _, chunk| {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "data": {names::TF_STATE_KEY: k8s_openapi::ByteString(chunk.to_vec())},
+            }))
+            .expect("secret")
+        },
+    )
     .await
     .expect("written");
     assert_eq!(parts, 0);

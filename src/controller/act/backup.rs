@@ -79,12 +79,34 @@ pub async fn ensure_backup<K: TerraformObject>(
     ]
     .into();
     let none = BTreeMap::new();
+    // Whether an earlier, longer backup left parts past this one's: the cache of the
+    // object's Secrets answers (it listed before the first pass, and the backup is the
+    // manager's alone) unless this process wrote a longer one itself, which the cache may
+    // not show yet: then each part is read.
+    let parts = crate::state::chunk(&joined).len().saturating_sub(1);
+    let cached = |name: &str| {
+        scope
+            .caches
+            .as_ref()
+            .is_some_and(|c| c.secret_meta(&scope.namespace, name).is_some())
+    };
+    let earlier = match &scope.caches {
+        Some(_) if ctx.backup_parts_written(uid) <= parts => chunked::Earlier::Cached(&cached),
+        _ => chunked::Earlier::Read,
+    };
     // The base names the lineage and serial of what its parts hold, and a base present
     // means the backup is complete.
-    chunked::write(secrets, &base, &joined, Over::Replace, |name, i, chunk| {
-        let annotations = if i == 0 { &holds } else { &none };
-        chunked::member(name, &scope.namespace, &labels, annotations, true, chunk)
-    })
+    ctx.note_backup_parts(uid, parts);
+    chunked::write(
+        secrets,
+        &base,
+        &joined,
+        (Over::Replace, earlier),
+        |name, i, chunk| {
+            let annotations = if i == 0 { &holds } else { &none };
+            chunked::member(name, &scope.namespace, &labels, annotations, true, chunk)
+        },
+    )
     .await?;
     ctx.set_backed_up(uid, lineage, serial);
     Ok(())
