@@ -134,6 +134,7 @@ impl EnvBuilder {
 
     /// Makes the environment.
     pub async fn start(self) -> Env {
+        let began = std::time::Instant::now();
         let tag = self.tag.as_str();
         let cluster = match (&self.plane, external_cluster()) {
             (Plane::Shared, Some(kubeconfig)) => Cluster::External(kubeconfig),
@@ -160,6 +161,7 @@ impl EnvBuilder {
             }
         };
         let mut env = Env::start_on(tag, cluster, self.names).await;
+        env.started = began;
         if let Some((base, max)) = self.backoff {
             env.config.settings.backoff.base = base;
             env.config.settings.backoff.max = max;

@@ -104,6 +104,9 @@ pub struct Env {
     /// The user the manager's requests impersonate (see [`Env::run_manager_as_installed`]);
     /// none: the admin's credentials.
     pub manager_as: Option<String>,
+    /// When the scenario began making this environment: [`Env::shutdown`] appends the
+    /// scenario's duration to the file `CAPTF_TEST_TIMES` names, when set.
+    pub started: Instant,
 }
 
 /// The finalizers Cluster API's Cluster, Machine and MachinePool controllers keep until
@@ -116,6 +119,28 @@ pub const STATE_PROXY_IMAGE: &str = "captf.test/captf:state-proxy";
 pub const CAPI_CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";
 pub const CAPI_MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
 pub const CAPI_MACHINE_POOL_FINALIZER: &str = "machinepool.cluster.x-k8s.io";
+
+/// Appends "<seconds>\t<test>" to the file `CAPTF_TEST_TIMES` names, when set: how long
+/// a scenario took from the start of its environment to its shutdown (the test's name is
+/// its thread's, as the test harness names it). For finding the slow scenarios of a run;
+/// a failed scenario, which does not shut down, is not listed.
+fn record_duration(took: Duration) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("CAPTF_TEST_TIMES").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .to_string();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{:.1}\t{test}", took.as_secs_f64());
+    }
+}
 
 /// The kubeconfig of an outside cluster to run the end-to-end tests against
 /// (`CAPTF_E2E_KUBECONFIG`), if set.
@@ -398,6 +423,7 @@ impl Env {
             manager_ns,
             job_timeout_seconds,
             manager_as: None,
+            started: Instant::now(),
         }
     }
 
@@ -560,6 +586,7 @@ impl Env {
                 .await;
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        record_duration(self.started.elapsed());
     }
 
     pub fn cluster_api(&self) -> Api<DynamicObject> {
