@@ -8,6 +8,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 
+use super::budget::Budgeted;
+
 /// The bootstrap data Secrets passes read, kept while the watch of the Secrets labelled
 /// with a cluster's name says they have not changed: a machine or pool reads its
 /// bootstrap data at every pass until it has recorded its values (the contract's inputs),
@@ -21,24 +23,25 @@ pub struct BootstrapSecrets {
     inner: std::sync::Mutex<BootstrapInner>,
 }
 
-#[derive(Default)]
 struct BootstrapInner {
     /// The resourceVersion the watch last saw, by `namespace/name`.
     seen: HashMap<String, String>,
     /// While the watch lists again (after a start or a lost watch): what it saw so far.
     /// Nothing is served from the kept Secrets meanwhile.
     relisting: Option<HashMap<String, String>>,
-    /// The Secrets as read, by `namespace/name`, each with when it was last served or kept
-    /// (a count of those) and its size.
-    kept: HashMap<String, Kept>,
-    /// The count of the last serve or keep.
-    clock: u64,
+    /// The Secrets as read, by `namespace/name`, the one served or kept least lately going
+    /// first past the bounds.
+    kept: Budgeted<String, Arc<Secret>>,
 }
 
-struct Kept {
-    secret: Arc<Secret>,
-    used: u64,
-    bytes: usize,
+impl Default for BootstrapInner {
+    fn default() -> Self {
+        Self {
+            seen: HashMap::new(),
+            relisting: None,
+            kept: Budgeted::new(BOOTSTRAP_KEPT_BYTES, BOOTSTRAP_KEPT),
+        }
+    }
 }
 
 /// What a kept Secret is counted as: its data, and a kilobyte for the rest (the inputs
@@ -89,7 +92,7 @@ impl BootstrapSecrets {
             watcher::Event::InitDone => {
                 let seen = inner.relisting.take().unwrap_or_default();
                 let BootstrapInner { kept, .. } = &mut *inner;
-                kept.retain(|k, s| seen.get(k) == s.secret.metadata.resource_version.as_ref());
+                kept.retain(|k, s| seen.get(k) == s.metadata.resource_version.as_ref());
                 inner.seen = seen;
             }
             watcher::Event::Apply(m) => {
@@ -126,55 +129,22 @@ impl BootstrapSecrets {
             return None;
         }
         let key = format!("{ns}/{name}");
-        inner.clock += 1;
-        let BootstrapInner {
-            seen, kept, clock, ..
-        } = &mut *inner;
-        let k = kept.get_mut(&key)?;
-        if seen.get(&key) != k.secret.metadata.resource_version.as_ref() {
+        let BootstrapInner { seen, kept, .. } = &mut *inner;
+        if seen.get(&key) != kept.get(&key)?.metadata.resource_version.as_ref() {
             return None;
         }
-        k.used = *clock;
-        Some(k.secret.clone())
+        kept.touch(&key).cloned()
     }
 
-    /// Keeps a Secret as read, without its managed fields.
+    /// Keeps a Secret as read, without its managed fields. Past [`BOOTSTRAP_KEPT`] Secrets
+    /// or [`BOOTSTRAP_KEPT_BYTES`], the one served or kept least lately goes.
     pub fn keep(&self, mut secret: Secret) {
         let Some(key) = key_of(&secret.metadata) else {
             return;
         };
         secret.metadata.managed_fields = None;
-        let mut inner = self.lock();
-        inner.clock += 1;
-        let used = inner.clock;
         let bytes = size_of(&secret);
-        inner.kept.insert(
-            key,
-            Kept {
-                secret: Arc::new(secret),
-                used,
-                bytes,
-            },
-        );
-        // Past the count or the bytes, the one read least lately goes (a scan: this runs
-        // only when a read was not served, and the kept are a few thousand at most).
-        let mut total: usize = inner.kept.values().map(|k| k.bytes).sum();
-        while inner.kept.len() > 1
-            && (inner.kept.len() > BOOTSTRAP_KEPT || total > BOOTSTRAP_KEPT_BYTES)
-        {
-            let Some(oldest) = inner
-                .kept
-                .iter()
-                .filter(|(_, k)| k.used != used)
-                .min_by_key(|(_, k)| k.used)
-                .map(|(name, _)| name.clone())
-            else {
-                break;
-            };
-            if let Some(k) = inner.kept.remove(&oldest) {
-                total -= k.bytes;
-            }
-        }
+        self.lock().kept.insert(key, Arc::new(secret), bytes);
     }
 
     /// How many Secrets are kept whole.

@@ -3,12 +3,13 @@
 //! (or, after the manager's own write, the version that write replaced: the watch has not
 //! brought the write yet).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Secret;
 
 use super::bootstrap::size_of;
+use super::budget::Budgeted;
 
 /// The inputs Secrets of objects, and the variables Secrets of their apply attempts, by
 /// object uid and Secret name, each with the resourceVersion it was read or written at. A
@@ -20,41 +21,17 @@ use super::bootstrap::size_of;
 /// shows the version kept; it is read again when the cache shows another (a re-apply
 /// recorded new inputs) or none. One the manager wrote is also served while the cache still
 /// shows what the write replaced (or, for a create, nothing): the watch is one write behind,
-/// and this is the write it has not brought yet. At most [`INPUTS_KEPT_BYTES`] are kept, the
-/// oldest dropped first.
-#[derive(Default)]
+/// and this is the write it has not brought yet. At most [`INPUTS_KEPT_BYTES`] are kept:
+/// past it, the Secrets of the object whose Secret was kept least lately go first.
 pub struct KeptInputs {
-    inner: Mutex<Inner>,
+    /// By object uid, then Secret name: an object's Secrets go together past the bound.
+    inner: Mutex<Budgeted<String, HashMap<String, Kept>>>,
 }
 
-#[derive(Default)]
-struct Inner {
-    /// By object uid, then Secret name.
-    by_uid: HashMap<String, HashMap<String, Kept>>,
-    /// The (uid, name) pairs by when they were kept, oldest first.
-    order: BTreeMap<u64, (String, String)>,
-    bytes: usize,
-    next: u64,
-}
-
-impl Inner {
-    fn forget_one(&mut self, uid: &str, name: &str) {
-        let Some(of_uid) = self.by_uid.get_mut(uid) else {
-            return;
-        };
-        if let Some(k) = of_uid.remove(name) {
-            self.bytes -= k.bytes;
-            self.order.remove(&k.at);
-        }
-        if of_uid.is_empty() {
-            self.by_uid.remove(uid);
-        }
-    }
-
-    fn forget(&mut self, uid: &str) {
-        for (_, k) in self.by_uid.remove(uid).into_iter().flatten() {
-            self.bytes -= k.bytes;
-            self.order.remove(&k.at);
+impl Default for KeptInputs {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Budgeted::new(INPUTS_KEPT_BYTES, usize::MAX)),
         }
     }
 }
@@ -68,7 +45,6 @@ struct Kept {
     attempt: bool,
     secret: Arc<Secret>,
     bytes: usize,
-    at: u64,
 }
 
 /// How many bytes of inputs Secrets (their data, and a kilobyte for the rest of each) are
@@ -77,7 +53,7 @@ struct Kept {
 pub const INPUTS_KEPT_BYTES: usize = 16 << 20;
 
 impl KeptInputs {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Budgeted<String, HashMap<String, Kept>>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -85,7 +61,7 @@ impl KeptInputs {
     /// shows it at `shown` (its resourceVersion; `None`: the cache shows no such Secret).
     pub fn get(&self, uid: &str, name: &str, shown: Option<&str>) -> Option<Arc<Secret>> {
         let inner = self.lock();
-        let kept = inner.by_uid.get(uid)?.get(name)?;
+        let kept = inner.get(&uid.to_string())?.get(name)?;
         let current = shown == Some(kept.resource_version.as_str())
             || kept
                 .replaced
@@ -96,40 +72,24 @@ impl KeptInputs {
 
     /// Keeps a Secret of the object `uid` as read.
     pub fn keep_read(&self, uid: &str, secret: &Secret) {
-        self.keep(uid, secret, None);
+        self.keep(uid, secret, None, false);
     }
 
     /// Keeps a Secret of the object `uid` as the manager's write returned it, with the
     /// version that write replaced (`None`: it created the Secret).
     pub fn keep_written(&self, uid: &str, secret: &Secret, replaced: Option<&str>) {
-        self.keep(uid, secret, Some(replaced.map(str::to_string)));
+        self.keep(uid, secret, Some(replaced.map(str::to_string)), false);
     }
 
     /// Keeps the variables Secret the manager created for an apply attempt of the object
     /// `uid`, in place of an earlier attempt's: one attempt's end is recorded at a time.
     pub fn keep_attempt(&self, uid: &str, secret: &Secret) {
-        {
-            let mut inner = self.lock();
-            let earlier: Vec<String> = inner
-                .by_uid
-                .get(uid)
-                .into_iter()
-                .flatten()
-                .filter(|(_, k)| k.attempt)
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in earlier {
-                inner.forget_one(uid, &name);
-            }
-        }
-        self.keep_as(uid, secret, Some(None), true);
+        self.keep(uid, secret, Some(None), true);
     }
 
-    fn keep(&self, uid: &str, secret: &Secret, replaced: Option<Option<String>>) {
-        self.keep_as(uid, secret, replaced, false);
-    }
-
-    fn keep_as(&self, uid: &str, secret: &Secret, replaced: Option<Option<String>>, attempt: bool) {
+    /// Keeps `secret` among the object's (in place of an earlier attempt's, for an
+    /// attempt's): the object's Secrets are then the latest kept, and go last.
+    fn keep(&self, uid: &str, secret: &Secret, replaced: Option<Option<String>>, attempt: bool) {
         let (Some(name), Some(resource_version)) = (
             secret.metadata.name.clone(),
             secret.metadata.resource_version.clone(),
@@ -142,46 +102,55 @@ impl KeptInputs {
         }
         let mut secret = secret.clone();
         secret.metadata.managed_fields = None;
+        let kept = Kept {
+            resource_version,
+            replaced,
+            attempt,
+            secret: Arc::new(secret),
+            bytes,
+        };
         let mut inner = self.lock();
-        let at = inner.next;
-        inner.next += 1;
-        inner.forget_one(uid, &name);
-        while inner.bytes + bytes > INPUTS_KEPT_BYTES {
-            let Some((_, (u, n))) = inner.order.pop_first() else {
-                break;
-            };
-            inner.forget_one(&u, &n);
+        let mut of_uid = inner.remove(&uid.to_string()).unwrap_or_default();
+        if attempt {
+            of_uid.retain(|_, k| !k.attempt);
         }
-        inner.bytes += bytes;
-        inner.order.insert(at, (uid.to_string(), name.clone()));
-        inner.by_uid.entry(uid.to_string()).or_default().insert(
-            name,
-            Kept {
-                resource_version,
-                replaced,
-                attempt,
-                secret: Arc::new(secret),
-                bytes,
-                at,
-            },
-        );
+        of_uid.insert(name.clone(), kept);
+        if total(&of_uid) > INPUTS_KEPT_BYTES {
+            of_uid.retain(|n, _| *n == name);
+        }
+        let bytes = total(&of_uid);
+        inner.insert(uid.to_string(), of_uid, bytes);
     }
 
     /// Forgets Secret `name` of the object `uid` (an attempt's variables, once recorded).
     pub fn forget_one(&self, uid: &str, name: &str) {
-        self.lock().forget_one(uid, name);
+        let mut inner = self.lock();
+        let Some(mut of_uid) = inner.remove(&uid.to_string()) else {
+            return;
+        };
+        of_uid.remove(name);
+        if !of_uid.is_empty() {
+            let bytes = total(&of_uid);
+            inner.insert(uid.to_string(), of_uid, bytes);
+        }
     }
 
     /// Forgets what is kept of the object `uid` (released, or gone).
     pub fn forget(&self, uid: &str) {
-        self.lock().forget(uid);
+        self.lock().remove(&uid.to_string());
     }
 
     /// How many Secrets are kept.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().by_uid.values().map(HashMap::len).sum()
+        let inner = self.lock();
+        inner.values().map(HashMap::len).sum()
     }
+}
+
+/// What an object's kept Secrets count as.
+fn total(of_uid: &HashMap<String, Kept>) -> usize {
+    of_uid.values().map(|k| k.bytes).sum()
 }
 
 #[cfg(test)]
@@ -262,9 +231,9 @@ mod tests {
         assert!(k.get("uid-1", "web-1-inputs", Some("10")).is_some());
         k.forget("uid-1");
         assert_eq!(k.len(), 1);
-        let bytes = k.lock().bytes;
+        let bytes = k.lock().bytes();
         k.forget("uid-2");
-        assert_eq!((k.len(), k.lock().bytes), (0, 0), "{bytes} bytes before");
+        assert_eq!((k.len(), k.lock().bytes()), (0, 0), "{bytes} bytes before");
     }
 
     #[test]
@@ -320,7 +289,7 @@ mod tests {
         // Kept again, an object counts once.
         k.keep_read("uid-5", &secret("2", "small"));
         assert_eq!(k.len(), 3);
-        assert!(k.lock().bytes <= INPUTS_KEPT_BYTES);
+        assert!(k.lock().bytes() <= INPUTS_KEPT_BYTES);
         // A Secret larger than the bound is not kept at all.
         k.keep_read("uid-9", &secret("1", &"y".repeat(INPUTS_KEPT_BYTES + 1)));
         assert!(k.get("uid-9", "web-1-inputs", Some("1")).is_none());

@@ -30,6 +30,7 @@ use crate::api::names::{self, Kind};
 use crate::api::{TerraformMachine, TerraformMachinePool};
 
 mod bootstrap;
+mod budget;
 mod by_label;
 mod trim;
 pub use bootstrap::{BOOTSTRAP_KEPT, BootstrapSecrets};

@@ -1,13 +1,14 @@
 //! The state the record of an apply's end read, kept for the deletion preview of the pass
 //! after it, while the cache of state Secrets shows the same Secrets at the same versions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
 
+use super::budget::Budgeted;
 use crate::state::StateSecrets;
 
 /// The states that records of apply ends read, by object uid, each with the version of
@@ -21,26 +22,15 @@ use crate::state::StateSecrets;
 /// those versions (and labels); else, or after, the state is read. A preview starts
 /// nothing: what starts an attempt reads the state live. At most [`STATES_KEPT_BYTES`],
 /// the oldest dropped first.
-#[derive(Default)]
 pub struct KeptStates {
-    inner: Mutex<Inner>,
+    inner: Mutex<Budgeted<String, Kept>>,
 }
 
-#[derive(Default)]
-struct Inner {
-    by_uid: HashMap<String, Kept>,
-    /// The uids by when their state was kept, oldest first.
-    order: BTreeMap<u64, String>,
-    bytes: usize,
-    next: u64,
-}
-
-impl Inner {
-    fn forget(&mut self, uid: &str) -> Option<Kept> {
-        let k = self.by_uid.remove(uid)?;
-        self.bytes -= k.bytes;
-        self.order.remove(&k.at);
-        Some(k)
+impl Default for KeptStates {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Budgeted::new(STATES_KEPT_BYTES, usize::MAX)),
+        }
     }
 }
 
@@ -48,8 +38,6 @@ struct Kept {
     state: Arc<StateSecrets>,
     /// The base and its parts: name → the resourceVersions it may be shown at.
     versions: BTreeMap<String, Vec<String>>,
-    bytes: usize,
-    at: u64,
 }
 
 /// How many bytes of states (their Secrets' data, and a kilobyte for each Secret) are kept
@@ -57,7 +45,7 @@ struct Kept {
 pub const STATES_KEPT_BYTES: usize = 8 << 20;
 
 impl KeptStates {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Budgeted<String, Kept>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -81,29 +69,12 @@ impl KeptStates {
             + state.parts.values().flatten().map(Vec::len).sum::<usize>()
             + 1024 * (versions.len() + state.labelled_others.len());
         let mut inner = self.lock();
-        inner.forget(uid);
         if bytes > STATES_KEPT_BYTES {
+            inner.remove(&uid.to_string());
             return;
         }
-        while inner.bytes + bytes > STATES_KEPT_BYTES {
-            let Some((_, oldest)) = inner.order.pop_first() else {
-                break;
-            };
-            inner.forget(&oldest);
-        }
-        let at = inner.next;
-        inner.next += 1;
-        inner.bytes += bytes;
-        inner.order.insert(at, uid.to_string());
-        inner.by_uid.insert(
-            uid.to_string(),
-            Kept {
-                state: Arc::new(state.clone()),
-                versions,
-                bytes,
-                at,
-            },
-        );
+        let state = Arc::new(state.clone());
+        inner.insert(uid.to_string(), Kept { state, versions }, bytes);
     }
 
     /// The state kept of the object `uid`, taken (served once), when `shown` (the cache's
@@ -115,7 +86,7 @@ impl KeptStates {
         uid: &str,
         shown: &[Arc<PartialObjectMeta<Secret>>],
     ) -> Option<Arc<StateSecrets>> {
-        let k = self.lock().forget(uid)?;
+        let k = self.lock().remove(&uid.to_string())?;
         // A Secret may be in both caches (the object's Secrets and the states'): each
         // copy must match.
         let mut names = std::collections::BTreeSet::new();
@@ -135,7 +106,7 @@ impl KeptStates {
 
     /// Forgets the state kept of the object `uid` (released, or gone).
     pub fn forget(&self, uid: &str) {
-        self.lock().forget(uid);
+        self.lock().remove(&uid.to_string());
     }
 }
 
