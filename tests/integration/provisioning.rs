@@ -1541,6 +1541,30 @@ async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
     env.shutdown().await;
 }
 
+/// The runner ServiceAccount of [`own_account_cluster`]'s TerraformCluster `prod`.
+const OWN_ACCOUNT: &str = "captf-runner-prod.tfc";
+
+/// A TerraformCluster `prod` provisioned with a runner ServiceAccount of its own
+/// ([`OWN_ACCOUNT`]), with the Api of the test namespace's ServiceAccounts and
+/// RoleBindings.
+async fn own_account_cluster(
+    tag: &str,
+) -> (
+    Env,
+    kube::Api<k8s_openapi::api::core::v1::ServiceAccount>,
+    kube::Api<k8s_openapi::api::rbac::v1::RoleBinding>,
+) {
+    let env = Env::builder(tag).provisioning().start().await;
+    env.provisioned_cluster(
+        &apply_module(0),
+        json!({"runner": {"serviceAccount": {"annotations": {}}}}),
+    )
+    .await;
+    let sas = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let rbs = kube::Api::namespaced(env.client.clone(), &env.ns);
+    (env, sas, rbs)
+}
+
 /// Each runner RoleBinding is owned by the ServiceAccount it binds, so that the garbage
 /// collector deletes it with that account, whoever deleted the account: a pass still in
 /// flight for an object whose finalizer was stripped can create the object's binding just
@@ -1550,21 +1574,10 @@ async fn an_objects_own_runner_account_runs_its_attempts_and_goes_with_it() {
 /// Role they bind to stays (another account's binding may use it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_runner_binding_goes_with_the_account_it_binds() {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use k8s_openapi::api::rbac::v1::Role;
     use kube::Api;
-    let env = Env::builder("runner-binding-owned")
-        .provisioning()
-        .start()
-        .await;
-    let own = "captf-runner-prod.tfc";
-    env.provisioned_cluster(
-        &apply_module(0),
-        json!({"runner": {"serviceAccount": {"annotations": {}}}}),
-    )
-    .await;
-    let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
-    let rbs: Api<RoleBinding> = Api::namespaced(env.client.clone(), &env.ns);
+    let (env, sas, rbs) = own_account_cluster("runner-binding-owned").await;
+    let own = OWN_ACCOUNT;
     for account in [own, names::RUNNER_NAME] {
         let sa = sas.get(account).await.expect("the runner account");
         let rb = rbs.get(account).await.expect("its binding");
@@ -1614,21 +1627,9 @@ async fn a_runner_binding_goes_with_the_account_it_binds() {
 /// without its release (its finalizer stripped), once no runner there runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sweep_removes_the_runner_account_of_an_object_gone_without_its_release() {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::RoleBinding;
     use kube::Api;
-    let env = Env::builder("runner-account-swept")
-        .provisioning()
-        .start()
-        .await;
-    let account = "captf-runner-prod.tfc";
-    env.provisioned_cluster(
-        &apply_module(0),
-        json!({"runner": {"serviceAccount": {"annotations": {}}}}),
-    )
-    .await;
-    let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns);
-    let rbs: Api<RoleBinding> = Api::namespaced(env.client.clone(), &env.ns);
+    let (env, sas, rbs) = own_account_cluster("runner-account-swept").await;
+    let account = OWN_ACCOUNT;
     // The sweep runs every 500 ms here: four of them leave a live object's account alone.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     assert!(sas.get_opt(account).await.expect("get").is_some());
