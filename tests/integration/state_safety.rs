@@ -277,7 +277,7 @@ resource "terraform_data" "gone" {
 resource "terraform_data" "kept" {
   input = {
     marker = "${var.marker_dir}/${var.name}-kept"
-    blob   = join("", [for i in range(1000) : join("", [for j in range(35) : sha512("kept-${i}-${j}")])])
+    blob   = join("", [for i in range(500) : join("", [for j in range(35) : sha512("kept-${i}-${j}")])])
   }
   provisioner "local-exec" {
     when    = destroy
@@ -369,9 +369,33 @@ async fn errored_sets(env: &Env) -> std::collections::BTreeMap<String, Vec<Secre
     out
 }
 
+/// The errored states of `web-1` by workspace: how many Secrets each has (their metadata
+/// only).
+async fn errored_set_sizes(env: &Env) -> std::collections::BTreeMap<String, usize> {
+    let lp = kube::api::ListParams::default().labels(names::LABEL_ERRORED_STATE);
+    let mut out = std::collections::BTreeMap::<String, usize>::new();
+    for s in env
+        .secrets()
+        .list_metadata(&lp)
+        .await
+        .expect("secrets")
+        .items
+    {
+        let labels = s.metadata.labels.unwrap_or_default();
+        *out.entry(
+            labels
+                .get(names::TF_LABEL_SUFFIX)
+                .cloned()
+                .unwrap_or_default(),
+        )
+        .or_default() += 1;
+    }
+    out
+}
+
 /// What Terraform could not save is kept whole, whatever its size, once per attempt: the
 /// API server refuses the runner's state writes, so Terraform's destroy (one instance
-/// gone, one failing) ends with an `errored.tfstate` of a few MB gzipped; the runner
+/// gone, one failing) ends with an `errored.tfstate` of about 3 MB gzipped (a base and two parts); the runner
 /// pushes it through Terraform's own backend, over the Pod's verified in-cluster TLS, into
 /// a state of its own per attempt and Pod: gzip-compressed, in Secrets of at most 1 MiB,
 /// readable, with the state's lineage. The retries go on (the errored state holds nothing
@@ -398,6 +422,25 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
     env.delete::<Tfm>("web-1").await;
     let start = std::time::Instant::now();
     loop {
+        // The Secrets' names first, and their data (megabytes) only once both attempts'
+        // sets have three or more: a loop that lists the data five times a second loads
+        // the API server and the machine as much as the Terraform runs it waits for.
+        let names = errored_set_sizes(&env).await;
+        let chunked = |prefix: &str| {
+            names
+                .iter()
+                .any(|(ws, n)| ws.starts_with(prefix) && *n >= 3)
+        };
+        if !(chunked("errored-1-") && chunked("errored-2-")) {
+            if start.elapsed() > Duration::from_secs(300) {
+                panic!(
+                    "timed out waiting for the errored states of two attempts: {names:?}; Deleting is {:?}",
+                    env.condition::<Tfm>("web-1", "Deleting").await
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
         let sets = errored_sets(&env).await;
         // Both there, and whole: the runner's init first makes an empty state there, and
         // the push then writes the base and the parts.
@@ -432,7 +475,7 @@ async fn an_errored_state_is_kept_whole_under_a_name_of_its_own_per_attempt() {
                 env.condition::<Tfm>("web-1", "Deleting").await
             );
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // Said in the failed attempt's Event, which stays (its Deleting message lasts only
     // until the next attempt starts, which may be within the same second).
