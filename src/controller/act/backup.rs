@@ -84,14 +84,12 @@ pub async fn ensure_backup<K: TerraformObject>(
     // manager's alone) unless this process wrote a longer one itself, which the cache may
     // not show yet: then each part is read.
     let parts = crate::state::chunk(&joined).len().saturating_sub(1);
-    let cached = |name: &str| {
-        scope
-            .caches
-            .as_ref()
-            .is_some_and(|c| c.secret_meta(&scope.namespace, name).is_some())
-    };
-    let earlier = match &scope.caches {
-        Some(_) if ctx.backup_parts_written(uid) <= parts => chunked::Earlier::Cached(&cached),
+    let cached = scope
+        .caches
+        .as_ref()
+        .map(|c| |name: &str| c.secret_meta(&scope.namespace, name).is_some());
+    let earlier = match &cached {
+        Some(there) if ctx.backup_parts_written(uid) <= parts => chunked::Earlier::Cached(there),
         _ => chunked::Earlier::Read,
     };
     // The base names the lineage and serial of what its parts hold, and a base present
